@@ -1,0 +1,52 @@
+# Finds what accel::accel needs and defines the imported target accel::torch. Used by the build and installed with
+# the package, so `find_package(accel CONFIG)` in another project finds LibTorch the same way.
+#
+# LibTorch: PyTorch's own TorchConfig.cmake when it can be found (official LibTorch, or pip's torch through
+# -DTorch_DIR / CMAKE_PREFIX_PATH = `python3 -c 'import torch;print(torch.utils.cmake_prefix_path)'`); otherwise
+# Debian's libtorch-dev, which ships no TorchConfig.cmake: headers under /usr/include and
+# /usr/include/torch/csrc/api/include, libraries torch, torch_cpu and c10, built with Gloo (USE_C10D_GLOO).
+include_guard(GLOBAL)
+include(CMakeFindDependencyMacro)
+
+find_dependency(range-v3 CONFIG)
+if(NOT TARGET accel::range_v3)
+  add_library(accel::range_v3 INTERFACE IMPORTED)
+  if(TARGET range-v3::range-v3)
+    target_link_libraries(accel::range_v3 INTERFACE range-v3::range-v3)
+  else()  # Debian's range-v3 0.12 names its target without a namespace
+    target_link_libraries(accel::range_v3 INTERFACE range-v3)
+  endif()
+endif()
+
+if(NOT TARGET accel::torch)
+  find_package(Torch CONFIG QUIET)
+  add_library(accel::torch INTERFACE IMPORTED)
+  if(Torch_FOUND)
+    target_link_libraries(accel::torch INTERFACE ${TORCH_LIBRARIES})
+    if(TORCH_CXX_FLAGS)
+      separate_arguments(_accel_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+      target_compile_options(accel::torch INTERFACE ${_accel_torch_flags})
+    endif()
+    set(ACCEL_TORCH_SOURCE "TorchConfig.cmake in ${Torch_DIR}")
+  else()
+    find_path(ACCEL_TORCH_API_INCLUDE_DIR NAMES torch/torch.h PATH_SUFFIXES torch/csrc/api/include)
+    find_path(ACCEL_TORCH_INCLUDE_DIR NAMES ATen/ATen.h)
+    find_library(ACCEL_TORCH_LIBRARY NAMES torch)
+    find_library(ACCEL_TORCH_CPU_LIBRARY NAMES torch_cpu)
+    find_library(ACCEL_C10_LIBRARY NAMES c10)
+    foreach(_accel_var ACCEL_TORCH_API_INCLUDE_DIR ACCEL_TORCH_INCLUDE_DIR ACCEL_TORCH_LIBRARY ACCEL_TORCH_CPU_LIBRARY
+                       ACCEL_C10_LIBRARY)
+      if(NOT ${_accel_var})
+        message(FATAL_ERROR
+          "accel: LibTorch not found (${_accel_var}). Install Debian's libtorch-dev (scripts/setup.sh does), or point "
+          "CMake at PyTorch's TorchConfig.cmake with -DTorch_DIR=... or -DCMAKE_PREFIX_PATH=\"$(python3 -c "
+          "'import torch;print(torch.utils.cmake_prefix_path)')\".")
+      endif()
+    endforeach()
+    # CMake drops implicit directories such as /usr/include from the command line, as it must.
+    target_include_directories(accel::torch SYSTEM INTERFACE ${ACCEL_TORCH_INCLUDE_DIR} ${ACCEL_TORCH_API_INCLUDE_DIR})
+    target_link_libraries(accel::torch INTERFACE ${ACCEL_TORCH_LIBRARY} ${ACCEL_TORCH_CPU_LIBRARY} ${ACCEL_C10_LIBRARY})
+    target_compile_definitions(accel::torch INTERFACE USE_C10D_GLOO)
+    set(ACCEL_TORCH_SOURCE "Debian layout (${ACCEL_TORCH_LIBRARY})")
+  endif()
+endif()

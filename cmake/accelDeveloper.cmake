@@ -1,0 +1,19 @@
+# Build speed for accel's own development build (never exported): ccache, lld, a release build by default.
+include_guard(GLOBAL)
+include(CheckLinkerFlag)
+
+if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
+  set(CMAKE_BUILD_TYPE Release CACHE STRING "Build type" FORCE)
+endif()
+
+find_program(ACCEL_CCACHE ccache)
+if(ACCEL_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
+  # These sloppiness settings let ccache cache translation units that use the precompiled header.
+  set(CMAKE_CXX_COMPILER_LAUNCHER ${CMAKE_COMMAND} -E env
+      CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime ${ACCEL_CCACHE})
+endif()
+
+check_linker_flag(CXX -fuse-ld=lld ACCEL_HAVE_LLD)
+if(ACCEL_HAVE_LLD)
+  add_link_options(-fuse-ld=lld)
+endif()

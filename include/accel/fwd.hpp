@@ -1,0 +1,41 @@
+/// \file
+/// Forward declarations of accel's public types. Includes no LibTorch header, so a translation unit
+/// that only names policies (or a compile-fail test) stays cheap.
+#pragma once
+
+#include <cstddef>
+
+#define ACCEL_VERSION_MAJOR 0
+#define ACCEL_VERSION_MINOR 1
+#define ACCEL_VERSION_PATCH 0
+
+namespace accel {
+
+/// Category tags: a policy opts into a family with `using policy_category = accel::precision_tag;`.
+struct precision_tag {};
+struct parallel_tag {};
+struct accumulation_tag {};
+/// Tag for a communication backend of `data_parallel<Backend>`.
+struct backend_tag {};
+
+// Precision policies (precision.hpp).
+struct fp32;
+struct bf16;
+struct fp16;
+
+// Parallel policies and their backends (parallel.hpp).
+struct single_process;
+struct gloo;
+struct nccl;
+template <class Backend>
+struct data_parallel;
+
+// Accumulation policies (accumulation.hpp).
+template <int N>
+struct accumulate;
+using no_accumulation = accumulate<1>;
+struct accumulate_dynamic;
+
+struct options;
+
+}  // namespace accel

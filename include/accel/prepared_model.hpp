@@ -1,0 +1,61 @@
+/// \file
+/// `prepared_model`: what `accelerator::prepare` returns for a model. Calling it runs the user's forward under
+/// the accelerator's precision policy; `->` reaches the user's module.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace accel {
+
+/// A model `prepare` accepts: a `torch::nn::ModuleHolder<Impl>` (what `TORCH_MODULE` makes) or a
+/// `std::shared_ptr<M>` with `M` derived from `torch::nn::Module`.
+template <class M>
+concept model_like =
+    std::is_base_of_v<torch::detail::ModuleHolderIndicator, M> ||
+    (requires { typename M::element_type; } && std::is_same_v<M, std::shared_ptr<typename M::element_type>> &&
+     std::is_base_of_v<torch::nn::Module, typename M::element_type>);
+
+namespace detail {
+/// The module behind a model handle, non-const like the handle's own `shared_ptr` (ModuleHolder's `->` is const
+/// when the holder is).
+template <class Model>
+auto* module_pointer(const Model& model) noexcept {
+  if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator, Model>)
+    return model.ptr().get();
+  else
+    return model.get();
+}
+}  // namespace detail
+
+template <model_like Model, class Accelerator>
+class prepared_model {
+ public:
+  using model_type = Model;
+
+  prepared_model(Model model, Accelerator& accelerator) : model_(std::move(model)), accelerator_(&accelerator) {}
+
+  /// The user's `forward`, under the precision policy's scope (autocast for bf16/fp16, nothing for fp32).
+  template <class... Args>
+  decltype(auto) operator()(Args&&... args) const {
+    [[maybe_unused]] auto scope = accelerator_->autocast();
+    return detail::module_pointer(model_)->forward(std::forward<Args>(args)...);
+  }
+
+  /// The user's module (`Impl*` for a ModuleHolder).
+  [[nodiscard]] auto* operator->() const noexcept { return detail::module_pointer(model_); }
+  [[nodiscard]] auto& operator*() const noexcept { return *detail::module_pointer(model_); }
+
+  /// The model as the user gave it (what `accelerator::unwrap_model` returns).
+  [[nodiscard]] const Model& unwrap() const noexcept { return model_; }
+
+ private:
+  Model model_;
+  Accelerator* accelerator_;
+};
+
+}  // namespace accel

@@ -1,0 +1,61 @@
+// Shared fixtures for accel's tests: small models and data whose results are known exactly.
+#pragma once
+
+#include <accel/accel.hpp>
+#include <torch/torch.h>
+
+#include <utility>
+#include <vector>
+
+namespace accel_test {
+
+/// Two-layer perceptron, the workhorse of the equivalence tests.
+struct mlp_impl : torch::nn::Module {
+  mlp_impl(int in, int hidden, int out, double dropout = 0.0)
+      : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
+        drop(register_module("drop", torch::nn::Dropout(dropout))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, out))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(drop(torch::relu(fc1(x)))); }
+  torch::nn::Linear fc1;
+  torch::nn::Dropout drop;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE_IMPL(mlp, mlp_impl);
+
+/// A model whose forward takes two inputs.
+struct bilinear_sum_impl : torch::nn::Module {
+  bilinear_sum_impl() : a(register_module("a", torch::nn::Linear(3, 2))), b(register_module("b", torch::nn::Linear(4, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) { return a(x) + b(y); }
+  torch::nn::Linear a;
+  torch::nn::Linear b;
+};
+TORCH_MODULE_IMPL(bilinear_sum, bilinear_sum_impl);
+
+using batch = std::pair<torch::Tensor, torch::Tensor>;
+
+/// `count` regression batches of `size` rows (inputs `in` wide, targets `out` wide), deterministic for `seed`.
+inline std::vector<batch> regression_batches(int count, int size, int in, int out, std::uint64_t seed = 7) {
+  torch::manual_seed(seed);
+  std::vector<batch> batches;
+  for (int i = 0; i < count; ++i) batches.emplace_back(torch::randn({size, in}), torch::randn({size, out}));
+  return batches;
+}
+
+/// True when every parameter of `a` equals the matching one of `b` bit for bit.
+inline bool bitwise_equal(torch::nn::Module& a, torch::nn::Module& b) {
+  auto pa = a.parameters();
+  auto pb = b.parameters();
+  if (pa.size() != pb.size()) return false;
+  for (std::size_t i = 0; i < pa.size(); ++i)
+    if (!torch::equal(pa[i], pb[i])) return false;
+  return true;
+}
+
+/// The TensorImpl of each parameter: what optimizers key their state by.
+inline std::vector<const void*> parameter_identities(torch::nn::Module& m) {
+  std::vector<const void*> ids;
+  for (const auto& p : m.parameters()) ids.push_back(p.unsafeGetTensorImpl());
+  return ids;
+}
+
+}  // namespace accel_test

@@ -1,0 +1,238 @@
+// Policies, their concepts, and the accelerator's per-configuration behaviour.
+#include <catch2/catch.hpp>
+
+#include <sstream>
+#include <type_traits>
+
+#include "support.hpp"
+
+using namespace accel_test;
+
+namespace {
+
+/// A user-defined precision policy: plain fp32 arithmetic that counts every hook call, to show that the
+/// accelerator drives its policies through the documented hooks and nothing else.
+struct counting_precision {
+  using policy_category = accel::precision_tag;
+  struct scope {
+    int* live;
+    explicit scope(int* l) : live(l) { ++*live; }
+    scope(const scope&) = delete;
+    ~scope() { --*live; }
+  };
+  explicit counting_precision(const accel::options&) {}
+  scope forward_scope(const c10::Device&) const {
+    ++forwards;
+    return scope(&live_scopes);
+  }
+  void backward(const at::Tensor& loss) {
+    ++backwards;
+    loss.backward();
+  }
+  void step(torch::optim::Optimizer& optimizer) {
+    ++steps;
+    optimizer.step();
+  }
+  bool step_was_skipped() const { return false; }
+  mutable int forwards = 0;
+  mutable int live_scopes = 0;
+  int backwards = 0;
+  int steps = 0;
+};
+
+/// Opts into the precision family but has none of the hooks.
+struct tag_only_precision {
+  using policy_category = accel::precision_tag;
+};
+
+enum class colour { red };
+
+}  // namespace
+
+TEST_CASE("built-in policies satisfy their family's concept", "[policies]") {
+  STATIC_REQUIRE(accel::precision_policy<accel::fp32>);
+  STATIC_REQUIRE(accel::precision_policy<accel::bf16>);
+  STATIC_REQUIRE(accel::precision_policy<accel::fp16>);
+  STATIC_REQUIRE(accel::parallel_policy<accel::single_process>);
+  STATIC_REQUIRE(accel::parallel_policy<accel::data_parallel<accel::gloo>>);
+  STATIC_REQUIRE(accel::parallel_policy<accel::data_parallel<accel::nccl>>);
+  STATIC_REQUIRE(accel::accumulation_policy<accel::no_accumulation>);
+  STATIC_REQUIRE(accel::accumulation_policy<accel::accumulate<4>>);
+  STATIC_REQUIRE(accel::accumulation_policy<accel::accumulate_dynamic>);
+}
+
+TEST_CASE("a policy of one family is rejected in the other slots", "[policies]") {
+  STATIC_REQUIRE_FALSE(accel::precision_policy<accel::single_process>);
+  STATIC_REQUIRE_FALSE(accel::precision_policy<accel::accumulate<2>>);
+  STATIC_REQUIRE_FALSE(accel::parallel_policy<accel::fp32>);
+  STATIC_REQUIRE_FALSE(accel::parallel_policy<accel::no_accumulation>);
+  STATIC_REQUIRE_FALSE(accel::accumulation_policy<accel::bf16>);
+  STATIC_REQUIRE_FALSE(accel::accumulation_policy<accel::single_process>);
+}
+
+TEST_CASE("types that are not policies satisfy no policy concept", "[policies]") {
+  STATIC_REQUIRE_FALSE(accel::precision_policy<int>);
+  STATIC_REQUIRE_FALSE(accel::parallel_policy<torch::Tensor>);
+  STATIC_REQUIRE_FALSE(accel::accumulation_policy<void*>);
+  STATIC_REQUIRE_FALSE(accel::precision_policy<accel::gloo>);
+}
+
+TEST_CASE("a policy with the tag but without the hooks is rejected", "[policies]") {
+  STATIC_REQUIRE_FALSE(accel::precision_policy<tag_only_precision>);
+}
+
+TEST_CASE("data_parallel takes gloo or nccl as its backend", "[policies]") {
+  STATIC_REQUIRE(accel::communication_backend<accel::gloo>);
+  STATIC_REQUIRE(accel::communication_backend<accel::nccl>);
+  STATIC_REQUIRE_FALSE(accel::communication_backend<accel::fp32>);
+  STATIC_REQUIRE_FALSE(accel::communication_backend<int>);
+  STATIC_REQUIRE(std::is_same_v<accel::data_parallel<accel::gloo>::backend_type, accel::gloo>);
+}
+
+TEST_CASE("no_accumulation is accumulate<1>", "[policies]") {
+  STATIC_REQUIRE(std::is_same_v<accel::no_accumulation, accel::accumulate<1>>);
+  STATIC_REQUIRE(accel::no_accumulation::steps() == 1);
+}
+
+TEST_CASE("accelerator<> is fp32, single_process, no_accumulation", "[accelerator]") {
+  using default_accelerator = accel::accelerator<>;
+  STATIC_REQUIRE(std::is_same_v<default_accelerator::precision_type, accel::fp32>);
+  STATIC_REQUIRE(std::is_same_v<default_accelerator::parallel_type, accel::single_process>);
+  STATIC_REQUIRE(std::is_same_v<default_accelerator::accumulation_type, accel::no_accumulation>);
+  STATIC_REQUIRE(std::is_default_constructible_v<default_accelerator>);
+  STATIC_REQUIRE(std::is_constructible_v<default_accelerator, const accel::options&>);
+}
+
+TEST_CASE("an accelerator is neither copied nor moved, since prepared objects refer to it", "[accelerator]") {
+  STATIC_REQUIRE_FALSE(std::is_copy_constructible_v<accel::accelerator<>>);
+  STATIC_REQUIRE_FALSE(std::is_move_constructible_v<accel::accelerator<>>);
+  STATIC_REQUIRE_FALSE(std::is_copy_assignable_v<accel::accelerator<>>);
+}
+
+TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accelerator][zero-cost]") {
+  STATIC_REQUIRE(std::is_empty_v<accel::fp32>);
+  STATIC_REQUIRE(std::is_empty_v<accel::no_accumulation>);
+  STATIC_REQUIRE(sizeof(accel::accelerator<>) == sizeof(accel::single_process) + sizeof(bool));
+}
+
+TEST_CASE("fp32's forward scope is an empty object", "[precision][zero-cost]") {
+  accel::accelerator<> acc;
+  STATIC_REQUIRE(std::is_empty_v<decltype(acc.autocast())>);
+}
+
+TEST_CASE("fp32 backward is loss.backward() and its step is optimizer.step()", "[precision]") {
+  torch::manual_seed(1);
+  mlp a(3, 5, 1);
+  torch::manual_seed(1);
+  mlp b(3, 5, 1);
+  const auto x = torch::randn({8, 3});
+  accel::fp32 precision;
+  precision.backward(a(x).pow(2).mean());
+  b(x).pow(2).mean().backward();
+  for (std::size_t i = 0; i < a->parameters().size(); ++i)
+    CHECK(torch::equal(a->parameters()[i].grad(), b->parameters()[i].grad()));
+
+  torch::optim::SGD opt_a(a->parameters(), 0.5);
+  torch::optim::SGD opt_b(b->parameters(), 0.5);
+  precision.step(opt_a);
+  opt_b.step();
+  CHECK(bitwise_equal(*a, *b));
+  CHECK_FALSE(precision.step_was_skipped());
+}
+
+TEST_CASE("no_accumulation always syncs and passes the loss through untouched", "[accumulation][zero-cost]") {
+  accel::no_accumulation policy{accel::options{}};
+  STATIC_REQUIRE(policy.sync_gradients());
+  const auto loss = torch::tensor(2.5);
+  CHECK(&policy.scale_loss(loss) == &loss);  // the same object: no division, no copy
+}
+
+TEST_CASE("a single process is process 0 of 1, main, local main and last", "[parallel]") {
+  accel::accelerator<> acc;
+  CHECK(acc.process_index() == 0);
+  CHECK(acc.local_process_index() == 0);
+  CHECK(acc.num_processes() == 1);
+  CHECK(acc.is_main_process());
+  CHECK(acc.is_local_main_process());
+  CHECK(acc.is_last_process());
+}
+
+TEST_CASE("single_process uses CUDA device 0 when there is one, else the CPU", "[parallel]") {
+  accel::accelerator<> acc;
+  if (torch::cuda::is_available())
+    CHECK(acc.device() == c10::Device(c10::kCUDA, 0));
+  else
+    CHECK(acc.device() == c10::Device(c10::kCPU));
+}
+
+TEST_CASE("options::cpu forces the CPU", "[parallel][options]") {
+  accel::accelerator<> acc{{.cpu = true}};
+  CHECK(acc.device() == c10::Device(c10::kCPU));
+  CHECK(acc.device_placement());
+}
+
+TEST_CASE("sync_gradients is true and no step is reported skipped under fp32", "[accelerator]") {
+  accel::accelerator<> acc;
+  CHECK(acc.sync_gradients());
+  CHECK_FALSE(acc.optimizer_step_was_skipped());
+}
+
+TEST_CASE("wait_for_everyone returns at once with one process", "[parallel]") {
+  accel::accelerator<> acc;
+  acc.wait_for_everyone();
+  SUCCEED();
+}
+
+namespace {
+/// Captures what is written to std::cout while alive.
+struct capture_cout {
+  std::ostringstream text;
+  std::streambuf* previous = std::cout.rdbuf(text.rdbuf());
+  ~capture_cout() { std::cout.rdbuf(previous); }
+};
+}  // namespace
+
+TEST_CASE("print separates its arguments by spaces and ends the line", "[accelerator][print]") {
+  accel::accelerator<> acc;
+  capture_cout out;
+  acc.print("epoch", 3, "loss", 0.25);
+  acc.print();
+  acc.print("done");
+  CHECK(out.text.str() == "epoch 3 loss 0.25\n\ndone\n");
+}
+
+TEST_CASE("print formats tensors and devices as operator<< does", "[accelerator][print]") {
+  accel::accelerator<> acc;
+  const auto t = torch::tensor({1, 2});
+  std::ostringstream expected;
+  expected << "t: " << t << ' ' << acc.device() << '\n';
+  capture_cout out;
+  acc.print("t:", t, acc.device());
+  CHECK(out.text.str() == expected.str());
+}
+
+TEST_CASE("a user-defined precision policy is driven through its hooks", "[policies][custom]") {
+  STATIC_REQUIRE(accel::precision_policy<counting_precision>);
+  accel::accelerator<counting_precision> acc;
+  torch::manual_seed(3);
+  mlp net(2, 4, 1);
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  auto [model, opt] = acc.prepare(net, optimizer);
+  const counting_precision& policy = acc.precision();
+
+  for (int i = 0; i < 3; ++i) {
+    auto out = model(torch::randn({5, 2}));
+    CHECK(policy.live_scopes == 0);  // the forward scope ended with the forward
+    acc.backward(out.pow(2).mean());
+    opt.step();
+    opt.zero_grad();
+  }
+  CHECK(policy.forwards == 3);
+  CHECK(policy.backwards == 3);
+  CHECK(policy.steps == 3);
+  {
+    auto scope = acc.autocast();
+    CHECK(policy.live_scopes == 1);
+  }
+  CHECK(policy.live_scopes == 0);
+}

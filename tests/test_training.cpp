@@ -1,0 +1,215 @@
+// End-to-end training: accelerator<> must give bit for bit the parameters of the same loop in raw LibTorch.
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <memory>
+
+#include "support.hpp"
+
+using namespace accel_test;
+
+namespace {
+
+using optimizer_factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+
+struct run_config {
+  int epochs = 3;
+  double dropout = 0.0;
+  optimizer_factory make_optimizer;
+};
+
+/// The loop a LibTorch user writes by hand.
+mlp train_raw(const std::vector<batch>& data, const run_config& config) {
+  torch::manual_seed(42);
+  mlp net(6, 16, 2, config.dropout);
+  auto optimizer = config.make_optimizer(net->parameters());
+  for (int epoch = 0; epoch < config.epochs; ++epoch) {
+    for (const auto& [x, y] : data) {
+      optimizer->zero_grad();
+      auto loss = torch::mse_loss(net(x), y);
+      loss.backward();
+      optimizer->step();
+    }
+  }
+  return net;
+}
+
+/// The same loop written with accel, the way its README shows.
+mlp train_accel(const std::vector<batch>& data, const run_config& config) {
+  torch::manual_seed(42);
+  mlp net(6, 16, 2, config.dropout);
+  auto optimizer = config.make_optimizer(net->parameters());
+  accel::accelerator<> acc;
+  auto [model, opt, batches] = acc.prepare(net, *optimizer, data);
+  for (int epoch = 0; epoch < config.epochs; ++epoch) {
+    for (auto&& [x, y] : batches) {
+      auto loss = torch::mse_loss(model(x), y);
+      acc.backward(loss);
+      opt.step();
+      opt.zero_grad();
+    }
+  }
+  return net;
+}
+
+optimizer_factory sgd(double lr, double momentum = 0, bool nesterov = false) {
+  return [=](std::vector<torch::Tensor> params) {
+    return std::make_unique<torch::optim::SGD>(
+        std::move(params), torch::optim::SGDOptions(lr).momentum(momentum).nesterov(nesterov));
+  };
+}
+
+optimizer_factory adamw(double lr, double weight_decay) {
+  return [=](std::vector<torch::Tensor> params) {
+    return std::make_unique<torch::optim::AdamW>(std::move(params),
+                                                 torch::optim::AdamWOptions(lr).weight_decay(weight_decay));
+  };
+}
+
+}  // namespace
+
+TEST_CASE("accelerator<> trains bitwise like the raw loop with SGD", "[training][equivalence]") {
+  const auto data = regression_batches(10, 8, 6, 2);
+  const run_config config{.epochs = 3, .make_optimizer = sgd(0.05)};
+  auto raw = train_raw(data, config);
+  auto accelerated = train_accel(data, config);
+  CHECK(bitwise_equal(*raw, *accelerated));
+}
+
+TEST_CASE("accelerator<> trains bitwise like the raw loop with AdamW", "[training][equivalence]") {
+  const auto data = regression_batches(10, 8, 6, 2);
+  const run_config config{.epochs = 4, .make_optimizer = adamw(1e-2, 0.01)};
+  auto raw = train_raw(data, config);
+  auto accelerated = train_accel(data, config);
+  CHECK(bitwise_equal(*raw, *accelerated));
+}
+
+TEST_CASE("accelerator<> trains bitwise like the raw loop with Nesterov momentum", "[training][equivalence]") {
+  const auto data = regression_batches(6, 8, 6, 2);
+  const run_config config{.epochs = 3, .make_optimizer = sgd(0.02, 0.9, true)};
+  auto raw = train_raw(data, config);
+  auto accelerated = train_accel(data, config);
+  CHECK(bitwise_equal(*raw, *accelerated));
+}
+
+TEST_CASE("with dropout, accel draws the same random numbers as the raw loop", "[training][equivalence]") {
+  const auto data = regression_batches(6, 8, 6, 2);
+  const run_config config{.epochs = 2, .dropout = 0.3, .make_optimizer = adamw(1e-2, 0.0)};
+  auto raw = train_raw(data, config);
+  auto accelerated = train_accel(data, config);
+  CHECK(bitwise_equal(*raw, *accelerated));
+}
+
+TEST_CASE("the equivalence check notices a different training run", "[training][equivalence]") {
+  // Guards the tests above: one step more must change the parameters.
+  const auto data = regression_batches(6, 8, 6, 2);
+  auto three = train_raw(data, {.epochs = 3, .make_optimizer = sgd(0.05)});
+  auto four = train_accel(data, {.epochs = 4, .make_optimizer = sgd(0.05)});
+  CHECK_FALSE(bitwise_equal(*three, *four));
+}
+
+TEST_CASE("acc.backward gives the gradients of loss.backward()", "[training]") {
+  accel::accelerator<> acc;
+  torch::manual_seed(5);
+  mlp a(4, 6, 1);
+  torch::manual_seed(5);
+  mlp b(4, 6, 1);
+  auto model = acc.prepare(a);
+  const auto x = torch::randn({7, 4});
+  acc.backward(model(x).sin().sum());
+  b(x).sin().sum().backward();
+  for (std::size_t i = 0; i < a->parameters().size(); ++i)
+    CHECK(torch::equal(a->parameters()[i].grad(), b->parameters()[i].grad()));
+}
+
+TEST_CASE("a scheduled run matches the raw loop with the same scheduler", "[training][equivalence][scheduler]") {
+  const auto data = regression_batches(5, 8, 6, 2);
+  auto run = [&](bool with_accel) {
+    torch::manual_seed(11);
+    mlp net(6, 16, 2);
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
+    torch::optim::StepLR scheduler(optimizer, 3, 0.3);
+    accel::accelerator<> acc;
+    auto [model, opt, sched, batches] = acc.prepare(net, optimizer, scheduler, data);
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      for (const auto& [x, y] : data) {
+        if (with_accel) {
+          acc.backward(torch::mse_loss(model(x), y));
+          opt.step();
+          sched.step();
+          opt.zero_grad();
+        } else {
+          optimizer.zero_grad();
+          torch::mse_loss(net(x), y).backward();
+          optimizer.step();
+          scheduler.step();
+        }
+      }
+    }
+    return std::pair{net, optimizer.param_groups()[0].options().get_lr()};
+  };
+  auto [raw, raw_lr] = run(false);
+  auto [accelerated, accel_lr] = run(true);
+  CHECK(raw_lr == Approx(0.1 * 0.3 * 0.3 * 0.3 * 0.3));  // 15 calls of StepLR(3): decays on calls 4, 7, 10, 13
+  CHECK(accel_lr == raw_lr);
+  CHECK(bitwise_equal(*raw, *accelerated));
+}
+
+TEST_CASE("training through a prepared LibTorch data loader matches the raw loop", "[training][loader]") {
+  const auto x = torch::randn({40, 6});
+  const auto y = torch::randn({40, 2});
+  auto make_loader = [&] {
+    return torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+        torch::data::datasets::TensorDataset({torch::cat({x, y}, 1)})
+            .map(torch::data::transforms::Stack<torch::data::TensorExample>()),
+        torch::data::DataLoaderOptions(8));
+  };
+  auto run = [&](bool with_accel) {
+    torch::manual_seed(3);
+    mlp net(6, 16, 2);
+    torch::optim::AdamW optimizer(net->parameters(), 1e-2);
+    auto loader = make_loader();
+    accel::accelerator<> acc;
+    auto [model, opt, batches] = acc.prepare(net, optimizer, *loader);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      if (with_accel) {
+        for (auto& b : batches) {
+          acc.backward(torch::mse_loss(model(b.data.narrow(1, 0, 6)), b.data.narrow(1, 6, 2)));
+          opt.step();
+          opt.zero_grad();
+        }
+      } else {
+        for (auto& b : *loader) {
+          optimizer.zero_grad();
+          torch::mse_loss(net(b.data.narrow(1, 0, 6)), b.data.narrow(1, 6, 2)).backward();
+          optimizer.step();
+        }
+      }
+    }
+    return net;
+  };
+  auto raw = run(false);
+  auto accelerated = run(true);
+  CHECK(bitwise_equal(*raw, *accelerated));
+}
+
+TEST_CASE("linear regression learns y = 3x", "[training]") {
+  torch::manual_seed(0);
+  const auto x = torch::rand({1000, 1}) * 2 - 1;
+  const auto y = 3 * x + 0.1 * torch::randn({1000, 1});
+  std::vector<batch> data;
+  for (const auto& idx : torch::randperm(1000).split(50)) data.emplace_back(x.index({idx}), y.index({idx}));
+  torch::nn::Linear net(1, 1);
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  accel::accelerator<> acc;
+  auto [model, opt, batches] = acc.prepare(net, optimizer, data);
+  for (int epoch = 0; epoch < 20; ++epoch) {
+    for (auto&& [inputs, targets] : batches) {
+      acc.backward(torch::mse_loss(model(inputs), targets));
+      opt.step();
+      opt.zero_grad();
+    }
+  }
+  CHECK(net->weight.item<double>() == Approx(3.0).margin(0.05));
+  CHECK(net->bias.item<double>() == Approx(0.0).margin(0.05));
+}
