@@ -5,10 +5,19 @@
 # -DTorch_DIR / CMAKE_PREFIX_PATH = `python3 -c 'import torch;print(torch.utils.cmake_prefix_path)'`); otherwise
 # Debian's libtorch-dev, which ships no TorchConfig.cmake: headers under /usr/include and
 # /usr/include/torch/csrc/api/include, libraries torch, torch_cpu and c10, built with Gloo (USE_C10D_GLOO).
-include_guard(GLOBAL)
-include(CMakeFindDependencyMacro)
+# (Debian's libtorch-dev 1.13 does ship a TorchConfig.cmake; the layout fallback serves builds that have none.)
+#
+# Imported targets are scoped to the directory that finds them, so this file runs again in each directory that
+# calls find_package(accel); the `if(NOT TARGET ...)` checks keep it from defining anything twice. A missing
+# dependency sets ACCEL_MISSING_DEPENDENCY (a message) instead of stopping CMake, so that a package config can
+# report "not found" and an optional find_package(accel) can go on.
+unset(ACCEL_MISSING_DEPENDENCY)
 
-find_dependency(range-v3 CONFIG)
+find_package(range-v3 CONFIG QUIET)
+if(NOT range-v3_FOUND)
+  set(ACCEL_MISSING_DEPENDENCY "accel: range-v3 not found: install Debian's librange-v3-dev (scripts/setup.sh does)")
+  return()
+endif()
 if(NOT TARGET accel::range_v3)
   add_library(accel::range_v3 INTERFACE IMPORTED)
   if(TARGET range-v3::range-v3)
@@ -20,8 +29,8 @@ endif()
 
 if(NOT TARGET accel::torch)
   find_package(Torch CONFIG QUIET)
-  add_library(accel::torch INTERFACE IMPORTED)
   if(Torch_FOUND)
+    add_library(accel::torch INTERFACE IMPORTED)
     target_link_libraries(accel::torch INTERFACE ${TORCH_LIBRARIES})
     if(TORCH_CXX_FLAGS)
       separate_arguments(_accel_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
@@ -37,16 +46,19 @@ if(NOT TARGET accel::torch)
     foreach(_accel_var ACCEL_TORCH_API_INCLUDE_DIR ACCEL_TORCH_INCLUDE_DIR ACCEL_TORCH_LIBRARY ACCEL_TORCH_CPU_LIBRARY
                        ACCEL_C10_LIBRARY)
       if(NOT ${_accel_var})
-        message(FATAL_ERROR
+        set(ACCEL_MISSING_DEPENDENCY
           "accel: LibTorch not found (${_accel_var}). Install Debian's libtorch-dev (scripts/setup.sh does), or point "
           "CMake at PyTorch's TorchConfig.cmake with -DTorch_DIR=... or -DCMAKE_PREFIX_PATH=\"$(python3 -c "
           "'import torch;print(torch.utils.cmake_prefix_path)')\".")
+        return()
       endif()
     endforeach()
+    add_library(accel::torch INTERFACE IMPORTED)
     # CMake drops implicit directories such as /usr/include from the command line, as it must.
     target_include_directories(accel::torch SYSTEM INTERFACE ${ACCEL_TORCH_INCLUDE_DIR} ${ACCEL_TORCH_API_INCLUDE_DIR})
     target_link_libraries(accel::torch INTERFACE ${ACCEL_TORCH_LIBRARY} ${ACCEL_TORCH_CPU_LIBRARY} ${ACCEL_C10_LIBRARY})
-    target_compile_definitions(accel::torch INTERFACE USE_C10D_GLOO)
+    # The definitions Debian's libtorch_cpu was built with (the same TorchConfig.cmake passes on).
+    target_compile_definitions(accel::torch INTERFACE USE_DISTRIBUTED USE_C10D_GLOO USE_RPC USE_TENSORPIPE)
     set(ACCEL_TORCH_SOURCE "Debian layout (${ACCEL_TORCH_LIBRARY})")
   endif()
 endif()

@@ -51,6 +51,17 @@ inline bool bitwise_equal(torch::nn::Module& a, torch::nn::Module& b) {
   return true;
 }
 
+/// Number of batches a range yields, counted by iterating it (std::ranges::distance would ask size()).
+template <class Range>
+std::size_t count_batches(Range&& range) {
+  std::size_t n = 0;
+  for (auto&& b : range) {
+    (void)b;
+    ++n;
+  }
+  return n;
+}
+
 /// The TensorImpl of each parameter: what optimizers key their state by.
 inline std::vector<const void*> parameter_identities(torch::nn::Module& m) {
   std::vector<const void*> ids;

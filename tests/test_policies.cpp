@@ -220,6 +220,25 @@ TEST_CASE("a user-defined precision policy is driven through its hooks", "[polic
   auto [model, opt] = acc.prepare(net, optimizer);
   const counting_precision& policy = acc.precision();
 
+  // A module that records whether the policy's scope is alive while its forward runs.
+  struct probe_impl : torch::nn::Module {
+    const counting_precision* policy = nullptr;
+    int live_during_forward = -1;
+    torch::Tensor forward(const torch::Tensor& x) {
+      live_during_forward = policy->live_scopes;
+      return x * 2;
+    }
+  };
+  auto probe = std::make_shared<probe_impl>();
+  probe->policy = &policy;
+  auto probe_model = acc.prepare(probe);
+  probe_model(torch::ones(1));
+  CHECK(probe->live_during_forward == 1);
+  probe->forward(torch::ones(1));  // the module itself, without the prepared wrapper: no scope
+  CHECK(probe->live_during_forward == 0);
+  probe_model.forward(torch::ones(1));
+  CHECK(probe->live_during_forward == 1);
+
   for (int i = 0; i < 3; ++i) {
     auto out = model(torch::randn({5, 2}));
     CHECK(policy.live_scopes == 0);  // the forward scope ended with the forward
@@ -227,7 +246,7 @@ TEST_CASE("a user-defined precision policy is driven through its hooks", "[polic
     opt.step();
     opt.zero_grad();
   }
-  CHECK(policy.forwards == 3);
+  CHECK(policy.forwards == 5);  // 2 probe calls + 3 training steps
   CHECK(policy.backwards == 3);
   CHECK(policy.steps == 3);
   {

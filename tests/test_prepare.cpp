@@ -115,16 +115,19 @@ TEST_CASE("operator-> and unwrap_model reach the user's module", "[prepare][mode
   CHECK(&*model == net.get());
   model->eval();
   CHECK_FALSE(net->is_training());
-  const mlp& unwrapped = acc.unwrap_model(model);
+  auto unwrapped = acc.unwrap_model(model);  // a handle sharing the module
+  STATIC_REQUIRE(std::is_same_v<decltype(unwrapped), mlp>);
   CHECK(unwrapped.get() == net.get());
-  CHECK(&unwrapped == &model.unwrap());
+  acc.unwrap_model(model)->train();  // mutable access, as through the user's own handle
+  CHECK(net->is_training());
 }
 
 TEST_CASE("unwrap_model returns a model that was never prepared unchanged", "[prepare][model]") {
   accel::accelerator<> acc;
   mlp net(2, 3, 1);
-  auto& same = acc.unwrap_model(net);
-  CHECK(&same == &net);
+  CHECK(acc.unwrap_model(net).get() == net.get());
+  auto shared = std::make_shared<mlp_impl>(2, 3, 1);
+  CHECK(acc.unwrap_model(shared) == shared);
 }
 
 TEST_CASE("prepare keeps the parameters' identity, so optimizers still point at them", "[prepare][model]") {
@@ -230,7 +233,7 @@ TEST_CASE("a prepared range yields every batch in order", "[prepare][range]") {
 TEST_CASE("a prepared range can be iterated once per epoch", "[prepare][range]") {
   accel::accelerator<> acc;
   auto batches = acc.prepare(regression_batches(4, 2, 3, 1));
-  for (int epoch = 0; epoch < 3; ++epoch) CHECK(std::ranges::distance(batches) == 4);
+  for (int epoch = 0; epoch < 3; ++epoch) CHECK(count_batches(batches) == 4);
 }
 
 TEST_CASE("a prepared range is a C++20 input range", "[prepare][range]") {
@@ -261,11 +264,11 @@ TEST_CASE("a prepared range refers to an lvalue range and owns an rvalue one", "
   std::vector<torch::Tensor> data{torch::tensor({1})};
   auto referring = acc.prepare(data);
   data.push_back(torch::tensor({2}));  // seen: the range is referred to
-  CHECK(std::ranges::distance(referring) == 2);
+  CHECK(count_batches(referring) == 2);
 
   auto owning = acc.prepare(std::vector<torch::Tensor>{torch::tensor({5}), torch::tensor({6})});
   STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(owning.unwrap())>, std::vector<torch::Tensor>>);
-  CHECK(std::ranges::distance(owning) == 2);
+  CHECK(count_batches(owning) == 2);
 }
 
 TEST_CASE("a prepared range works over a LibTorch data loader", "[prepare][range][loader]") {
@@ -319,7 +322,9 @@ TEST_CASE("batches of every built-in structure keep their structure", "[prepare]
                     std::array<torch::Tensor, 2>{torch::ones(4), torch::ones(5)},
                     std::map<std::string, torch::Tensor>{{"mask", torch::ones(6)}}, "caption");
   auto batches = acc.prepare(data);
+  int seen = 0;
   for (const auto& [vec, pair, arr, map, text] : batches) {
+    ++seen;
     CHECK(vec.size() == 2);
     CHECK(vec[1].numel() == 3);
     CHECK(pair.second == 7);
@@ -327,6 +332,7 @@ TEST_CASE("batches of every built-in structure keep their structure", "[prepare]
     CHECK(map.at("mask").numel() == 6);
     CHECK(text == "caption");
   }
+  CHECK(seen == 1);
 }
 
 TEST_CASE("a user batch type moves through its batch_traits", "[prepare][range][device]") {
@@ -346,8 +352,64 @@ TEST_CASE("options::device_placement = false leaves batches untouched", "[prepar
   std::vector<tagged_batch> data{{torch::ones(3), 1}, {torch::ones(3), 2}};
   auto batches = acc.prepare(data);
   tagged_batch::transfers = 0;
-  CHECK(std::ranges::distance(batches) == 2);
+  int id_sum = 0;
+  for (const auto& b : batches) id_sum += b.id;
+  CHECK(id_sum == 3);
   CHECK(tagged_batch::transfers == 0);
+}
+
+TEST_CASE("send_to_device moves every tensor of a nested batch and keeps the rest", "[device]") {
+  // The meta device stands in for an accelerator: a real transfer, on any machine.
+  const c10::Device meta(c10::kMeta);
+  using nested = std::tuple<std::vector<torch::Tensor>, std::pair<torch::Tensor, int>, std::array<torch::Tensor, 2>,
+                            std::map<std::string, torch::Tensor>, std::string>;
+  const nested batch{{torch::ones(2), torch::zeros(3)}, {torch::ones(1), 7}, {torch::ones(4), torch::ones(5)},
+                     {{"mask", torch::ones(6)}}, "caption"};
+  const auto [vec, pair, arr, map, text] = accel::send_to_device(batch, meta);
+  CHECK(vec.at(0).device() == meta);
+  CHECK(vec.at(1).sizes() == torch::IntArrayRef{3});
+  CHECK(pair.first.device() == meta);
+  CHECK(pair.second == 7);
+  CHECK(arr[0].device() == meta);
+  CHECK(arr[1].device() == meta);
+  CHECK(map.at("mask").device() == meta);
+  CHECK(text == "caption");
+  CHECK(std::get<0>(batch).at(0).device() == c10::Device(c10::kCPU));  // the source is untouched
+}
+
+TEST_CASE("send_to_device moves a torch::data::Example's data and target", "[device]") {
+  const c10::Device meta(c10::kMeta);
+  const auto moved = accel::send_to_device(torch::data::Example<>{torch::ones(2), torch::zeros(1)}, meta);
+  CHECK(moved.data.device() == meta);
+  CHECK(moved.target.device() == meta);
+}
+
+TEST_CASE("a batch of references becomes a tuple of values", "[device][range]") {
+  const c10::Device meta(c10::kMeta);
+  const torch::Tensor x = torch::ones(2), y = torch::zeros(2);
+  const auto refs = std::tie(x, y);
+  STATIC_REQUIRE(std::is_same_v<accel::placed_t<decltype(refs)>, std::tuple<torch::Tensor, torch::Tensor>>);
+  const auto [mx, my] = accel::send_to_device(refs, meta);
+  CHECK(mx.device() == meta);
+  CHECK(my.device() == meta);
+
+  accel::accelerator<> acc;
+  std::vector<torch::Tensor> xs{torch::ones(1), torch::ones(1)}, ys{torch::zeros(1), torch::zeros(1)};
+  auto pairs = std::views::iota(std::size_t{0}, xs.size()) |
+               std::views::transform([&](std::size_t i) { return std::tie(xs[i], ys[i]); });
+  auto batches = acc.prepare(pairs);
+  STATIC_REQUIRE(std::is_same_v<decltype(batches)::batch_type, std::tuple<torch::Tensor, torch::Tensor>>);
+  float total = 0;
+  for (auto&& [bx, by] : batches) total += bx.item<float>() + by.item<float>();
+  CHECK(total == 2.0f);
+}
+
+TEST_CASE("const ranges are prepared; const optimizers are refused", "[prepare][concepts]") {
+  STATIC_REQUIRE(accel::batch_range<const std::vector<torch::Tensor>&>);
+  STATIC_REQUIRE_FALSE(accel::optimizer_like<const torch::optim::SGD&>);
+  accel::accelerator<> acc;
+  const std::vector<torch::Tensor> data{torch::ones(1), torch::ones(1)};
+  CHECK(count_batches(acc.prepare(data)) == 2);
 }
 
 TEST_CASE("send_to_device returns a tensor already on the device as the same tensor", "[device][zero-cost]") {

@@ -108,13 +108,14 @@ class accelerator {
   /// Blocks until every process reaches this point.
   void wait_for_everyone() { parallel_.wait_for_everyone(); }
 
-  /// The model as the user built it: unwraps a prepared model, returns anything else unchanged.
+  /// The model as the user built it: the handle (ModuleHolder or shared_ptr) of a prepared model; any other
+  /// model handle is returned as it is. A handle shares the module, so this never copies parameters.
   template <class Model>
-  [[nodiscard]] decltype(auto) unwrap_model(Model&& model) const noexcept {
-    if constexpr (detail::is_prepared_model<std::remove_cvref_t<Model>>)
+  [[nodiscard]] auto unwrap_model(const Model& model) const noexcept {
+    if constexpr (detail::is_prepared_model<Model>)
       return model.unwrap();
     else
-      return std::forward<Model>(model);
+      return model;
   }
 
  private:
@@ -131,6 +132,8 @@ class accelerator {
   template <class Object>
   auto prepare_one(Object&& object) {
     using type = std::remove_cvref_t<Object>;
+    static_assert(!detail::is_prepared<type>,
+                  "accel::accelerator::prepare(): this object is already prepared; use the prepared object as it is");
     if constexpr (model_like<type>) {
       return prepare_model(type(std::forward<Object>(object)));
     } else if constexpr (optimizer_like<type>) {

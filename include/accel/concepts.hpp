@@ -27,6 +27,9 @@ class Tensor;
 namespace torch::optim {
 class Optimizer;
 }
+namespace torch::nn {
+class Module;
+}
 
 namespace accel {
 namespace detail {
@@ -47,7 +50,7 @@ concept has_category = std::same_as<typename category_of<std::remove_cvref_t<T>>
 
 /// What the accelerator calls on its precision policy.
 template <class P>
-concept precision_hooks = requires(P& p, const P& cp, const at::Tensor& loss, torch::optim::Optimizer& opt,
+concept precision_hooks = std::constructible_from<P, const options&> && requires(P& p, const P& cp, const at::Tensor& loss, torch::optim::Optimizer& opt,
                                    const c10::Device& device) {
   cp.forward_scope(device);      // RAII object alive during the model's forward
   p.backward(loss);              // runs backward (fp16 scales the loss first)
@@ -57,17 +60,18 @@ concept precision_hooks = requires(P& p, const P& cp, const at::Tensor& loss, to
 
 /// What the accelerator calls on its parallel policy.
 template <class Q>
-concept parallel_hooks = requires(Q& q, const Q& cq) {
+concept parallel_hooks = std::constructible_from<Q, const options&> && requires(Q& q, const Q& cq, torch::nn::Module& module) {
   { cq.device() } -> std::convertible_to<const c10::Device&>;
   { cq.process_index() } -> std::convertible_to<int>;
   { cq.local_process_index() } -> std::convertible_to<int>;
   { cq.num_processes() } -> std::convertible_to<int>;
   q.wait_for_everyone();
+  q.prepare_model(module);       // broadcast parameters, register gradient hooks (data parallel)
 };
 
 /// What the accelerator calls on its accumulation policy.
 template <class A>
-concept accumulation_hooks = requires(const A& ca, const at::Tensor& loss) {
+concept accumulation_hooks = std::constructible_from<A, const options&> && requires(const A& ca, const at::Tensor& loss) {
   { ca.steps() } -> std::convertible_to<int>;
   { ca.sync_gradients() } -> std::convertible_to<bool>;
   ca.scale_loss(loss);
@@ -81,7 +85,7 @@ concept precision_policy =
     (detail::has_category<P, precision_tag> ||
      detail::unsatisfied<"accel::accelerator's 1st argument must be a precision policy: accel::fp32, accel::bf16 or accel::fp16", P>()) &&
     (detail::precision_hooks<P> ||
-     detail::unsatisfied<"this precision policy lacks forward_scope(device), backward(loss), step(optimizer) or step_was_skipped(): see accel/concepts.hpp", P>());
+     detail::unsatisfied<"this precision policy lacks a constructor from accel::options, forward_scope(device), backward(loss), step(optimizer) or step_was_skipped(): see accel/concepts.hpp", P>());
 
 /// A parallel policy: `accel::single_process` or `accel::data_parallel<accel::gloo / accel::nccl>`.
 template <class Q>
@@ -89,7 +93,7 @@ concept parallel_policy =
     (detail::has_category<Q, parallel_tag> ||
      detail::unsatisfied<"accel::accelerator's 2nd argument must be a parallel policy: accel::single_process or accel::data_parallel<accel::gloo or accel::nccl>", Q>()) &&
     (detail::parallel_hooks<Q> ||
-     detail::unsatisfied<"this parallel policy lacks device(), process_index(), local_process_index(), num_processes() or wait_for_everyone(): see accel/concepts.hpp", Q>());
+     detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone() or prepare_model(module): see accel/concepts.hpp", Q>());
 
 /// An accumulation policy: `accel::no_accumulation`, `accel::accumulate<N>` or `accel::accumulate_dynamic`.
 template <class A>
@@ -97,7 +101,7 @@ concept accumulation_policy =
     (detail::has_category<A, accumulation_tag> ||
      detail::unsatisfied<"accel::accelerator's 3rd argument must be an accumulation policy: accel::no_accumulation, accel::accumulate<N> or accel::accumulate_dynamic", A>()) &&
     (detail::accumulation_hooks<A> ||
-     detail::unsatisfied<"this accumulation policy lacks steps(), sync_gradients() or scale_loss(loss): see accel/concepts.hpp", A>());
+     detail::unsatisfied<"this accumulation policy lacks a constructor from accel::options, steps(), sync_gradients() or scale_loss(loss): see accel/concepts.hpp", A>());
 
 /// A communication backend for `accel::data_parallel`: `accel::gloo` or `accel::nccl`.
 template <class B>

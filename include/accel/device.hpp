@@ -35,8 +35,19 @@ namespace accel {
 template <class T>
 struct batch_traits;
 
+namespace detail {
 template <class T>
-T send_to_device(const T& batch, const c10::Device& device, bool non_blocking = false);
+struct placed;
+}  // namespace detail
+
+/// The type `send_to_device` returns for a batch of type `T`: `T` itself, except that a tuple-like batch of
+/// references (`std::tie`, a zip view's elements) becomes a `std::tuple` of values, since its elements are new
+/// tensors that nothing else owns.
+template <class T>
+using placed_t = typename detail::placed<std::remove_cvref_t<T>>::type;
+
+template <class T>
+placed_t<T> send_to_device(const T& batch, const c10::Device& device, bool non_blocking = false);
 
 /// Built in: `torch::data::Example` (with or without a target).
 template <class Data, class Target>
@@ -75,10 +86,26 @@ concept sequence_like = requires(T& c, const typename T::value_type& v) {
 template <class T>
 concept passes_through = std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_convertible_v<T, std::string_view>;
 
+template <class T>
+struct placed {
+  using type = T;
+};
 template <class T, std::size_t... I>
-T tuple_to_device(const T& batch, const c10::Device& device, bool non_blocking, std::index_sequence<I...>) {
+consteval bool holds_references(std::index_sequence<I...>) {
+  return (std::is_reference_v<std::tuple_element_t<I, T>> || ...);
+}
+template <class T, std::size_t... I>
+auto decayed_tuple(std::index_sequence<I...>) -> std::tuple<placed_t<std::tuple_element_t<I, T>>...>;
+template <tuple_like T>
+  requires(holds_references<T>(std::make_index_sequence<std::tuple_size_v<T>>{}))
+struct placed<T> {
+  using type = decltype(decayed_tuple<T>(std::make_index_sequence<std::tuple_size_v<T>>{}));
+};
+
+template <class T, std::size_t... I>
+placed_t<T> tuple_to_device(const T& batch, const c10::Device& device, bool non_blocking, std::index_sequence<I...>) {
   using std::get;
-  return T{send_to_device(get<I>(batch), device, non_blocking)...};
+  return placed_t<T>{send_to_device(get<I>(batch), device, non_blocking)...};
 }
 
 }  // namespace detail
@@ -86,7 +113,7 @@ T tuple_to_device(const T& batch, const c10::Device& device, bool non_blocking, 
 /// Returns `batch` with every tensor on `device`. A tensor already there is returned as it is, without a call
 /// into the dispatcher, so placement costs nothing when the data is already where it belongs.
 template <class T>
-T send_to_device(const T& batch, const c10::Device& device, bool non_blocking) {
+placed_t<T> send_to_device(const T& batch, const c10::Device& device, bool non_blocking) {
   if constexpr (std::is_same_v<T, at::Tensor>) {
     if (!batch.defined() || batch.device() == device) return batch;
     return batch.to(device, non_blocking);

@@ -6,6 +6,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "detail/prepared_handle.hpp"
+
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -33,25 +35,31 @@ auto* module_pointer(const Model& model) noexcept {
 }  // namespace detail
 
 template <model_like Model, class Accelerator>
-class prepared_model {
+class prepared_model : detail::prepared_tag {
  public:
   using model_type = Model;
 
   prepared_model(Model model, Accelerator& accelerator) : model_(std::move(model)), accelerator_(&accelerator) {}
 
   /// The user's `forward`, under the precision policy's scope (autocast for bf16/fp16, nothing for fp32).
+  /// `model->forward(x)` reaches the module directly and so bypasses that scope: call `model(x)`.
   template <class... Args>
   decltype(auto) operator()(Args&&... args) const {
     [[maybe_unused]] auto scope = accelerator_->autocast();
     return detail::module_pointer(model_)->forward(std::forward<Args>(args)...);
+  }
+  /// The same as `operator()`, for code that spells the call out.
+  template <class... Args>
+  decltype(auto) forward(Args&&... args) const {
+    return (*this)(std::forward<Args>(args)...);
   }
 
   /// The user's module (`Impl*` for a ModuleHolder).
   [[nodiscard]] auto* operator->() const noexcept { return detail::module_pointer(model_); }
   [[nodiscard]] auto& operator*() const noexcept { return *detail::module_pointer(model_); }
 
-  /// The model as the user gave it (what `accelerator::unwrap_model` returns).
-  [[nodiscard]] const Model& unwrap() const noexcept { return model_; }
+  /// The model as the user gave it (what `accelerator::unwrap_model` returns): a handle sharing the module.
+  [[nodiscard]] Model unwrap() const noexcept { return model_; }
 
  private:
   Model model_;

@@ -10,42 +10,36 @@
 #include <type_traits>
 
 #include "detail/compat.hpp"
-#include "detail/stored.hpp"
+#include "detail/prepared_handle.hpp"
 
 namespace accel {
 
-/// An optimizer `prepare` accepts: any `torch::optim::Optimizer`.
+/// An optimizer `prepare` accepts: any non-const `torch::optim::Optimizer`.
 template <class O>
-concept optimizer_like = std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer>;
+concept optimizer_like = std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer> &&
+                         !std::is_const_v<std::remove_reference_t<O>>;
 
 /// `Optimizer` is `O&` when the user passed an lvalue (kept by reference) or `O` for an rvalue (owned).
 template <class Optimizer, class Accelerator>
   requires optimizer_like<Optimizer>
-class prepared_optimizer {
+class prepared_optimizer : public detail::prepared_handle<Optimizer, Accelerator> {
+  using base = detail::prepared_handle<Optimizer, Accelerator>;
+
  public:
-  using optimizer_type = std::remove_reference_t<Optimizer>;
+  using optimizer_type = typename base::object_type;
 
   prepared_optimizer(Optimizer&& optimizer, Accelerator& accelerator)
-      : optimizer_(std::forward<Optimizer>(optimizer)), accelerator_(&accelerator) {}
+      : base(std::forward<Optimizer>(optimizer), accelerator) {}
 
   /// Steps when gradients are synchronised; the precision policy may skip (fp16 overflow).
-  void step() { accelerator_->step_optimizer(optimizer_.get()); }
+  void step() { this->accelerator_->step_optimizer(this->unwrap()); }
 
   /// Clears gradients when they are synchronised. Like Accelerate, defaults to `set_to_none = true`.
   void zero_grad(bool set_to_none = true) {
-    if (accelerator_->sync_gradients()) detail::compat::zero_grad(optimizer_.get(), set_to_none);
+    if (this->accelerator_->sync_gradients()) detail::compat::zero_grad(this->unwrap(), set_to_none);
   }
 
-  [[nodiscard]] auto& param_groups() noexcept { return optimizer_.get().param_groups(); }
-  [[nodiscard]] const auto& param_groups() const noexcept { return optimizer_.get().param_groups(); }
-
-  [[nodiscard]] optimizer_type* operator->() const noexcept { return &optimizer_.get(); }
-  /// The user's optimizer.
-  [[nodiscard]] optimizer_type& unwrap() const noexcept { return optimizer_.get(); }
-
- private:
-  mutable detail::stored<Optimizer> optimizer_;
-  Accelerator* accelerator_;
+  [[nodiscard]] auto& param_groups() const noexcept { return this->unwrap().param_groups(); }
 };
 
 }  // namespace accel

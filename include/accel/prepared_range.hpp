@@ -42,12 +42,12 @@ auto range_size(const R& r) -> decltype(size(r)) {
 /// `*it` and `it != end`.
 template <class R>
 concept batch_range =
-    requires(std::remove_cvref_t<R>& r) {
+    requires(std::remove_reference_t<R>& r) {
       detail::adl::range_begin(r);
       detail::adl::range_end(r);
     } &&
-    requires(decltype(detail::adl::range_begin(std::declval<std::remove_cvref_t<R>&>())) it,
-             const decltype(detail::adl::range_end(std::declval<std::remove_cvref_t<R>&>())) end) {
+    requires(decltype(detail::adl::range_begin(std::declval<std::remove_reference_t<R>&>())) it,
+             const decltype(detail::adl::range_end(std::declval<std::remove_reference_t<R>&>())) end) {
       ++it;
       *it;
       { it != end } -> std::convertible_to<bool>;
@@ -62,7 +62,8 @@ class prepared_range {
   using base_sentinel = decltype(detail::adl::range_end(std::declval<base_range&>()));
 
  public:
-  using batch_type = std::remove_cvref_t<decltype(*std::declval<base_iterator&>())>;
+  /// What iterating yields: the underlying batch type, as values (see `placed_t`).
+  using batch_type = placed_t<decltype(*std::declval<base_iterator&>())>;
 
   class iterator {
    public:
@@ -88,7 +89,7 @@ class prepared_range {
    private:
     void load() {
       if (base_ != end_)
-        batch_.emplace(device_ ? send_to_device<batch_type>(*base_, *device_) : batch_type(*base_));
+        batch_.emplace(device_ ? send_to_device(*base_, *device_) : batch_type(*base_));
       else
         batch_.reset();
     }

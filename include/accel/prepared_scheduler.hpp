@@ -8,43 +8,37 @@
 #include <type_traits>
 #include <utility>
 
-#include "detail/stored.hpp"
+#include "detail/prepared_handle.hpp"
 #include "prepared_optimizer.hpp"
 
 namespace accel {
 
 /// A scheduler `prepare` accepts: anything with `step()` (`torch::optim::LRScheduler` and its subclasses) or
-/// `step(metric)` (2.x's `ReduceLROnPlateauScheduler`) that is not itself an optimizer.
+/// `step(metric)` (2.x's `ReduceLROnPlateauScheduler`) that is neither an optimizer nor already prepared.
 template <class S>
 concept scheduler_like =
-    !optimizer_like<S> &&
-    (requires(std::remove_cvref_t<S>& s) { s.step(); } || requires(std::remove_cvref_t<S>& s, float metric) {
-      s.step(metric);
-    });
+    !optimizer_like<S> && !detail::is_prepared<S> &&
+    (requires(std::remove_reference_t<S>& s) { s.step(); } ||
+     requires(std::remove_reference_t<S>& s, float metric) { s.step(metric); });
 
 template <class Scheduler, class Accelerator>
   requires scheduler_like<Scheduler>
-class prepared_scheduler {
+class prepared_scheduler : public detail::prepared_handle<Scheduler, Accelerator> {
+  using base = detail::prepared_handle<Scheduler, Accelerator>;
+
  public:
-  using scheduler_type = std::remove_reference_t<Scheduler>;
+  using scheduler_type = typename base::object_type;
 
   prepared_scheduler(Scheduler&& scheduler, Accelerator& accelerator)
-      : scheduler_(std::forward<Scheduler>(scheduler)), accelerator_(&accelerator) {}
+      : base(std::forward<Scheduler>(scheduler), accelerator) {}
 
   /// `step()` or `step(metric)`, forwarded to the user's scheduler when the optimizer stepped.
   template <class... Args>
-  void step(Args&&... args) {
-    if (!accelerator_->sync_gradients() || accelerator_->optimizer_step_was_skipped()) return;
-    for (int i = 0; i < accelerator_->num_processes(); ++i) scheduler_.get().step(args...);
+  void step(const Args&... args) {
+    auto& accelerator = *this->accelerator_;
+    if (!accelerator.sync_gradients() || accelerator.optimizer_step_was_skipped()) return;
+    for (int i = 0; i < accelerator.num_processes(); ++i) this->unwrap().step(args...);
   }
-
-  [[nodiscard]] scheduler_type* operator->() const noexcept { return &scheduler_.get(); }
-  /// The user's scheduler.
-  [[nodiscard]] scheduler_type& unwrap() const noexcept { return scheduler_.get(); }
-
- private:
-  mutable detail::stored<Scheduler> scheduler_;
-  Accelerator* accelerator_;
 };
 
 }  // namespace accel
