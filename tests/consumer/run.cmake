@@ -1,14 +1,20 @@
-# Installs accel from its build tree into a scratch prefix, then configures, builds and runs a separate project
-# that finds it with find_package(accel CONFIG). TORCH_LOOKUP=layout makes the consumer ignore LibTorch's
-# TorchConfig.cmake, so that accel's other way of finding LibTorch (the header and library layout) is used.
+# Builds and runs a separate project that uses accel, in one of three ways (MODE):
+# - torch_config: accel installed from its build tree into a scratch prefix, found with find_package(accel CONFIG);
+# - layout: the same, but the consumer ignores LibTorch's TorchConfig.cmake, so that accel's other way of finding
+#   LibTorch (the header and library layout) is used;
+# - subdirectory: accel's source tree added with add_subdirectory.
 file(REMOVE_RECURSE ${WORK_DIR})
-set(lookup_flags "")
-if(TORCH_LOOKUP STREQUAL "layout")
-  set(lookup_flags "-DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON")
+set(install_step "${CMAKE_COMMAND};--install;${ACCEL_BUILD_DIR};--prefix;${WORK_DIR}/prefix")
+set(mode_flags "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
+if(MODE STREQUAL "layout")
+  list(APPEND mode_flags "-DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON")
+elseif(MODE STREQUAL "subdirectory")
+  set(install_step "${CMAKE_COMMAND};-E;true")
+  set(mode_flags "-DACCEL_SOURCE_DIR=${ACCEL_SOURCE_DIR}")
 endif()
 foreach(step
-    "${CMAKE_COMMAND};--install;${ACCEL_BUILD_DIR};--prefix;${WORK_DIR}/prefix"
-    "${CMAKE_COMMAND};-S;${CONSUMER_SOURCE_DIR};-B;${WORK_DIR}/build;-G;${CMAKE_GENERATOR};-DCMAKE_BUILD_TYPE=Release;-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER};-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix;${lookup_flags}"
+    "${install_step}"
+    "${CMAKE_COMMAND};-S;${CONSUMER_SOURCE_DIR};-B;${WORK_DIR}/build;-G;${CMAKE_GENERATOR};-DCMAKE_BUILD_TYPE=Release;-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER};${mode_flags}"
     "${CMAKE_COMMAND};--build;${WORK_DIR}/build"
     "${WORK_DIR}/build/consumer")
   execute_process(COMMAND ${step} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
