@@ -136,11 +136,11 @@ class accelerator {
                   "accel::accelerator::prepare(): this object is already prepared; use the prepared object as it is");
     if constexpr (model_like<type>) {
       return prepare_model(type(std::forward<Object>(object)));
-    } else if constexpr (optimizer_like<type>) {
+    } else if constexpr (optimizer_like<Object>) {
       return prepared_optimizer<Object, accelerator>(std::forward<Object>(object), *this);
-    } else if constexpr (scheduler_like<type>) {
+    } else if constexpr (scheduler_like<Object>) {
       return prepared_scheduler<Object, accelerator>(std::forward<Object>(object), *this);
-    } else if constexpr (batch_range<type>) {
+    } else if constexpr (batch_range<Object>) {
       return prepared_range<Object, accelerator>(std::forward<Object>(object), *this);
     } else {
       static_assert(detail::always_false<type>,
