@@ -1,7 +1,7 @@
 // Overhead of accel's training step against the raw LibTorch loop, measured side by side in one run.
 // Tiny MLP (width 64), AdamW, batch 64, one thread: the setting where any per-step overhead shows most.
-// Rounds alternate the order (raw, accel, accel, raw, ...) so that drift hits both alike; the figure reported
-// is the median over rounds of accel's time divided by raw's time in the same round.
+// Each round runs the three loops, in reverse order every other round, so that drift hits all alike; the figures
+// reported are medians over rounds of accel's time divided by a baseline's time in the same round.
 //
 // Run: scripts/bench.sh   (prints a table; target ratio <= 1.02)
 #include <accel/accel.hpp>

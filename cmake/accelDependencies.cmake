@@ -2,10 +2,9 @@
 # the package, so `find_package(accel CONFIG)` in another project finds LibTorch the same way.
 #
 # LibTorch: PyTorch's own TorchConfig.cmake when it can be found (official LibTorch, or pip's torch through
-# -DTorch_DIR / CMAKE_PREFIX_PATH = `python3 -c 'import torch;print(torch.utils.cmake_prefix_path)'`); otherwise
-# Debian's libtorch-dev, which ships no TorchConfig.cmake: headers under /usr/include and
-# /usr/include/torch/csrc/api/include, libraries torch, torch_cpu and c10, built with Gloo (USE_C10D_GLOO).
-# (Debian's libtorch-dev 1.13 does ship a TorchConfig.cmake; the layout fallback serves builds that have none.)
+# -DTorch_DIR / CMAKE_PREFIX_PATH = `python3 -c 'import torch;print(torch.utils.cmake_prefix_path)'`; Debian's
+# libtorch-dev 1.13 ships one too). Otherwise the header and library layout of Debian's build: headers under
+# /usr/include and /usr/include/torch/csrc/api/include, libraries torch, torch_cpu and c10, built with Gloo.
 #
 # Imported targets are scoped to the directory that finds them, so this file runs again in each directory that
 # calls find_package(accel); the `if(NOT TARGET ...)` checks keep it from defining anything twice. A missing

@@ -57,6 +57,21 @@ TEST_CASE("prepare's concepts classify its arguments", "[prepare][concepts]") {
   STATIC_REQUIRE_FALSE(accel::batch_range<torch::Tensor>);
 }
 
+TEST_CASE("every prepared object is recognised as prepared, so prepare() refuses it", "[prepare][concepts]") {
+  accel::accelerator<> acc;
+  mlp net(2, 3, 1);
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  torch::optim::StepLR scheduler(optimizer, 1);
+  std::vector<torch::Tensor> data{torch::ones(1)};
+  auto [model, opt, sched, batches] = acc.prepare(net, optimizer, scheduler, data);
+  STATIC_REQUIRE(accel::detail::is_prepared<decltype(model)>);
+  STATIC_REQUIRE(accel::detail::is_prepared<decltype(opt)>);
+  STATIC_REQUIRE(accel::detail::is_prepared<decltype(sched)>);
+  STATIC_REQUIRE(accel::detail::is_prepared<decltype(batches)>);
+  STATIC_REQUIRE_FALSE(accel::detail::is_prepared<mlp>);
+  STATIC_REQUIRE_FALSE(accel::detail::is_prepared<std::vector<torch::Tensor>>);
+}
+
 TEST_CASE("prepare with one argument returns the prepared object itself", "[prepare]") {
   accel::accelerator<> acc;
   torch::nn::Linear net(2, 3);

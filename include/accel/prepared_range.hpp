@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "detail/prepared_handle.hpp"
 #include "detail/stored.hpp"
 #include "device.hpp"
 
@@ -56,7 +57,7 @@ concept batch_range =
 /// `Range` is `R&` when the user passed an lvalue (kept by reference) or `R` for an rvalue (owned).
 template <class Range, class Accelerator>
   requires batch_range<Range>
-class prepared_range {
+class prepared_range : detail::prepared_tag {
   using base_range = std::remove_reference_t<Range>;
   using base_iterator = decltype(detail::adl::range_begin(std::declval<base_range&>()));
   using base_sentinel = decltype(detail::adl::range_end(std::declval<base_range&>()));
