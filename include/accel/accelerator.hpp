@@ -8,15 +8,20 @@
 #include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
 
+#include <cstdint>
+#include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "accumulation.hpp"
+#include "collectives.hpp"
 #include "concepts.hpp"
 #include "detail/diagnostics.hpp"
+#include "detail/scope.hpp"
 #include "options.hpp"
 #include "parallel.hpp"
 #include "precision.hpp"
@@ -108,6 +113,93 @@ class accelerator {
   /// Blocks until every process reaches this point.
   void wait_for_everyone() { parallel_.wait_for_everyone(); }
 
+  // Collectives (accel/collectives.hpp). Tensors may be nested in vectors, tuples, pairs and string maps.
+
+  /// Every process's tensor, concatenated along dim 0 in process order (0-d tensors become one element each).
+  template <class Tensors>
+  [[nodiscard]] Tensors gather(const Tensors& tensors) {
+    auto&& comm = parallel_.communicator();
+    return detail::gather(comm, tensors);
+  }
+  /// Every process's value, in process order; a `std::vector` is flattened one level, as Accelerate's.
+  template <class T>
+  [[nodiscard]] auto gather_object(const T& value) {
+    auto&& comm = parallel_.communicator();
+    return detail::gather_object(comm, value);
+  }
+  /// The element-wise sum (the default, as Accelerate's), mean or max over the processes; a new tensor.
+  template <class Tensors>
+  [[nodiscard]] Tensors reduce(const Tensors& tensors, reduction op = reduction::sum) {
+    auto&& comm = parallel_.communicator();
+    return detail::reduce(comm, tensors, op);
+  }
+  /// Pads `dim` of every tensor to the largest size among the processes with `pad_index` (at the end, or at the
+  /// start with `pad_first`), so that they can be gathered.
+  template <class Tensors>
+  [[nodiscard]] Tensors pad_across_processes(const Tensors& tensors, std::int64_t dim = 0, double pad_index = 0,
+                                             bool pad_first = false) {
+    auto&& comm = parallel_.communicator();
+    return detail::pad_across_processes(comm, tensors, dim, pad_index, pad_first);
+  }
+  /// Overwrites the tensors with those of `from_process` (in place) and returns them.
+  template <class Tensors>
+  Tensors broadcast(const Tensors& tensors, int from_process = 0) {
+    auto&& comm = parallel_.communicator();
+    return detail::broadcast(comm, tensors, from_process);
+  }
+
+  /// Within the returned scope, backward through `model` accumulates gradients locally without communicating
+  /// (Accelerate's `no_sync`); the first backward after it all-reduces everything accumulated.
+  template <class Model>
+  [[nodiscard]] auto no_sync(const Model& model) {
+    return gradient_sync_scope(model, false);
+  }
+  /// Within the returned scope, backward through `model` all-reduces even inside `no_sync` or on an
+  /// accumulation micro-step (Accelerate's `trigger_sync_in_backward`).
+  template <class Model>
+  [[nodiscard]] auto trigger_sync_in_backward(const Model& model) {
+    return gradient_sync_scope(model, true);
+  }
+
+  /// The main process runs the scope first, the others once it is done (downloading or preprocessing once).
+  [[nodiscard]] auto main_process_first() { return first_then_others(is_main_process()); }
+  /// The same per machine: each machine's local main process first.
+  [[nodiscard]] auto local_main_process_first() { return first_then_others(is_local_main_process()); }
+
+  /// Raises this process's flag for the next `check_trigger()` (to stop every process early, say).
+  void set_trigger() noexcept { trigger_ = true; }
+  /// True on every process when any process called `set_trigger()` since the last check; then lowers the flags.
+  /// A collective: every process must call it.
+  [[nodiscard]] bool check_trigger() {
+    auto flag = reduce(at::scalar_tensor(trigger_ ? 1 : 0, at::kInt));
+    if (flag.template item<int>() == 0) return false;
+    trigger_ = false;
+    return true;
+  }
+
+  /// Runs `action` only on the named process and returns its result there (an empty optional elsewhere; nothing
+  /// for a void action). Accelerate's `on_main_process` family of decorators.
+  template <class Action>
+  auto on_main_process(Action&& action) {
+    return run_if(is_main_process(), std::forward<Action>(action));
+  }
+  template <class Action>
+  auto on_local_main_process(Action&& action) {
+    return run_if(is_local_main_process(), std::forward<Action>(action));
+  }
+  template <class Action>
+  auto on_last_process(Action&& action) {
+    return run_if(is_last_process(), std::forward<Action>(action));
+  }
+  template <class Action>
+  auto on_process(int process_index, Action&& action) {
+    return run_if(this->process_index() == process_index, std::forward<Action>(action));
+  }
+  template <class Action>
+  auto on_local_process(int local_process_index, Action&& action) {
+    return run_if(this->local_process_index() == local_process_index, std::forward<Action>(action));
+  }
+
   /// The model as the user built it: the handle (ModuleHolder or shared_ptr) of a prepared model; any other
   /// model handle is returned as it is. A handle shares the module, so this never copies parameters.
   template <class Model>
@@ -127,6 +219,39 @@ class accelerator {
   /// decides how (and whether) to step.
   void step_optimizer(torch::optim::Optimizer& optimizer) {
     if (sync_gradients()) precision_.step(optimizer);
+  }
+
+  template <class Model>
+  static const torch::nn::Module& module_of(const Model& model) {
+    if constexpr (detail::is_prepared_model<Model>)
+      return *model;
+    else
+      return *detail::module_pointer(model);
+  }
+
+  template <class Model>
+  auto gradient_sync_scope(const Model& model, bool enabled) {
+    const auto& module = module_of(model);
+    const bool previous = parallel_.gradient_sync(module);
+    parallel_.set_gradient_sync(module, enabled);
+    return detail::scope_exit([this, &module, previous] { parallel_.set_gradient_sync(module, previous); });
+  }
+
+  auto first_then_others(bool first) {
+    if (!first) wait_for_everyone();
+    return detail::scope_success([this, first] {
+      if (first) wait_for_everyone();
+    });
+  }
+
+  template <class Action>
+  static auto run_if(bool here, Action&& action) {
+    using result = std::invoke_result_t<Action>;
+    if constexpr (std::is_void_v<result>) {
+      if (here) std::forward<Action>(action)();
+    } else {
+      return here ? std::optional<result>(std::forward<Action>(action)()) : std::nullopt;
+    }
   }
 
   template <class Object>
@@ -162,6 +287,7 @@ class accelerator {
   [[no_unique_address]] Precision precision_;
   [[no_unique_address]] Accumulation accumulation_;
   bool device_placement_;
+  bool trigger_ = false;
 };
 
 }  // namespace accel

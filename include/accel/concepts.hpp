@@ -67,6 +67,9 @@ concept parallel_hooks = std::constructible_from<Q, const options&> && requires(
   { cq.num_processes() } -> std::convertible_to<int>;
   q.wait_for_everyone();
   q.prepare_model(module);       // broadcast parameters, register gradient hooks (data parallel)
+  { cq.gradient_sync(module) } -> std::convertible_to<bool>;
+  q.set_gradient_sync(module, true);  // no_sync and accumulation turn the all-reduce off
+  q.communicator();              // what the collectives run on (accel/collectives.hpp)
 };
 
 /// What the accelerator calls on its accumulation policy.
@@ -93,7 +96,7 @@ concept parallel_policy =
     (detail::has_category<Q, parallel_tag> ||
      detail::unsatisfied<"accel::accelerator's 2nd argument must be a parallel policy: accel::single_process or accel::data_parallel<accel::gloo or accel::nccl>", Q>()) &&
     (detail::parallel_hooks<Q> ||
-     detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone() or prepare_model(module): see accel/concepts.hpp", Q>());
+     detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone(), prepare_model(module), gradient_sync(module), set_gradient_sync(module, bool) or communicator(): see accel/concepts.hpp", Q>());
 
 /// An accumulation policy: `accel::no_accumulation`, `accel::accumulate<N>` or `accel::accumulate_dynamic`.
 template <class A>

@@ -3,9 +3,19 @@
 /// template arguments (the policies); everything here is read once, at construction.
 #pragma once
 
+#include <chrono>
+
 #include "fwd.hpp"
 
 namespace accel {
+
+/// How `data_parallel` groups gradients into all-reduces (PyTorch DDP's `bucket_cap_mb` and first-bucket size).
+/// Gradients are packed in reverse registration order, the order in which backward usually produces them; the
+/// small first bucket lets communication start early.
+struct bucket_options {
+  double first_bucket_mb = 1.0;
+  double bucket_cap_mb = 25.0;
+};
 
 /// Plain aggregate, so that `accel::accelerator<> acc{{.cpu = true}};` reads as configuration.
 struct options {
@@ -14,6 +24,12 @@ struct options {
   /// Let `prepare()` move models and batches to `device()` (Accelerate's `device_placement`). Turn it off when
   /// the program places tensors itself.
   bool device_placement = true;
+  /// How long rendezvous and each collective may wait for the other processes before raising (Accelerate's
+  /// `InitProcessGroupKwargs.timeout`; 30 minutes as there). Used by the first accelerator of the process, which
+  /// creates the process group.
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  /// Gradient bucketing of `data_parallel` (Accelerate's `DistributedDataParallelKwargs`).
+  bucket_options buckets = {};
 };
 
 }  // namespace accel

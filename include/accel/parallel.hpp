@@ -4,19 +4,45 @@
 /// Available policies / when to use:
 /// - `accel::single_process`: one process; CUDA device 0 when available (and `options::cpu` is false), else CPU.
 /// - `accel::data_parallel<accel::gloo>`: one process per CPU (or node), gradients all-reduced through Gloo.
-/// - `accel::data_parallel<accel::nccl>`: one process per GPU, gradients all-reduced through NCCL.
-///   (`data_parallel` lands with issue #5.)
+/// - `accel::data_parallel<accel::nccl>`: one process per GPU, gradients all-reduced through NCCL (link the
+///   `accel::nccl` CMake target).
 #pragma once
 
 #include <c10/core/Device.h>
 #include <torch/cuda.h>
 #include <torch/nn/module.h>
 
+#include <chrono>
+#include <map>
+#include <memory>
+
+#include "collectives.hpp"
 #include "concepts.hpp"
 #include "detail/diagnostics.hpp"
+#include "detail/gloo_communicator.hpp"
+#include "detail/reducer.hpp"
+#include "launch.hpp"
 #include "options.hpp"
+#ifdef ACCEL_WITH_NCCL
+#include "detail/nccl_communicator.hpp"
+#endif
 
 namespace accel {
+namespace detail {
+/// Stands in for NCCL's communicator in a build without NCCL, so that `data_parallel<nccl>` can be named
+/// everywhere and fails with a sentence only where an accelerator is built with it.
+template <class Backend>
+struct nccl_not_linked : local_communicator {
+  template <class... Args>
+  explicit nccl_not_linked(const Args&...) {
+    static_assert(always_false<Backend>,
+                  "accel::data_parallel<accel::nccl> needs NCCL: link the accel::nccl CMake target (NCCL and the "
+                  "CUDA runtime, found under /usr/local/cuda, CUDA_HOME or NCCL_ROOT)");
+  }
+  [[nodiscard]] const process_environment& environment() const noexcept { return env; }
+  process_environment env;
+};
+}  // namespace detail
 
 /// One process, one device. Every collective is the identity and nothing is communicated.
 struct single_process {
@@ -32,6 +58,9 @@ struct single_process {
   static constexpr void wait_for_everyone() noexcept {}
   /// Nothing to broadcast or hook with one process.
   static constexpr void prepare_model(torch::nn::Module&) noexcept {}
+  [[nodiscard]] static constexpr bool gradient_sync(const torch::nn::Module&) noexcept { return true; }
+  static constexpr void set_gradient_sync(const torch::nn::Module&, bool) noexcept {}
+  [[nodiscard]] static local_communicator communicator() noexcept { return {}; }
 
  private:
   c10::Device device_;
@@ -40,33 +69,85 @@ struct single_process {
 /// Gloo (CPU tensors, any number of processes per machine).
 struct gloo {
   using policy_category = backend_tag;
-};
-/// NCCL (CUDA tensors, one process per GPU).
-struct nccl {
-  using policy_category = backend_tag;
+  using communicator_type = detail::gloo_communicator;
+  /// Gloo runs on CPU tensors: every process computes on the CPU.
+  static c10::Device device(const process_environment&) { return c10::Device(c10::kCPU); }
 };
 
-/// Multi-process data parallelism over `Backend`. Declared here so configurations name it; it lands with
-/// issue #5.
+/// NCCL (CUDA tensors, one process per GPU). Needs the `accel::nccl` CMake target (NCCL and the CUDA runtime).
+struct nccl {
+  using policy_category = backend_tag;
+#ifdef ACCEL_WITH_NCCL
+  using communicator_type = detail::nccl_communicator;
+#else
+  using communicator_type = detail::nccl_not_linked<nccl>;
+#endif
+  /// One GPU per process of a machine: `cuda:LOCAL_RANK`, as Accelerate.
+  static c10::Device device(const process_environment& env) {
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  }
+};
+
+namespace detail {
+/// The process group, created by the first data-parallel accelerator of the process and shared by every later
+/// one, as Accelerate's PartialState and PyTorch's default group are. Never destroyed: its threads and sockets
+/// would otherwise be torn down during static destruction, in no particular order with what they use.
+template <class Communicator>
+Communicator& process_group(std::chrono::milliseconds timeout) {
+  static Communicator* const group = new Communicator(read_process_environment(), timeout);
+  return *group;
+}
+}  // namespace detail
+
+/// Multi-process data parallelism over `Backend`, as PyTorch's DistributedDataParallel: `prepare` broadcasts
+/// process 0's parameters and buffers, and every backward all-reduces the gradients in buckets, overlapped with
+/// the rest of backward. The processes, ranks and rendezvous come from the launcher's environment
+/// (`accel launch`, torchrun, mpirun, srun; see accel/launch.hpp); a program started alone is a world of one.
 template <class Backend>
 struct data_parallel {
   static_assert(communication_backend<Backend>,
                 "accel::data_parallel<Backend> takes accel::gloo (CPU) or accel::nccl (CUDA) as its backend");
   using policy_category = parallel_tag;
   using backend_type = Backend;
+  using communicator_type = typename Backend::communicator_type;
+  using reducer_type = detail::gradient_reducer<communicator_type>;
 
-  template <class Options>
-  explicit data_parallel(const Options&) {
-    static_assert(detail::always_false<Options>,
-                  "accel::data_parallel lands with issue #5 (data parallel training); use accel::single_process until "
-                  "then");
+  explicit data_parallel(const options& opts)
+      : communicator_(&detail::process_group<communicator_type>(opts.timeout)),
+        device_(Backend::device(communicator_->environment())),
+        buckets_(opts.buckets) {}
+
+  [[nodiscard]] const c10::Device& device() const noexcept { return device_; }
+  [[nodiscard]] int process_index() const noexcept { return communicator_->rank(); }
+  [[nodiscard]] int local_process_index() const noexcept { return communicator_->environment().local_rank; }
+  [[nodiscard]] int num_processes() const noexcept { return communicator_->size(); }
+  void wait_for_everyone() { communicator_->barrier(); }
+  [[nodiscard]] communicator_type& communicator() noexcept { return *communicator_; }
+
+  /// Broadcasts process 0's parameters and buffers, then hooks the gradient all-reduce (with several processes).
+  void prepare_model(torch::nn::Module& module) {
+    detail::broadcast_module_state(module, *communicator_);
+    if (num_processes() > 1) reducers_[&module] = std::make_unique<reducer_type>(module, *communicator_, buckets_);
   }
-  const c10::Device& device() const;
-  int process_index() const;
-  int local_process_index() const;
-  int num_processes() const;
-  void wait_for_everyone();
-  void prepare_model(torch::nn::Module&);
+  /// Whether backward through `module` all-reduces its gradients (no_sync and accumulation turn it off).
+  [[nodiscard]] bool gradient_sync(const torch::nn::Module& module) const {
+    auto* reducer = reducer_for(module);
+    return reducer == nullptr || reducer->sync();
+  }
+  void set_gradient_sync(const torch::nn::Module& module, bool enabled) {
+    if (auto* reducer = reducer_for(module)) reducer->set_sync(enabled);
+  }
+  /// The reducer of a prepared model (none with one process), for tools and benchmarks.
+  [[nodiscard]] reducer_type* reducer_for(const torch::nn::Module& module) const {
+    auto found = reducers_.find(&module);
+    return found == reducers_.end() ? nullptr : found->second.get();
+  }
+
+ private:
+  communicator_type* communicator_;
+  c10::Device device_;
+  bucket_options buckets_;
+  std::map<const torch::nn::Module*, std::unique_ptr<reducer_type>> reducers_;
 };
 
 }  // namespace accel

@@ -1,0 +1,263 @@
+/// \file
+/// Collective operations across the processes of a job, as Accelerate's `gather`, `gather_object`, `reduce`,
+/// `pad_across_processes` and `broadcast`. They are written once over a `communicator` (Gloo, NCCL, or the
+/// local one of a single process, where every collective is the identity), and reached through the accelerator:
+/// `acc.gather(t)`, `acc.reduce(t, accel::reduction::mean)`...
+///
+/// Tensors may come nested, where Accelerate accepts nested structures: `std::vector`, `std::tuple`,
+/// `std::pair` and `std::map<std::string, ...>` of tensors, to any depth.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <algorithm>
+#include <cctype>
+#include <concepts>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace accel {
+
+/// How `reduce` combines the processes' tensors. Accelerate's Accelerator defaults to sum.
+enum class reduction { sum, mean, max };
+
+/// A collective that failed: a timeout, a process that stopped, a broken connection.
+struct collective_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// A collective called with tensors whose shapes differ between processes, found in debug mode
+/// (`ACCELERATE_DEBUG_MODE=1`), as Accelerate's `DistributedOperationException`.
+struct distributed_operation_error : collective_error {
+  using collective_error::collective_error;
+};
+
+/// What a backend offers the collectives: in-place asynchronous all-reduce (sum, max), broadcast, all-gather of
+/// equal shapes, barrier.
+template <class C>
+concept communicator = requires(C& c, const C& cc, at::Tensor& tensor, const at::Tensor& input) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  c.all_reduce(tensor, reduction::sum).wait();
+  c.broadcast(tensor, 0);
+  { c.all_gather(input) } -> std::same_as<std::vector<at::Tensor>>;
+  c.barrier();
+};
+
+/// The communicator of a single process: every collective is the identity.
+struct local_communicator {
+  struct work {
+    static constexpr void wait() noexcept {}
+  };
+  [[nodiscard]] static constexpr int rank() noexcept { return 0; }
+  [[nodiscard]] static constexpr int size() noexcept { return 1; }
+  [[nodiscard]] static constexpr work all_reduce(at::Tensor&, reduction) noexcept { return {}; }
+  static constexpr void broadcast(at::Tensor&, int) noexcept {}
+  [[nodiscard]] static std::vector<at::Tensor> all_gather(const at::Tensor& tensor) { return {tensor}; }
+  static constexpr void barrier() noexcept {}
+};
+
+namespace detail {
+
+inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+/// Accelerate's debug mode: before each collective, check that every process passes the same shapes.
+inline bool debug_mode() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("ACCELERATE_DEBUG_MODE");
+    if (value == nullptr) return false;
+    std::string text(value);
+    std::ranges::transform(text, text.begin(), [](unsigned char c) { return std::tolower(c); });
+    return text == "1" || text == "true" || text == "yes" || text == "on";
+  }();
+  return enabled;
+}
+
+// Nested structures of tensors: what gather, reduce, pad and broadcast accept.
+template <class T>
+inline constexpr bool is_tensor_structure = std::is_same_v<T, at::Tensor>;
+template <class T>
+inline constexpr bool is_tensor_structure<std::vector<T>> = is_tensor_structure<T>;
+template <class... Ts>
+inline constexpr bool is_tensor_structure<std::tuple<Ts...>> = (is_tensor_structure<Ts> && ...);
+template <class A, class B>
+inline constexpr bool is_tensor_structure<std::pair<A, B>> = is_tensor_structure<A> && is_tensor_structure<B>;
+template <class T>
+inline constexpr bool is_tensor_structure<std::map<std::string, T>> = is_tensor_structure<T>;
+
+/// Applies `f` to every tensor of a structure, in a fixed order, and rebuilds the structure from the results.
+template <class F>
+at::Tensor map_tensors(const at::Tensor& tensor, F& f) {
+  return f(tensor);
+}
+template <class T, class F>
+std::vector<T> map_tensors(const std::vector<T>& items, F& f) {
+  std::vector<T> out;
+  out.reserve(items.size());
+  for (const auto& item : items) out.push_back(map_tensors(item, f));
+  return out;
+}
+template <class... Ts, class F>
+std::tuple<Ts...> map_tensors(const std::tuple<Ts...>& items, F& f) {
+  return std::apply([&](const auto&... item) { return std::tuple<Ts...>{map_tensors(item, f)...}; }, items);
+}
+template <class A, class B, class F>
+std::pair<A, B> map_tensors(const std::pair<A, B>& items, F& f) {
+  return {map_tensors(items.first, f), map_tensors(items.second, f)};
+}
+template <class T, class F>
+std::map<std::string, T> map_tensors(const std::map<std::string, T>& items, F& f) {
+  std::map<std::string, T> out;
+  for (const auto& [key, item] : items) out.emplace(key, map_tensors(item, f));
+  return out;
+}
+
+template <class T>
+void require_tensor_structure() {
+  static_assert(is_tensor_structure<T>,
+                "accel collectives take an at::Tensor or a std::vector/std::tuple/std::pair/std::map<std::string, "
+                "...> of them; use gather_object for other values");
+}
+
+inline std::string shape_text(at::IntArrayRef shape) {
+  std::ostringstream text;
+  text << shape;
+  return text.str();
+}
+
+/// The bytes of `tensor`'s data, gathered from every process (lengths may differ).
+template <communicator C>
+std::vector<std::vector<char>> all_gather_bytes(C& comm, const std::vector<char>& bytes) {
+  auto length = at::tensor({static_cast<std::int64_t>(bytes.size())}, at::kLong);
+  auto lengths = comm.all_gather(length);
+  std::int64_t longest = 0;
+  for (const auto& l : lengths) longest = std::max(longest, l.template item<std::int64_t>());
+  auto padded = at::zeros({longest}, at::kChar);
+  std::copy(bytes.begin(), bytes.end(), padded.data_ptr<std::int8_t>());
+  auto gathered = comm.all_gather(padded);
+  std::vector<std::vector<char>> out;
+  for (std::size_t r = 0; r < gathered.size(); ++r) {
+    const auto* data = reinterpret_cast<const char*>(gathered[r].template data_ptr<std::int8_t>());
+    out.emplace_back(data, data + lengths[r].template item<std::int64_t>());
+  }
+  return out;
+}
+
+/// Debug mode's check: the shapes every process passed to `operation` must be equal.
+template <communicator C>
+void verify_same_shapes(C& comm, const at::Tensor& tensor, const char* operation) {
+  if (comm.size() == 1 || !debug_mode()) return;
+  auto shapes = all_gather_bytes(comm, torch::jit::pickle_save(c10::IValue(tensor.sizes().vec())));
+  std::vector<std::vector<std::int64_t>> all;
+  for (const auto& bytes : shapes) all.push_back(torch::jit::pickle_load(bytes).toIntVector());
+  if (std::ranges::all_of(all, [&](const auto& shape) { return shape == all.front(); })) return;
+  std::string listing;
+  for (std::size_t r = 0; r < all.size(); ++r)
+    listing += (r ? ", " : "") + std::string("process ") + std::to_string(r) + ": " + shape_text(all[r]);
+  throw distributed_operation_error(std::string("accel: cannot ") + operation +
+                                    ": the tensor shapes differ between processes (" + listing +
+                                    "); every process must pass the same shape (pad_across_processes equalises a "
+                                    "dimension)");
+}
+
+template <communicator C, class T>
+T gather(C& comm, const T& data) {
+  require_tensor_structure<T>();
+  if (comm.size() == 1) return data;
+  auto one = [&](const at::Tensor& tensor) {
+    verify_same_shapes(comm, tensor, "gather");
+    auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor;  // 0-d tensors gather into a vector
+    return at::cat(comm.all_gather(input.contiguous()), 0);
+  };
+  return map_tensors(data, one);
+}
+
+template <communicator C, class T>
+T reduce(C& comm, const T& data, reduction op) {
+  require_tensor_structure<T>();
+  auto one = [&](const at::Tensor& tensor) {
+    verify_same_shapes(comm, tensor, "reduce");
+    auto result = tensor.clone(at::MemoryFormat::Contiguous);
+    comm.all_reduce(result, op == reduction::max ? reduction::max : reduction::sum).wait();
+    if (op == reduction::mean) result = result.div(comm.size());  // integers give floats, as t / P in PyTorch
+    return result;
+  };
+  return map_tensors(data, one);
+}
+
+template <communicator C, class T>
+T broadcast(C& comm, const T& data, int from_process) {
+  require_tensor_structure<T>();
+  if (from_process < 0 || from_process >= comm.size())
+    throw std::out_of_range("accel::broadcast: from_process " + std::to_string(from_process) +
+                            " is not a process of this job (0 to " + std::to_string(comm.size() - 1) + ")");
+  auto one = [&](const at::Tensor& tensor) {
+    verify_same_shapes(comm, tensor, "broadcast");
+    auto buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
+    comm.broadcast(buffer, from_process);
+    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+    return tensor;
+  };
+  return map_tensors(data, one);
+}
+
+template <communicator C, class T>
+T pad_across_processes(C& comm, const T& data, std::int64_t dim, double pad_index, bool pad_first) {
+  require_tensor_structure<T>();
+  auto one = [&](const at::Tensor& tensor) -> at::Tensor {
+    if (dim >= tensor.dim() || dim < -tensor.dim()) return tensor;  // nothing to pad along, as Accelerate
+    const auto axis = dim < 0 ? dim + tensor.dim() : dim;
+    auto sizes = comm.all_gather(at::tensor({tensor.size(axis)}, at::kLong));
+    std::int64_t longest = 0;
+    for (const auto& s : sizes) longest = std::max(longest, s.template item<std::int64_t>());
+    if (longest == tensor.size(axis)) return tensor;
+    auto shape = tensor.sizes().vec();
+    shape[axis] = longest;
+    auto padded = at::full(shape, pad_index, tensor.options());
+    const auto start = pad_first ? longest - tensor.size(axis) : 0;
+    padded.narrow(axis, start, tensor.size(axis)).copy_(tensor);
+    return padded;
+  };
+  return map_tensors(data, one);
+}
+
+template <class T>
+inline constexpr bool is_vector = false;
+template <class T>
+inline constexpr bool is_vector<std::vector<T>> = true;
+
+/// Every process's `value`, in process order; a `std::vector` is flattened one level (Accelerate's
+/// `gather_object([r])` gives `[0, 1, ...]`). Values travel pickled, as `c10::IValue`s.
+template <communicator C, class T>
+auto gather_object(C& comm, const T& value) {
+  static_assert(std::is_constructible_v<c10::IValue, const T&>,
+                "accel::gather_object takes values a c10::IValue holds: integers, doubles, bools, strings, tensors "
+                "and vectors/tuples of them");
+  std::vector<T> per_process;
+  if (comm.size() == 1) {
+    per_process.push_back(value);
+  } else {
+    for (const auto& bytes : all_gather_bytes(comm, torch::jit::pickle_save(c10::IValue(value))))
+      per_process.push_back(torch::jit::pickle_load(bytes).template to<T>());
+  }
+  if constexpr (is_vector<T>) {
+    T flat;
+    for (auto& items : per_process) flat.insert(flat.end(), items.begin(), items.end());
+    return flat;
+  } else {
+    return per_process;
+  }
+}
+
+}  // namespace detail
+}  // namespace accel

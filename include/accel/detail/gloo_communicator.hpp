@@ -1,0 +1,99 @@
+/// \file
+/// The Gloo communicator of `data_parallel<gloo>`: c10d's ProcessGroupGloo over a TCPStore rendezvous.
+// IWYU pragma: private, include <accel/parallel.hpp>
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../launch.hpp"
+#include "../collectives.hpp"
+#include "rendezvous.hpp"
+
+namespace accel::detail {
+
+/// The network device Gloo binds: GLOO_SOCKET_IFNAME when set (as in PyTorch), loopback when the job is on one
+/// machine, else the address this machine's hostname resolves to.
+inline std::shared_ptr<::gloo::transport::Device> gloo_device(const process_environment& env) {
+  if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface != nullptr && *interface != '\0')
+    return c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+  if (env.single_node()) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+/// CPU tensors, any number of processes per machine.
+class gloo_communicator {
+ public:
+  /// An all-reduce in flight. `wait()` rethrows a failure (a peer that died, a timeout) naming the operation.
+  class work {
+   public:
+    explicit work(c10::intrusive_ptr<c10d::Work> pending, int rank) : pending_(std::move(pending)), rank_(rank) {}
+    void wait() { wait_for(*pending_, "all_reduce", rank_); }
+
+   private:
+    c10::intrusive_ptr<c10d::Work> pending_;
+    int rank_;
+  };
+
+  gloo_communicator(const process_environment& env, std::chrono::milliseconds timeout) : env_(env) {
+    auto group_options = c10d::ProcessGroupGloo::Options::create(timeout);
+    group_options->devices.push_back(gloo_device(env));
+    group_options->threads = 2;  // as PyTorch: two per device, enough to overlap buckets with backward
+    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(rendezvous_store(env, timeout), env.rank, env.world_size,
+                                                         group_options);
+  }
+
+  [[nodiscard]] int rank() const noexcept { return env_.rank; }
+  [[nodiscard]] int size() const noexcept { return env_.world_size; }
+  [[nodiscard]] const process_environment& environment() const noexcept { return env_; }
+
+  /// Starts an in-place all-reduce (sum or max) of a contiguous tensor.
+  [[nodiscard]] work all_reduce(at::Tensor& tensor, reduction op) {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions reduce_options;
+    reduce_options.reduceOp = op == reduction::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+    return work(group_->allreduce(tensors, reduce_options), env_.rank);
+  }
+
+  void broadcast(at::Tensor& tensor, int root) {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions broadcast_options;
+    broadcast_options.rootRank = root;
+    wait_for(*group_->broadcast(tensors, broadcast_options), "broadcast", env_.rank);
+  }
+
+  /// Every rank's tensor, in rank order (all of the same shape).
+  [[nodiscard]] std::vector<at::Tensor> all_gather(const at::Tensor& tensor) {
+    std::vector<at::Tensor> inputs{tensor.contiguous()};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(inputs[0]));
+    wait_for(*group_->allgather(outputs, inputs), "all_gather", env_.rank);
+    return std::move(outputs[0]);
+  }
+
+  void barrier() { wait_for(*group_->barrier(), "barrier", env_.rank); }
+
+ private:
+  static void wait_for(c10d::Work& pending, const char* operation, int rank) {
+    try {
+      pending.wait();
+    } catch (const std::exception& e) {
+      throw collective_error(std::string("accel: ") + operation + " failed on rank " + std::to_string(rank) + ": " +
+                             first_line(e.what()) +
+                             " (a timeout or a process that stopped; the first failing process's own error says "
+                             "why)");
+    }
+  }
+
+  process_environment env_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+};
+
+}  // namespace accel::detail

@@ -1,0 +1,41 @@
+/// \file
+/// Scope guards: the RAII scopes of the public API (`no_sync`, `main_process_first`, ...) are built from them.
+// IWYU pragma: private, include <accel/accel.hpp>
+#pragma once
+
+#include <exception>
+#include <utility>
+
+namespace accel::detail {
+
+/// Runs `action` when the scope ends, however it ends (restoring a flag).
+template <class Action>
+class [[nodiscard]] scope_exit {
+ public:
+  explicit scope_exit(Action action) : action_(std::move(action)) {}
+  scope_exit(const scope_exit&) = delete;
+  scope_exit& operator=(const scope_exit&) = delete;
+  ~scope_exit() { action_(); }
+
+ private:
+  Action action_;
+};
+
+/// Runs `action` when the scope ends normally, not when an exception leaves it: the action may be a collective
+/// (a barrier), and a process unwinding from an error must not wait for the others there. It may throw.
+template <class Action>
+class [[nodiscard]] scope_success {
+ public:
+  explicit scope_success(Action action) : action_(std::move(action)) {}
+  scope_success(const scope_success&) = delete;
+  scope_success& operator=(const scope_success&) = delete;
+  ~scope_success() noexcept(false) {
+    if (std::uncaught_exceptions() == uncaught_) action_();
+  }
+
+ private:
+  Action action_;
+  int uncaught_ = std::uncaught_exceptions();
+};
+
+}  // namespace accel::detail

@@ -1,0 +1,349 @@
+// Multi-process tests: each case runs in every process of a real job started by `accel launch` (or torchrun),
+// with P = 2, 3 or 4 Gloo processes (see tests/CMakeLists.txt). The reference groups are those of
+// ../shared/reference/accelerate-semantics.md.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "support.hpp"
+
+namespace {
+
+using namespace accel_test;
+using gloo_accelerator = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+
+/// Rank r's tensor in Accelerate's test_ops.py: arange(P) + 1 + P * r.
+torch::Tensor ops_tensor(int rank, int world) {
+  return torch::arange(world, torch::kFloat) + 1 + world * rank;
+}
+
+/// The regression model of Accelerate's test_sync.py: y = a * x + b.
+struct regression_impl : torch::nn::Module {
+  regression_impl() : a(register_parameter("a", torch::tensor({0.5f}))), b(register_parameter("b", torch::tensor({-0.25f}))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return a * x + b; }
+  torch::Tensor a, b;
+};
+TORCH_MODULE_IMPL(regression, regression_impl);
+
+/// Inputs and targets of one global batch (identical on every process: the same seed).
+std::pair<torch::Tensor, torch::Tensor> global_regression_batch(int size, int seed) {
+  torch::manual_seed(seed);
+  auto x = torch::randn({size});
+  return {x, 2 * x + 3 + 0.1 * torch::randn({size})};
+}
+
+/// This process's rows of a global batch.
+torch::Tensor shard(const torch::Tensor& global, int rank, int world) {
+  const auto per = global.size(0) / world;
+  return global.narrow(0, rank * per, per);
+}
+
+void step(torch::nn::Module& model, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+          const torch::Tensor& x, const torch::Tensor& y) {
+  (void)model;
+  torch::mse_loss(forward(x), y).backward();
+}
+
+std::vector<torch::Tensor> gradients(torch::nn::Module& m) {
+  std::vector<torch::Tensor> grads;
+  for (auto& p : m.parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+bool all_close(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b, double tol = 1e-6) {
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!torch::allclose(a[i], b[i], tol, tol)) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("F1 gather and broadcast", "[collectives]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  REQUIRE(P >= 2);
+  auto gathered = acc.gather(ops_tensor(r, P));
+  CHECK(torch::equal(gathered, torch::arange(P * P, torch::kFloat) + 1));
+  auto mine = ops_tensor(r, P);
+  auto broadcast = acc.broadcast(mine);
+  CHECK(torch::equal(broadcast, torch::arange(P, torch::kFloat) + 1));
+  CHECK(torch::equal(mine, broadcast));  // in place
+  auto from_last = acc.broadcast(ops_tensor(r, P), P - 1);
+  CHECK(torch::equal(from_last, ops_tensor(P - 1, P)));
+  // 0-d tensors gather into one element per process.
+  CHECK(torch::equal(acc.gather(torch::scalar_tensor(r, torch::kLong)), torch::arange(P, torch::kLong)));
+  CHECK_THROWS_WITH(acc.broadcast(mine, P), Catch::Contains("from_process"));
+}
+
+TEST_CASE("F2 reduce sum, mean and max", "[collectives]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  auto sum = torch::zeros({P});
+  for (int q = 0; q < P; ++q) sum += ops_tensor(q, P);
+  auto mine = ops_tensor(r, P);
+  CHECK(torch::equal(acc.reduce(mine), sum));  // sum is the default, as Accelerate's Accelerator
+  CHECK(torch::allclose(acc.reduce(mine, accel::reduction::mean), sum / P));
+  CHECK(torch::equal(acc.reduce(mine, accel::reduction::max), ops_tensor(P - 1, P)));
+  CHECK(torch::equal(mine, ops_tensor(r, P)));  // the input is left alone
+  if (P == 2) {
+    CHECK(torch::equal(acc.reduce(mine), torch::tensor({4.f, 6.f})));
+    CHECK(torch::equal(acc.reduce(mine, accel::reduction::mean), torch::tensor({2.f, 3.f})));
+    CHECK(torch::equal(acc.reduce(mine, accel::reduction::max), torch::tensor({3.f, 4.f})));
+  }
+}
+
+TEST_CASE("F3 F6 pad_across_processes", "[collectives]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  // F3: the main process holds P + 1 elements, the others P.
+  auto t = acc.is_main_process() ? torch::arange(P + 1, torch::kFloat) + 1 : ops_tensor(r, P);
+  auto padded = acc.pad_across_processes(t);
+  REQUIRE(padded.size(0) == P + 1);
+  if (!acc.is_main_process()) {
+    CHECK(torch::equal(padded.narrow(0, 0, P), t));
+    CHECK(padded[P].item<float>() == 0);
+  } else {
+    CHECK(torch::equal(padded, t));
+  }
+  // F6: (r + 2, 10) pads to P + 1 rows; pad_first puts the padding first.
+  auto rows = torch::ones({r + 2, 10});
+  auto end = acc.pad_across_processes(rows);
+  auto first = acc.pad_across_processes(rows, 0, 0, true);
+  REQUIRE(end.sizes() == torch::IntArrayRef({P + 1, 10}));
+  REQUIRE(first.sizes() == torch::IntArrayRef({P + 1, 10}));
+  const int padding = P + 1 - (r + 2);
+  CHECK(end.sum().item<float>() == 10 * (r + 2));
+  CHECK(end.narrow(0, r + 2, padding).abs().sum().item<float>() == 0);
+  CHECK(first.narrow(0, 0, padding).abs().sum().item<float>() == 0);
+  CHECK(first.narrow(0, padding, r + 2).min().item<float>() == 1);
+  // pad_index and another dimension; nested structures.
+  auto wide = acc.pad_across_processes(torch::ones({2, r + 1}), 1, -1);
+  CHECK(wide.size(1) == P);
+  auto nested = acc.pad_across_processes(std::make_pair(torch::ones({r + 1}), std::vector{torch::ones({1})}));
+  CHECK(nested.first.size(0) == P);
+  CHECK(nested.second[0].size(0) == 1);
+  // All gather once padded.
+  CHECK(acc.gather(end).size(0) == P * (P + 1));
+}
+
+TEST_CASE("F4 gather_object and nested gather", "[collectives]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  std::vector<std::int64_t> expected(P);
+  std::iota(expected.begin(), expected.end(), 0);
+  CHECK(acc.gather_object(std::vector<std::int64_t>{r}) == expected);  // flattened one level
+  auto strings = acc.gather_object(std::string(r + 1, 'x'));
+  REQUIRE(strings.size() == static_cast<std::size_t>(P));
+  for (int q = 0; q < P; ++q) CHECK(strings[q] == std::string(q + 1, 'x'));
+  // Values of different lengths per process.
+  auto lists = acc.gather_object(std::vector<std::int64_t>(r + 1, r));
+  CHECK(lists.size() == static_cast<std::size_t>(P * (P + 1) / 2));
+  // A non-contiguous tensor gathers fine.
+  auto matrix = (torch::arange(6, torch::kFloat).reshape({2, 3}) + 10 * r).t();
+  REQUIRE(!matrix.is_contiguous());
+  auto gathered = acc.gather(matrix);
+  CHECK(gathered.size(0) == 3 * P);
+  CHECK(torch::equal(gathered.narrow(0, 3 * r, 3), matrix));
+  // Nested structures keep their shape.
+  auto pair = acc.gather(std::make_tuple(torch::full({1}, r), std::map<std::string, torch::Tensor>{{"k", torch::full({2}, r)}}));
+  CHECK(std::get<0>(pair).size(0) == P);
+  CHECK(std::get<1>(pair).at("k").size(0) == 2 * P);
+}
+
+TEST_CASE("F5 debug mode rejects shapes that differ", "[debug]") {
+  // Run with ACCELERATE_DEBUG_MODE=1 in the environment (tests/CMakeLists.txt).
+  gloo_accelerator acc;
+  const int r = acc.process_index();
+  CHECK(torch::equal(acc.gather(torch::ones({2})), torch::ones({2 * acc.num_processes()})));
+  CHECK_THROWS_AS(acc.gather(torch::ones({r + 1})), accel::distributed_operation_error);
+  CHECK_THROWS_WITH(acc.reduce(torch::ones({r + 1})), Catch::Contains("shapes differ between processes"));
+}
+
+TEST_CASE("G4 set_trigger and check_trigger", "[collectives]") {
+  gloo_accelerator acc;
+  CHECK_FALSE(acc.check_trigger());
+  if (acc.is_main_process()) acc.set_trigger();
+  CHECK(acc.check_trigger());
+  CHECK_FALSE(acc.check_trigger());
+  if (acc.is_last_process()) acc.set_trigger();
+  CHECK(acc.check_trigger());
+}
+
+TEST_CASE("G5 main_process_first and on_process", "[collectives]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("accel_main_first_" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  acc.wait_for_everyone();
+  {
+    auto scope = acc.main_process_first();
+    if (acc.is_main_process()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others must still be waiting
+      std::filesystem::create_directories(dir);
+      std::ofstream(dir / "written_by_main") << "main";
+    } else {
+      CHECK(std::filesystem::exists(dir / "written_by_main"));
+    }
+  }
+  auto mine = acc.on_process(P - 1, [&] { return r; });
+  CHECK(mine.has_value() == (r == P - 1));
+  auto main_only = acc.on_main_process([] { return 42; });
+  CHECK(main_only.value_or(0) == (r == 0 ? 42 : 0));
+  int ran = 0;
+  acc.on_local_main_process([&] { ++ran; });
+  acc.on_last_process([&] { ran += 10; });
+  CHECK(ran == (acc.is_local_main_process() ? 1 : 0) + (acc.is_last_process() ? 10 : 0));
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("prepare broadcasts process 0's parameters and buffers", "[ddp]") {
+  gloo_accelerator acc;
+  torch::manual_seed(100 + acc.process_index());  // every process builds different weights
+  auto net = mlp(4, 8, 2);
+  auto norm = torch::nn::BatchNorm1d(4);
+  norm->running_mean.fill_(acc.process_index());
+  auto model = acc.prepare(net);
+  auto prepared_norm = acc.prepare(norm);
+  for (auto& p : net->parameters()) CHECK(torch::equal(acc.gather(p.unsqueeze(0)).std(0), torch::zeros_like(p)));
+  CHECK(norm->running_mean.abs().sum().item<float>() == 0);
+}
+
+TEST_CASE("G2 P processes with batch B equal one process with batch P*B", "[ddp]") {
+  // Several bucket layouts: one bucket, and a bucket per tensor or two (tiny caps).
+  auto bucket_mb = GENERATE(25.0, 0.00005);
+  gloo_accelerator acc(accel::options{.buckets = {.first_bucket_mb = bucket_mb / 2, .bucket_cap_mb = bucket_mb}});
+  const int P = acc.num_processes(), r = acc.process_index();
+  const int B = 8;
+  torch::manual_seed(1);
+  auto baseline = mlp(3, 16, 2);
+  torch::manual_seed(1000 + r);  // different on every process: prepare must broadcast process 0's
+  auto net = mlp(3, 16, 2);
+  if (r == 0) {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < net->parameters().size(); ++i) net->parameters()[i].copy_(baseline->parameters()[i]);
+  }
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  torch::optim::SGD baseline_opt(baseline->parameters(), 0.1);
+  auto [model, optimizer] = acc.prepare(net, opt);
+  if (bucket_mb < 0.001) CHECK(acc.parallel().reducer_for(*net)->bucket_layout().size() >= 3);
+  auto data = regression_batches(6, B * P, 3, 2, 5);  // the same global batches on every process
+  for (int epoch = 0; epoch < 3; ++epoch)
+    for (auto& [x, y] : data) {
+      torch::mse_loss(model(shard(x, r, P)), shard(y, r, P)).backward();
+      optimizer.step();
+      optimizer.zero_grad();
+      torch::mse_loss(baseline(x), y).backward();
+      baseline_opt.step();
+      baseline_opt.zero_grad();
+    }
+  for (std::size_t i = 0; i < net->parameters().size(); ++i)
+    CHECK(torch::allclose(net->parameters()[i], baseline->parameters()[i], 1e-5, 1e-5));
+}
+
+TEST_CASE("one all-reduce per bucket per backward, launched in bucket order", "[ddp]") {
+  gloo_accelerator acc(accel::options{.buckets = {.first_bucket_mb = 0.0001, .bucket_cap_mb = 0.0002}});
+  auto net = mlp(8, 16, 4);
+  auto model = acc.prepare(net);
+  auto* reducer = acc.parallel().reducer_for(*net);
+  REQUIRE(reducer != nullptr);
+  const auto layout = reducer->bucket_layout();
+  CHECK(layout.front().front() == net->parameters().size() - 1);  // reverse registration order
+  torch::mse_loss(model(torch::randn({4, 8})), torch::randn({4, 4})).backward();
+  CHECK(reducer->all_reduce_count() == layout.size());
+  {
+    auto scope = acc.no_sync(model);
+    torch::mse_loss(model(torch::randn({4, 8})), torch::randn({4, 4})).backward();
+  }
+  CHECK(reducer->all_reduce_count() == layout.size());
+}
+
+TEST_CASE("E1 no_sync skips the all-reduce; the next synced backward catches up", "[ddp]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  auto baseline = regression();
+  auto net = regression();
+  auto model = acc.prepare(net);
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    auto [x, y] = global_regression_batch(16 * P, 1337 + iteration);
+    torch::mse_loss(baseline(x), y).backward();
+    if (iteration % 2 == 0) {
+      auto scope = acc.no_sync(model);
+      torch::mse_loss(model(shard(x, r, P)), shard(y, r, P)).backward();
+    } else {
+      torch::mse_loss(model(shard(x, r, P)), shard(y, r, P)).backward();
+    }
+    INFO("iteration " << iteration);
+    CHECK(all_close(gradients(*net), gradients(*baseline)) == (iteration % 2 == 1));
+  }
+}
+
+TEST_CASE("E2 trigger_sync_in_backward after forwards under no_sync", "[ddp]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  auto baseline = regression();
+  auto net = regression();
+  auto model = acc.prepare(net);
+  std::vector<torch::Tensor> losses;
+  std::vector<torch::Tensor> baseline_losses;
+  {
+    auto scope = acc.no_sync(model);
+    for (int i = 0; i < 3; ++i) {
+      auto [x, y] = global_regression_batch(16 * P, 42 + i);
+      losses.push_back(torch::mse_loss(model(shard(x, r, P)), shard(y, r, P)));
+      baseline_losses.push_back(torch::mse_loss(baseline(x), y));
+    }
+    for (int i = 0; i < 2; ++i) {
+      losses[i].backward();
+      baseline_losses[i].backward();
+      CHECK_FALSE(all_close(gradients(*net), gradients(*baseline)));
+    }
+    auto trigger = acc.trigger_sync_in_backward(model);
+    losses[2].backward();
+    baseline_losses[2].backward();
+    CHECK(all_close(gradients(*net), gradients(*baseline)));
+  }
+  CHECK(acc.parallel().gradient_sync(*net));  // the scopes restored the flag
+}
+
+TEST_CASE("a parameter unused on some processes neither hangs nor corrupts the average", "[ddp]") {
+  struct branchy_impl : torch::nn::Module {
+    branchy_impl() : shared(register_module("shared", torch::nn::Linear(2, 1))), odd(register_module("odd", torch::nn::Linear(2, 1))) {}
+    torch::Tensor forward(const torch::Tensor& x, bool use_odd) { return use_odd ? shared(x) + odd(x) : shared(x); }
+    torch::nn::Linear shared, odd;
+  };
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  auto net = std::make_shared<branchy_impl>();
+  auto model = acc.prepare(net);
+  auto x = torch::ones({1, 2});
+  model(x, r % 2 == 1).sum().backward();  // odd's gradient exists only on odd processes
+  int odd_processes = P / 2;
+  CHECK(torch::allclose(net->odd->weight.grad(), torch::full({1, 2}, double(odd_processes) / P)));
+  CHECK(torch::allclose(net->shared->weight.grad(), torch::ones({1, 2})));
+}
+
+TEST_CASE("a collective that times out raises instead of hanging", "[timeout]") {
+  gloo_accelerator acc(accel::options{.timeout = std::chrono::seconds(2)});
+  if (acc.is_main_process()) {
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_AS(acc.reduce(torch::ones({1})), accel::collective_error);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(4));  // never joins the collective
+  }
+}
+
+TEST_CASE("a process that throws brings the job down", "[crash]") {
+  // Run by tests/distributed/expect_prompt_failure.cmake: the launcher must exit non-zero within seconds.
+  gloo_accelerator acc;
+  auto net = mlp(2, 4, 1);
+  auto model = acc.prepare(net);
+  if (acc.process_index() == 1) throw std::runtime_error("process 1 fails on purpose");
+  for (int i = 0; i < 1000; ++i) torch::mse_loss(model(torch::randn({2, 2})), torch::randn({2, 1})).backward();
+}
