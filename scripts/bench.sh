@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Sets up the machine, builds accel's benchmarks (optimised) and runs them. Arguments go to each benchmark.
+# Sets up the machine, builds accel's benchmarks (optimised) and runs them, printing their tables.
+#   scripts/bench.sh          all benchmarks
+#   scripts/bench.sh step     the single-process step overhead (bench/mlp_step.cpp) only
+#   scripts/bench.sh ddp      the 2-process data-parallel comparison with PyTorch DDP (bench/ddp_compare.py) only
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${ACCEL_BUILD_DIR:-$root/build-bench}
+which=${1:-all}
 
 "$root/scripts/setup.sh"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=OFF \
@@ -10,4 +14,17 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_T
 cmake --build "$build" -j2
 # One thread everywhere, OpenBLAS included (it reads its own variable when it loads).
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-"$build/bench/bench_mlp_step" "$@"
+
+if [[ $which == all || $which == step ]]; then
+  "$build/bench/bench_mlp_step"
+fi
+if [[ $which == all || $which == ddp ]]; then
+  # Debian's python3-torch lives in the system Python, which may not be the first python3 on PATH.
+  python_with_torch=""
+  for candidate in /usr/bin/python3 python3; do
+    if "$candidate" -c 'import torch' 2>/dev/null; then python_with_torch=$candidate; break; fi
+  done
+  [[ -n $python_with_torch ]] || { echo "bench: no python3 with torch (install python3-torch)" >&2; exit 1; }
+  "$python_with_torch" "$root/bench/ddp_compare.py" "$build/tools/accel" "$build/bench/bench_ddp_step" \
+    "$python_with_torch" "${ROUNDS:-5}"
+fi

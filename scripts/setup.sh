@@ -8,6 +8,7 @@ packages=(
   libtorch-dev libgloo-dev librange-v3-dev catch2
   libopenblas0-pthread          # without it Debian's LibTorch uses the reference BLAS (~10x slower)
   python3 python3-numpy
+  python3-torch                 # PyTorch 1.13: the reference for the DDP benchmark, and torchrun
 )
 
 missing=()

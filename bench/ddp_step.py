@@ -1,0 +1,51 @@
+# The PyTorch side of the DDP benchmark: the same job as bench/ddp_step.cpp (MLP, SGD, batch 32 per process, one
+# thread per process) with torch.nn.parallel.DistributedDataParallel on Gloo. Started by `accel launch`, which sets
+# the variables that init_process_group("gloo", init_method="env://") reads. Process 0 prints
+# `pytorch_ddp WIDTH MS_PER_STEP`.
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def make_mlp(width):
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
+
+
+def main():
+    width, steps, warmup = (int(a) for a in sys.argv[1:4])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    model = torch.nn.parallel.DistributedDataParallel(make_mlp(width))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    torch.manual_seed(1 + rank)
+    data = [(torch.randn(32, width), torch.randn(32, 1)) for _ in range(16)]
+
+    def step(i):
+        x, y = data[i % len(data)]
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for i in range(warmup):
+        step(i)
+    dist.barrier()
+    start = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    dist.barrier()
+    ms = (time.perf_counter() - start) * 1000 / steps
+    if rank == 0:
+        print(f"pytorch_ddp {width} {ms:.4f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+// `accel launch`: starts one training process per local worker with torchrun's environment variables and
+// supervises them. See the comment at the top of launch.cpp for the design.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+
+namespace accel::cli {
+
+struct launch_options {
+  int nproc_per_node = 0;  // required
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false;
+  int master_port = 29500;  // 0: pick a free port (single node only)
+  bool prefix_output = false;
+  std::chrono::milliseconds grace_period{3000};
+  std::vector<std::string> program;  // the program and its arguments
+  bool show_help = false;            // -h or --help: print the usage, start nothing
+};
+
+// Parses the arguments after `launch`. Throws usage_error naming the flag at fault and how to fix it.
+launch_options parse_launch_options(const std::vector<std::string>& args);
+
+// The usage text of `accel launch --help`.
+const char* launch_usage();
+
+// Starts the workers and waits for them; returns the launcher's exit code.
+int run_launch(const launch_options& options);
+
+// The entry point main() dispatches to.
+int launch_main(const std::vector<std::string>& args);
+
+inline constexpr command launch_command{
+    "launch", "start N worker processes of a program with torchrun's environment variables, and supervise them",
+    "accel launch --nproc_per_node N [options] [--] program [arguments...]", launch_main};
+
+}  // namespace accel::cli

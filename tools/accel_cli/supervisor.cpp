@@ -1,0 +1,507 @@
+// Starting and supervising the workers of `accel launch`; launch.cpp explains the design.
+#include "supervisor.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace accel::cli {
+namespace {
+
+using steady_clock = std::chrono::steady_clock;
+
+// The signals the launcher passes on to its workers, as torchrun does.
+constexpr std::array forwarded_signals{SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Signals become bytes on a pipe (the self-pipe trick): the main loop then waits for worker exits (SIGCHLD), the
+// user's Ctrl-C and worker output with one poll(), and no real work runs inside a signal handler.
+
+int signal_pipe_write_end = -1;
+
+void record_signal(int signal_number) {
+  const int saved_errno = errno;
+  const auto byte = static_cast<unsigned char>(signal_number);
+  [[maybe_unused]] const ssize_t ignored = write(signal_pipe_write_end, &byte, 1);  // full pipe: a byte is there
+  errno = saved_errno;
+}
+
+class signal_pipe {
+ public:
+  signal_pipe() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
+    read_end_ = fds[0];
+    write_end_ = fds[1];
+    signal_pipe_write_end = write_end_;
+    sigemptyset(&handled_);
+    install(SIGCHLD, SA_NOCLDSTOP);
+    for (const int signal_number : forwarded_signals) install(signal_number, 0);
+    // A closed stdout (`accel launch ... | head`) must not kill the launcher and orphan the workers; the write
+    // fails with EPIPE instead.
+    install(SIGPIPE, 0, SIG_IGN);
+  }
+
+  signal_pipe(const signal_pipe&) = delete;
+  signal_pipe& operator=(const signal_pipe&) = delete;
+
+  ~signal_pipe() {
+    restore_dispositions();
+    signal_pipe_write_end = -1;
+    close(read_end_);
+    close(write_end_);
+  }
+
+  int read_end() const { return read_end_; }
+
+  // The signals received since the last call, in order (SIGCHLD included).
+  std::vector<int> take_signals() {
+    std::vector<int> signals;
+    unsigned char buffer[64];
+    for (;;) {
+      const ssize_t n = read(read_end_, buffer, sizeof buffer);
+      if (n > 0) {
+        signals.insert(signals.end(), buffer, buffer + n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        return signals;
+      }
+    }
+  }
+
+  // While workers are forked, the handled signals are blocked, so that a child never runs the launcher's handler
+  // (which would write into the launcher's pipe) before it has reset its signal dispositions.
+  void block() { sigprocmask(SIG_BLOCK, &handled_, &mask_before_block_); }
+  void unblock() { sigprocmask(SIG_SETMASK, &mask_before_block_, nullptr); }
+
+  // In a forked child before exec: the dispositions and mask the launcher itself started with, so a worker sees
+  // what it would see without the launcher (for example SIGHUP still ignored under nohup).
+  void reset_in_child() {
+    restore_dispositions();
+    unblock();
+  }
+
+ private:
+  struct saved_disposition {
+    int signal_number;
+    struct sigaction action;
+  };
+
+  void install(int signal_number, int flags, void (*handler)(int) = record_signal) {
+    struct sigaction previous {};
+    sigaction(signal_number, nullptr, &previous);
+    // A signal the launcher was started with ignored (SIGHUP under nohup, SIGINT in a background job) stays
+    // ignored, for the launcher and its workers.
+    if (previous.sa_handler == SIG_IGN && handler != SIG_IGN) return;
+    struct sigaction action {};
+    action.sa_handler = handler;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = flags | SA_RESTART;
+    sigaction(signal_number, &action, nullptr);
+    saved_.push_back({signal_number, previous});
+    if (handler == record_signal) sigaddset(&handled_, signal_number);
+  }
+
+  void restore_dispositions() {
+    for (const saved_disposition& saved : saved_) sigaction(saved.signal_number, &saved.action, nullptr);
+  }
+
+  int read_end_ = -1;
+  int write_end_ = -1;
+  sigset_t handled_{};
+  sigset_t mask_before_block_{};
+  std::vector<saved_disposition> saved_;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Prefixed output: a worker's stdout or stderr arrives on a pipe and leaves, line by line, on the launcher's.
+
+// A line longer than this is written in pieces, so a worker that never prints '\n' (a progress bar redrawn with
+// '\r') cannot make the launcher's memory grow without bound.
+constexpr std::size_t longest_line = 64 * 1024;
+
+// Writes everything, or gives up silently when the destination is gone (EPIPE): the workers' pipes must keep
+// being read so that the workers never block on a full pipe.
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = write(fd, data.data(), data.size());
+    if (n > 0) {
+      data.remove_prefix(static_cast<std::size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd writable{fd, POLLOUT, 0};  // an inherited non-blocking stdout
+      poll(&writable, 1, 100);
+    } else {
+      return;
+    }
+  }
+}
+
+struct output_stream {
+  int fd = -1;           // read end of the worker's pipe; -1 when closed
+  int destination = -1;  // the launcher's stdout or stderr
+  std::string pending;   // what follows the last '\n' seen
+};
+
+// Appends a chunk and writes each complete line with its prefix, in one write() so lines of different workers do
+// not interleave mid-line.
+void forward_lines(output_stream& stream, std::string_view prefix, std::string_view chunk) {
+  stream.pending.append(chunk);
+  std::string lines;
+  std::size_t start = 0;
+  for (std::size_t newline; (newline = stream.pending.find('\n', start)) != std::string::npos; start = newline + 1) {
+    lines.append(prefix).append(stream.pending, start, newline + 1 - start);
+  }
+  stream.pending.erase(0, start);
+  if (stream.pending.size() >= longest_line) {
+    lines.append(prefix).append(stream.pending).append("\n");
+    stream.pending.clear();
+  }
+  if (!lines.empty()) write_all(stream.destination, lines);
+}
+
+// At end of file a partial last line is written too, ended with '\n' so the next prefixed line starts cleanly.
+void close_stream(output_stream& stream, std::string_view prefix) {
+  if (!stream.pending.empty()) {
+    write_all(stream.destination, std::string(prefix).append(stream.pending).append("\n"));
+    stream.pending.clear();
+  }
+  close(stream.fd);
+  stream.fd = -1;
+}
+
+// Reads once (poll() said there is something): forwards the lines, or closes the stream at end of file.
+void read_stream(output_stream& stream, std::string_view prefix) {
+  char buffer[16 * 1024];
+  ssize_t n;
+  do {
+    n = read(stream.fd, buffer, sizeof buffer);
+  } while (n < 0 && errno == EINTR);
+  if (n > 0) {
+    forward_lines(stream, prefix, {buffer, static_cast<std::size_t>(n)});
+  } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+    close_stream(stream, prefix);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Workers
+
+struct worker {
+  const worker_spec* spec = nullptr;
+  pid_t pid = -1;  // also its process group id
+  bool running = false;
+  std::string prefix;  // "[rank R] "
+  output_stream out;
+  output_stream err;
+};
+
+// The exit code a shell would report: the status, or 128 + the signal number.
+int exit_code_of(int wait_status) {
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return WEXITSTATUS(wait_status);
+}
+
+std::string describe_exit(int wait_status) {
+  if (WIFSIGNALED(wait_status)) {
+    const int signal_number = WTERMSIG(wait_status);
+    return "was killed by signal " + std::to_string(signal_number) + " (" + strsignal(signal_number) + ")";
+  }
+  std::string description = "exited with code " + std::to_string(WEXITSTATUS(wait_status));
+  if (WEXITSTATUS(wait_status) == 127) description += " (127: the program could not be run, see above)";
+  return description;
+}
+
+std::string count_workers(std::size_t count, std::string_view adjective) {
+  return std::to_string(count) + std::string(adjective) + (count == 1 ? " worker" : " workers");
+}
+
+void make_pipe(int (&fds)[2]) {
+  if (pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
+}
+
+class supervisor {
+ public:
+  explicit supervisor(const supervision_options& options) : options_(options) {
+    for (const std::string& argument : options_.program) argv_.push_back(const_cast<char*>(argument.c_str()));
+    argv_.push_back(nullptr);
+    workers_.resize(options_.workers.size());
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      workers_[i].spec = &options_.workers[i];
+      workers_[i].prefix = "[rank " + std::to_string(options_.workers[i].rank) + "] ";
+    }
+  }
+
+  int run() {
+    start_workers();
+    while (any_running()) {
+      wait_for_events(poll_timeout_ms());
+      reap_exited_workers();
+      enforce_deadline();
+    }
+    drain_output();
+    return exit_code_.value_or(0);
+  }
+
+ private:
+  // ---- starting
+
+  void start_workers() {
+    std::fflush(nullptr);  // nothing buffered may be written twice, by the launcher and by a child
+    signals_.block();
+    for (worker& w : workers_) {
+      try {
+        start_worker(w);
+      } catch (const std::system_error& e) {
+        std::fprintf(stderr,
+                     "accel launch: cannot start worker rank %d: %s (the machine may be out of processes or file "
+                     "descriptors; try a smaller --nproc_per_node)\n",
+                     w.spec->rank, e.what());
+        exit_code_ = 1;
+        begin_stopping(SIGTERM);
+        break;
+      }
+    }
+    signals_.unblock();
+  }
+
+  void start_worker(worker& w) {
+    int out_pipe[2] = {-1, -1};
+    int err_pipe[2] = {-1, -1};
+    if (options_.prefix_output) {
+      make_pipe(out_pipe);
+      try {
+        make_pipe(err_pipe);
+      } catch (...) {
+        close(out_pipe[0]);
+        close(out_pipe[1]);
+        throw;
+      }
+    }
+    const pid_t pid = fork();
+    if (pid == 0) exec_worker(*w.spec, out_pipe[1], err_pipe[1]);
+    const int fork_errno = errno;
+    for (const int fd : {out_pipe[1], err_pipe[1]}) {
+      if (fd >= 0) close(fd);
+    }
+    if (pid < 0) {
+      for (const int fd : {out_pipe[0], err_pipe[0]}) {
+        if (fd >= 0) close(fd);
+      }
+      throw std::system_error(fork_errno, std::generic_category(), "fork");
+    }
+    // The child calls setpgid too; whichever runs first wins, so the group exists before the launcher signals it.
+    setpgid(pid, pid);
+    w.pid = pid;
+    w.running = true;
+    w.out = {out_pipe[0], STDOUT_FILENO, {}};
+    w.err = {err_pipe[0], STDERR_FILENO, {}};
+    for (const int fd : {w.out.fd, w.err.fd}) {
+      if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    }
+  }
+
+  // In the child: its own process group (so a signal to the group reaches the worker's own children too), the
+  // launcher's original signal handling, the pipes as stdout/stderr, the worker's variables, then the program.
+  [[noreturn]] void exec_worker(const worker_spec& spec, int out_fd, int err_fd) {
+    setpgid(0, 0);
+    signals_.reset_in_child();
+    if (out_fd >= 0) {
+      dup2(out_fd, STDOUT_FILENO);  // the originals are close-on-exec
+      dup2(err_fd, STDERR_FILENO);
+    }
+    for (const auto& [name, value] : spec.variables) setenv(name.c_str(), value.c_str(), 1);
+    execvp(argv_[0], argv_.data());
+    const int exec_errno = errno;
+    if (std::strchr(argv_[0], '/') != nullptr) {
+      std::fprintf(stderr, "accel launch: cannot run '%s': %s (check that the file exists and is executable)\n",
+                   argv_[0], std::strerror(exec_errno));
+    } else {
+      std::fprintf(stderr,
+                   "accel launch: cannot run '%s': %s (check the name, that its directory is on PATH, or give its "
+                   "path, e.g. ./%s)\n",
+                   argv_[0], std::strerror(exec_errno), argv_[0]);
+    }
+    _exit(127);
+  }
+
+  // ---- waiting
+
+  bool any_running() const {
+    return std::any_of(workers_.begin(), workers_.end(), [](const worker& w) { return w.running; });
+  }
+
+  std::size_t count_running() const {
+    return static_cast<std::size_t>(
+        std::count_if(workers_.begin(), workers_.end(), [](const worker& w) { return w.running; }));
+  }
+
+  // Without a deadline the loop sleeps until a signal or output arrives; while stopping, until the deadline.
+  int poll_timeout_ms() const {
+    if (!stopping_ || killed_) return -1;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - steady_clock::now()).count();
+    return static_cast<int>(std::clamp<long long>(left, 0, 60'000));
+  }
+
+  std::vector<pollfd> poll_set() const {
+    std::vector<pollfd> fds{{signals_.read_end(), POLLIN, 0}};
+    for (const worker& w : workers_) {
+      for (const output_stream* stream : {&w.out, &w.err}) {
+        if (stream->fd >= 0) fds.push_back({stream->fd, POLLIN, 0});
+      }
+    }
+    return fds;
+  }
+
+  // Returns false when the timeout expired with nothing to do.
+  bool wait_for_events(int timeout_ms) {
+    std::vector<pollfd> fds = poll_set();
+    const int ready = poll(fds.data(), fds.size(), timeout_ms);
+    if (ready < 0) return true;  // EINTR: the handler's byte is read on the next call
+    if (ready == 0) return false;
+    if (fds[0].revents != 0) {
+      for (const int signal_number : signals_.take_signals()) {
+        if (signal_number != SIGCHLD) on_launcher_signal(signal_number);
+      }
+    }
+    for (const pollfd& fd : fds) {
+      if (fd.revents != 0 && fd.fd != signals_.read_end()) read_ready_stream(fd.fd);
+    }
+    return true;
+  }
+
+  void read_ready_stream(int fd) {
+    for (worker& w : workers_) {
+      for (output_stream* stream : {&w.out, &w.err}) {
+        if (stream->fd == fd) return read_stream(*stream, w.prefix);
+      }
+    }
+  }
+
+  void reap_exited_workers() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      const auto w = std::find_if(workers_.begin(), workers_.end(), [pid](const worker& x) { return x.pid == pid; });
+      if (w != workers_.end()) on_worker_exit(*w, status);
+    }
+  }
+
+  void on_worker_exit(worker& w, int status) {
+    w.running = false;
+    const int code = exit_code_of(status);
+    if (code == 0 || stopping_) return;  // while stopping, exits are what the launcher asked for
+    exit_code_ = code;
+    const std::size_t others = count_running();
+    std::string message = "accel launch: worker rank " + std::to_string(w.spec->rank) + " (pid " +
+                          std::to_string(w.pid) + ") " + describe_exit(status);
+    if (others == 1) message += "; terminating the other worker";
+    if (others > 1) message += "; terminating the other " + std::to_string(others) + " workers";
+    std::fprintf(stderr, "%s\n", message.c_str());
+    begin_stopping(SIGTERM);
+  }
+
+  // SIGINT, SIGTERM, SIGHUP or SIGQUIT sent to the launcher goes to every worker; a second one while the workers
+  // are stopping kills them at once (an impatient second Ctrl-C).
+  void on_launcher_signal(int signal_number) {
+    if (!any_running()) return;  // only output is left to copy
+    if (!stopping_) {
+      if (!exit_code_) exit_code_ = 128 + signal_number;
+      std::fprintf(stderr, "accel launch: received %s; passing it on to the %s\n", sigabbrev(signal_number).c_str(),
+                   count_workers(count_running(), " running").c_str());
+      begin_stopping(signal_number);
+    } else if (!killed_) {
+      std::fprintf(stderr, "accel launch: received %s while the workers are stopping; killing them now\n",
+                   sigabbrev(signal_number).c_str());
+      kill_remaining();
+    }
+  }
+
+  static std::string sigabbrev(int signal_number) {
+    switch (signal_number) {
+      case SIGINT: return "SIGINT";
+      case SIGTERM: return "SIGTERM";
+      case SIGHUP: return "SIGHUP";
+      case SIGQUIT: return "SIGQUIT";
+      default: return "signal " + std::to_string(signal_number);
+    }
+  }
+
+  // ---- stopping
+
+  void begin_stopping(int signal_number) {
+    stopping_ = true;
+    deadline_ = steady_clock::now() + options_.grace_period;
+    signal_running_groups(signal_number);
+  }
+
+  void enforce_deadline() {
+    if (!stopping_ || killed_ || !any_running() || steady_clock::now() < deadline_) return;
+    const auto grace = std::chrono::duration<double>(options_.grace_period).count();
+    std::fprintf(stderr, "accel launch: %s still running %g s after being asked to stop; sending SIGKILL\n",
+                 count_workers(count_running(), "").c_str(), grace);
+    kill_remaining();
+  }
+
+  void kill_remaining() {
+    killed_ = true;
+    signal_running_groups(SIGKILL);
+  }
+
+  // Only the groups of workers not yet reaped: their ids cannot have been reused by an unrelated process.
+  void signal_running_groups(int signal_number) {
+    for (const worker& w : workers_) {
+      if (w.running) kill(-w.pid, signal_number);
+    }
+  }
+
+  // ---- after the workers
+
+  // What the workers wrote before exiting is still in the pipes. A pipe also held open by a worker's leftover
+  // child may never reach end of file, so draining stops after a quiet 100 ms or at most 2 s.
+  void drain_output() {
+    const auto give_up = steady_clock::now() + std::chrono::seconds(2);
+    while (steady_clock::now() < give_up && poll_set().size() > 1) {
+      if (!wait_for_events(100)) break;
+    }
+    for (worker& w : workers_) {
+      for (output_stream* stream : {&w.out, &w.err}) {
+        if (stream->fd >= 0) close_stream(*stream, w.prefix);
+      }
+    }
+  }
+
+  const supervision_options& options_;
+  std::vector<char*> argv_;
+  std::vector<worker> workers_;
+  signal_pipe signals_;
+  std::optional<int> exit_code_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  steady_clock::time_point deadline_{};
+};
+
+}  // namespace
+
+int supervise_workers(const supervision_options& options) {
+  supervisor s(options);
+  return s.run();
+}
+
+}  // namespace accel::cli
