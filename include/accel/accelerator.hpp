@@ -152,13 +152,13 @@ class accelerator {
   /// (Accelerate's `no_sync`); the first backward after it all-reduces everything accumulated.
   template <class Model>
   [[nodiscard]] auto no_sync(const Model& model) {
-    return gradient_sync_scope(model, false);
+    return gradient_sync_scope(model, false, /*this_backward=*/false);
   }
   /// Within the returned scope, backward through `model` all-reduces even inside `no_sync` or on an
   /// accumulation micro-step (Accelerate's `trigger_sync_in_backward`).
   template <class Model>
   [[nodiscard]] auto trigger_sync_in_backward(const Model& model) {
-    return gradient_sync_scope(model, true);
+    return gradient_sync_scope(model, true, /*this_backward=*/true);
   }
 
   /// The main process runs the scope first, the others once it is done (downloading or preprocessing once).
@@ -214,6 +214,11 @@ class accelerator {
   template <class Optimizer, class Accelerator>
     requires optimizer_like<Optimizer>
   friend class prepared_optimizer;
+  template <model_like Model, class Accelerator>
+  friend class prepared_model;
+
+  /// Called by `prepared_model` before each forward (data parallel: arm the gradient hooks, sync buffers).
+  void before_forward(const torch::nn::Module& module) { parallel_.before_forward(module); }
 
   /// Called by `prepared_optimizer::step()`: steps only when gradients are synchronised; the precision policy
   /// decides how (and whether) to step.
@@ -230,11 +235,12 @@ class accelerator {
   }
 
   template <class Model>
-  auto gradient_sync_scope(const Model& model, bool enabled) {
+  auto gradient_sync_scope(const Model& model, bool enabled, bool this_backward) {
     const auto& module = module_of(model);
     const bool previous = parallel_.gradient_sync(module);
-    parallel_.set_gradient_sync(module, enabled);
-    return detail::scope_exit([this, &module, previous] { parallel_.set_gradient_sync(module, previous); });
+    parallel_.set_gradient_sync(module, enabled, this_backward);
+    return detail::scope_exit(
+        [this, &module, previous, this_backward] { parallel_.set_gradient_sync(module, previous, this_backward); });
   }
 
   auto first_then_others(bool first) {
@@ -250,7 +256,8 @@ class accelerator {
     if constexpr (std::is_void_v<result>) {
       if (here) std::forward<Action>(action)();
     } else {
-      return here ? std::optional<result>(std::forward<Action>(action)()) : std::nullopt;
+      using value = std::remove_cvref_t<result>;
+      return here ? std::optional<value>(std::forward<Action>(action)()) : std::nullopt;
     }
   }
 

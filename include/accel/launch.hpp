@@ -37,76 +37,105 @@ struct process_environment {
 
 namespace detail {
 
-/// One variable, under the first of its launcher-specific names that is set.
+/// One variable as the environment has it.
 struct environment_variable {
   std::string_view name;
   std::string value;
 };
 
-template <std::size_t N>
-std::optional<environment_variable> first_set(const std::string_view (&names)[N]) {
-  for (auto name : names)
-    if (const char* value = std::getenv(std::string(name).c_str()); value != nullptr && *value != '\0')
-      return environment_variable{name, value};
-  return std::nullopt;
+inline std::optional<environment_variable> read_variable(std::string_view name) {
+  if (name.empty()) return std::nullopt;
+  const char* value = std::getenv(std::string(name).c_str());
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return environment_variable{name, value};
 }
 
-inline long parse_integer(const environment_variable& variable, long min, long max) {
+/// Parses the leading integer of a variable; `whole` requires nothing after it.
+inline long parse_integer(const environment_variable& variable, long min, long max, bool whole = true) {
   long value = 0;
   const auto& text = variable.value;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc{} || end != text.data() + text.size() || value < min || value > max)
+  if (error != std::errc{} || (whole && end != text.data() + text.size()) || value < min || value > max)
     throw launch_error("accel: environment variable " + std::string(variable.name) + "=\"" + text +
                        "\" is not an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
-                       "]; start the program with `accel launch` or torchrun, which set it");
+                       "]; it comes from the launcher (or your job script): fix it there");
   return value;
 }
 
-// Each launcher's names for the same variable, torchrun's first (Accelerate's PartialState reads the same).
-inline constexpr std::string_view rank_names[] = {
-    "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID"};
-inline constexpr std::string_view world_size_names[] = {
-    "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"};
-inline constexpr std::string_view local_rank_names[] = {
-    "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
-inline constexpr std::string_view local_world_size_names[] = {
-    "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE",
-    "SLURM_NTASKS_PER_NODE"};
+/// What one launcher calls the four numbers. A family is used whole, never mixed with another's variables.
+struct launcher_family {
+  std::string_view launcher;
+  std::string_view rank, world_size, local_rank, local_world_size;
+};
+
+// In Accelerate's order of preference; SLURM only inside an `srun` job step (a batch script alone has
+// SLURM_PROCID but is one process).
+inline constexpr launcher_family launcher_families[] = {
+    {"torchrun or accel launch", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"Open MPI's mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"MPICH's mpirun (PMI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+    {"MVAPICH's mpirun", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
+     "MV2_COMM_WORLD_LOCAL_SIZE"},
+    {"SLURM's srun", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"},
+};
+
+inline const launcher_family* detect_launcher() {
+  for (const auto& family : launcher_families) {
+    const bool slurm = family.rank == "SLURM_PROCID";
+    if (read_variable(family.rank) && (!slurm || read_variable(family.world_size))) return &family;
+    if (!slurm && read_variable(family.world_size)) return &family;
+  }
+  return nullptr;
+}
 
 }  // namespace detail
 
-/// Reads the process environment. Throws `accel::launch_error` naming the variable when it is inconsistent: a
-/// rank without a world size, RANK >= WORLD_SIZE, several machines without MASTER_ADDR, a malformed number.
-/// With no variable at all, the process is a world of one.
+/// Reads the process environment, from the variables of the first launcher found (torchrun / `accel launch`,
+/// Open MPI, MPICH, MVAPICH, SLURM's srun). Throws `accel::launch_error` naming the variable when they cannot
+/// work: a rank without a world size, RANK >= WORLD_SIZE, several machines without MASTER_ADDR, a malformed
+/// number. With no launcher at all, the process is a world of one.
 inline process_environment read_process_environment() {
   using namespace detail;
-  auto rank = first_set(rank_names);
-  auto world_size = first_set(world_size_names);
   process_environment env;
-  if (!rank && !world_size) return env;
+  const auto* family = detect_launcher();
+  if (family == nullptr) return env;
+  auto rank = read_variable(family->rank);
+  auto world_size = read_variable(family->world_size);
   if (!rank || !world_size)
-    throw launch_error(std::string("accel: ") + std::string(rank ? rank->name : world_size->name) +
-                       " is set but " + (rank ? "WORLD_SIZE" : "RANK") +
-                       " is not; a launcher sets both (accel launch --nproc_per_node N program, or torchrun)");
+    throw launch_error("accel: " + std::string(rank ? family->rank : family->world_size) + " is set but " +
+                       std::string(rank ? family->world_size : family->rank) + " is not; " +
+                       std::string(family->launcher) +
+                       " sets both. Start the program with its launcher (accel launch --nproc_per_node N program, "
+                       "or torchrun), or unset the variable to run one process");
   env.world_size = static_cast<int>(parse_integer(*world_size, 1, 1 << 20));
   env.rank = static_cast<int>(parse_integer(*rank, 0, 1 << 20));
   if (env.rank >= env.world_size)
-    throw launch_error("accel: " + std::string(rank->name) + "=" + rank->value + " must be smaller than " +
-                       std::string(world_size->name) + "=" + world_size->value +
-                       "; ranks run from 0 to WORLD_SIZE - 1");
-  auto local_world_size = first_set(local_world_size_names);
-  env.local_world_size = local_world_size ? static_cast<int>(parse_integer(*local_world_size, 1, env.world_size))
-                                          : env.world_size;
-  auto local_rank = first_set(local_rank_names);
-  env.local_rank = local_rank ? static_cast<int>(parse_integer(*local_rank, 0, env.local_world_size - 1))
-                              : env.rank % env.local_world_size;
-  if (auto port = first_set({"MASTER_PORT"})) env.master_port = static_cast<std::uint16_t>(parse_integer(*port, 1, 65535));
-  if (auto addr = first_set({"MASTER_ADDR"}))
+    throw launch_error("accel: " + std::string(family->rank) + "=" + rank->value + " must be smaller than " +
+                       std::string(family->world_size) + "=" + world_size->value +
+                       "; ranks run from 0 to the world size - 1");
+  // SLURM writes "2(x3)" for three machines of two tasks: the leading number is this machine's count when the
+  // layout is uniform (no comma).
+  auto local_world_size = read_variable(family->local_world_size);
+  const bool local_size_known = local_world_size && local_world_size->value.find(',') == std::string::npos;
+  auto local_rank = read_variable(family->local_rank);
+  if (local_size_known) {
+    env.local_world_size = static_cast<int>(parse_integer(*local_world_size, 1, env.world_size, /*whole=*/false));
+    env.local_rank = local_rank ? static_cast<int>(parse_integer(*local_rank, 0, env.local_world_size - 1))
+                                : env.rank % env.local_world_size;
+  } else {  // unknown: do not assume one machine (loopback would cut the others off)
+    env.local_world_size = 1;
+    env.local_rank = local_rank ? static_cast<int>(parse_integer(*local_rank, 0, env.world_size - 1)) : 0;
+  }
+  if (auto port = read_variable("MASTER_PORT")) env.master_port = static_cast<std::uint16_t>(parse_integer(*port, 1, 65535));
+  if (auto addr = read_variable("MASTER_ADDR"))
     env.master_addr = addr->value;
   else if (!env.single_node())
-    throw launch_error("accel: MASTER_ADDR is not set and the job spans several machines (LOCAL_WORLD_SIZE=" +
-                       std::to_string(env.local_world_size) + " < WORLD_SIZE=" + std::to_string(env.world_size) +
-                       "); set it to the address of the machine running rank 0 (accel launch --master_addr A)");
+    throw launch_error("accel: MASTER_ADDR is not set and the job may span several machines (" +
+                       (local_size_known ? std::string(family->local_world_size) + "=" + local_world_size->value +
+                                               " < " + std::string(family->world_size) + "=" + world_size->value
+                                         : std::string(family->local_world_size) + " is not set or not uniform") +
+                       "); set MASTER_ADDR to the address of the machine running rank 0 (accel launch --master_addr A)");
   return env;
 }
 

@@ -59,7 +59,8 @@ struct single_process {
   /// Nothing to broadcast or hook with one process.
   static constexpr void prepare_model(torch::nn::Module&) noexcept {}
   [[nodiscard]] static constexpr bool gradient_sync(const torch::nn::Module&) noexcept { return true; }
-  static constexpr void set_gradient_sync(const torch::nn::Module&, bool) noexcept {}
+  static constexpr void set_gradient_sync(const torch::nn::Module&, bool, bool = false) noexcept {}
+  static constexpr void before_forward(const torch::nn::Module&) noexcept {}
   [[nodiscard]] static local_communicator communicator() noexcept { return {}; }
 
  private:
@@ -134,8 +135,14 @@ struct data_parallel {
     auto* reducer = reducer_for(module);
     return reducer == nullptr || reducer->sync();
   }
-  void set_gradient_sync(const torch::nn::Module& module, bool enabled) {
-    if (auto* reducer = reducer_for(module)) reducer->set_sync(enabled);
+  /// With `this_backward`, also for the graph already built (`trigger_sync_in_backward`); otherwise from the
+  /// next forward on, as DDP.
+  void set_gradient_sync(const torch::nn::Module& module, bool enabled, bool this_backward = false) {
+    if (auto* reducer = reducer_for(module)) reducer->set_sync(enabled, this_backward);
+  }
+  /// Before each forward of a prepared model: arms the gradient hooks for its backward, syncs buffers.
+  void before_forward(const torch::nn::Module& module) {
+    if (auto* reducer = reducer_for(module)) reducer->prepare_for_forward();
   }
   /// The reducer of a prepared model (none with one process), for tools and benchmarks.
   [[nodiscard]] reducer_type* reducer_for(const torch::nn::Module& module) const {

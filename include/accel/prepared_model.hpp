@@ -45,8 +45,10 @@ class prepared_model : detail::prepared_tag {
   /// `model->forward(x)` reaches the module directly and so bypasses that scope: call `model(x)`.
   template <class... Args>
   decltype(auto) operator()(Args&&... args) const {
+    auto* module = detail::module_pointer(model_);
+    accelerator_->before_forward(*module);
     [[maybe_unused]] auto scope = accelerator_->autocast();
-    return detail::module_pointer(model_)->forward(std::forward<Args>(args)...);
+    return module->forward(std::forward<Args>(args)...);
   }
   /// The same as `operator()`, for code that spells the call out.
   template <class... Args>

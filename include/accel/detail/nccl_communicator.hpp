@@ -53,17 +53,21 @@ class nccl_communicator {
   /// (without blocking the CPU), as PyTorch's DDP does.
   class work {
    public:
-    work(cudaEvent_t done, cudaStream_t compute) : done_(done), compute_(compute) {}
-    work(work&& other) noexcept : done_(std::exchange(other.done_, nullptr)), compute_(other.compute_) {}
+    work(cudaEvent_t done, c10::DeviceIndex device) : done_(done), device_(device) {}
+    work(work&& other) noexcept : done_(std::exchange(other.done_, nullptr)), device_(other.device_) {}
     work& operator=(work&&) = delete;
     ~work() {
       if (done_ != nullptr) cudaEventDestroy(done_);
     }
-    void wait() { check_cuda(cudaStreamWaitEvent(compute_, done_, 0), "cudaStreamWaitEvent"); }
+    /// Orders the stream current now (where the result is read) after the all-reduce.
+    void wait() {
+      auto reader = compat::current_cuda_stream(device_);
+      check_cuda(cudaStreamWaitEvent(reader, done_, 0), "cudaStreamWaitEvent");
+    }
 
    private:
     cudaEvent_t done_;
-    cudaStream_t compute_;
+    c10::DeviceIndex device_;
   };
 
   nccl_communicator(const process_environment& env, std::chrono::milliseconds timeout)
@@ -76,6 +80,10 @@ class nccl_communicator {
       store->set("nccl_unique_id", std::vector<std::uint8_t>(id.internal, id.internal + sizeof(id.internal)));
     } else {
       auto bytes = store->get("nccl_unique_id");  // waits for rank 0, up to the timeout
+      if (bytes.size() != sizeof(id.internal))
+        throw collective_error("accel: the NCCL id in the rendezvous store has " + std::to_string(bytes.size()) +
+                               " bytes instead of " + std::to_string(sizeof(id.internal)) +
+                               ": another job shares MASTER_ADDR:MASTER_PORT");
       std::copy(bytes.begin(), bytes.end(), id.internal);
     }
     check_nccl(ncclCommInitRank(&comm_, env.world_size, id, env.rank), "ncclCommInitRank");
@@ -93,15 +101,18 @@ class nccl_communicator {
     if (!tensor.is_cuda()) {  // bookkeeping on the CPU: reduce a GPU copy, synchronously
       auto staged = tensor.to(device_);
       all_reduce(staged, op).wait();
+      finish("all_reduce");
       tensor.copy_(staged);
-      return work(record(current()), current());
+      return work(record(current()), device_.index());
     }
-    auto compute = current();
-    check_cuda(cudaStreamWaitEvent(stream_, record(compute), 0), "cudaStreamWaitEvent");
+    // The communication stream waits for what the current stream has queued (the gradients' computation).
+    cudaEvent_t queued = record(current());
+    check_cuda(cudaStreamWaitEvent(stream_, queued, 0), "cudaStreamWaitEvent");
+    cudaEventDestroy(queued);  // legal while pending: the wait above already holds it
     check_nccl(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<std::size_t>(tensor.numel()),
                              nccl_type(tensor), op == reduction::max ? ncclMax : ncclSum, comm_, stream_),
                "ncclAllReduce");
-    return work(record(stream_), compute);
+    return work(record(stream_), device_.index());
   }
 
   void broadcast(at::Tensor& tensor, int root) {
@@ -132,7 +143,11 @@ class nccl_communicator {
   }
 
  private:
-  [[nodiscard]] cudaStream_t current() const { return compat::current_cuda_stream(device_.index()); }
+  [[nodiscard]] cudaStream_t current() const {
+    if (comm_ == nullptr)
+      throw collective_error("accel: the NCCL communicator was aborted after a timeout; the job cannot go on");
+    return compat::current_cuda_stream(device_.index());
+  }
 
   static cudaEvent_t record(cudaStream_t stream) {
     cudaEvent_t event = nullptr;
@@ -148,9 +163,13 @@ class nccl_communicator {
     cudaEvent_t event = record(current());
     while (cudaEventQuery(event) == cudaErrorNotReady) {
       if (std::chrono::steady_clock::now() > deadline) {
+        cudaEventDestroy(event);
         ncclCommAbort(comm_);
+        comm_ = nullptr;
         throw collective_error(std::string("accel: NCCL ") + operation + " timed out on rank " +
-                               std::to_string(rank()) + " (a process stopped or diverged)");
+                               std::to_string(rank()) + " after " + std::to_string(timeout_.count()) +
+                               " ms (accel::options::timeout): a process stopped or diverged; the communicator is "
+                               "aborted");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

@@ -14,6 +14,7 @@
 #include <torch/csrc/utils/tensor_flatten.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <iostream>
@@ -21,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -35,20 +37,27 @@ namespace accel::detail {
 using tensor_kind = std::tuple<c10::ScalarType, c10::DeviceType, c10::DeviceIndex>;
 inline tensor_kind kind_of(const at::Tensor& t) { return {t.scalar_type(), t.device().type(), t.device().index()}; }
 
-/// Makes every process start from process 0's parameters and buffers: one broadcast per dtype.
+/// Gives every process process 0's values of `tensors`: one flat broadcast per dtype and device.
 template <communicator C>
-void broadcast_module_state(torch::nn::Module& module, C& comm) {
+void broadcast_tensors(const std::vector<at::Tensor>& tensors, C& comm) {
   if (comm.size() == 1) return;
   at::NoGradGuard no_grad;
   std::map<tensor_kind, std::vector<at::Tensor>> groups;
-  for (auto& tensor : module.parameters()) groups[kind_of(tensor)].push_back(tensor);
-  for (auto& tensor : module.buffers()) groups[kind_of(tensor)].push_back(tensor);
-  for (auto& [key, tensors] : groups) {
-    auto flat = torch::utils::flatten_dense_tensors(tensors);
+  for (const auto& tensor : tensors) groups[kind_of(tensor)].push_back(tensor);
+  for (auto& [kind, group] : groups) {
+    auto flat = torch::utils::flatten_dense_tensors(group);
     comm.broadcast(flat, 0);
-    auto pieces = torch::utils::unflatten_dense_tensors(flat, tensors);
-    for (std::size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(pieces[i]);
+    auto pieces = torch::utils::unflatten_dense_tensors(flat, group);
+    for (std::size_t i = 0; i < group.size(); ++i) group[i].copy_(pieces[i]);
   }
+}
+
+/// Makes every process start from process 0's parameters and buffers.
+template <communicator C>
+void broadcast_module_state(torch::nn::Module& module, C& comm) {
+  auto tensors = module.parameters();
+  for (auto& buffer : module.buffers()) tensors.push_back(buffer);
+  broadcast_tensors(tensors, comm);
 }
 
 /// Which parameters share a bucket: parameters in reverse registration order (the order backward usually
@@ -81,6 +90,10 @@ inline std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at
 
 /// The reducer of one prepared model. Registered on construction, unregistered on destruction; neither copied
 /// nor moved, because the hooks point at it.
+///
+/// As in PyTorch's DDP, whether a backward all-reduces is decided by the forward that built its graph
+/// (`prepare_for_forward`, called by the prepared model): `no_sync` around the forward is what skips the
+/// communication, and `trigger_sync_in_backward` re-arms a graph already built.
 template <communicator C>
 class gradient_reducer {
  public:
@@ -90,18 +103,35 @@ class gradient_reducer {
         names_.push_back(item.key());
         parameters_.push_back(item.value());
       }
+    for (const auto& buffer : module.buffers()) buffers_.push_back(buffer);
+    if (parameters_.empty()) return;
     build_buckets(assign_buckets(parameters_, limits));
     register_hooks();
   }
   gradient_reducer(const gradient_reducer&) = delete;
   gradient_reducer& operator=(const gradient_reducer&) = delete;
   ~gradient_reducer() {
+    abandon_backward();
     for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
   }
 
-  /// Whether the next backward all-reduces (false under `no_sync` and on accumulation micro-steps).
-  void set_sync(bool enabled) noexcept { sync_ = enabled; }
+  /// Whether backward through graphs built from now on all-reduces (false under `no_sync` and on accumulation
+  /// micro-steps). With `this_backward`, the graph already built follows too (`trigger_sync_in_backward`).
+  void set_sync(bool enabled, bool this_backward = false) noexcept {
+    sync_ = enabled;
+    if (this_backward) armed_ = enabled;
+  }
   [[nodiscard]] bool sync() const noexcept { return sync_; }
+
+  /// Called before each forward of the prepared model. With gradients enabled, arms (or disarms) the hooks for
+  /// the backward of this graph and, when synchronising, gives every process process 0's buffers (BatchNorm
+  /// statistics), as DDP's `broadcast_buffers`. Also recovers from a backward that threw half-way.
+  void prepare_for_forward() {
+    if (!at::GradMode::is_enabled()) return;
+    abandon_backward();
+    armed_ = sync_;
+    if (armed_ && !buffers_.empty()) broadcast_tensors(buffers_, comm_);
+  }
 
   /// The parameter indices (registration order) of each bucket, in launch order.
   [[nodiscard]] std::vector<std::vector<std::size_t>> bucket_layout() const {
@@ -111,18 +141,22 @@ class gradient_reducer {
   }
   /// All-reduces launched since construction: one per bucket per synchronised backward.
   [[nodiscard]] std::uint64_t all_reduce_count() const noexcept { return all_reduce_count_; }
+  /// All-reduces launched while backward was still computing gradients, i.e. overlapped with it.
+  [[nodiscard]] std::uint64_t overlapped_all_reduce_count() const noexcept { return overlapped_count_; }
 
  private:
   struct bucket {
-    at::Tensor flat;
+    at::Tensor flat;   // the members' gradients, then one "used on this process" flag per member
     at::Tensor scale;  // 1 / world size, 0-d, in the bucket's dtype
     std::vector<std::size_t> members;
+    std::int64_t flags_offset = 0;
     std::size_t pending = 0;
     std::optional<typename C::work> in_flight;
   };
   struct location {
     std::size_t bucket;
     std::int64_t offset;
+    std::size_t member;
   };
 
   /// Runs after a parameter's gradient has been accumulated into `.grad`.
@@ -144,14 +178,17 @@ class gradient_reducer {
     locations_.resize(parameters_.size());
     for (auto& members : layout) {
       std::int64_t numel = 0;
-      for (auto i : members) {
-        locations_[i] = {buckets_.size(), numel};
+      for (std::size_t k = 0; k < members.size(); ++k) {
+        const auto i = members[k];
+        locations_[i] = {buckets_.size(), numel, k};
         numel += parameters_[i].numel();
       }
       const auto& first = parameters_[members.front()];
-      buckets_.push_back({.flat = at::zeros({numel}, first.options()),
+      const auto flags = static_cast<std::int64_t>(members.size());
+      buckets_.push_back({.flat = at::zeros({numel + flags}, first.options()),
                           .scale = at::scalar_tensor(1.0 / comm_.size(), first.options()),
-                          .members = std::move(members)});
+                          .members = std::move(members),
+                          .flags_offset = numel});
     }
   }
 
@@ -164,7 +201,8 @@ class gradient_reducer {
   }
 
   void on_gradient_ready(std::size_t index) {
-    if (!sync_) return;
+    if (!armed_) return;
+    at::NoGradGuard no_grad;  // also under backward(create_graph=true): the bucket copy is not differentiated
     std::lock_guard lock(mutex_);
     if (!in_backward_) begin_backward();
     copy_into_bucket(index);
@@ -172,8 +210,10 @@ class gradient_reducer {
 
   void begin_backward() {
     in_backward_ = true;
+    graph_done_ = false;
     next_bucket_ = 0;
     ready_.assign(parameters_.size(), false);
+    used_.assign(parameters_.size(), false);
     for (auto& b : buckets_) b.pending = b.members.size();
     // Runs once this backward's graph is done, before backward() returns.
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
@@ -191,6 +231,11 @@ class gradient_reducer {
     const auto& grad = parameters_[index].grad();
     auto destination = slot(index);
     auto& b = buckets_[locations_[index].bucket];
+    used_[index] = grad.defined();
+    if (grad.defined() && grad.is_sparse())
+      throw std::invalid_argument("accel::data_parallel: parameter " + names_[index] +
+                                  " has a sparse gradient, which gradient buckets cannot hold; use a dense layer "
+                                  "(for example torch::nn::Embedding without sparse = true)");
     if (grad.defined())
       at::mul_out(destination, grad, b.scale);  // divides by the world size while copying, saving a pass
     else
@@ -202,32 +247,61 @@ class gradient_reducer {
   void launch_ready_buckets() {
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
       auto& b = buckets_[next_bucket_++];
+      std::vector<float> flags;
+      for (auto i : b.members) flags.push_back(used_[i] ? 1.0f : 0.0f);
+      b.flat.narrow(0, b.flags_offset, static_cast<std::int64_t>(flags.size()))
+          .copy_(at::tensor(flags, at::kFloat));
       b.in_flight.emplace(comm_.all_reduce(b.flat, reduction::sum));
       ++all_reduce_count_;
+      if (!graph_done_) ++overlapped_count_;
     }
   }
 
   void finish_backward() {
     std::lock_guard lock(mutex_);
-    in_backward_ = false;
+    graph_done_ = true;
     report_unused_parameters();
-    for (std::size_t i = 0; i < parameters_.size(); ++i) copy_into_bucket(i);  // unused ones count as zeros
+    for (std::size_t i = 0; i < parameters_.size(); ++i) copy_into_bucket(i);  // unused here: zeros
     for (auto& b : buckets_) {
-      b.in_flight->wait();
+      auto work = std::move(*b.in_flight);
       b.in_flight.reset();
+      work.wait();
     }
-    at::NoGradGuard no_grad;
+    in_backward_ = false;
+    const bool all_used_here = std::all_of(used_.begin(), used_.end(), [](bool u) { return u; });
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       auto& grad = parameters_[i].mutable_grad();
-      if (grad.defined())
+      if (used_[i])
         grad.copy_(slot(i));
-      else
+      else if (all_used_here || used_elsewhere(i))
         grad = slot(i).clone();
+      // else: no process produced a gradient; like DDP, leave it undefined so that optimizers skip it
     }
   }
 
-  /// Parameters without a gradient would stall their bucket forever in PyTorch's DDP (without
-  /// find_unused_parameters); here they are all-reduced as zeros, and said once.
+  bool used_elsewhere(std::size_t index) {
+    const auto& where = locations_[index];
+    const auto& b = buckets_[where.bucket];
+    return b.flat[b.flags_offset + static_cast<std::int64_t>(where.member)].template item<float>() > 0;
+  }
+
+  /// After a backward that threw (the engine then skips its final callbacks): wait for what was launched,
+  /// ignoring its outcome, and start clean.
+  void abandon_backward() noexcept {
+    std::lock_guard lock(mutex_);
+    for (auto& b : buckets_) {
+      if (!b.in_flight) continue;
+      try {
+        b.in_flight->wait();
+      } catch (...) {  // the error that interrupted the backward has been reported already
+      }
+      b.in_flight.reset();
+    }
+    in_backward_ = false;
+  }
+
+  /// A parameter without a gradient would stall its bucket forever in PyTorch's DDP (without
+  /// find_unused_parameters); here it counts as zero in the average, and is said once.
   void report_unused_parameters() {
     if (warned_unused_) return;
     std::string unused;
@@ -236,22 +310,27 @@ class gradient_reducer {
     if (unused.empty()) return;
     warned_unused_ = true;
     std::cerr << "accel: process " << comm_.rank() << ": parameters without a gradient in this backward: " << unused
-              << "; they are all-reduced as zero gradients (said once)\n";
+              << "; they count as zero in the average (said once)\n";
   }
 
   C& comm_;
   std::vector<std::string> names_;
   std::vector<at::Tensor> parameters_;
+  std::vector<at::Tensor> buffers_;
   std::vector<location> locations_;
   std::vector<bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   std::vector<bool> ready_;
+  std::vector<bool> used_;
   std::mutex mutex_;
   std::size_t next_bucket_ = 0;
   std::uint64_t all_reduce_count_ = 0;
+  std::uint64_t overlapped_count_ = 0;
   bool sync_ = true;
+  bool armed_ = true;
   bool in_backward_ = false;
+  bool graph_done_ = false;
   bool warned_unused_ = false;
 };
 

@@ -35,9 +35,12 @@ inline c10::intrusive_ptr<c10d::Store> rendezvous_store(const process_environmen
   store_options.timeout = timeout;
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   try {
-    // Under a prefix, so that accel's keys never meet a launcher's own in a shared store.
+    // Under a prefix, so that accel's keys never meet a launcher's own in a shared store, nor those of an earlier
+    // attempt after torchrun restarted the workers.
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
     return c10::make_intrusive<c10d::PrefixStore>(
-        "accel", c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options));
+        std::string("accel/attempt_") + (attempt != nullptr ? attempt : "0"),
+        c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options));
   } catch (const std::exception& e) {
     if (env.rank == 0)
       throw launch_error("accel: rank 0 cannot serve the rendezvous on MASTER_ADDR:MASTER_PORT=" + where + " (" +
