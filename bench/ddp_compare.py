@@ -12,7 +12,7 @@ import statistics
 import subprocess
 import sys
 
-WIDTHS = {64: (600, 50), 256: (300, 30), 1024: (60, 10)}  # width: (steps, warm-up steps)
+WIDTHS = {64: (800, 50), 256: (300, 30), 1024: (80, 10)}  # width: (steps, warm-up steps)
 ACCEL_STRATEGIES = ["accel", "per_parameter", "flat"]
 
 

@@ -247,6 +247,16 @@ def case_second_signal_kills():
     check_all_gone(pids)
 
 
+def case_launcher_killed():
+    # A launcher killed outright (SIGKILL: no chance to clean up) takes its workers with it.
+    code, _, _, pids = launch_and_signal(["--nproc_per_node", "2"], [signal.SIGKILL])
+    check(code == -signal.SIGKILL, f"expected the launcher to die of SIGKILL, got {code}")
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check_all_gone(pids)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Output
 

@@ -3,6 +3,9 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -321,6 +324,12 @@ class supervisor {
   // launcher's original signal handling, the pipes as stdout/stderr, the worker's variables, then the program.
   [[noreturn]] void exec_worker(const worker_spec& spec, int out_fd, int err_fd) {
     setpgid(0, 0);
+#ifdef __linux__
+    // A launcher killed outright (SIGKILL, OOM killer) cannot stop its workers: have the kernel do it, so none is
+    // left waiting in a collective for peers that are gone.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher_pid_) _exit(128 + SIGKILL);  // the launcher died before prctl took effect
+#endif
     signals_.reset_in_child();
     if (out_fd >= 0) {
       dup2(out_fd, STDOUT_FILENO);  // the originals are close-on-exec
@@ -492,6 +501,7 @@ class supervisor {
   std::vector<worker> workers_;
   signal_pipe signals_;
   std::optional<int> exit_code_;
+  pid_t launcher_pid_ = getpid();
   bool stopping_ = false;
   bool killed_ = false;
   steady_clock::time_point deadline_{};
