@@ -3,6 +3,7 @@
 #   scripts/bench.sh          all benchmarks
 #   scripts/bench.sh step     the single-process step overhead (bench/mlp_step.cpp) only
 #   scripts/bench.sh ddp      the 2-process data-parallel comparison with PyTorch DDP (bench/ddp_compare.py) only
+#   scripts/bench.sh accumulation   all-reduces and time per micro-batch with accumulate<4> on 2 processes only
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${ACCEL_BUILD_DIR:-$root/build-bench}
@@ -17,6 +18,9 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 if [[ $which == all || $which == step ]]; then
   "$build/bench/bench_mlp_step"
+fi
+if [[ $which == all || $which == accumulation ]]; then
+  "$build/tools/accel" launch --nproc_per_node 2 --master_port 0 "$build/bench/bench_accumulation"
 fi
 if [[ $which == all || $which == ddp ]]; then
   # Debian's python3-torch lives in the system Python, which may not be the first python3 on PATH.

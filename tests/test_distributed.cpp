@@ -431,3 +431,124 @@ TEST_CASE("a process that throws brings the job down", "[crash]") {
   if (acc.process_index() == 1) throw std::runtime_error("process 1 fails on purpose");
   for (int i = 0; i < 1000; ++i) torch::mse_loss(model(torch::randn({2, 2})), torch::randn({2, 1})).backward();
 }
+
+namespace {
+using accumulating_accelerator = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>, accel::accumulate_dynamic>;
+
+/// lr = base * f(n) after the n-th step, as PyTorch's LambdaLR.
+struct lambda_lr {
+  lambda_lr(torch::optim::Optimizer& optimizer, std::function<double(int)> factor)
+      : optimizer(optimizer), factor(std::move(factor)), base(lr()) {}
+  void step() {
+    ++steps;
+    for (auto& group : optimizer.param_groups()) group.options().set_lr(base * factor(steps));
+  }
+  double lr() const { return optimizer.param_groups()[0].options().get_lr(); }
+  torch::optim::Optimizer& optimizer;
+  std::function<double(int)> factor;
+  double base;
+  int steps = 0;
+};
+}  // namespace
+
+TEST_CASE("E3 E4 accumulation on P processes: sync pattern, no_sync on micro-steps, grads = baseline", "[accumulation]") {
+  const int N = GENERATE(2, 3);
+  const bool sync_each_batch = GENERATE(false, true);
+  accumulating_accelerator acc({.gradient_accumulation_steps = N, .sync_each_batch = sync_each_batch});
+  const int P = acc.num_processes(), r = acc.process_index();
+  const int batches_per_process = N == 2 ? 3 : 5;  // E3: GA=2, 3 batches; E4: GA=3, 5 batches
+  auto baseline = regression();
+  auto net = regression();
+  auto model = acc.prepare(net);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> globals, locals;
+  for (int i = 0; i < batches_per_process; ++i) {
+    globals.push_back(global_regression_batch(8 * P, 100 + i));
+    locals.emplace_back(shard(globals.back().first, r, P), shard(globals.back().second, r, P));
+  }
+  auto batches = acc.prepare(locals);
+  std::vector<bool> syncs;
+  std::vector<int> steps;
+  int i = 0;
+  for (auto&& [x, y] : batches) {
+    {
+      auto scope = acc.accumulate(model);
+      acc.backward(torch::mse_loss(model(x), y));
+    }
+    (torch::mse_loss(baseline(globals[i].first), globals[i].second) / N).backward();
+    syncs.push_back(acc.sync_gradients());
+    steps.push_back(acc.step());
+    INFO("N " << N << ", sync_each_batch " << sync_each_batch << ", iteration " << i);
+    // Synchronised micro-steps (and every one with sync_each_batch) hold the average; the others only this
+    // process's share.
+    CHECK(all_close(gradients(*net), gradients(*baseline)) == (acc.sync_gradients() || sync_each_batch));
+    if (acc.sync_gradients()) {
+      net->zero_grad();
+      baseline->zero_grad();
+    }
+    ++i;
+  }
+  if (N == 2) {
+    CHECK(syncs == std::vector<bool>{false, true, true});
+    CHECK(steps == std::vector<int>{1, 2, 0});
+  } else {
+    CHECK(syncs == std::vector<bool>{false, false, true, false, true});
+    CHECK(steps == std::vector<int>{1, 2, 3, 4, 0});
+  }
+}
+
+TEST_CASE("with N=4, one all-reduce per bucket per optimizer step", "[accumulation]") {
+  accumulating_accelerator acc(
+      {.buckets = {.first_bucket_mb = 0.00002, .bucket_cap_mb = 0.00005}, .gradient_accumulation_steps = 4});
+  auto net = mlp(8, 16, 4);
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  auto [model, opt] = acc.prepare(net, optimizer);
+  auto* reducer = acc.parallel().reducer_for(*net);
+  const auto buckets = reducer->bucket_layout().size();
+  REQUIRE(buckets >= 3);
+  int optimizer_steps = 0;
+  for (int i = 0; i < 12; ++i) {
+    auto scope = acc.accumulate(model);
+    acc.backward(torch::mse_loss(model(torch::randn({4, 8})), torch::randn({4, 4})));
+    opt.step();
+    opt.zero_grad();
+    optimizer_steps += acc.sync_gradients();
+  }
+  CHECK(optimizer_steps == 3);
+  CHECK(reducer->all_reduce_count() == 3 * buckets);
+}
+
+TEST_CASE("H1 the scheduler steps num_processes times per optimizer step, once with split_batches", "[accumulation]") {
+  const bool split = GENERATE(false, true);
+  accumulating_accelerator acc({.split_batches = split});
+  const int P = acc.num_processes();
+  auto net = torch::nn::Linear(1, 1);
+  torch::optim::SGD optimizer(net->parameters(), 1.0);
+  lambda_lr schedule(optimizer, [](int n) { return 1.0 - n / 10.0; });
+  auto [opt, sched] = acc.prepare(optimizer, schedule);
+  opt.step();
+  sched.step();
+  CHECK(schedule.lr() == Approx(split ? 0.9 : 1.0 - P / 10.0));
+}
+
+TEST_CASE("H3 linear schedule over 20 steps ends at 0 on 2 processes, whatever N", "[accumulation]") {
+  const int N = GENERATE(1, 2, 4);
+  accumulating_accelerator acc({.gradient_accumulation_steps = N});
+  REQUIRE(acc.num_processes() == 2);  // the schedule is written for 2 processes
+  auto net = torch::nn::Linear(1, 1);
+  torch::optim::SGD optimizer(net->parameters(), 10.0);
+  lambda_lr schedule(optimizer, [](int n) { return std::max(0.0, 1.0 - n / 20.0); });
+  auto [model, opt, sched] = acc.prepare(net, optimizer, schedule);
+  std::vector<double> lrs;
+  for (int i = 0; i < 10 * N; ++i) {
+    auto scope = acc.accumulate(model);
+    acc.backward(model(torch::ones({1, 1})).sum());
+    opt.step();
+    sched.step();
+    opt.zero_grad();
+    lrs.push_back(schedule.lr());
+  }
+  CHECK(lrs.back() == Approx(0.0));
+  CHECK(lrs[lrs.size() - 1 - N] > 0.0);
+  if (N == 2)  // Accelerate's run: 10, 9, 9, 8, 8, ..., 1, 1, 0
+    for (int i = 0; i < 20; ++i) CHECK(lrs[i] == Approx(10.0 - (i + 1) / 2));
+}

@@ -112,8 +112,9 @@ TEST_CASE("an accelerator is neither copied nor moved, since prepared objects re
 TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accelerator][zero-cost]") {
   STATIC_REQUIRE(std::is_empty_v<accel::fp32>);
   STATIC_REQUIRE(std::is_empty_v<accel::no_accumulation>);
-  // Beyond the parallel policy: the device_placement flag and the check_trigger flag.
-  STATIC_REQUIRE(sizeof(accel::accelerator<>) == sizeof(accel::single_process) + 2 * sizeof(bool));
+  // Beyond the parallel policy: the run-time switches, the check_trigger flag and the end_of_dataloader flag.
+  STATIC_REQUIRE(sizeof(accel::accelerator<>) ==
+                 sizeof(accel::single_process) + sizeof(accel::detail::run_flags) + 2 * sizeof(bool));
 }
 
 TEST_CASE("fp32's forward scope is an empty object", "[precision][zero-cost]") {

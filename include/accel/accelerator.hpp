@@ -8,6 +8,7 @@
 #include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <iostream>
@@ -32,6 +33,15 @@
 
 namespace accel {
 namespace detail {
+/// The run-time switches an accelerator reads from its options.
+struct run_flags {
+  bool device_placement;
+  bool sync_with_dataloader;
+  bool sync_each_batch;
+  bool split_batches;
+  bool step_scheduler_with_optimizer;
+};
+
 template <class T>
 inline constexpr bool is_prepared_model = false;
 template <class M, class A>
@@ -52,7 +62,14 @@ class accelerator {
 
   accelerator() : accelerator(options{}) {}
   explicit accelerator(const options& opts)
-      : parallel_(opts), precision_(opts), accumulation_(opts), device_placement_(opts.device_placement) {}
+      : parallel_(opts),
+        precision_(opts),
+        accumulation_(opts),
+        flags_{.device_placement = opts.device_placement,
+               .sync_with_dataloader = opts.sync_with_dataloader,
+               .sync_each_batch = opts.sync_each_batch,
+               .split_batches = opts.split_batches,
+               .step_scheduler_with_optimizer = opts.step_scheduler_with_optimizer} {}
 
   accelerator(const accelerator&) = delete;
   accelerator& operator=(const accelerator&) = delete;
@@ -77,8 +94,39 @@ class accelerator {
   /// prepared model. Keep the returned object alive for as long as the scope should last.
   [[nodiscard]] auto autocast() const { return precision_.forward_scope(device()); }
 
+  /// Starts a micro-step of gradient accumulation for the scope it returns (Accelerate's `accumulate`): counts
+  /// it, decides whether it synchronises (every N-th, and the last batch of a prepared range), and when it does not,
+  /// runs the whole scope, forward and backward, without gradient communication for `models` (no_sync). Keep the
+  /// returned object alive for the forward and backward: `auto scope = acc.accumulate(model);`. With
+  /// `no_accumulation` it is an empty object and generates no code.
+  template <class... Models>
+  [[nodiscard]] auto accumulate(const Models&... models) {
+    if constexpr (detail::always_syncs<Accumulation>) {
+      return detail::no_scope{};
+    } else {
+      accumulation_.begin_micro_step(flags_.sync_with_dataloader && end_of_dataloader_);
+      const bool communicate = sync_gradients() || flags_.sync_each_batch;
+      std::array<std::pair<const torch::nn::Module*, bool>, sizeof...(Models)> previous{
+          std::pair<const torch::nn::Module*, bool>{&module_of(models), parallel_.gradient_sync(module_of(models))}...};
+      for (auto& [module, was] : previous) parallel_.set_gradient_sync(*module, was && communicate);
+      return detail::scope_exit([this, previous] {
+        for (auto& [module, was] : previous) parallel_.set_gradient_sync(*module, was);
+      });
+    }
+  }
+
   /// True on micro-steps where gradients are synchronised and the optimizer steps.
   [[nodiscard]] bool sync_gradients() const noexcept { return accumulation_.sync_gradients(); }
+  /// The micro-step count of gradient accumulation (Accelerate's `accelerator.step`): 1, 2, ... within a pass,
+  /// 0 after the last batch of a prepared range. Always 0 with `no_accumulation`.
+  [[nodiscard]] int step() const noexcept { return accumulation_.step(); }
+  /// Micro-batches per optimizer step.
+  [[nodiscard]] int gradient_accumulation_steps() const noexcept { return accumulation_.steps(); }
+  /// True while a prepared range yields its last batch (Accelerate's `gradient_state.end_of_dataloader`).
+  [[nodiscard]] bool end_of_dataloader() const noexcept { return end_of_dataloader_; }
+  /// `options::split_batches` and `options::step_scheduler_with_optimizer`, as the prepared scheduler reads them.
+  [[nodiscard]] bool split_batches() const noexcept { return flags_.split_batches; }
+  [[nodiscard]] bool step_scheduler_with_optimizer() const noexcept { return flags_.step_scheduler_with_optimizer; }
   /// True when the last optimizer step was skipped (fp16 found non-finite gradients).
   [[nodiscard]] bool optimizer_step_was_skipped() const noexcept { return precision_.step_was_skipped(); }
 
@@ -96,7 +144,7 @@ class accelerator {
   [[nodiscard]] const Accumulation& accumulation() const noexcept { return accumulation_; }
 
   /// Whether `prepare()` places models and batches on `device()` (`options::device_placement`).
-  [[nodiscard]] bool device_placement() const noexcept { return device_placement_; }
+  [[nodiscard]] bool device_placement() const noexcept { return flags_.device_placement; }
 
   /// Prints its arguments separated by spaces, then a newline, on the local main process only (as Python's
   /// `print` does in Accelerate's `accelerator.print`). The line is written in one piece.
@@ -216,6 +264,12 @@ class accelerator {
   friend class prepared_optimizer;
   template <model_like Model, class Accelerator>
   friend class prepared_model;
+  template <class Range, class Accelerator>
+    requires batch_range<Range>
+  friend class prepared_range;
+
+  /// Called by `prepared_range` before it yields each batch: true for the last one of a pass.
+  void set_end_of_dataloader(bool last) noexcept { end_of_dataloader_ = last; }
 
   /// Called by `prepared_model` before each forward (data parallel: arm the gradient hooks, sync buffers).
   void before_forward(const torch::nn::Module& module) { parallel_.before_forward(module); }
@@ -285,7 +339,7 @@ class accelerator {
 
   template <class Model>
   prepared_model<Model, accelerator> prepare_model(Model model) {
-    if (device_placement_) model->to(device());  // in place: the parameters keep their identity
+    if (flags_.device_placement) model->to(device());  // in place: the parameters keep their identity
     parallel_.prepare_model(*model);
     return {std::move(model), *this};
   }
@@ -293,8 +347,9 @@ class accelerator {
   [[no_unique_address]] Parallel parallel_;
   [[no_unique_address]] Precision precision_;
   [[no_unique_address]] Accumulation accumulation_;
-  bool device_placement_;
+  detail::run_flags flags_;
   bool trigger_ = false;
+  bool end_of_dataloader_ = false;
 };
 
 }  // namespace accel

@@ -3,51 +3,138 @@
 ///
 /// Available policies / when to use:
 /// - `accel::no_accumulation` (= `accel::accumulate<1>`): every batch steps. Costs nothing: no counter, no branch.
-/// - `accel::accumulate<N>`: N micro-batches per step, known at compile time (issue #4).
-/// - `accel::accumulate_dynamic`: N read at run time (issue #4).
+/// - `accel::accumulate<N>`: N micro-batches per step, known at compile time.
+/// - `accel::accumulate_dynamic`: N read at run time, from `options::gradient_accumulation_steps` or the
+///   environment variable `ACCELERATE_GRADIENT_ACCUMULATION_STEPS` (which wins, as in Accelerate).
+///
+/// Counting follows Accelerate's GradientState: entering `acc.accumulate(model)` starts a micro-step; it
+/// synchronises when the count reaches a multiple of N, and on the last batch of a prepared range, where the count
+/// restarts (windows never span passes). The loss is divided by N in `acc.backward`, also in a short last window.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include "concepts.hpp"
 #include "detail/diagnostics.hpp"
 #include "options.hpp"
 
 namespace accel {
+namespace detail {
 
-/// `N` micro-batches per optimizer step. `accumulate<1>` is `no_accumulation`: every hook is a constant.
+/// Accelerate's micro-step count (`GradientState` and `Accelerator._do_sync`), for a run-time N.
+class micro_step_counter {
+ public:
+  void begin_micro_step(int steps, bool end_of_dataloader) noexcept {
+    if (end_of_dataloader) {
+      step_ = 0;  // the window closes with the pass, and the next pass starts a new one
+      sync_ = true;
+    } else {
+      ++step_;
+      sync_ = step_ % steps == 0;
+    }
+  }
+  [[nodiscard]] int step() const noexcept { return step_; }
+  [[nodiscard]] bool sync_gradients() const noexcept { return sync_; }
+
+ private:
+  int step_ = 0;
+  bool sync_ = true;  // before any micro-step, as Accelerate: an optimizer stepped outside accumulate() steps
+};
+
+/// `options::gradient_accumulation_steps`, overridden by ACCELERATE_GRADIENT_ACCUMULATION_STEPS.
+inline int accumulation_steps_from(const options& opts) {
+  if (const char* text = std::getenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const long steps = std::strtol(text, &end, 10);
+    if (*end != '\0' || steps < 1 || steps > 1'000'000)
+      throw std::invalid_argument(std::string("accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=\"") + text +
+                                  "\" is not a whole number of micro-batches per step (at least 1)");
+    return static_cast<int>(steps);
+  }
+  const int steps = opts.gradient_accumulation_steps.value_or(1);
+  if (steps < 1)
+    throw std::invalid_argument("accel: options::gradient_accumulation_steps = " + std::to_string(steps) +
+                                " must be at least 1 (micro-batches per optimizer step)");
+  return steps;
+}
+
+/// A compile-time N and the options must agree.
+inline void check_fixed_steps(const options& opts, int steps) {
+  if (opts.gradient_accumulation_steps && *opts.gradient_accumulation_steps != steps)
+    throw std::invalid_argument("accel: options::gradient_accumulation_steps = " +
+                                std::to_string(*opts.gradient_accumulation_steps) + " contradicts accel::accumulate<" +
+                                std::to_string(steps) +
+                                ">; drop the option, or use accel::accumulate_dynamic to choose N at run time");
+}
+
+}  // namespace detail
+
+/// `N` micro-batches per optimizer step, known at compile time.
 template <int N>
 struct accumulate {
   static_assert(N >= 1, "accel::accumulate<N>: N counts micro-batches per optimizer step and must be at least 1");
   using policy_category = accumulation_tag;
 
-  constexpr explicit accumulate(const options&) noexcept {
-    static_assert(N == 1,
-                  "accel::accumulate<N> for N > 1 lands with issue #4 (gradient accumulation); use "
-                  "accel::no_accumulation until then");
-  }
+  explicit accumulate(const options& opts) { detail::check_fixed_steps(opts, N); }
 
   [[nodiscard]] static constexpr int steps() noexcept { return N; }
-  /// With one micro-batch per step, every step synchronises.
+  void begin_micro_step(bool end_of_dataloader) noexcept { counter_.begin_micro_step(N, end_of_dataloader); }
+  [[nodiscard]] int step() const noexcept { return counter_.step(); }
+  [[nodiscard]] bool sync_gradients() const noexcept { return counter_.sync_gradients(); }
+  /// The loss divided by N, so that N accumulated micro-batches give the gradient of their mean.
+  [[nodiscard]] static at::Tensor scale_loss(const at::Tensor& loss) { return loss.div(N); }
+
+ private:
+  detail::micro_step_counter counter_;
+};
+
+/// One micro-batch per step: every hook is a constant, there is no state.
+template <>
+struct accumulate<1> {
+  using policy_category = accumulation_tag;
+
+  explicit accumulate(const options& opts) { detail::check_fixed_steps(opts, 1); }
+
+  [[nodiscard]] static constexpr int steps() noexcept { return 1; }
+  static constexpr void begin_micro_step(bool) noexcept {}
+  /// Accelerate counts micro-steps even without accumulation; nothing here needs the count, so it stays 0.
+  [[nodiscard]] static constexpr int step() noexcept { return 0; }
   [[nodiscard]] static constexpr bool sync_gradients() noexcept { return true; }
-  /// With one micro-batch per step, the loss is used as it is (no division, no copy).
+  /// The loss as it is (no division, no copy).
   [[nodiscard]] static constexpr const at::Tensor& scale_loss(const at::Tensor& loss) noexcept { return loss; }
 };
 
-/// N micro-batches per step, N chosen at run time. Declared here so configurations name it; it lands with
-/// issue #4.
+/// N micro-batches per step, N chosen at run time: `options::gradient_accumulation_steps`, or the environment
+/// variable ACCELERATE_GRADIENT_ACCUMULATION_STEPS, which wins (as in Accelerate).
 struct accumulate_dynamic {
   using policy_category = accumulation_tag;
 
-  template <class Options>
-  explicit accumulate_dynamic(const Options&) {
-    static_assert(detail::always_false<Options>,
-                  "accel::accumulate_dynamic lands with issue #4 (gradient accumulation); use accel::no_accumulation "
-                  "until then");
-  }
-  int steps() const;
-  bool sync_gradients() const;
-  at::Tensor scale_loss(const at::Tensor& loss) const;
+  explicit accumulate_dynamic(const options& opts) : steps_(detail::accumulation_steps_from(opts)) {}
+
+  [[nodiscard]] int steps() const noexcept { return steps_; }
+  void begin_micro_step(bool end_of_dataloader) noexcept { counter_.begin_micro_step(steps_, end_of_dataloader); }
+  [[nodiscard]] int step() const noexcept { return counter_.step(); }
+  [[nodiscard]] bool sync_gradients() const noexcept { return counter_.sync_gradients(); }
+  [[nodiscard]] at::Tensor scale_loss(const at::Tensor& loss) const { return steps_ == 1 ? loss : loss.div(steps_); }
+
+ private:
+  int steps_;
+  detail::micro_step_counter counter_;
 };
+
+namespace detail {
+/// True for a policy whose every micro-step synchronises, known at compile time (`accumulate<1>`): the
+/// accelerator then generates no accumulation code at all.
+template <class A>
+concept always_syncs = requires {
+  requires std::integral_constant<int, A::steps()>::value == 1;
+  requires std::integral_constant<bool, A::sync_gradients()>::value;
+};
+}  // namespace detail
 
 }  // namespace accel

@@ -75,8 +75,10 @@ concept parallel_hooks = std::constructible_from<Q, const options&> && requires(
 
 /// What the accelerator calls on its accumulation policy.
 template <class A>
-concept accumulation_hooks = std::constructible_from<A, const options&> && requires(const A& ca, const at::Tensor& loss) {
+concept accumulation_hooks = std::constructible_from<A, const options&> && requires(A& a, const A& ca, const at::Tensor& loss) {
   { ca.steps() } -> std::convertible_to<int>;
+  a.begin_micro_step(true);      // entering acc.accumulate(model); true on a prepared range's last batch
+  { ca.step() } -> std::convertible_to<int>;
   { ca.sync_gradients() } -> std::convertible_to<bool>;
   ca.scale_loss(loss);
 };
@@ -105,7 +107,7 @@ concept accumulation_policy =
     (detail::has_category<A, accumulation_tag> ||
      detail::unsatisfied<"accel::accelerator's 3rd argument must be an accumulation policy: accel::no_accumulation, accel::accumulate<N> or accel::accumulate_dynamic", A>()) &&
     (detail::accumulation_hooks<A> ||
-     detail::unsatisfied<"this accumulation policy lacks a constructor from accel::options, steps(), sync_gradients() or scale_loss(loss): see accel/concepts.hpp", A>());
+     detail::unsatisfied<"this accumulation policy lacks a constructor from accel::options, steps(), begin_micro_step(bool), step(), sync_gradients() or scale_loss(loss): see accel/concepts.hpp", A>());
 
 /// A communication backend for `accel::data_parallel`: `accel::gloo` or `accel::nccl`.
 template <class B>

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 
 #include "fwd.hpp"
 
@@ -30,6 +31,23 @@ struct options {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   /// Gradient bucketing of `data_parallel` (Accelerate's `DistributedDataParallelKwargs`).
   bucket_options buckets = {};
+
+  // Gradient accumulation (Accelerate's GradientAccumulationPlugin and DataLoaderConfiguration).
+
+  /// Micro-batches per optimizer step for `accel::accumulate_dynamic` (the environment variable
+  /// ACCELERATE_GRADIENT_ACCUMULATION_STEPS wins). With `accumulate<N>` it may only repeat N.
+  std::optional<int> gradient_accumulation_steps = std::nullopt;
+  /// Force a synchronised step on the last batch of a prepared range, so windows never span passes.
+  bool sync_with_dataloader = true;
+  /// All-reduce gradients on every micro-batch (the optimizer still steps every N): less memory under some
+  /// sharding schemes, more communication.
+  bool sync_each_batch = false;
+  /// Each batch of a prepared range is split between the processes instead of each process taking whole
+  /// batches; a prepared LR scheduler then steps once per optimizer step instead of `num_processes()` times.
+  bool split_batches = false;
+  /// A prepared LR scheduler steps with the optimizer (only when it really stepped, `num_processes()` times
+  /// unless `split_batches`); false: every `step()` call steps it once, as written.
+  bool step_scheduler_with_optimizer = true;
 };
 
 }  // namespace accel

@@ -12,13 +12,10 @@
 
 #include "concepts.hpp"
 #include "detail/diagnostics.hpp"
+#include "detail/scope.hpp"
 #include "options.hpp"
 
 namespace accel {
-namespace detail {
-/// The forward scope of a policy that needs none: an empty object the optimiser removes.
-struct no_scope {};
-}  // namespace detail
 
 /// Full precision: every hook is the plain LibTorch call.
 struct fp32 {

@@ -1,6 +1,7 @@
 /// \file
 /// `prepared_range`: what `accelerator::prepare` returns for a range of batches. Iterating it yields the user's
-/// batches moved to the accelerator's device, one batch in flight, without copying the underlying range.
+/// batches moved to the accelerator's device, without copying the underlying range: the current batch and the
+/// next one (read ahead so that the last batch is marked as such before it is yielded) are in memory.
 ///
 /// Any range with `begin()`/`end()` works, including LibTorch's data loaders, whose iterators are not C++20
 /// iterators (`operator*` is non-const, there is no `it++`): the prepared range only uses `++it`, `*it` and
@@ -72,43 +73,55 @@ class prepared_range : detail::prepared_tag {
     using difference_type = std::ptrdiff_t;
     using iterator_concept = std::input_iterator_tag;
 
-    iterator(base_iterator base, base_sentinel end, std::optional<c10::Device> device)
-        : base_(std::move(base)), end_(std::move(end)), device_(device) {
-      load();
+    iterator(base_iterator base, base_sentinel end, const prepared_range& range)
+        : base_(std::move(base)), end_(std::move(end)), range_(&range) {
+      prefetch();
+      advance();
     }
 
     /// The current batch, already on the device.
     batch_type& operator*() const noexcept { return *batch_; }
     iterator& operator++() {
-      ++base_;
-      load();
+      advance();
       return *this;
     }
     void operator++(int) { ++*this; }
     friend bool operator==(const iterator& it, std::default_sentinel_t) noexcept { return !it.batch_.has_value(); }
 
    private:
-    void load() {
-      if (base_ != end_)
-        batch_.emplace(device_ ? send_to_device(*base_, *device_) : batch_type(*base_));
-      else
-        batch_.reset();
+    /// Reads one batch ahead, so that the last batch is known as such before it is yielded (Accelerate marks
+    /// `end_of_dataloader` then, for accumulation to synchronise and gather_for_metrics to drop padding).
+    void prefetch() {
+      if (base_ != end_) {
+        next_.emplace(range_->place(*base_));
+        ++base_;
+      } else {
+        next_.reset();
+      }
+    }
+    void advance() {
+      batch_ = std::move(next_);
+      next_.reset();
+      if (batch_) prefetch();
+      range_->accelerator_->set_end_of_dataloader(batch_.has_value() && !next_.has_value());
     }
 
     base_iterator base_;
     base_sentinel end_;
-    std::optional<c10::Device> device_;  // empty when device placement is off
+    const prepared_range* range_;
     mutable std::optional<batch_type> batch_;
+    std::optional<batch_type> next_;
   };
 
   prepared_range(Range&& range, Accelerator& accelerator)
       : range_(std::forward<Range>(range)),
+        accelerator_(&accelerator),
         device_(accelerator.device_placement() ? std::optional<c10::Device>(accelerator.device()) : std::nullopt) {}
 
   /// Starts a pass over the underlying range (a LibTorch loader starts a new epoch here).
   [[nodiscard]] iterator begin() const {
     auto& range = range_.get();
-    return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), device_);
+    return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), *this);
   }
   [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
 
@@ -123,8 +136,14 @@ class prepared_range : detail::prepared_tag {
   [[nodiscard]] base_range& unwrap() const noexcept { return range_.get(); }
 
  private:
+  template <class Batch>
+  batch_type place(Batch&& batch) const {
+    return device_ ? send_to_device(std::forward<Batch>(batch), *device_) : batch_type(std::forward<Batch>(batch));
+  }
+
   mutable detail::stored<Range> range_;
-  std::optional<c10::Device> device_;
+  Accelerator* accelerator_;
+  std::optional<c10::Device> device_;  // empty when device placement is off
 };
 
 }  // namespace accel

@@ -1,8 +1,8 @@
 /// \file
 /// `prepared_scheduler`: what `accelerator::prepare` returns for a learning-rate scheduler. It follows
 /// Accelerate's `AcceleratedScheduler`: it steps only when the optimizer really stepped (not on accumulation
-/// micro-steps, not on an fp16-skipped step), and `num_processes()` times per optimizer step, so that a schedule
-/// written for one process ends at the same place on P processes.
+/// micro-steps, not on an fp16-skipped step), and `num_processes()` times per optimizer step (once with
+/// `split_batches`), so that a schedule written for one process ends at the same place on P processes.
 #pragma once
 
 #include <type_traits>
@@ -33,11 +33,19 @@ class prepared_scheduler : public detail::prepared_handle<Scheduler, Accelerator
       : base(std::forward<Scheduler>(scheduler), accelerator) {}
 
   /// `step()` or `step(metric)`, forwarded to the user's scheduler when the optimizer stepped.
+  /// With `options::step_scheduler_with_optimizer` off, every call steps once.
   template <class... Args>
   void step(const Args&... args) {
-    auto& accelerator = *this->accelerator_;
+    const auto& accelerator = *this->accelerator_;
+    if (!accelerator.step_scheduler_with_optimizer()) {
+      this->unwrap().step(args...);
+      return;
+    }
     if (!accelerator.sync_gradients() || accelerator.optimizer_step_was_skipped()) return;
-    for (int i = 0; i < accelerator.num_processes(); ++i) this->unwrap().step(args...);
+    // A schedule written for one process of batch B ends at the same place on P processes of batch B each,
+    // which see P times fewer steps; with split batches each step is the same global batch.
+    const int times = accelerator.split_batches() ? 1 : accelerator.num_processes();
+    for (int i = 0; i < times; ++i) this->unwrap().step(args...);
   }
 };
 

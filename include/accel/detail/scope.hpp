@@ -8,6 +8,10 @@
 
 namespace accel::detail {
 
+/// A scope with nothing to do (fp32's forward, `accumulate` without accumulation): an empty object the optimiser
+/// removes.
+struct no_scope {};
+
 /// Runs `action` when the scope ends, however it ends (restoring a flag).
 template <class Action>
 class [[nodiscard]] scope_exit {
