@@ -4,6 +4,7 @@
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -67,6 +68,31 @@ inline std::vector<const void*> parameter_identities(torch::nn::Module& m) {
   std::vector<const void*> ids;
   for (const auto& p : m.parameters()) ids.push_back(p.unsafeGetTensorImpl());
   return ids;
+}
+
+/// Sets lr = base * f(n) after its n-th step, as PyTorch's LambdaLR (LibTorch has none).
+class lambda_lr {
+ public:
+  lambda_lr(torch::optim::Optimizer& optimizer, std::function<double(int)> factor)
+      : optimizer_(optimizer), factor_(std::move(factor)), base_(lr()) {}
+  void step() {
+    ++steps_;
+    for (auto& group : optimizer_.param_groups()) group.options().set_lr(base_ * factor_(steps_));
+  }
+  [[nodiscard]] double lr() const { return optimizer_.param_groups()[0].options().get_lr(); }
+  [[nodiscard]] int steps() const { return steps_; }
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+  std::function<double(int)> factor_;
+  double base_;
+  int steps_ = 0;
+};
+
+/// Copies `from`'s parameters into `to`.
+inline void copy_parameters(torch::nn::Module& to, torch::nn::Module& from) {
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < to.parameters().size(); ++i) to.parameters()[i].copy_(from.parameters()[i]);
 }
 
 }  // namespace accel_test

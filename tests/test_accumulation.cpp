@@ -3,7 +3,6 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
-#include <functional>
 #include <vector>
 
 #include "support.hpp"
@@ -11,31 +10,6 @@
 namespace {
 
 using namespace accel_test;
-
-/// Sets lr = base * f(n) after its n-th step, as PyTorch's LambdaLR (LibTorch has none).
-class lambda_lr {
- public:
-  lambda_lr(torch::optim::Optimizer& optimizer, std::function<double(int)> factor)
-      : optimizer_(optimizer), factor_(std::move(factor)), base_(lr()) {}
-  void step() {
-    ++steps_;
-    for (auto& group : optimizer_.param_groups()) group.options().set_lr(base_ * factor_(steps_));
-  }
-  [[nodiscard]] double lr() const { return optimizer_.param_groups()[0].options().get_lr(); }
-  [[nodiscard]] int steps() const { return steps_; }
-
- private:
-  torch::optim::Optimizer& optimizer_;
-  std::function<double(int)> factor_;
-  double base_;
-  int steps_ = 0;
-};
-
-/// Copies `from`'s parameters into `to`.
-void copy_parameters(torch::nn::Module& to, torch::nn::Module& from) {
-  torch::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < to.parameters().size(); ++i) to.parameters()[i].copy_(from.parameters()[i]);
-}
 
 bool all_close(torch::nn::Module& a, torch::nn::Module& b, double tolerance) {
   for (std::size_t i = 0; i < a.parameters().size(); ++i)

@@ -60,6 +60,17 @@ bool all_close(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
   return true;
 }
 
+/// Accelerate's test_sync.py setting: the regression model prepared on P processes, and a plain copy (the
+/// baseline) that sees the whole global batch.
+struct sync_fixture {
+  gloo_accelerator acc;
+  const int P = acc.num_processes();
+  const int r = acc.process_index();
+  regression baseline;
+  regression net;
+  accel::prepared_model<regression, gloo_accelerator> model{acc.prepare(net)};
+};
+
 }  // namespace
 
 TEST_CASE("F1 gather and broadcast", "[collectives]") {
@@ -224,10 +235,7 @@ TEST_CASE("G2 P processes with batch B equal one process with batch P*B", "[ddp]
   auto baseline = mlp(3, 16, 2);
   torch::manual_seed(1000 + r);  // different on every process: prepare must broadcast process 0's
   auto net = mlp(3, 16, 2);
-  if (r == 0) {
-    torch::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < net->parameters().size(); ++i) net->parameters()[i].copy_(baseline->parameters()[i]);
-  }
+  if (r == 0) copy_parameters(*net, *baseline);
   torch::optim::SGD opt(net->parameters(), 0.1);
   torch::optim::SGD baseline_opt(baseline->parameters(), 0.1);
   auto [model, optimizer] = acc.prepare(net, opt);
@@ -266,12 +274,7 @@ TEST_CASE("one all-reduce per bucket per backward, overlapped with backward", "[
   CHECK(reducer->all_reduce_count() == layout.size());
 }
 
-TEST_CASE("whether a backward syncs is decided by its forward, as in DDP", "[ddp]") {
-  gloo_accelerator acc;
-  const int P = acc.num_processes(), r = acc.process_index();
-  auto baseline = regression();
-  auto net = regression();
-  auto model = acc.prepare(net);
+TEST_CASE_METHOD(sync_fixture, "whether a backward syncs is decided by its forward, as in DDP", "[ddp]") {
   auto [x, y] = global_regression_batch(16 * P, 7);
   SECTION("no_sync around the forward only: not synchronised") {
     torch::Tensor loss;
@@ -300,10 +303,7 @@ TEST_CASE("a backward that throws half-way leaves the next step correct", "[ddp]
   torch::manual_seed(3);
   auto baseline = mlp(3, 16, 2);
   auto net = mlp(3, 16, 2);
-  {
-    torch::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < net->parameters().size(); ++i) net->parameters()[i].copy_(baseline->parameters()[i]);
-  }
+  copy_parameters(*net, *baseline);
   auto model = acc.prepare(net);
   auto data = regression_batches(1, 4 * P, 3, 2, 11);
   auto& [x, y] = data[0];
@@ -335,24 +335,14 @@ TEST_CASE("a parameter no process uses keeps no gradient, as in DDP", "[ddp]") {
   CHECK_FALSE(net->spare->weight.grad().defined());  // so that momentum and weight decay leave it alone
 }
 
-TEST_CASE("backward with create_graph synchronises too", "[ddp]") {
-  gloo_accelerator acc;
-  const int P = acc.num_processes(), r = acc.process_index();
-  auto baseline = regression();
-  auto net = regression();
-  auto model = acc.prepare(net);
+TEST_CASE_METHOD(sync_fixture, "backward with create_graph synchronises too", "[ddp]") {
   auto [x, y] = global_regression_batch(16 * P, 9);
   torch::mse_loss(model(shard(x, r, P)), shard(y, r, P)).backward({}, /*retain_graph=*/true, /*create_graph=*/true);
   torch::mse_loss(baseline(x), y).backward();
   CHECK(all_close(gradients(*net), gradients(*baseline)));
 }
 
-TEST_CASE("E1 no_sync skips the all-reduce; the next synced backward catches up", "[ddp]") {
-  gloo_accelerator acc;
-  const int P = acc.num_processes(), r = acc.process_index();
-  auto baseline = regression();
-  auto net = regression();
-  auto model = acc.prepare(net);
+TEST_CASE_METHOD(sync_fixture, "E1 no_sync skips the all-reduce; the next synced backward catches up", "[ddp]") {
   for (int iteration = 0; iteration < 3; ++iteration) {
     auto [x, y] = global_regression_batch(16 * P, 1337 + iteration);
     torch::mse_loss(baseline(x), y).backward();
@@ -367,12 +357,7 @@ TEST_CASE("E1 no_sync skips the all-reduce; the next synced backward catches up"
   }
 }
 
-TEST_CASE("E2 trigger_sync_in_backward after forwards under no_sync", "[ddp]") {
-  gloo_accelerator acc;
-  const int P = acc.num_processes(), r = acc.process_index();
-  auto baseline = regression();
-  auto net = regression();
-  auto model = acc.prepare(net);
+TEST_CASE_METHOD(sync_fixture, "E2 trigger_sync_in_backward after forwards under no_sync", "[ddp]") {
   std::vector<torch::Tensor> losses;
   std::vector<torch::Tensor> baseline_losses;
   {
@@ -435,20 +420,6 @@ TEST_CASE("a process that throws brings the job down", "[crash]") {
 namespace {
 using accumulating_accelerator = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>, accel::accumulate_dynamic>;
 
-/// lr = base * f(n) after the n-th step, as PyTorch's LambdaLR.
-struct lambda_lr {
-  lambda_lr(torch::optim::Optimizer& optimizer, std::function<double(int)> factor)
-      : optimizer(optimizer), factor(std::move(factor)), base(lr()) {}
-  void step() {
-    ++steps;
-    for (auto& group : optimizer.param_groups()) group.options().set_lr(base * factor(steps));
-  }
-  double lr() const { return optimizer.param_groups()[0].options().get_lr(); }
-  torch::optim::Optimizer& optimizer;
-  std::function<double(int)> factor;
-  double base;
-  int steps = 0;
-};
 }  // namespace
 
 TEST_CASE("E3 E4 accumulation on P processes: sync pattern, no_sync on micro-steps, grads = baseline", "[accumulation]") {
