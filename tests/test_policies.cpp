@@ -20,11 +20,17 @@ struct counting_precision {
     scope(const scope&) = delete;
     ~scope() { --*live; }
   };
-  explicit counting_precision(const accel::options&) {}
+  counting_precision(const accel::options&, const c10::Device&) {}
   scope forward_scope(const c10::Device&) const {
     ++forwards;
     return scope(&live_scopes);
   }
+  template <class Output>
+  Output forward_output(Output&& output) const {
+    return std::forward<Output>(output);
+  }
+  void unscale(torch::optim::Optimizer&) {}
+  double loss_scale() const { return 1.0; }
   void backward(const at::Tensor& loss) {
     ++backwards;
     loss.backward();
@@ -112,9 +118,15 @@ TEST_CASE("an accelerator is neither copied nor moved, since prepared objects re
 TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accelerator][zero-cost]") {
   STATIC_REQUIRE(std::is_empty_v<accel::fp32>);
   STATIC_REQUIRE(std::is_empty_v<accel::no_accumulation>);
-  // Beyond the parallel policy: the run-time switches, the check_trigger flag and the end_of_dataloader flag.
-  STATIC_REQUIRE(sizeof(accel::accelerator<>) ==
-                 sizeof(accel::single_process) + sizeof(accel::detail::run_flags) + 2 * sizeof(bool));
+  STATIC_REQUIRE(std::is_empty_v<accel::bf16>);
+  // The accelerator's own members besides the policies, laid out alike: the empty policies add nothing to them.
+  struct same_members_without_empty_policies {
+    accel::single_process parallel;
+    accel::detail::run_flags flags;
+    bool trigger, end_of_dataloader;
+    std::vector<std::weak_ptr<torch::optim::Optimizer*>> optimizers;
+  };
+  STATIC_REQUIRE(sizeof(accel::accelerator<>) == sizeof(same_members_without_empty_policies));
 }
 
 TEST_CASE("fp32's forward scope is an empty object", "[precision][zero-cost]") {

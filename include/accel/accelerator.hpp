@@ -6,9 +6,14 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <torch/types.h>  // before clip_grad.h, which uses torch::Tensor without including it
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
 #include <array>
+#include <cmath>
+#include <memory>
+#include <vector>
 #include <cstdint>
 #include <functional>
 #include <iostream>
@@ -33,6 +38,15 @@
 
 namespace accel {
 namespace detail {
+/// The total `norm_type`-norm of the parameters' gradients, as `clip_grad_norm_` computes it, without clipping.
+inline double gradient_norm(const std::vector<at::Tensor>& parameters, double norm_type) {
+  std::vector<at::Tensor> norms;
+  for (const auto& p : parameters)
+    if (p.grad().defined()) norms.push_back(p.grad().norm(norm_type));
+  if (norms.empty()) return 0.0;
+  return std::isinf(norm_type) ? at::stack(norms).max().item<double>() : at::stack(norms).norm(norm_type).item<double>();
+}
+
 /// The run-time switches an accelerator reads from its options.
 struct run_flags {
   bool device_placement;
@@ -63,7 +77,7 @@ class accelerator {
   accelerator() : accelerator(options{}) {}
   explicit accelerator(const options& opts)
       : parallel_(opts),
-        precision_(opts),
+        precision_(opts, parallel_.device()),
         accumulation_(opts),
         flags_{.device_placement = opts.device_placement,
                .sync_with_dataloader = opts.sync_with_dataloader,
@@ -113,6 +127,28 @@ class accelerator {
         for (auto& [module, was] : previous) parallel_.set_gradient_sync(*module, was);
       });
     }
+  }
+
+  /// Divides the prepared optimizers' gradients by the fp16 loss scale, once per step (a second call, or the
+  /// optimizer's own step, does not unscale again). Nothing to do for fp32 and bf16. Call it before reading or
+  /// changing gradients by hand on a step that synchronises.
+  void unscale_gradients() {
+    for_each_optimizer([this](torch::optim::Optimizer& optimizer) { precision_.unscale(optimizer); });
+  }
+  /// Unscales the gradients (once per step), then clips their total `norm_type`-norm to `max_norm`; returns the
+  /// total norm before clipping. On an accumulation micro-step that does not synchronise, the gradients are
+  /// incomplete (and, under fp16, still scaled): nothing is clipped, and the result is their current norm, unscaled.
+  double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0) {
+    if (!sync_gradients()) return detail::gradient_norm(parameters, norm_type) / precision_.loss_scale();
+    unscale_gradients();
+    return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+  }
+  /// Unscales the gradients (once per step), then clamps each element to [-value, value]. Does nothing on an
+  /// accumulation micro-step that does not synchronise.
+  void clip_grad_value_(const std::vector<at::Tensor>& parameters, double value) {
+    if (!sync_gradients()) return;
+    unscale_gradients();
+    torch::nn::utils::clip_grad_value_(parameters, value);
   }
 
   /// True on micro-steps where gradients are synchronised and the optimizer steps.
@@ -273,6 +309,21 @@ class accelerator {
 
   /// Called by `prepared_model` before each forward (data parallel: arm the gradient hooks, sync buffers).
   void before_forward(const torch::nn::Module& module) { parallel_.before_forward(module); }
+  /// Called by `prepared_model` on the forward's result (bf16/fp16: float32 outputs).
+  template <class Output>
+  decltype(auto) forward_output(Output&& output) const {
+    return precision_.forward_output(std::forward<Output>(output));
+  }
+  /// Called by `prepared_optimizer` on construction: the accelerator finds its optimizers through these.
+  void register_optimizer(const std::shared_ptr<torch::optim::Optimizer*>& registration) {
+    std::erase_if(optimizers_, [](const auto& r) { return r.expired(); });
+    optimizers_.push_back(registration);
+  }
+  template <class Action>
+  void for_each_optimizer(Action action) {
+    for (const auto& registration : optimizers_)
+      if (auto optimizer = registration.lock()) action(**optimizer);
+  }
 
   /// Called by `prepared_optimizer::step()`: steps only when gradients are synchronised; the precision policy
   /// decides how (and whether) to step.
@@ -350,6 +401,7 @@ class accelerator {
   detail::run_flags flags_;
   bool trigger_ = false;
   bool end_of_dataloader_ = false;
+  std::vector<std::weak_ptr<torch::optim::Optimizer*>> optimizers_;
 };
 
 }  // namespace accel

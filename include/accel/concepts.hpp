@@ -50,12 +50,15 @@ concept has_category = std::same_as<typename category_of<std::remove_cvref_t<T>>
 
 /// What the accelerator calls on its precision policy.
 template <class P>
-concept precision_hooks = std::constructible_from<P, const options&> && requires(P& p, const P& cp, const at::Tensor& loss, torch::optim::Optimizer& opt,
+concept precision_hooks = std::constructible_from<P, const options&, const c10::Device&> && requires(P& p, const P& cp, const at::Tensor& loss, torch::optim::Optimizer& opt,
                                    const c10::Device& device) {
   cp.forward_scope(device);      // RAII object alive during the model's forward
+  cp.forward_output(loss);       // what the model's forward returns (bf16/fp16: back to float32)
   p.backward(loss);              // runs backward (fp16 scales the loss first)
+  p.unscale(opt);                // divides the optimizer's gradients by the loss scale, once per step
   p.step(opt);                   // steps the optimizer (fp16 may skip)
   { cp.step_was_skipped() } -> std::convertible_to<bool>;
+  { cp.loss_scale() } -> std::convertible_to<double>;  // what gradients are multiplied by until unscaled
 };
 
 /// What the accelerator calls on its parallel policy.
@@ -91,7 +94,7 @@ concept precision_policy =
     (detail::has_category<P, precision_tag> ||
      detail::unsatisfied<"accel::accelerator's 1st argument must be a precision policy: accel::fp32, accel::bf16 or accel::fp16", P>()) &&
     (detail::precision_hooks<P> ||
-     detail::unsatisfied<"this precision policy lacks a constructor from accel::options, forward_scope(device), backward(loss), step(optimizer) or step_was_skipped(): see accel/concepts.hpp", P>());
+     detail::unsatisfied<"this precision policy lacks a constructor from (accel::options, c10::Device), forward_scope(device), forward_output(output), backward(loss), unscale(optimizer), step(optimizer), step_was_skipped() or loss_scale(): see accel/concepts.hpp", P>());
 
 /// A parallel policy: `accel::single_process` or `accel::data_parallel<accel::gloo / accel::nccl>`.
 template <class Q>

@@ -18,6 +18,17 @@ struct bucket_options {
   double bucket_cap_mb = 25.0;
 };
 
+/// fp16's dynamic loss scaling, PyTorch's GradScaler algorithm (Accelerate's `GradScalerKwargs`, same defaults):
+/// the loss is multiplied by `scale` before backward; a step whose gradients hold inf/NaN is skipped and the scale
+/// multiplied by `backoff_factor`; after `growth_interval` clean steps in a row it is multiplied by
+/// `growth_factor`.
+struct grad_scaler_options {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int growth_interval = 2000;
+};
+
 /// Plain aggregate, so that `accel::accelerator<> acc{{.cpu = true}};` reads as configuration.
 struct options {
   /// Run on the CPU even when CUDA is available (Accelerate's `cpu=True`).
@@ -31,6 +42,8 @@ struct options {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   /// Gradient bucketing of `data_parallel` (Accelerate's `DistributedDataParallelKwargs`).
   bucket_options buckets = {};
+  /// Loss scaling of `accel::fp16`.
+  grad_scaler_options grad_scaler = {};
 
   // Gradient accumulation (Accelerate's GradientAccumulationPlugin and DataLoaderConfiguration).
 

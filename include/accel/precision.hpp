@@ -3,62 +3,262 @@
 ///
 /// Available policies / when to use:
 /// - `accel::fp32`: full precision. Costs nothing: no autocast guard, no scaler, no extra pass.
-/// - `accel::bf16`: forward under bfloat16 autocast, fp32 master weights, no loss scaling (issue #6).
-/// - `accel::fp16`: forward under float16 autocast plus dynamic loss scaling (issue #6).
+/// - `accel::bf16`: forward under bfloat16 autocast (CPU and CUDA), outputs returned in fp32, fp32 master
+///   weights, no loss scaling.
+/// - `accel::fp16`: forward under float16 autocast plus dynamic loss scaling (PyTorch's GradScaler algorithm).
+///   Needs a device where LibTorch autocasts to float16: CUDA (and the CPU from LibTorch 2.4).
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include <ATen/ATen.h>
+#include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
 
+#include <cmath>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
 #include "concepts.hpp"
-#include "detail/diagnostics.hpp"
+#include "detail/compat.hpp"
 #include "detail/scope.hpp"
+#include "detail/tensor_structure.hpp"
 #include "options.hpp"
 
 namespace accel {
+namespace detail {
+
+/// Autocast to `dtype` on one device type for the scope: saves the previous state and dtype, restores them on
+/// exit, and clears the cast cache when the outermost autocast scope ends, as Python's `torch.autocast` does.
+/// Nesting-safe, and nothing leaks out of it.
+class [[nodiscard]] autocast_scope {
+ public:
+  autocast_scope(c10::DeviceType device, c10::ScalarType dtype)
+      : device_(device), was_enabled_(compat::autocast_enabled(device)), previous_dtype_(compat::autocast_dtype(device)) {
+    compat::set_autocast_enabled(device, true);
+    compat::set_autocast_dtype(device, dtype);
+    at::autocast::increment_nesting();
+  }
+  autocast_scope(const autocast_scope&) = delete;
+  autocast_scope& operator=(const autocast_scope&) = delete;
+  ~autocast_scope() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    compat::set_autocast_enabled(device_, was_enabled_);
+    compat::set_autocast_dtype(device_, previous_dtype_);
+  }
+
+ private:
+  c10::DeviceType device_;
+  bool was_enabled_;
+  c10::ScalarType previous_dtype_;
+};
+
+/// Accelerate's `convert_outputs_to_fp32`: float16/bfloat16 tensors of a forward's output, nested or not, come
+/// back as float32; anything else is returned as it is.
+template <class Output>
+auto outputs_to_fp32(Output&& output)
+    -> std::conditional_t<is_tensor_structure<std::remove_cvref_t<Output>>, std::remove_cvref_t<Output>, Output> {
+  using type = std::remove_cvref_t<Output>;
+  if constexpr (is_tensor_structure<type>) {
+    auto to_fp32 = [](const at::Tensor& t) {
+      return t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16) ? t.to(at::kFloat) : t;
+    };
+    return map_tensors(output, to_fp32);
+  } else {
+    return std::forward<Output>(output);
+  }
+}
+
+/// Checks that this LibTorch autocasts to `dtype` on `device`, naming the policy and the fix when it does not.
+inline void require_autocast(const c10::Device& device, c10::ScalarType dtype, const char* policy,
+                             const char* suggestion) {
+  if (!compat::autocast_supports(device.type(), dtype))
+    throw std::invalid_argument(std::string("accel::") + policy + ": this LibTorch (" + TORCH_VERSION +
+                                ") has no " + c10::toString(dtype) + " autocast on " + device.str() + "; " +
+                                suggestion);
+}
+
+/// Dynamic loss scaling, PyTorch's GradScaler algorithm: scale the loss, unscale each optimizer's gradients once
+/// per step (checking them for inf/NaN), skip the step on overflow, then update the scale. The scale is a float32
+/// as in PyTorch, so the sequence of scales is the same bit for bit.
+class grad_scaler {
+ public:
+  /// What a checkpoint saves.
+  struct state_type {
+    float scale;
+    int growth_tracker;
+  };
+
+  explicit grad_scaler(const grad_scaler_options& opts) : options_(opts), scale_(static_cast<float>(opts.init_scale)) {
+    if (!(opts.init_scale > 0) || !(opts.growth_factor > 1) || !(opts.backoff_factor > 0 && opts.backoff_factor < 1) ||
+        opts.growth_interval < 1)
+      throw std::invalid_argument(
+          "accel: grad_scaler_options need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
+          "growth_interval >= 1");
+  }
+
+  [[nodiscard]] at::Tensor scale(const at::Tensor& loss) const { return loss * scale_; }
+
+  /// Divides `optimizer`'s gradients by the scale and records whether any is inf/NaN. Once per step: a second
+  /// call before the step does nothing (Accelerate issue #641: clipping then stepping must not unscale twice).
+  void unscale(torch::optim::Optimizer& optimizer) {
+    auto& state = per_optimizer_[&optimizer];
+    if (state.unscaled) return;
+    state.found_inf = unscale_gradients(optimizer);
+    state.unscaled = true;
+  }
+
+  /// Steps `optimizer` unless its gradients overflowed, then updates the scale. Returns whether it skipped.
+  bool step(torch::optim::Optimizer& optimizer) {
+    unscale(optimizer);
+    const bool found_inf = per_optimizer_[&optimizer].found_inf;
+    per_optimizer_.erase(&optimizer);
+    if (!found_inf) optimizer.step();
+    update(found_inf);
+    return found_inf;
+  }
+
+  /// Whether `optimizer`'s gradients are already unscaled in this step.
+  [[nodiscard]] bool unscaled(const torch::optim::Optimizer& optimizer) const {
+    auto found = per_optimizer_.find(&optimizer);
+    return found != per_optimizer_.end() && found->second.unscaled;
+  }
+  [[nodiscard]] state_type state() const noexcept { return {scale_, growth_tracker_}; }
+  void load_state(const state_type& state) noexcept {
+    scale_ = state.scale;
+    growth_tracker_ = state.growth_tracker;
+  }
+  [[nodiscard]] const grad_scaler_options& options() const noexcept { return options_; }
+
+ private:
+  struct optimizer_state {
+    bool unscaled = false;
+    bool found_inf = false;
+  };
+
+  /// PyTorch's `_amp_update_scale_`: back off on overflow, grow after `growth_interval` clean steps in a row.
+  void update(bool found_inf) {
+    if (found_inf) {
+      scale_ = static_cast<float>(scale_ * options_.backoff_factor);
+      growth_tracker_ = 0;
+    } else if (++growth_tracker_ == options_.growth_interval) {
+      const auto grown = static_cast<float>(scale_ * options_.growth_factor);
+      if (std::isfinite(grown)) scale_ = grown;
+      growth_tracker_ = 0;
+    }
+  }
+
+  /// Unscales every gradient in place and returns whether any element is inf/NaN: one fused pass per device
+  /// where LibTorch has the kernel, else a pass per gradient with one synchronisation at the end.
+  bool unscale_gradients(torch::optim::Optimizer& optimizer) const {
+    const double inverse = 1.0 / static_cast<double>(scale_);  // in double, as PyTorch, then to float32
+    std::map<std::pair<c10::DeviceType, c10::DeviceIndex>, std::vector<at::Tensor>> by_device;
+    for (auto& group : optimizer.param_groups())
+      for (auto& parameter : group.params())
+        if (parameter.grad().defined()) by_device[{parameter.device().type(), parameter.device().index()}].push_back(parameter.mutable_grad());
+    bool found_inf = false;
+    for (auto& [device, grads] : by_device) {
+      const auto options = at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
+      auto found = at::zeros({1}, options);
+      if (compat::fused_unscale_available(device.first)) {
+        at::_amp_foreach_non_finite_check_and_unscale_(grads, found, at::full({1}, static_cast<float>(inverse), options));
+      } else {
+        for (auto& grad : grads) {
+          found.add_(grad.isfinite().logical_not().any());
+          grad.mul_(static_cast<float>(inverse));
+        }
+      }
+      found_inf = found_inf || found.item<float>() > 0;
+    }
+    return found_inf;
+  }
+
+  grad_scaler_options options_;
+  float scale_;
+  int growth_tracker_ = 0;
+  std::map<const torch::optim::Optimizer*, optimizer_state> per_optimizer_;
+};
+
+/// Shared by the hooks of policies with nothing to do.
+struct plain_steps {
+  static void backward(const at::Tensor& loss) { loss.backward(); }
+  static void step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
+  static constexpr void unscale(torch::optim::Optimizer&) noexcept {}
+  [[nodiscard]] static constexpr bool step_was_skipped() noexcept { return false; }
+  [[nodiscard]] static constexpr double loss_scale() noexcept { return 1.0; }
+};
+
+}  // namespace detail
 
 /// Full precision: every hook is the plain LibTorch call.
-struct fp32 {
+struct fp32 : detail::plain_steps {
   using policy_category = precision_tag;
 
   constexpr fp32() noexcept = default;
-  constexpr explicit fp32(const options&) noexcept {}
+  constexpr fp32(const options&, const c10::Device&) noexcept {}
 
   [[nodiscard]] constexpr detail::no_scope forward_scope(const c10::Device&) const noexcept { return {}; }
-  void backward(const at::Tensor& loss) const { loss.backward(); }
-  void step(torch::optim::Optimizer& optimizer) const { optimizer.step(); }
-  [[nodiscard]] static constexpr bool step_was_skipped() noexcept { return false; }
+  /// The output as it is: moved out when the forward returned a value, a reference when it returned one.
+  template <class Output>
+  [[nodiscard]] static constexpr Output forward_output(Output&& output) noexcept {
+    return std::forward<Output>(output);
+  }
 };
 
-/// bfloat16 autocast around the forward. Declared here so configurations name it; its hooks land with issue #6.
-struct bf16 {
+/// bfloat16 autocast around the forward, outputs back in float32, float32 master weights, no loss scaling.
+struct bf16 : detail::plain_steps {
   using policy_category = precision_tag;
 
-  template <class Options>
-  explicit bf16(const Options&) {
-    static_assert(detail::always_false<Options>,
-                  "accel::bf16 lands with issue #6 (mixed precision); use accel::fp32 until then");
+  bf16(const options&, const c10::Device& device) {
+    detail::require_autocast(device, at::kBFloat16, "bf16", "use accel::fp32 on this device");
   }
-  detail::no_scope forward_scope(const c10::Device&) const;
-  void backward(const at::Tensor& loss) const;
-  void step(torch::optim::Optimizer& optimizer) const;
-  bool step_was_skipped() const;
+
+  [[nodiscard]] detail::autocast_scope forward_scope(const c10::Device& device) const {
+    return {device.type(), at::kBFloat16};
+  }
+  template <class Output>
+  [[nodiscard]] static auto forward_output(Output&& output) -> decltype(detail::outputs_to_fp32(std::forward<Output>(output))) {
+    return detail::outputs_to_fp32(std::forward<Output>(output));
+  }
 };
 
-/// float16 autocast plus dynamic loss scaling. Declared here so configurations name it; its hooks land with
-/// issue #6.
+/// float16 autocast around the forward, outputs back in float32, float32 master weights, and dynamic loss scaling
+/// (`options::grad_scaler`).
 struct fp16 {
   using policy_category = precision_tag;
 
-  template <class Options>
-  explicit fp16(const Options&) {
-    static_assert(detail::always_false<Options>,
-                  "accel::fp16 lands with issue #6 (mixed precision); use accel::fp32 until then");
+  fp16(const options& opts, const c10::Device& device) : fp16(opts) {
+    detail::require_autocast(device, at::kHalf, "fp16",
+                             "use accel::bf16 on the CPU (bfloat16 needs no loss scaling), or run on a CUDA device");
   }
-  detail::no_scope forward_scope(const c10::Device&) const;
-  void backward(const at::Tensor& loss);
-  void step(torch::optim::Optimizer& optimizer);
-  bool step_was_skipped() const;
+
+  [[nodiscard]] detail::autocast_scope forward_scope(const c10::Device& device) const {
+    return {device.type(), at::kHalf};
+  }
+  template <class Output>
+  [[nodiscard]] static auto forward_output(Output&& output) -> decltype(detail::outputs_to_fp32(std::forward<Output>(output))) {
+    return detail::outputs_to_fp32(std::forward<Output>(output));
+  }
+  void backward(const at::Tensor& loss) const { scaler_.scale(loss).backward(); }
+  void unscale(torch::optim::Optimizer& optimizer) { scaler_.unscale(optimizer); }
+  void step(torch::optim::Optimizer& optimizer) { skipped_ = scaler_.step(optimizer); }
+  [[nodiscard]] bool step_was_skipped() const noexcept { return skipped_; }
+  /// What gradients are multiplied by until they are unscaled.
+  [[nodiscard]] double loss_scale() const noexcept { return scaler_.state().scale; }
+
+  /// The loss scaler: its state for checkpoints, its options.
+  [[nodiscard]] const detail::grad_scaler& scaler() const noexcept { return scaler_; }
+  [[nodiscard]] detail::grad_scaler& scaler() noexcept { return scaler_; }
+
+ protected:
+  /// Loss scaling without the device check, for a derived policy that tests it where float16 autocast is missing.
+  explicit fp16(const options& opts) : scaler_(opts.grad_scaler) {}
+
+ private:
+  detail::grad_scaler scaler_;
+  bool skipped_ = false;
 };
 
 }  // namespace accel

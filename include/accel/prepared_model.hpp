@@ -41,14 +41,15 @@ class prepared_model : detail::prepared_tag {
 
   prepared_model(Model model, Accelerator& accelerator) : model_(std::move(model)), accelerator_(&accelerator) {}
 
-  /// The user's `forward`, under the precision policy's scope (autocast for bf16/fp16, nothing for fp32).
+  /// The user's `forward`, under the precision policy's scope (autocast for bf16/fp16, nothing for fp32); bf16 and
+  /// fp16 return float16/bfloat16 output tensors as float32, as Accelerate does.
   /// `model->forward(x)` reaches the module directly and so bypasses that scope: call `model(x)`.
   template <class... Args>
   decltype(auto) operator()(Args&&... args) const {
     auto* module = detail::module_pointer(model_);
     accelerator_->before_forward(*module);
     [[maybe_unused]] auto scope = accelerator_->autocast();
-    return module->forward(std::forward<Args>(args)...);
+    return accelerator_->forward_output(module->forward(std::forward<Args>(args)...));
   }
   /// The same as `operator()`, for code that spells the call out.
   template <class... Args>

@@ -7,6 +7,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <concepts>
+#include <memory>
 #include <type_traits>
 
 #include "detail/compat.hpp"
@@ -29,7 +30,17 @@ class prepared_optimizer : public detail::prepared_handle<Optimizer, Accelerator
   using optimizer_type = typename base::object_type;
 
   prepared_optimizer(Optimizer&& optimizer, Accelerator& accelerator)
-      : base(std::forward<Optimizer>(optimizer), accelerator) {}
+      : base(std::forward<Optimizer>(optimizer), accelerator),
+        registration_(std::make_shared<torch::optim::Optimizer*>(&this->unwrap())) {
+    accelerator.register_optimizer(registration_);
+  }
+  // The accelerator finds its optimizers (to unscale their gradients) through the registration, which follows the
+  // optimizer when an owned one moves, and expires with the prepared optimizer.
+  prepared_optimizer(prepared_optimizer&& other) noexcept
+      : base(std::move(other)), registration_(std::move(other.registration_)) {
+    if (registration_) *registration_ = &this->unwrap();
+  }
+  prepared_optimizer& operator=(prepared_optimizer&&) = delete;
 
   /// Steps when gradients are synchronised; the precision policy may skip (fp16 overflow).
   void step() { this->accelerator_->step_optimizer(this->unwrap()); }
@@ -40,6 +51,9 @@ class prepared_optimizer : public detail::prepared_handle<Optimizer, Accelerator
   }
 
   [[nodiscard]] auto& param_groups() const noexcept { return this->unwrap().param_groups(); }
+
+ private:
+  std::shared_ptr<torch::optim::Optimizer*> registration_;
 };
 
 }  // namespace accel

@@ -1,8 +1,13 @@
 /// \file
-/// Every difference between the LibTorch versions accel supports (Debian's 1.13 and PyTorch 2.x) lives here.
+/// Every difference between the LibTorch versions accel supports (Debian's 1.13 and PyTorch 2.x) lives here:
+/// `zero_grad(set_to_none)`, the autocast state functions and what autocast supports, the fused unscale kernel,
+/// and LibTorch's current CUDA stream for NCCL.
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
+#include <ATen/autocast_mode.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
 
@@ -30,6 +35,62 @@ inline void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
   for (auto& group : optimizer.param_groups())
     for (auto& parameter : group.params()) parameter.mutable_grad().reset();
 #endif
+}
+
+// Autocast state per device type. 1.13 has one function per device (CUDA's named "gpu"); 2.4 takes the device
+// type and deprecates the old names, which 2.0-2.3 still have alone. Only CPU and CUDA are used by accel.
+
+inline bool autocast_enabled(c10::DeviceType device) {
+#if ACCEL_TORCH_VERSION >= 204
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+#endif
+}
+
+inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
+#if ACCEL_TORCH_VERSION >= 204
+  at::autocast::set_autocast_enabled(device, enabled);
+#else
+  if (device == c10::DeviceType::CUDA)
+    at::autocast::set_enabled(enabled);
+  else
+    at::autocast::set_cpu_enabled(enabled);
+#endif
+}
+
+inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
+#if ACCEL_TORCH_VERSION >= 204
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
+                                         : at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
+inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
+#if ACCEL_TORCH_VERSION >= 204
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == c10::DeviceType::CUDA)
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  else
+    at::autocast::set_autocast_cpu_dtype(dtype);
+#endif
+}
+
+/// Whether this LibTorch autocasts to `dtype` on `device`: CUDA to float16 and bfloat16; the CPU to bfloat16, and
+/// to float16 from 2.4 on (1.13 refuses: "AutocastCPU only support Bfloat16").
+inline bool autocast_supports(c10::DeviceType device, c10::ScalarType dtype) {
+  if (device == c10::DeviceType::CUDA) return dtype == c10::kHalf || dtype == c10::kBFloat16;
+  if (device == c10::DeviceType::CPU) return dtype == c10::kBFloat16 || (ACCEL_TORCH_VERSION >= 204 && dtype == c10::kHalf);
+  return false;
+}
+
+/// Whether `_amp_foreach_non_finite_check_and_unscale_` (one fused pass over all gradients) has a kernel for
+/// gradients on `device`: CUDA always; the CPU from 2.3 on (where `torch.amp.GradScaler("cpu")` appeared).
+inline bool fused_unscale_available(c10::DeviceType device) {
+  return device == c10::DeviceType::CUDA || (device == c10::DeviceType::CPU && ACCEL_TORCH_VERSION >= 203);
 }
 
 #ifdef ACCEL_WITH_NCCL

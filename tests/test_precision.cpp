@@ -1,0 +1,237 @@
+// Mixed precision: bf16 autocast on the CPU, and fp16's dynamic loss scaling. LibTorch 1.13 has no float16
+// autocast on the CPU, so the loss scaling is tested through `scaled_fp32` below: accel::fp16's own scaler, unscale
+// and step, driven by the accelerator exactly as for fp16, with the forward left in float32.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "support.hpp"
+
+namespace {
+
+using namespace accel_test;
+using accel::detail::compat::autocast_enabled;
+
+/// accel::fp16 without its float16 autocast: the loss-scaling path, testable on any device.
+struct scaled_fp32 : accel::fp16 {
+  scaled_fp32(const accel::options& opts, const c10::Device&) : accel::fp16(opts) {}
+  [[nodiscard]] static constexpr accel::detail::no_scope forward_scope(const c10::Device&) noexcept { return {}; }
+};
+
+/// Records the dtype its inner matmul produced; returns the output and a second tensor.
+struct probe_impl : torch::nn::Module {
+  probe_impl() : fc(register_module("fc", torch::nn::Linear(3, 2))) {}
+  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x) {
+    auto h = fc(x);
+    inner = h.scalar_type();
+    autocast_inside = autocast_enabled(c10::DeviceType::CPU);
+    return {h, h * 2};
+  }
+  torch::nn::Linear fc;
+  c10::ScalarType inner = c10::ScalarType::Undefined;
+  bool autocast_inside = false;
+};
+TORCH_MODULE_IMPL(probe, probe_impl);
+
+/// Trains y = x A + b by SGD and returns the final float32 loss.
+template <class Precision>
+double regression_loss(int steps) {
+  accel::accelerator<Precision> acc{{.cpu = true}};
+  torch::manual_seed(4);
+  auto truth = torch::randn({8, 2});
+  auto net = mlp(8, 32, 2);
+  torch::optim::Adam optimizer(net->parameters(), 1e-2);
+  auto [model, opt] = acc.prepare(net, optimizer);
+  for (int i = 0; i < steps; ++i) {
+    auto x = torch::randn({64, 8});
+    acc.backward(torch::mse_loss(model(x), x.mm(truth)));
+    opt.step();
+    opt.zero_grad();
+  }
+  torch::NoGradGuard no_grad;
+  auto x = torch::randn({1024, 8});
+  return torch::mse_loss(net->forward(x), x.mm(truth)).item<double>();
+}
+
+std::vector<torch::Tensor> grads_of(torch::nn::Module& m) {
+  std::vector<torch::Tensor> grads;
+  for (auto& p : m.parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+}  // namespace
+
+TEST_CASE("bf16: matmuls in bfloat16, outputs and master weights in float32, no autocast leak", "[precision]") {
+  accel::accelerator<accel::bf16> acc{{.cpu = true}};
+  auto net = probe();
+  auto model = acc.prepare(net);
+  REQUIRE_FALSE(autocast_enabled(c10::DeviceType::CPU));
+  auto [out, twice] = model(torch::randn({4, 3}));
+  CHECK(net->autocast_inside);
+  CHECK(net->inner == torch::kBFloat16);
+  CHECK(out.scalar_type() == torch::kFloat);  // converted back, nested outputs too
+  CHECK(twice.scalar_type() == torch::kFloat);
+  CHECK(net->fc->weight.scalar_type() == torch::kFloat);
+  CHECK_FALSE(autocast_enabled(c10::DeviceType::CPU));
+  SECTION("nesting: acc.autocast() outside, the model's scope inside") {
+    {
+      auto scope = acc.autocast();
+      CHECK(autocast_enabled(c10::DeviceType::CPU));
+      (void)model(torch::randn({1, 3}));
+      CHECK(autocast_enabled(c10::DeviceType::CPU));  // the inner scope restored the outer state
+      CHECK(torch::mm(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type() == torch::kBFloat16);
+    }
+    CHECK_FALSE(autocast_enabled(c10::DeviceType::CPU));
+  }
+  SECTION("an exception in forward leaves no autocast behind") {
+    struct throwing_impl : torch::nn::Module {
+      torch::Tensor forward(const torch::Tensor&) { throw std::runtime_error("forward fails"); }
+    };
+    auto failing = acc.prepare(std::make_shared<throwing_impl>());
+    CHECK_THROWS(failing(torch::ones({1})));
+    CHECK_FALSE(autocast_enabled(c10::DeviceType::CPU));
+  }
+}
+
+TEST_CASE("bf16 trains a regression to within 2x of fp32's loss", "[precision]") {
+  const double fp32_loss = regression_loss<accel::fp32>(300);
+  const double bf16_loss = regression_loss<accel::bf16>(300);
+  INFO("fp32 " << fp32_loss << ", bf16 " << bf16_loss);
+  CHECK(fp32_loss < 0.05);  // it did learn
+  CHECK(bf16_loss < 2 * fp32_loss);
+}
+
+TEST_CASE("fp16 needs a LibTorch with float16 autocast on the device", "[precision]") {
+  if (accel::detail::compat::autocast_supports(c10::DeviceType::CPU, torch::kHalf)) {
+    CHECK_NOTHROW(accel::accelerator<accel::fp16>(accel::options{.cpu = true}));
+  } else {
+    CHECK_THROWS_WITH(accel::accelerator<accel::fp16>(accel::options{.cpu = true}),
+                      Catch::Contains("no Half autocast on cpu") && Catch::Contains("use accel::bf16 on the CPU"));
+  }
+}
+
+TEST_CASE("fp16 loss scaling follows PyTorch's GradScaler step by step (H4)", "[precision][scaler]") {
+  // GradScaler with init_scale 1024, growth_interval 3, written out: overflow halves the scale and resets the
+  // count of clean steps; the 3rd clean step in a row doubles it.
+  accel::accelerator<scaled_fp32> acc{{.cpu = true, .grad_scaler = {.init_scale = 1024, .growth_interval = 3}}};
+  torch::manual_seed(2);
+  auto net = torch::nn::Linear(2, 1);
+  auto by_hand = torch::nn::Linear(2, 1);
+  copy_parameters(*by_hand, *net);
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  lambda_lr schedule(optimizer, [](int n) { return 1.0 / (1 + n); });
+  auto [model, opt, sched] = acc.prepare(net, optimizer, schedule);
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> injected = {0, inf, nan, 0, 0, 0, 0};
+  const std::vector<bool> expected_skipped = {false, true, true, false, false, false, false};
+  const std::vector<float> expected_scale = {1024, 512, 256, 256, 256, 512, 512};
+  const std::vector<int> expected_tracker = {1, 0, 0, 1, 2, 0, 1};
+  for (std::size_t i = 0; i < injected.size(); ++i) {
+    INFO("step " << i);
+    auto x = torch::randn({4, 2});
+    const float scale_before = acc.precision().scaler().state().scale;
+    acc.backward(model(x).sum());
+    by_hand->zero_grad();
+    by_hand->forward(x).sum().backward();
+    CHECK(torch::allclose(net->weight.grad(), by_hand->weight.grad() * scale_before));  // backward scaled the loss
+    if (injected[i] != 0) net->weight.mutable_grad()[0][0] = injected[i];
+    const double lr = optimizer.param_groups()[0].options().get_lr();
+    opt.step();
+    sched.step();
+    opt.zero_grad();
+    CHECK(acc.optimizer_step_was_skipped() == expected_skipped[i]);
+    CHECK(acc.precision().scaler().state().scale == expected_scale[i]);
+    CHECK(acc.precision().scaler().state().growth_tracker == expected_tracker[i]);
+    if (!expected_skipped[i]) {  // the step used the unscaled gradient
+      torch::NoGradGuard no_grad;
+      for (auto& p : by_hand->parameters()) p.sub_(lr * p.grad());
+    }
+    CHECK(torch::allclose(net->weight, by_hand->weight, 1e-6, 1e-6));  // unchanged by skipped steps
+    CHECK(torch::allclose(net->bias, by_hand->bias, 1e-6, 1e-6));
+  }
+  CHECK(schedule.steps() == 5);  // skipped steps do not advance the scheduler
+}
+
+TEST_CASE("fp16 loss scaling defaults: 65536, x2 after 2000 clean steps", "[precision][scaler]") {
+  accel::accelerator<scaled_fp32> acc{{.cpu = true}};
+  const auto& scaler = acc.precision().scaler();
+  CHECK(scaler.state().scale == 65536.0f);
+  CHECK(scaler.options().growth_factor == 2.0);
+  CHECK(scaler.options().backoff_factor == 0.5);
+  CHECK(scaler.options().growth_interval == 2000);
+  auto w = torch::zeros({1}, torch::requires_grad());
+  torch::optim::SGD optimizer({w}, 1e-3);
+  auto opt = acc.prepare(optimizer);
+  for (int i = 0; i < 1999; ++i) {
+    acc.backward(w.sum());
+    opt.step();
+    opt.zero_grad();
+  }
+  CHECK(scaler.state().scale == 65536.0f);
+  acc.backward(w.sum());
+  opt.step();
+  CHECK(scaler.state().scale == 131072.0f);
+  CHECK(scaler.state().growth_tracker == 0);
+  CHECK_THROWS_WITH(accel::accelerator<scaled_fp32>(accel::options{.grad_scaler = {.backoff_factor = 2}}),
+                    Catch::Contains("0 < backoff_factor < 1"));
+}
+
+TEST_CASE("clip_grad_norm_ under fp16 + accumulate<4> sees the unscaled gradient, unscaled once", "[precision][scaler]") {
+  constexpr int N = 4;
+  accel::accelerator<scaled_fp32, accel::single_process, accel::accumulate<N>> acc{{.cpu = true}};
+  torch::manual_seed(6);
+  auto net = mlp(3, 8, 2);
+  auto reference = mlp(3, 8, 2);
+  copy_parameters(*reference, *net);
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  torch::optim::SGD reference_optimizer(reference->parameters(), 0.1);
+  auto data = regression_batches(N, 4, 3, 2, 9);
+  // The reference: the same window in float32, no scaling, clipped to half its norm.
+  for (auto& [x, y] : data) (torch::mse_loss(reference->forward(x), y) / N).backward();
+  const double reference_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 1e9);
+  torch::nn::utils::clip_grad_norm_(reference->parameters(), reference_norm / 2);
+  reference_optimizer.step();
+
+  auto [model, opt] = acc.prepare(net, optimizer);
+  double norm = 0;
+  for (auto& [x, y] : data) {
+    auto scope = acc.accumulate(model);
+    acc.backward(torch::mse_loss(model(x), y));
+    if (!acc.sync_gradients()) {
+      auto before = grads_of(*net);
+      acc.clip_grad_norm_(net->parameters(), 1e-9);  // mid-window: nothing is clipped or unscaled
+      auto after = grads_of(*net);
+      for (std::size_t i = 0; i < before.size(); ++i) CHECK(torch::equal(before[i], after[i]));
+      continue;
+    }
+    norm = acc.clip_grad_norm_(net->parameters(), reference_norm / 2);
+    acc.unscale_gradients();  // a second unscale in the same step does nothing
+    opt.step();
+    opt.zero_grad();
+  }
+  CHECK(norm == Approx(reference_norm).epsilon(1e-5));
+  CHECK_FALSE(acc.optimizer_step_was_skipped());
+  for (std::size_t i = 0; i < net->parameters().size(); ++i)
+    CHECK(torch::allclose(net->parameters()[i], reference->parameters()[i], 1e-6, 1e-6));
+}
+
+TEST_CASE("clip_grad_norm_ and clip_grad_value_ with fp32 are LibTorch's", "[precision]") {
+  accel::accelerator<> acc{{.cpu = true}};
+  torch::manual_seed(8);
+  auto net = mlp(3, 8, 2);
+  auto reference = mlp(3, 8, 2);
+  copy_parameters(*reference, *net);
+  auto model = acc.prepare(net);
+  auto x = torch::randn({5, 3});
+  model(x).pow(2).sum().backward();
+  reference->forward(x).pow(2).sum().backward();
+  CHECK(acc.clip_grad_norm_(net->parameters(), 0.1) ==
+        Approx(torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.1)));
+  acc.clip_grad_value_(net->parameters(), 0.01);
+  torch::nn::utils::clip_grad_value_(reference->parameters(), 0.01);
+  for (std::size_t i = 0; i < net->parameters().size(); ++i)
+    CHECK(torch::equal(net->parameters()[i].grad(), reference->parameters()[i].grad()));
+}
