@@ -124,6 +124,7 @@ TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accel
     accel::single_process parallel;
     accel::detail::run_flags flags;
     bool trigger, end_of_dataloader;
+    std::int64_t remainder;
     std::vector<std::weak_ptr<torch::optim::Optimizer*>> optimizers;
   };
   STATIC_REQUIRE(sizeof(accel::accelerator<>) == sizeof(same_members_without_empty_policies));

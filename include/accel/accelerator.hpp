@@ -10,6 +10,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <memory>
@@ -26,6 +27,7 @@
 #include "accumulation.hpp"
 #include "collectives.hpp"
 #include "concepts.hpp"
+#include "data_loader.hpp"
 #include "detail/diagnostics.hpp"
 #include "detail/scope.hpp"
 #include "options.hpp"
@@ -35,6 +37,7 @@
 #include "prepared_optimizer.hpp"
 #include "prepared_range.hpp"
 #include "prepared_scheduler.hpp"
+#include "shard.hpp"
 
 namespace accel {
 namespace detail {
@@ -53,6 +56,9 @@ struct run_flags {
   bool sync_with_dataloader;
   bool sync_each_batch;
   bool split_batches;
+  bool even_batches;
+  bool drop_last;
+  std::optional<std::int64_t> batch_size;
   bool step_scheduler_with_optimizer;
 };
 
@@ -83,6 +89,9 @@ class accelerator {
                .sync_with_dataloader = opts.sync_with_dataloader,
                .sync_each_batch = opts.sync_each_batch,
                .split_batches = opts.split_batches,
+               .even_batches = opts.even_batches,
+               .drop_last = opts.drop_last,
+               .batch_size = opts.batch_size,
                .step_scheduler_with_optimizer = opts.step_scheduler_with_optimizer} {}
 
   accelerator(const accelerator&) = delete;
@@ -232,6 +241,43 @@ class accelerator {
     return detail::broadcast(comm, tensors, from_process);
   }
 
+  /// `gather`, then, on the last batch of a prepared range, drops the samples that even_batches duplicated to
+  /// complete the last round (Accelerate's `gather_for_metrics`): metrics see every sample exactly once. Tensors
+  /// (nested or not) are gathered; other values (a `std::vector` of results, say) go through `gather_object`.
+  template <class Data>
+  [[nodiscard]] Data gather_for_metrics(const Data& data) {
+    const auto keep = end_of_dataloader_ ? remainder_ : -1;
+    if constexpr (detail::is_tensor_structure<Data>) {
+      auto gathered = gather(data);
+      if (keep <= 0) return gathered;
+      auto truncate = [keep](const at::Tensor& t) { return t.narrow(0, 0, std::min(keep, t.size(0))); };
+      return detail::map_tensors(gathered, truncate);
+    } else {
+      static_assert(detail::is_vector<Data>, "accel::gather_for_metrics takes tensors, or a std::vector of values");
+      auto gathered = gather_object(data);
+      if (keep > 0 && static_cast<std::int64_t>(gathered.size()) > keep) gathered.resize(static_cast<std::size_t>(keep));
+      return gathered;
+    }
+  }
+
+  /// This process's part of `data` (a `std::vector`, a tensor along dim 0, or a `std::map`): contiguous parts,
+  /// the first `size % num_processes()` processes one element more (Accelerate's `split_between_processes`).
+  /// With `apply_padding`, every part has the largest size, completed by repeating the last element, so that the
+  /// parts can be gathered.
+  template <class Data>
+  [[nodiscard]] Data split_between_processes(const Data& data, bool apply_padding = false) const {
+    return detail::split_between_processes(data, process_index(), num_processes(), apply_padding);
+  }
+
+  /// Makes the next pass of `range` start after its first `n` batches of this process, without reading them:
+  /// resuming mid-epoch (Accelerate's `skip_first_batches`). Later passes are whole. Returns `range`.
+  template <class Range>
+  Range& skip_first_batches(Range& range, std::size_t n) const {
+    static_assert(detail::is_prepared<Range>, "accel::skip_first_batches takes a range that prepare() returned");
+    range.skip_first_batches(n);
+    return range;
+  }
+
   /// Within the returned scope, backward through `model` accumulates gradients locally without communicating
   /// (Accelerate's `no_sync`); the first backward after it all-reduces everything accumulated.
   template <class Model>
@@ -304,8 +350,12 @@ class accelerator {
     requires batch_range<Range>
   friend class prepared_range;
 
-  /// Called by `prepared_range` before it yields each batch: true for the last one of a pass.
-  void set_end_of_dataloader(bool last) noexcept { end_of_dataloader_ = last; }
+  /// Called by `prepared_range` before it yields each batch: true for the last one of a pass, with the number of
+  /// real samples in the last global batch (-1: nothing padded).
+  void set_end_of_dataloader(bool last, std::int64_t remainder) noexcept {
+    end_of_dataloader_ = last;
+    remainder_ = remainder;
+  }
 
   /// Called by `prepared_model` before each forward (data parallel: arm the gradient hooks, sync buffers).
   void before_forward(const torch::nn::Module& module) { parallel_.before_forward(module); }
@@ -378,7 +428,7 @@ class accelerator {
     } else if constexpr (scheduler_like<Object>) {
       return prepared_scheduler<Object, accelerator>(std::forward<Object>(object), *this);
     } else if constexpr (batch_range<Object>) {
-      return prepared_range<Object, accelerator>(std::forward<Object>(object), *this);
+      return prepare_range(std::forward<Object>(object));
     } else {
       static_assert(detail::always_false<type>,
                     "accel::accelerator::prepare() takes models (torch::nn::ModuleHolder or "
@@ -386,6 +436,32 @@ class accelerator {
                     "(anything with step()) and ranges of batches (anything with begin()/end()); this argument is "
                     "none of them");
     }
+  }
+
+  /// Under several processes, a range is sharded first: a data loader's index batches, before loading; any other
+  /// range's batches themselves.
+  template <class Range>
+  auto prepare_range(Range&& range) {
+    using type = std::remove_cvref_t<Range>;
+    if constexpr (detail::always_one_process<Parallel>) {
+      return prepared_range<Range, accelerator>(std::forward<Range>(range), *this);
+    } else if constexpr (detail::is_data_loader<type>) {
+      using sharded = sharded_loader<Range>;
+      return prepared_range<sharded, accelerator>(sharded(std::forward<Range>(range), shard_options_here()), *this);
+    } else {
+      using sharded = shard_view<Range>;
+      auto options = shard_options_here();
+      options.batch_size = flags_.batch_size;
+      options.drop_last = flags_.drop_last;
+      return prepared_range<sharded, accelerator>(
+          sharded(std::forward<Range>(range), options, typename sharded::infer_batch_size_t{}), *this);
+    }
+  }
+  [[nodiscard]] shard_options shard_options_here() const {
+    return {.num_processes = num_processes(),
+            .process_index = process_index(),
+            .split_batches = flags_.split_batches,
+            .even_batches = flags_.even_batches};
   }
 
   template <class Model>
@@ -401,6 +477,7 @@ class accelerator {
   detail::run_flags flags_;
   bool trigger_ = false;
   bool end_of_dataloader_ = false;
+  std::int64_t remainder_ = -1;
   std::vector<std::weak_ptr<torch::optim::Optimizer*>> optimizers_;
 };
 

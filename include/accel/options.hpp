@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 
 #include "fwd.hpp"
@@ -58,6 +59,15 @@ struct options {
   /// Each batch of a prepared range is split between the processes instead of each process taking whole
   /// batches; a prepared LR scheduler then steps once per optimizer step instead of `num_processes()` times.
   bool split_batches = false;
+  // Sharding of prepared ranges under data_parallel (Accelerate's DataLoaderConfiguration; see accel/shard.hpp).
+
+  /// Complete the last round of batches by looping back to the first samples, so every process gets as many full
+  /// batches as the others.
+  bool even_batches = true;
+  /// The batch size and drop_last of a prepared range of batches, for ranges that do not say (an
+  /// `accel::data_loader` does); without it, the first batch's size is taken.
+  std::optional<std::int64_t> batch_size = std::nullopt;
+  bool drop_last = false;
   /// A prepared LR scheduler steps with the optimizer (only when it really stepped, `num_processes()` times
   /// unless `split_batches`); false: every `step()` call steps it once, as written.
   bool step_scheduler_with_optimizer = true;

@@ -13,6 +13,7 @@
 #include <torch/nn/module.h>
 
 #include <chrono>
+#include <type_traits>
 #include <map>
 #include <memory>
 
@@ -90,6 +91,10 @@ struct nccl {
 };
 
 namespace detail {
+/// True for a parallel policy that is one process by construction (`single_process`): nothing to shard.
+template <class Q>
+concept always_one_process = requires { requires std::integral_constant<int, Q::num_processes()>::value == 1; };
+
 /// The process group, created by the first data-parallel accelerator of the process and shared by every later
 /// one, as Accelerate's PartialState and PyTorch's default group are. Never destroyed: its threads and sockets
 /// would otherwise be torn down during static destruction, in no particular order with what they use.

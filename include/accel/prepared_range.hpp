@@ -12,6 +12,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <iterator>
 #include <optional>
 #include <type_traits>
@@ -73,8 +74,9 @@ class prepared_range : detail::prepared_tag {
     using difference_type = std::ptrdiff_t;
     using iterator_concept = std::input_iterator_tag;
 
-    iterator(base_iterator base, base_sentinel end, const prepared_range& range)
+    iterator(base_iterator base, base_sentinel end, const prepared_range& range, std::size_t skip)
         : base_(std::move(base)), end_(std::move(end)), range_(&range) {
+      for (; skip > 0 && base_ != end_; --skip) ++base_;  // resuming: these batches are not read
       prefetch();
       advance();
     }
@@ -102,8 +104,14 @@ class prepared_range : detail::prepared_tag {
     void advance() {
       batch_ = std::move(next_);
       next_.reset();
-      if (batch_) prefetch();
-      range_->accelerator_->set_end_of_dataloader(batch_.has_value() && !next_.has_value());
+      if (batch_) {
+        prefetch();
+        ++range_->position_.batch;
+      } else {
+        range_->finish_pass();
+      }
+      const bool last = batch_.has_value() && !next_.has_value();
+      range_->accelerator_->set_end_of_dataloader(last, last ? range_->remainder() : -1);
     }
 
     base_iterator base_;
@@ -121,7 +129,29 @@ class prepared_range : detail::prepared_tag {
   /// Starts a pass over the underlying range (a LibTorch loader starts a new epoch here).
   [[nodiscard]] iterator begin() const {
     auto& range = range_.get();
-    return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), *this);
+    const auto skip = std::exchange(skip_, 0);
+    position_.batch = -1 + static_cast<std::int64_t>(skip);
+    return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), *this, skip);
+  }
+
+  /// Where iteration stands: passes completed, and the index of the current batch in this pass (-1 before the
+  /// first). What a checkpoint saves to resume mid-epoch.
+  struct position_type {
+    std::int64_t epoch = 0;
+    std::int64_t batch = -1;
+  };
+  [[nodiscard]] position_type position() const noexcept { return position_; }
+
+  /// The next pass starts after its first `n` batches (this process's), without reading them: resuming
+  /// mid-epoch (Accelerate's `skip_first_batches`). Later passes are whole.
+  void skip_first_batches(std::size_t n) noexcept { skip_ = n; }
+
+  /// Samples of the last global batch that are real (see `shard_view::remainder`); -1 when nothing was padded.
+  [[nodiscard]] std::int64_t remainder() const noexcept {
+    if constexpr (requires(const base_range& r) { r.remainder(); })
+      return range_.get().remainder();
+    else
+      return -1;
   }
   [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
 
@@ -141,8 +171,15 @@ class prepared_range : detail::prepared_tag {
     return device_ ? send_to_device(std::forward<Batch>(batch), *device_) : batch_type(std::forward<Batch>(batch));
   }
 
+  void finish_pass() const {
+    if (position_.batch >= 0) ++position_.epoch;
+    position_.batch = -1;
+  }
+
   mutable detail::stored<Range> range_;
   Accelerator* accelerator_;
+  mutable position_type position_;
+  mutable std::size_t skip_ = 0;
   std::optional<c10::Device> device_;  // empty when device placement is off
 };
 

@@ -1,0 +1,279 @@
+/// \file
+/// Sample-level loading: `accel::data_loader(dataset, {.batch_size = 32, .shuffle = true, .seed = 7})` is a range
+/// of collated batches over a LibTorch dataset (`get(index)` and `size()`) or any random-access range of samples.
+/// Shuffling depends only on (seed, epoch), so every process draws the same permutation, and each pass is a new
+/// epoch (or the one `set_epoch` chose), as Accelerate's seedable sampler. Prepared under `data_parallel`, the
+/// index batches are sharded before any sample is loaded, so each process reads only its own samples.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/data/example.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <optional>
+#include <ranges>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "detail/stored.hpp"
+#include "shard.hpp"
+
+namespace accel {
+
+struct loader_options {
+  std::int64_t batch_size = 1;
+  bool shuffle = false;
+  /// With `shuffle`: the permutation of epoch e is a function of (seed, e) alone.
+  std::uint64_t seed = 0;
+  bool drop_last = false;
+};
+
+namespace detail {
+
+/// Stacks samples into a batch: tensors along a new dim 0, pairs/tuples/Examples element by element; anything
+/// else is returned as a vector of samples.
+template <class Sample>
+struct collation {
+  static std::vector<Sample> collate(std::vector<Sample> samples) { return samples; }
+};
+template <>
+struct collation<at::Tensor> {
+  static at::Tensor collate(const std::vector<at::Tensor>& samples) { return at::stack(samples); }
+};
+template <class Data, class Target>
+struct collation<torch::data::Example<Data, Target>> {
+  static auto collate(const std::vector<torch::data::Example<Data, Target>>& samples) {
+    std::vector<Data> data;
+    std::vector<Target> targets;
+    for (const auto& s : samples) {
+      data.push_back(s.data);
+      targets.push_back(s.target);
+    }
+    return torch::data::Example<decltype(collation<Data>::collate(data)), decltype(collation<Target>::collate(targets))>{
+        collation<Data>::collate(data), collation<Target>::collate(targets)};
+  }
+};
+template <class A, class B>
+struct collation<std::pair<A, B>> {
+  static auto collate(const std::vector<std::pair<A, B>>& samples) {
+    std::vector<A> first;
+    std::vector<B> second;
+    for (const auto& s : samples) {
+      first.push_back(s.first);
+      second.push_back(s.second);
+    }
+    return std::pair{collation<A>::collate(first), collation<B>::collate(second)};
+  }
+};
+
+/// A LibTorch dataset: `get(index)` and `size()` (an optional size, as `torch::data::datasets::Dataset` has).
+template <class D>
+concept indexed_dataset = requires(D& d, std::size_t i) {
+  d.get(i);
+  d.size();
+};
+
+template <class D>
+std::int64_t dataset_size(D& d) {
+  if constexpr (indexed_dataset<D>) {
+    auto n = d.size();
+    if constexpr (requires { n.has_value(); }) {
+      if (!n.has_value())
+        throw std::invalid_argument("accel::data_loader: the dataset does not know its size (an iterable dataset); "
+                                    "give it a size, or batch it yourself and prepare the range of batches");
+      return static_cast<std::int64_t>(*n);
+    } else {
+      return static_cast<std::int64_t>(n);
+    }
+  } else {
+    return static_cast<std::int64_t>(std::ranges::size(d));
+  }
+}
+
+template <class D>
+decltype(auto) dataset_get(D& d, std::int64_t i) {
+  if constexpr (indexed_dataset<D>)
+    return d.get(static_cast<std::size_t>(i));
+  else
+    return std::ranges::begin(d)[i];
+}
+
+}  // namespace detail
+
+/// A range of batches loaded sample by sample from `Dataset` (`D&` for an lvalue, referred to; `D` for an rvalue,
+/// owned). Iterating it is one pass (an epoch).
+template <class Dataset>
+class data_loader {
+  using dataset_type = std::remove_reference_t<Dataset>;
+
+ public:
+  using sample_type = std::remove_cvref_t<decltype(detail::dataset_get(std::declval<dataset_type&>(), 0))>;
+  using batch_type = decltype(detail::collation<sample_type>::collate(std::declval<std::vector<sample_type>>()));
+
+  data_loader(Dataset&& dataset, const loader_options& options)
+      : dataset_(std::forward<Dataset>(dataset)), options_(options), size_(detail::dataset_size(dataset_.get())) {
+    if (options_.batch_size < 1)
+      throw std::invalid_argument("accel::data_loader: batch_size = " + std::to_string(options_.batch_size) +
+                                  " must be at least 1");
+    if (size_ == 0) throw std::invalid_argument("accel::data_loader: the dataset is empty; there is nothing to load");
+  }
+
+  /// The index batches of the current epoch, in order (a permutation of 0..size-1 when shuffling).
+  [[nodiscard]] std::vector<std::vector<std::int64_t>> index_batches() const {
+    std::vector<std::int64_t> order(static_cast<std::size_t>(size_));
+    if (options_.shuffle) {
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed + static_cast<std::uint64_t>(epoch_));
+      auto permutation = at::randperm(size_, generator, at::TensorOptions().dtype(at::kLong));
+      std::copy_n(permutation.data_ptr<std::int64_t>(), size_, order.begin());
+    } else {
+      for (std::int64_t i = 0; i < size_; ++i) order[static_cast<std::size_t>(i)] = i;
+    }
+    std::vector<std::vector<std::int64_t>> batches;
+    for (std::int64_t start = 0; start < size_; start += options_.batch_size) {
+      const auto stop = std::min(start + options_.batch_size, size_);
+      if (stop - start < options_.batch_size && options_.drop_last) break;
+      batches.emplace_back(order.begin() + start, order.begin() + stop);
+    }
+    return batches;
+  }
+
+  /// The samples at `indices`, collated.
+  [[nodiscard]] batch_type load(const std::vector<std::int64_t>& indices) const {
+    std::vector<sample_type> samples;
+    samples.reserve(indices.size());
+    for (auto i : indices) samples.push_back(detail::dataset_get(dataset_.get(), i));
+    return detail::collation<sample_type>::collate(std::move(samples));
+  }
+
+  /// Iterates `batches` (index batches of this epoch, sharded or not), loading each; the epoch advances when the
+  /// pass ends.
+  template <class IndexBatches>
+  class pass {
+   public:
+    pass(const data_loader& loader, IndexBatches batches) : loader_(&loader), batches_(std::move(batches)) {}
+    class iterator {
+     public:
+      using value_type = batch_type;
+      using difference_type = std::ptrdiff_t;
+      using iterator_concept = std::input_iterator_tag;
+      iterator(const data_loader* loader, decltype(std::declval<IndexBatches&>().begin()) it)
+          : loader_(loader), it_(std::move(it)) {}
+      /// Loads the batch on first access, so that skipped batches are never read.
+      batch_type& operator*() const {
+        if (!current_) current_.emplace(loader_->load(*it_));
+        return *current_;
+      }
+      iterator& operator++() {
+        ++it_;
+        current_.reset();
+        if (it_ == std::default_sentinel) loader_->finish_epoch();
+        return *this;
+      }
+      void operator++(int) { ++*this; }
+      friend bool operator==(const iterator& i, std::default_sentinel_t s) { return i.it_ == s; }
+
+     private:
+      const data_loader* loader_;
+      decltype(std::declval<IndexBatches&>().begin()) it_;
+      mutable std::optional<batch_type> current_;
+    };
+    [[nodiscard]] iterator begin() { return iterator(loader_, batches_.begin()); }
+    [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
+    [[nodiscard]] const IndexBatches& index_batches() const noexcept { return batches_; }
+
+   private:
+    const data_loader* loader_;
+    IndexBatches batches_;
+  };
+
+  /// One pass over every batch (one process).
+  [[nodiscard]] auto begin() const {
+    passes_.emplace(*this, all_batches{index_batches()});
+    return passes_->begin();
+  }
+  [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
+  [[nodiscard]] std::size_t size() const {
+    const auto full = size_ / options_.batch_size;
+    return static_cast<std::size_t>(options_.drop_last || size_ % options_.batch_size == 0 ? full : full + 1);
+  }
+
+  /// The epoch the next pass draws its permutation for; passes advance it, `set_epoch` sets it.
+  void set_epoch(std::int64_t epoch) noexcept { epoch_ = epoch; }
+  [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
+  [[nodiscard]] std::int64_t dataset_size() const noexcept { return size_; }
+  [[nodiscard]] const loader_options& options() const noexcept { return options_; }
+
+ private:
+  /// Every index batch of the epoch as a range with a sentinel, like the sharded view.
+  struct all_batches {
+    std::vector<std::vector<std::int64_t>> batches;
+    struct iterator {
+      const std::vector<std::vector<std::int64_t>>* batches;
+      std::size_t i = 0;
+      const std::vector<std::int64_t>& operator*() const { return (*batches)[i]; }
+      iterator& operator++() {
+        ++i;
+        return *this;
+      }
+      friend bool operator==(const iterator& it, std::default_sentinel_t) { return it.i == it.batches->size(); }
+    };
+    iterator begin() const { return {&batches}; }
+  };
+
+  void finish_epoch() const { ++epoch_; }
+
+  mutable detail::stored<Dataset> dataset_;
+  loader_options options_;
+  std::int64_t size_;
+  mutable std::int64_t epoch_ = 0;
+  mutable std::optional<pass<all_batches>> passes_;
+};
+
+template <class Dataset>
+data_loader(Dataset&&, const loader_options&) -> data_loader<Dataset>;
+
+/// A data loader's batches for one process of several: each pass shards that epoch's index batches (see
+/// `views::shard`) before loading any sample. What `prepare` iterates under `data_parallel`. `Loader` is
+/// `data_loader<D>&` (referred to) or `data_loader<D>` (owned).
+template <class Loader>
+class sharded_loader {
+  using loader_type = std::remove_reference_t<Loader>;
+  using index_shards = shard_view<std::vector<std::vector<std::int64_t>>>;
+  using pass_type = typename loader_type::template pass<index_shards>;
+
+ public:
+  sharded_loader(Loader&& loader, shard_options options) : loader_(std::forward<Loader>(loader)), options_(options) {
+    options_.batch_size = loader_.get().options().batch_size;
+    options_.drop_last = loader_.get().options().drop_last;
+    detail::validate(options_);
+  }
+  [[nodiscard]] auto begin() const {
+    const auto& loader = loader_.get();
+    current_.emplace(loader, index_shards(loader.index_batches(), options_));
+    return current_->begin();
+  }
+  [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
+  /// See `shard_view::remainder`.
+  [[nodiscard]] std::int64_t remainder() const noexcept { return current_ ? current_->index_batches().remainder() : -1; }
+  [[nodiscard]] loader_type& loader() const noexcept { return loader_.get(); }
+
+ private:
+  mutable detail::stored<Loader> loader_;
+  shard_options options_;
+  mutable std::optional<pass_type> current_;
+};
+
+namespace detail {
+template <class T>
+inline constexpr bool is_data_loader = false;
+template <class D>
+inline constexpr bool is_data_loader<data_loader<D>> = true;
+}  // namespace detail
+
+}  // namespace accel

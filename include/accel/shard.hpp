@@ -1,0 +1,397 @@
+/// \file
+/// Sharding a range of batches between processes exactly as Accelerate's `BatchSamplerShard` does:
+/// `batches | accel::views::shard(options)` yields, lazily, the batches process `options.process_index` of
+/// `options.num_processes` gets.
+///
+/// - Whole batches, round robin: process r takes batches r, r + P, ...; a round is released once it is complete.
+/// - `even_batches` (default): the last, incomplete round is completed by looping back to the first samples, so
+///   every process gets the same number of full batches (also when the data holds less than one global batch).
+///   Without it, leftovers stay with their owners.
+/// - `split_batches`: every batch is cut into P slices of `batch_size / P` instead (a short last batch is
+///   completed from the first batch under `even_batches`).
+/// - `drop_last`: the incomplete last round (or short last batch) is dropped.
+/// A batch is a `std::vector` of samples (indices), a tensor (samples along dim 0), or a pair, tuple or
+/// `torch::data::Example` of those. Only the first P batches are kept, to loop back to.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/data/example.h>
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "detail/stored.hpp"
+#include "prepared_range.hpp"
+
+namespace accel {
+
+/// How a range of batches is divided between processes (Accelerate's `BatchSamplerShard` arguments).
+struct shard_options {
+  /// Samples per batch of the input; empty when batches vary in size (then padding repeats whole batches from
+  /// the start, and `split_batches` is refused).
+  std::optional<std::int64_t> batch_size = std::nullopt;
+  bool drop_last = false;
+  int num_processes = 1;
+  int process_index = 0;
+  bool split_batches = false;
+  bool even_batches = true;
+};
+
+namespace detail {
+
+/// How to count, cut and join the samples of a batch, along its first dimension.
+template <class Batch>
+struct batch_slicing;
+
+template <class T>
+struct batch_slicing<std::vector<T>> {
+  static std::int64_t size(const std::vector<T>& b) { return static_cast<std::int64_t>(b.size()); }
+  static std::vector<T> slice(const std::vector<T>& b, std::int64_t start, std::int64_t stop) {
+    return std::vector<T>(b.begin() + start, b.begin() + stop);
+  }
+  static std::vector<T> concat(std::vector<T> a, const std::vector<T>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+};
+
+template <>
+struct batch_slicing<at::Tensor> {
+  static std::int64_t size(const at::Tensor& b) { return b.size(0); }
+  static at::Tensor slice(const at::Tensor& b, std::int64_t start, std::int64_t stop) {
+    return b.narrow(0, start, stop - start);
+  }
+  static at::Tensor concat(const at::Tensor& a, const at::Tensor& b) { return at::cat({a, b}); }
+};
+
+template <class... Ts>
+struct batch_slicing<std::tuple<Ts...>> {
+  using batch = std::tuple<Ts...>;
+  static std::int64_t size(const batch& b) { return batch_slicing<std::tuple_element_t<0, batch>>::size(std::get<0>(b)); }
+  static batch slice(const batch& b, std::int64_t start, std::int64_t stop) {
+    return std::apply([&](const auto&... x) { return batch{batch_slicing<Ts>::slice(x, start, stop)...}; }, b);
+  }
+  static batch concat(const batch& a, const batch& b) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return batch{batch_slicing<Ts>::concat(std::get<I>(a), std::get<I>(b))...};
+    }(std::index_sequence_for<Ts...>{});
+  }
+};
+
+template <class A, class B>
+struct batch_slicing<std::pair<A, B>> {
+  using batch = std::pair<A, B>;
+  static std::int64_t size(const batch& b) { return batch_slicing<A>::size(b.first); }
+  static batch slice(const batch& b, std::int64_t start, std::int64_t stop) {
+    return {batch_slicing<A>::slice(b.first, start, stop), batch_slicing<B>::slice(b.second, start, stop)};
+  }
+  static batch concat(const batch& a, const batch& b) {
+    return {batch_slicing<A>::concat(a.first, b.first), batch_slicing<B>::concat(a.second, b.second)};
+  }
+};
+
+template <class Data, class Target>
+struct batch_slicing<torch::data::Example<Data, Target>> {
+  using batch = torch::data::Example<Data, Target>;
+  static std::int64_t size(const batch& b) { return batch_slicing<Data>::size(b.data); }
+  static batch slice(const batch& b, std::int64_t start, std::int64_t stop) {
+    return {batch_slicing<Data>::slice(b.data, start, stop), batch_slicing<Target>::slice(b.target, start, stop)};
+  }
+  static batch concat(const batch& a, const batch& b) {
+    return {batch_slicing<Data>::concat(a.data, b.data), batch_slicing<Target>::concat(a.target, b.target)};
+  }
+};
+
+inline void validate(const shard_options& o) {
+  if (o.num_processes < 1)
+    throw std::invalid_argument("accel::shard_options: num_processes = " + std::to_string(o.num_processes) +
+                                " must be at least 1");
+  if (o.process_index < 0 || o.process_index >= o.num_processes)
+    throw std::out_of_range("accel::shard_options: process_index = " + std::to_string(o.process_index) +
+                            " is not a process of " + std::to_string(o.num_processes) + " (0 to " +
+                            std::to_string(o.num_processes - 1) + ")");
+  if (o.batch_size && *o.batch_size < 1)
+    throw std::invalid_argument("accel::shard_options: batch_size = " + std::to_string(*o.batch_size) +
+                                " must be at least 1 (or left empty for batches of varying size)");
+  if (o.split_batches && !o.batch_size)
+    throw std::invalid_argument(
+        "accel::shard_options: split_batches needs batch_size, to cut every batch into num_processes equal parts");
+  if (o.split_batches && *o.batch_size % o.num_processes != 0)
+    throw std::invalid_argument("accel::shard_options: split_batches needs batch_size (" +
+                                std::to_string(*o.batch_size) + ") to be a multiple of num_processes (" +
+                                std::to_string(o.num_processes) +
+                                "); choose another batch size, or shard whole batches (split_batches = false)");
+}
+
+}  // namespace detail
+
+/// A batch `views::shard` can cut and join.
+template <class B>
+concept shardable_batch = requires(const B& b) {
+  { detail::batch_slicing<B>::size(b) } -> std::convertible_to<std::int64_t>;
+  { detail::batch_slicing<B>::slice(b, 0, 1) } -> std::convertible_to<B>;
+  { detail::batch_slicing<B>::concat(b, b) } -> std::convertible_to<B>;
+};
+
+/// The batches one process gets from `Range` (see the file comment). An input range; iterating it again starts
+/// a new pass over `Range`.
+template <class Range>
+  requires batch_range<Range>
+class shard_view {
+  using base_range = std::remove_reference_t<Range>;
+  using base_iterator = decltype(detail::adl::range_begin(std::declval<base_range&>()));
+  using base_sentinel = decltype(detail::adl::range_end(std::declval<base_range&>()));
+
+ public:
+  using batch_type = std::remove_cvref_t<decltype(*std::declval<base_iterator&>())>;
+  static_assert(shardable_batch<batch_type>,
+                "accel::views::shard takes batches that are a std::vector of samples, an at::Tensor (samples along "
+                "dim 0), or a std::pair / std::tuple / torch::data::Example of those");
+  using slicing = detail::batch_slicing<batch_type>;
+
+  class iterator {
+   public:
+    using value_type = batch_type;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::input_iterator_tag;
+
+    iterator(base_iterator base, base_sentinel end, const shard_view& view)
+        : base_(std::move(base)), end_(std::move(end)), options_(view.options_), view_(&view) {
+      fill();
+    }
+    batch_type& operator*() const noexcept { return out_.front(); }
+    iterator& operator++() {
+      out_.pop_front();
+      fill();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const iterator& it, std::default_sentinel_t) noexcept { return it.out_.empty(); }
+
+   private:
+    const shard_options& o() const { return options_; }
+    [[nodiscard]] int P() const { return o().num_processes; }
+    [[nodiscard]] int r() const { return o().process_index; }
+
+    /// Pulls batches until one is ready for this process, or the input ends (then works out the tail).
+    void fill() {
+      while (out_.empty() && !finished_) {
+        if (base_ != end_) {
+          take(*base_);
+          ++base_;
+        } else {
+          finished_ = true;
+          view_->samples_ = samples_;
+          o().split_batches ? split_tail() : whole_tail();
+        }
+      }
+    }
+
+    void take(const batch_type& batch) {
+      ++idx_;
+      if (idx_ == 0 && !options_.batch_size && view_->infer_batch_size_) {  // the first batch sets the size
+        options_.batch_size = slicing::size(batch);
+        detail::validate(options_);
+      }
+      if (idx_ == 0) view_->batch_size_ = options_.batch_size;
+      samples_ += slicing::size(batch);
+      o().split_batches ? take_split(batch) : take_whole(batch);
+      last_ = batch;
+    }
+
+    // Whole batches, round robin (BatchSamplerShard._iter_with_no_split).
+    void take_whole(const batch_type& batch) {
+      if (!o().drop_last && idx_ < P()) remember(batch);
+      if (idx_ % P() == r()) to_yield_ = batch;
+      const bool full = !o().batch_size || slicing::size(batch) == *o().batch_size;
+      if (idx_ % P() == P() - 1 && full) {
+        if (to_yield_) out_.push_back(std::move(*to_yield_));
+        to_yield_.reset();
+      }
+    }
+    void whole_tail() {
+      if (o().drop_last || idx_ < 0) return;
+      if (!o().even_batches) {
+        if (to_yield_) out_.push_back(std::move(*to_yield_));
+        return;
+      }
+      if (!o().batch_size) return varying_size_tail();
+      const auto B = *o().batch_size;
+      if (to_yield_ && slicing::size(*to_yield_) == B) out_.push_back(std::move(*to_yield_));
+      while (slicing::size(*initial_) < P() * B) initial_ = slicing::concat(*initial_, *initial_);
+      std::optional<batch_type> batch = last_;
+      auto idx = idx_;
+      if (slicing::size(*last_) == B) {  // its owner has it already
+        batch.reset();
+        ++idx;
+      }
+      std::int64_t cycle = 0;
+      while (idx % P() != 0 || batch) {
+        const auto have = batch ? slicing::size(*batch) : 0;
+        auto filler = slicing::slice(*initial_, cycle, cycle + B - have);
+        auto completed = batch ? slicing::concat(*batch, filler) : filler;
+        if (idx % P() == r()) out_.push_back(std::move(completed));
+        cycle += B - have;
+        batch.reset();
+        ++idx;
+      }
+    }
+    /// Batches of varying size: the last round is completed with whole batches from the start.
+    void varying_size_tail() {
+      if (to_yield_) out_.push_back(std::move(*to_yield_));
+      auto idx = idx_ + 1;
+      for (std::size_t k = 0; idx % P() != 0; ++k, ++idx)
+        if (idx % P() == r()) out_.push_back(first_batches_[k % first_batches_.size()]);
+    }
+
+    // Each batch cut into P slices (BatchSamplerShard._iter_with_split).
+    void take_split(const batch_type& batch) {
+      if (idx_ == 0) initial_ = batch;
+      if (slicing::size(batch) == *o().batch_size) out_.push_back(my_slice(batch));
+    }
+    void split_tail() {
+      if (o().drop_last || idx_ < 0 || slicing::size(*last_) >= *o().batch_size) return;
+      if (!o().even_batches) {
+        if (slicing::size(*last_) > slice_length() * r()) out_.push_back(my_slice(*last_));
+        return;
+      }
+      while (slicing::size(*initial_) < *o().batch_size) initial_ = slicing::concat(*initial_, *initial_);
+      out_.push_back(my_slice(slicing::concat(*last_, *initial_)));
+    }
+    [[nodiscard]] std::int64_t slice_length() const { return *o().batch_size / P(); }
+    batch_type my_slice(const batch_type& batch) const {
+      const auto start = std::min(slice_length() * r(), slicing::size(batch));
+      const auto stop = std::min(slice_length() * (r() + 1), slicing::size(batch));
+      return slicing::slice(batch, start, stop);
+    }
+
+    void remember(const batch_type& batch) {
+      if (o().batch_size)
+        initial_ = initial_ ? slicing::concat(*initial_, batch) : batch;
+      else
+        first_batches_.push_back(batch);
+    }
+
+    base_iterator base_;
+    base_sentinel end_;
+    shard_options options_;
+    const shard_view* view_;
+    std::int64_t idx_ = -1;
+    std::int64_t samples_ = 0;
+    bool finished_ = false;
+    std::optional<batch_type> initial_;        // the first P batches' samples, to loop back to
+    std::vector<batch_type> first_batches_;   // the same for batches of varying size
+    std::optional<batch_type> to_yield_;
+    std::optional<batch_type> last_;
+    mutable std::deque<batch_type> out_;
+  };
+
+  shard_view(Range&& range, const shard_options& options) : range_(std::forward<Range>(range)), options_(options) {
+    detail::validate(options_);
+  }
+  /// Without `options.batch_size`, takes the size of the first batch as the batch size (what `prepare` does for
+  /// a range that does not say), instead of treating batches as varying in size.
+  struct infer_batch_size_t {};
+  shard_view(Range&& range, const shard_options& options, infer_batch_size_t) : shard_view(std::forward<Range>(range), options) {
+    infer_batch_size_ = true;
+  }
+
+  [[nodiscard]] iterator begin() const {
+    samples_ = -1;
+    auto& range = range_.get();
+    return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), *this);
+  }
+  [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
+
+  [[nodiscard]] const shard_options& options() const noexcept { return options_; }
+  /// Samples in the whole input (every process's), once a pass has read all of it; -1 before.
+  [[nodiscard]] std::int64_t input_samples() const noexcept { return samples_; }
+  /// Samples of the last global batch that are real (Accelerate's `remainder`, what `gather_for_metrics` keeps on
+  /// the last batch); -1 when nothing is padded (drop_last) or the input has not been read to its end.
+  [[nodiscard]] std::int64_t remainder() const noexcept {
+    if (samples_ < 0 || options_.drop_last || !batch_size_) return -1;
+    const auto global = options_.split_batches ? *batch_size_ : *batch_size_ * options_.num_processes;
+    return samples_ % global;
+  }
+
+ private:
+  mutable detail::stored<Range> range_;
+  shard_options options_;
+  bool infer_batch_size_ = false;
+  mutable std::int64_t samples_ = -1;
+  mutable std::optional<std::int64_t> batch_size_;
+};
+
+namespace detail {
+
+/// Accelerate's `split_between_processes`: contiguous parts, the first `size % P` one element longer; with
+/// padding, every part as long as the longest, completed with its last element.
+inline std::pair<std::int64_t, std::int64_t> part_bounds(std::int64_t size, int process, int processes) {
+  const auto per = size / processes, extra = size % processes;
+  const auto start = process * per + std::min<std::int64_t>(process, extra);
+  return {start, start + per + (process < extra ? 1 : 0)};
+}
+
+template <class T>
+std::vector<T> split_between_processes(const std::vector<T>& data, int process, int processes, bool pad) {
+  const auto [start, stop] = part_bounds(static_cast<std::int64_t>(data.size()), process, processes);
+  std::vector<T> part(data.begin() + start, data.begin() + stop);
+  const auto longest = (static_cast<std::int64_t>(data.size()) + processes - 1) / processes;
+  if (pad && !data.empty())
+    while (static_cast<std::int64_t>(part.size()) < longest) part.push_back(part.empty() ? data.back() : part.back());
+  return part;
+}
+
+inline at::Tensor split_between_processes(const at::Tensor& data, int process, int processes, bool pad) {
+  const auto [start, stop] = part_bounds(data.size(0), process, processes);
+  auto part = data.narrow(0, start, stop - start);
+  const auto longest = (data.size(0) + processes - 1) / processes;
+  if (pad && data.size(0) > 0 && part.size(0) < longest) {
+    auto last = part.size(0) > 0 ? part.narrow(0, part.size(0) - 1, 1) : data.narrow(0, data.size(0) - 1, 1);
+    std::vector<std::int64_t> repeats(static_cast<std::size_t>(data.dim()), 1);
+    repeats[0] = longest - part.size(0);
+    part = at::cat({part, last.repeat(repeats)});
+  }
+  return part;
+}
+
+/// A map: each value is split (Accelerate splits a dict's values).
+template <class K, class V>
+std::map<K, V> split_between_processes(const std::map<K, V>& data, int process, int processes, bool pad) {
+  std::map<K, V> part;
+  for (const auto& [key, value] : data) part.emplace(key, split_between_processes(value, process, processes, pad));
+  return part;
+}
+
+}  // namespace detail
+
+namespace views {
+/// The closure of `views::shard(options)`: `range | views::shard(options)`.
+struct shard_closure {
+  shard_options options;
+  template <class Range>
+    requires batch_range<Range>
+  friend auto operator|(Range&& range, const shard_closure& closure) {
+    return shard_view<Range>(std::forward<Range>(range), closure.options);
+  }
+};
+/// `batches | accel::views::shard(options)`: this process's batches (see accel/shard.hpp).
+inline shard_closure shard(const shard_options& options) {
+  detail::validate(options);
+  return {options};
+}
+}  // namespace views
+
+}  // namespace accel
