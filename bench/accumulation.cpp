@@ -34,12 +34,17 @@ result run(int steps, bool sync_each_batch, int micro_batches) {
                                    torch::nn::Linear(width, width), torch::nn::ReLU(), torch::nn::Linear(width, 1));
   torch::optim::SGD optimizer(net->parameters(), 0.01);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> data;
-  for (int i = 0; i < micro_batches; ++i) data.emplace_back(torch::randn({32, width}), torch::randn({32, 1}));
+  // Every process builds the same list; prepare deals its batches out between them.
+  for (int i = 0; i < micro_batches * acc.num_processes(); ++i)
+    data.emplace_back(torch::randn({32, width}), torch::randn({32, 1}));
   auto [model, opt, batches] = acc.prepare(net, optimizer, data);
   const auto* reducer = acc.parallel().reducer_for(*net);
+  int micro_steps = 0;
   auto pass = [&] {
     int optimizer_steps = 0;
+    micro_steps = 0;
     for (auto&& [x, y] : batches) {
+      ++micro_steps;
       auto scope = acc.accumulate(model);
       acc.backward(torch::mse_loss(model(x), y));
       opt.step();
@@ -55,7 +60,7 @@ result run(int steps, bool sync_each_batch, int micro_batches) {
   const int optimizer_steps = pass();
   acc.wait_for_everyone();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  return {ms / micro_batches, double(reducer->all_reduce_count() - reduces_before) / optimizer_steps};
+  return {ms / micro_steps, double(reducer->all_reduce_count() - reduces_before) / optimizer_steps};
 }
 
 double median(std::vector<double> v) {
@@ -92,7 +97,7 @@ int main(int argc, char** argv) {
   }
   accelerator_type acc;
   if (!acc.is_main_process()) return 0;
-  std::printf("2 Gloo processes, MLP width %d (2 buckets), batch 32 per process, %d micro-batches, %d rounds\n", width,
+  std::printf("2 Gloo processes, MLP width %d (2 buckets), batch 32 per process, %d micro-batches per process, %d rounds\n", width,
               micro_batches, rounds);
   std::printf("%-34s %26s %22s\n", "loop", "all-reduces / optimizer step", "ms / micro-batch");
   for (const auto& l : loops) std::printf("%-34s %26.2f %22.3f\n", l.name, l.all_reduces, median(l.ms));

@@ -2,6 +2,7 @@
 # Sets up the machine, builds accel's benchmarks (optimised) and runs them, printing their tables.
 #   scripts/bench.sh          all benchmarks
 #   scripts/bench.sh step     the single-process step overhead (bench/mlp_step.cpp) only
+#   scripts/bench.sh range    what a prepared range adds to iterating the plain range (bench/range_overhead.cpp) only
 #   scripts/bench.sh ddp      the 2-process data-parallel comparison with PyTorch DDP (bench/ddp_compare.py) only
 #   scripts/bench.sh accumulation   all-reduces and time per micro-batch with accumulate<4> on 2 processes only
 set -euo pipefail
@@ -18,6 +19,9 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 if [[ $which == all || $which == step ]]; then
   "$build/bench/bench_mlp_step"
+fi
+if [[ $which == all || $which == range ]]; then
+  "$build/bench/bench_range_overhead"
 fi
 if [[ $which == all || $which == accumulation ]]; then
   "$build/tools/accel" launch --nproc_per_node 2 --master_port 0 "$build/bench/bench_accumulation"

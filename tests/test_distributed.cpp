@@ -431,12 +431,19 @@ TEST_CASE("E3 E4 accumulation on P processes: sync pattern, no_sync on micro-ste
   auto baseline = regression();
   auto net = regression();
   auto model = acc.prepare(net);
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> globals, locals;
-  for (int i = 0; i < batches_per_process; ++i) {
-    globals.push_back(global_regression_batch(8 * P, 100 + i));
-    locals.emplace_back(shard(globals.back().first, r, P), shard(globals.back().second, r, P));
-  }
-  auto batches = acc.prepare(locals);
+  // Batches of 8 per process: the prepared range deals them out round robin, so iteration k's global batch is
+  // batches kP .. kP + P - 1.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> all;
+  for (int i = 0; i < batches_per_process * P; ++i) all.push_back(global_regression_batch(8, 100 + i));
+  auto global_batch = [&](int k) {
+    std::vector<torch::Tensor> xs, ys;
+    for (int q = 0; q < P; ++q) {
+      xs.push_back(all[k * P + q].first);
+      ys.push_back(all[k * P + q].second);
+    }
+    return std::pair{torch::cat(xs), torch::cat(ys)};
+  };
+  auto batches = acc.prepare(all);
   std::vector<bool> syncs;
   std::vector<int> steps;
   int i = 0;
@@ -445,7 +452,8 @@ TEST_CASE("E3 E4 accumulation on P processes: sync pattern, no_sync on micro-ste
       auto scope = acc.accumulate(model);
       acc.backward(torch::mse_loss(model(x), y));
     }
-    (torch::mse_loss(baseline(globals[i].first), globals[i].second) / N).backward();
+    auto [gx, gy] = global_batch(i);
+    (torch::mse_loss(baseline(gx), gy) / N).backward();
     syncs.push_back(acc.sync_gradients());
     steps.push_back(acc.step());
     INFO("N " << N << ", sync_each_batch " << sync_each_batch << ", iteration " << i);
@@ -522,4 +530,99 @@ TEST_CASE("H3 linear schedule over 20 steps ends at 0 on 2 processes, whatever N
   CHECK(lrs[lrs.size() - 1 - N] > 0.0);
   if (N == 2)  // Accelerate's run: 10, 9, 9, 8, 8, ..., 1, 1, 0
     for (int i = 0; i < 20; ++i) CHECK(lrs[i] == Approx(10.0 - (i + 1) / 2));
+}
+
+namespace {
+/// arange(n) as tensor batches of b (the last one short).
+std::vector<torch::Tensor> arange_batches(std::int64_t n, std::int64_t b) {
+  std::vector<torch::Tensor> out;
+  for (std::int64_t start = 0; start < n; start += b) out.push_back(torch::arange(start, std::min(n, start + b)));
+  return out;
+}
+
+/// gather_for_metrics of every batch a prepared range yields, per step.
+template <class Accelerator, class Range>
+std::vector<torch::Tensor> gathered_steps(Accelerator& acc, Range& batches) {
+  std::vector<torch::Tensor> steps;
+  for (auto&& batch : batches) steps.push_back(acc.gather_for_metrics(batch));
+  return steps;
+}
+}  // namespace
+
+TEST_CASE("D1 D2 gather_for_metrics drops what even_batches duplicated", "[data]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes();
+  for (auto [n, b] : {std::pair<std::int64_t, std::int64_t>{10, 4}, {99, 16}, {32 * P, 8}, {7, 3}}) {
+    INFO("N " << n << " B " << b);
+    auto batches = acc.prepare(arange_batches(n, b));
+    auto steps = gathered_steps(acc, batches);
+    CHECK(torch::equal(torch::cat(steps), torch::arange(n)));  // G1: every sample once, in order
+    if (P == 2 && n == 10) {
+      CHECK(torch::equal(steps[0], torch::arange(8)));
+      CHECK(torch::equal(steps[1], torch::tensor({8, 9}, torch::kLong)));
+    }
+    if (P == 2 && n == 99) CHECK(torch::equal(steps.back(), torch::tensor({96, 97, 98}, torch::kLong)));
+  }
+}
+
+TEST_CASE("G1 split_batches and data_loader with shuffling: every sample once", "[data]") {
+  const int P = accel::read_process_environment().world_size;
+  if (8 % P == 0) {
+    gloo_accelerator acc({.split_batches = true});
+    auto batches = acc.prepare(arange_batches(32 * P, 8));
+    CHECK(torch::equal(torch::cat(gathered_steps(acc, batches)), torch::arange(32 * P)));
+  }
+  gloo_accelerator acc;
+  std::vector<std::int64_t> samples(static_cast<std::size_t>(22));
+  std::iota(samples.begin(), samples.end(), 0);
+  accel::data_loader loader(samples, {.batch_size = 4, .shuffle = true, .seed = 5});
+  auto batches = acc.prepare(loader);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<std::int64_t> seen;
+    for (auto&& batch : batches) {
+      auto gathered = acc.gather_for_metrics(batch);
+      seen.insert(seen.end(), gathered.begin(), gathered.end());
+    }
+    std::sort(seen.begin(), seen.end());
+    CHECK(seen == samples);  // B5: the gathered index set is range(22), shuffled or not
+  }
+  CHECK(loader.epoch() == 2);
+}
+
+TEST_CASE("D4 D7 drop_last and even_batches = false", "[data]") {
+  const int P = accel::read_process_environment().world_size;
+  {
+    gloo_accelerator acc({.drop_last = true});
+    auto batches = acc.prepare(arange_batches(10 * P + 1, 5));
+    auto steps = gathered_steps(acc, batches);
+    REQUIRE(steps.size() == 2);
+    CHECK(steps.back().size(0) == 5 * P);  // no truncation with drop_last
+  }
+  if (P == 2) {  // with more processes, even_batches = false leaves them different numbers of batches
+    gloo_accelerator acc({.even_batches = false});
+    std::vector<std::vector<std::int64_t>> batches_of_ids;
+    for (std::int64_t start = 0; start < 7; start += 2) {
+      std::vector<std::int64_t> ids;
+      for (auto i = start; i < std::min<std::int64_t>(7, start + 2); ++i) ids.push_back(i);
+      batches_of_ids.push_back(ids);
+    }
+    auto batches = acc.prepare(batches_of_ids);
+    std::vector<std::vector<std::int64_t>> steps;
+    for (auto&& ids : batches) steps.push_back(acc.gather_for_metrics(ids));
+    REQUIRE(steps.size() == 2);
+    CHECK(steps[0] == std::vector<std::int64_t>{0, 1, 2, 3});
+    CHECK(steps[1] == std::vector<std::int64_t>{4, 5, 6});
+  }
+}
+
+TEST_CASE("J1 skip_first_batches resumes mid-epoch on every process", "[data]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes();
+  auto batches = acc.prepare(arange_batches(16 * P, 4));
+  acc.skip_first_batches(batches, 2);
+  auto steps = gathered_steps(acc, batches);
+  CHECK(steps.size() == 2);
+  CHECK(torch::equal(torch::cat(steps), torch::arange(8 * P, 16 * P)));
+  CHECK(batches.position().epoch == 1);
+  CHECK(gathered_steps(acc, batches).size() == 4);  // the next pass is whole
 }

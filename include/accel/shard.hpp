@@ -114,7 +114,8 @@ struct batch_slicing<torch::data::Example<Data, Target>> {
   }
 };
 
-inline void validate(const shard_options& o) {
+/// `size_from_first_batch`: the batch size is not known yet (`prepare` takes the first batch's).
+inline void validate(const shard_options& o, bool size_from_first_batch = false) {
   if (o.num_processes < 1)
     throw std::invalid_argument("accel::shard_options: num_processes = " + std::to_string(o.num_processes) +
                                 " must be at least 1");
@@ -125,10 +126,10 @@ inline void validate(const shard_options& o) {
   if (o.batch_size && *o.batch_size < 1)
     throw std::invalid_argument("accel::shard_options: batch_size = " + std::to_string(*o.batch_size) +
                                 " must be at least 1 (or left empty for batches of varying size)");
-  if (o.split_batches && !o.batch_size)
+  if (o.split_batches && !o.batch_size && !size_from_first_batch)
     throw std::invalid_argument(
         "accel::shard_options: split_batches needs batch_size, to cut every batch into num_processes equal parts");
-  if (o.split_batches && *o.batch_size % o.num_processes != 0)
+  if (o.split_batches && o.batch_size && *o.batch_size % o.num_processes != 0)
     throw std::invalid_argument("accel::shard_options: split_batches needs batch_size (" +
                                 std::to_string(*o.batch_size) + ") to be a multiple of num_processes (" +
                                 std::to_string(o.num_processes) +
@@ -304,8 +305,9 @@ class shard_view {
   /// Without `options.batch_size`, takes the size of the first batch as the batch size (what `prepare` does for
   /// a range that does not say), instead of treating batches as varying in size.
   struct infer_batch_size_t {};
-  shard_view(Range&& range, const shard_options& options, infer_batch_size_t) : shard_view(std::forward<Range>(range), options) {
-    infer_batch_size_ = true;
+  shard_view(Range&& range, const shard_options& options, infer_batch_size_t)
+      : range_(std::forward<Range>(range)), options_(options), infer_batch_size_(true) {
+    detail::validate(options_, /*size_from_first_batch=*/true);
   }
 
   [[nodiscard]] iterator begin() const {
