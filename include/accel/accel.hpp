@@ -14,5 +14,11 @@
 #include "prepared_optimizer.hpp"
 #include "prepared_scheduler.hpp"
 #include "prepared_range.hpp"
+#include "collectives.hpp"
+#include "launch.hpp"
+#include "shard.hpp"
+#include "data_loader.hpp"
+#include "safetensors.hpp"
+#include "checkpoint.hpp"
 #include "accelerator.hpp"
 // IWYU pragma: end_exports

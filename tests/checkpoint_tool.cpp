@@ -1,0 +1,26 @@
+// For tests/checkpoint/interop.cmake: `checkpoint_tool write FILE` writes known tensors for Python to check;
+// `checkpoint_tool check FILE` reads a file Python wrote and checks its values (exit code 0 when they match).
+#include <accel/accel.hpp>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <string>
+
+int main(int argc, char** argv) {
+  if (argc != 3) return 2;
+  const std::string mode = argv[1];
+  if (mode == "write") {
+    accel::safetensors::save(argv[2], {{"fc.weight", torch::arange(6, torch::kFloat).reshape({2, 3}) / 4},
+                                       {"fc.bias", torch::tensor({-1.5, 2.25}, torch::kDouble)},
+                                       {"steps", torch::tensor({7, 8, 9}, torch::kLong)},
+                                       {"half", torch::tensor({0.5f, -2.0f}).to(torch::kBFloat16)}});
+    return 0;
+  }
+  auto loaded = accel::safetensors::load(argv[2]);
+  std::map<std::string, torch::Tensor> by_name(loaded.begin(), loaded.end());
+  const bool ok = torch::equal(by_name.at("layer.weight"), torch::arange(12, torch::kFloat).reshape({3, 4}) * 0.5) &&
+                  torch::equal(by_name.at("layer.bias"), torch::tensor({1, -2, 3}, torch::kInt)) &&
+                  by_name.at("layer.weight").scalar_type() == torch::kFloat;
+  std::printf("python's file read back: %s\n", ok ? "values match" : "values differ");
+  return ok ? 0 : 1;
+}
