@@ -1,7 +1,7 @@
 /// \file
 /// Sharding a range of batches between processes exactly as Accelerate's `BatchSamplerShard` does:
 /// `batches | accel::views::shard(options)` yields, lazily, the batches process `options.process_index` of
-/// `options.num_processes` gets.
+/// `options.num_processes` gets. With one process, the batches as they are.
 ///
 /// - Whole batches, round robin: process r takes batches r, r + P, ...; a round is released once it is complete.
 /// - `even_batches` (default): the last, incomplete round is completed by looping back to the first samples, so
@@ -195,12 +195,13 @@ class shard_view {
         } else {
           finished_ = true;
           view_->samples_ = samples_;
-          o().split_batches ? split_tail() : whole_tail();
+          if (P() > 1) o().split_batches ? split_tail() : whole_tail();
         }
       }
     }
 
     void take(const batch_type& batch) {
+      if (P() == 1) return out_.push_back(batch);  // one process: the batches as they are, nothing padded
       ++idx_;
       if (idx_ == 0 && !options_.batch_size && view_->infer_batch_size_) {  // the first batch sets the size
         options_.batch_size = slicing::size(batch);
@@ -323,7 +324,7 @@ class shard_view {
   /// Samples of the last global batch that are real (Accelerate's `remainder`, what `gather_for_metrics` keeps on
   /// the last batch); -1 when nothing is padded (drop_last) or the input has not been read to its end.
   [[nodiscard]] std::int64_t remainder() const noexcept {
-    if (samples_ < 0 || options_.drop_last || !batch_size_) return -1;
+    if (samples_ < 0 || options_.drop_last || !batch_size_ || options_.num_processes == 1) return -1;
     const auto global = options_.split_batches ? *batch_size_ : *batch_size_ * options_.num_processes;
     return samples_ % global;
   }
