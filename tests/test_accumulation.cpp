@@ -200,6 +200,7 @@ TEST_CASE("accumulate_dynamic reads N from the options or the environment", "[ac
     CHECK(acc.gradient_accumulation_steps() == 3);
   }
   SECTION("default: 1") {
+    unsetenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS");
     accel::accelerator<accel::fp32, accel::single_process, accel::accumulate_dynamic> acc{{.cpu = true}};
     CHECK(acc.gradient_accumulation_steps() == 1);
   }
@@ -218,6 +219,8 @@ TEST_CASE("accumulate_dynamic reads N from the options or the environment", "[ac
     CHECK_THROWS_WITH(accelerator(accel::options{.cpu = true, .gradient_accumulation_steps = 2}),
                       Catch::Contains("contradicts accel::accumulate<4>"));
     CHECK_NOTHROW(accelerator(accel::options{.cpu = true, .gradient_accumulation_steps = 4}));
+    scoped_variable variable("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "2");
+    CHECK_THROWS_WITH(accelerator(accel::options{.cpu = true}), Catch::Contains("ACCELERATE_GRADIENT_ACCUMULATION_STEPS=2 contradicts accel::accumulate<4>"));
   }
 }
 

@@ -235,3 +235,54 @@ TEST_CASE("clip_grad_norm_ and clip_grad_value_ with fp32 are LibTorch's", "[pre
   for (std::size_t i = 0; i < net->parameters().size(); ++i)
     CHECK(torch::equal(net->parameters()[i].grad(), reference->parameters()[i].grad()));
 }
+
+TEST_CASE("fp16: an optimizer that did not step starts its next step afresh; fp16 losses are promoted", "[precision][scaler]") {
+  accel::accelerator<scaled_fp32> acc{{.cpu = true}};
+  auto a = torch::zeros({1}, torch::requires_grad());
+  auto b = torch::zeros({1}, torch::requires_grad());
+  torch::optim::SGD first({a}, 1.0), second({b}, 1.0);
+  auto [opt_a, opt_b] = acc.prepare(first, second);
+  // Iteration 1: both unscaled (clipping would do that), only the first steps.
+  acc.backward((a + b).sum());
+  acc.unscale_gradients();
+  opt_a.step();
+  opt_a.zero_grad();
+  opt_b.zero_grad();
+  CHECK(a.item<float>() == -1.0f);
+  // Iteration 2: the second steps; its gradient is scaled again and must be unscaled again.
+  acc.backward((a + b).sum());
+  opt_b.step();
+  CHECK(b.item<float>() == -1.0f);
+  CHECK_FALSE(acc.optimizer_step_was_skipped());
+  // A float16 loss: as with PyTorch's GradScaler, it is scaled in float32, but 65536 itself does not fit
+  // float16, so the gradient flowing back into float16 overflows, the step is skipped and the scale backs off.
+  opt_b.zero_grad();
+  acc.backward((b.to(torch::kHalf) * 4).sum());
+  opt_b.step();
+  CHECK(acc.optimizer_step_was_skipped());
+  CHECK(acc.precision().scaler().state().scale == 32768.0f);
+  opt_b.zero_grad();
+  acc.backward(b.to(torch::kHalf).sum());
+  opt_b.step();
+  CHECK_FALSE(acc.optimizer_step_was_skipped());
+  CHECK(b.item<float>() == -2.0f);
+}
+
+TEST_CASE("unscale_gradients does nothing on a micro-step that does not synchronise", "[precision][scaler]") {
+  accel::accelerator<scaled_fp32, accel::single_process, accel::accumulate<2>> acc{{.cpu = true}};
+  auto w = torch::zeros({1}, torch::requires_grad());
+  torch::optim::SGD optimizer({w}, 1.0);
+  auto opt = acc.prepare(optimizer);
+  {
+    auto scope = acc.accumulate();
+    acc.backward(w.sum());
+    acc.unscale_gradients();
+    CHECK(w.grad().item<float>() == 65536.0f / 2);  // still scaled
+  }
+  {
+    auto scope = acc.accumulate();
+    acc.backward(w.sum());
+    opt.step();
+  }
+  CHECK(w.item<float>() == -1.0f);  // (1/2 + 1/2) unscaled once
+}

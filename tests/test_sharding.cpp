@@ -179,6 +179,16 @@ TEST_CASE("every configuration: the processes' batches, round by round, are the 
               }
               INFO("P " << p << " B " << b << " N " << n << " split " << split << " even " << even << " drop " << drop);
               CHECK(rounds == expected);
+              for (int r = 0; r < p; ++r) {  // size() says how many batches a pass gives
+                auto o_r = o;
+                o_r.num_processes = p;
+                o_r.process_index = r;
+                const auto size = accel::shard_view<const batches&>(input, o_r).size();
+                if (split && !even && !drop)  // a short last batch may leave late processes no slice
+                  CHECK(size >= per[r].size());
+                else
+                  CHECK(size == per[r].size());
+              }
               if (even)  // every process the same number of batches
                 for (int r = 1; r < p; ++r) CHECK(per[r].size() == per[0].size());
             }
@@ -274,4 +284,40 @@ TEST_CASE("bad input: an empty dataset, batch_size 0, a process index out of ran
   CHECK_THROWS_WITH(accel::views::shard({.num_processes = 2, .process_index = 2}),
                     Catch::Contains("process_index = 2 is not a process of 2"));
   CHECK(shard_of(batches{}, 2, 0, opts(3)).empty());  // an empty range of batches: nothing, no hang
+}
+
+TEST_CASE("a batch of the wrong size is refused, not silently lost", "[shard]") {
+  const batches uneven = {{0, 1, 2}, {3, 4}, {5, 6, 7}};
+  CHECK_THROWS_WITH(shard_of(uneven, 2, 0, opts(3)),
+                    Catch::Contains("batch 1 has 2 samples where 3 are expected") && Catch::Contains("only the last batch may be short"));
+  CHECK_THROWS_WITH(shard_of(batches{{0, 1}, {2, 3, 4}}, 2, 0, opts(2)), Catch::Contains("batch 1 has 3 samples where 2"));
+}
+
+TEST_CASE("a data loader's passes: nested ones are safe, skipped batches are never read", "[shard][loader]") {
+  struct counting {
+    std::vector<std::int64_t> samples = iota(0, 12);
+    mutable int reads = 0;
+    std::size_t size() const { return samples.size(); }
+    std::int64_t get(std::size_t i) const {
+      ++reads;
+      return samples[i];
+    }
+  };
+  counting dataset;
+  accel::data_loader loader(dataset, {.batch_size = 4});
+  int outer = 0;
+  for (auto&& b : loader) {
+    ++outer;
+    CHECK(accel_test::count_batches(loader) == 3);  // a whole pass inside a pass
+    (void)b;
+  }
+  CHECK(outer == 3);
+  accel::accelerator<> acc{{.cpu = true}};
+  auto batches = acc.prepare(loader);
+  dataset.reads = 0;
+  acc.skip_first_batches(batches, 2);
+  std::vector<std::vector<std::int64_t>> seen;
+  for (auto&& b : batches) seen.push_back(b);
+  CHECK(seen == std::vector<std::vector<std::int64_t>>{{8, 9, 10, 11}});
+  CHECK(dataset.reads == 4);  // only the batch that was yielded
 }

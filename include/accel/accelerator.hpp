@@ -139,9 +139,11 @@ class accelerator {
   }
 
   /// Divides the prepared optimizers' gradients by the fp16 loss scale, once per step (a second call, or the
-  /// optimizer's own step, does not unscale again). Nothing to do for fp32 and bf16. Call it before reading or
+  /// optimizer's own step, does not unscale again); nothing on an accumulation micro-step that does not
+  /// synchronise. Nothing to do for fp32 and bf16. Call it before reading or
   /// changing gradients by hand on a step that synchronises.
   void unscale_gradients() {
+    if (!sync_gradients()) return;  // partial sums: later micro-steps would add scaled gradients to unscaled ones
     for_each_optimizer([this](torch::optim::Optimizer& optimizer) { precision_.unscale(optimizer); });
   }
   /// Unscales the gradients (once per step), then clips their total `norm_type`-norm to `max_norm`; returns the

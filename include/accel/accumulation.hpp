@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -38,11 +39,11 @@ class micro_step_counter {
       sync_ = step_ % steps == 0;
     }
   }
-  [[nodiscard]] int step() const noexcept { return step_; }
+  [[nodiscard]] int step() const noexcept { return static_cast<int>(step_); }
   [[nodiscard]] bool sync_gradients() const noexcept { return sync_; }
 
  private:
-  int step_ = 0;
+  std::int64_t step_ = 0;
   bool sync_ = true;  // before any micro-step, as Accelerate: an optimizer stepped outside accumulate() steps
 };
 
@@ -63,8 +64,14 @@ inline int accumulation_steps_from(const options& opts) {
   return steps;
 }
 
-/// A compile-time N and the options must agree.
+/// A compile-time N, the options and the environment must agree.
 inline void check_fixed_steps(const options& opts, int steps) {
+  if (const char* text = std::getenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS");
+      text != nullptr && *text != '\0' && std::string(text) != std::to_string(steps))
+    throw std::invalid_argument(std::string("accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=") + text +
+                                " contradicts accel::accumulate<" + std::to_string(steps) +
+                                ">, which is fixed at compile time; unset the variable, or use accel::accumulate_dynamic "
+                                "to follow it");
   if (opts.gradient_accumulation_steps && *opts.gradient_accumulation_steps != steps)
     throw std::invalid_argument("accel: options::gradient_accumulation_steps = " +
                                 std::to_string(*opts.gradient_accumulation_steps) + " contradicts accel::accumulate<" +

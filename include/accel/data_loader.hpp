@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <ranges>
 #include <stdexcept>
@@ -124,11 +125,11 @@ class data_loader {
     if (size_ == 0) throw std::invalid_argument("accel::data_loader: the dataset is empty; there is nothing to load");
   }
 
-  /// The index batches of the current epoch, in order (a permutation of 0..size-1 when shuffling).
-  [[nodiscard]] std::vector<std::vector<std::int64_t>> index_batches() const {
+  /// The index batches of `epoch`, in order (a permutation of 0..size-1 when shuffling).
+  [[nodiscard]] std::vector<std::vector<std::int64_t>> index_batches(std::int64_t epoch) const {
     std::vector<std::int64_t> order(static_cast<std::size_t>(size_));
     if (options_.shuffle) {
-      auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed + static_cast<std::uint64_t>(epoch_));
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed + static_cast<std::uint64_t>(epoch));
       auto permutation = at::randperm(size_, generator, at::TensorOptions().dtype(at::kLong));
       std::copy_n(permutation.data_ptr<std::int64_t>(), size_, order.begin());
     } else {
@@ -151,8 +152,9 @@ class data_loader {
     return detail::collation<sample_type>::collate(std::move(samples));
   }
 
-  /// Iterates `batches` (index batches of this epoch, sharded or not), loading each; the epoch advances when the
-  /// pass ends.
+  /// One pass: iterates `batches` (index batches of one epoch, sharded or not), loading each. Its iterators
+  /// share ownership of it, so that a new pass (a nested loop, a peek at `*begin()`) never pulls the rug from
+  /// under one in progress.
   template <class IndexBatches>
   class pass {
    public:
@@ -162,29 +164,25 @@ class data_loader {
       using value_type = batch_type;
       using difference_type = std::ptrdiff_t;
       using iterator_concept = std::input_iterator_tag;
-      iterator(const data_loader* loader, decltype(std::declval<IndexBatches&>().begin()) it)
-          : loader_(loader), it_(std::move(it)) {}
+      explicit iterator(std::shared_ptr<pass> owner) : owner_(std::move(owner)), it_(owner_->batches_.begin()) {}
       /// Loads the batch on first access, so that skipped batches are never read.
       batch_type& operator*() const {
-        if (!current_) current_.emplace(loader_->load(*it_));
+        if (!current_) current_.emplace(owner_->loader_->load(*it_));
         return *current_;
       }
       iterator& operator++() {
         ++it_;
         current_.reset();
-        if (it_ == std::default_sentinel) loader_->finish_epoch();
         return *this;
       }
       void operator++(int) { ++*this; }
       friend bool operator==(const iterator& i, std::default_sentinel_t s) { return i.it_ == s; }
 
      private:
-      const data_loader* loader_;
+      std::shared_ptr<pass> owner_;
       decltype(std::declval<IndexBatches&>().begin()) it_;
       mutable std::optional<batch_type> current_;
     };
-    [[nodiscard]] iterator begin() { return iterator(loader_, batches_.begin()); }
-    [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
     [[nodiscard]] const IndexBatches& index_batches() const noexcept { return batches_; }
 
    private:
@@ -192,10 +190,16 @@ class data_loader {
     IndexBatches batches_;
   };
 
-  /// One pass over every batch (one process).
+  /// Starts a new pass, drawing this epoch's order and advancing the epoch.
+  template <class IndexBatches>
+  static auto start(std::shared_ptr<pass<IndexBatches>> p) {
+    return typename pass<IndexBatches>::iterator(std::move(p));
+  }
+  [[nodiscard]] std::int64_t next_epoch() const noexcept { return epoch_++; }
+
+  /// One pass over every batch (one process): an epoch.
   [[nodiscard]] auto begin() const {
-    passes_.emplace(*this, all_batches{index_batches()});
-    return passes_->begin();
+    return start(std::make_shared<pass<all_batches>>(*this, all_batches{index_batches(next_epoch())}));
   }
   [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
   [[nodiscard]] std::size_t size() const {
@@ -203,7 +207,7 @@ class data_loader {
     return static_cast<std::size_t>(options_.drop_last || size_ % options_.batch_size == 0 ? full : full + 1);
   }
 
-  /// The epoch the next pass draws its permutation for; passes advance it, `set_epoch` sets it.
+  /// The epoch the next pass draws its permutation for; each pass advances it when it starts, `set_epoch` sets it.
   void set_epoch(std::int64_t epoch) noexcept { epoch_ = epoch; }
   [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
   [[nodiscard]] std::int64_t dataset_size() const noexcept { return size_; }
@@ -226,13 +230,10 @@ class data_loader {
     iterator begin() const { return {&batches}; }
   };
 
-  void finish_epoch() const { ++epoch_; }
-
   mutable detail::stored<Dataset> dataset_;
   loader_options options_;
   std::int64_t size_;
   mutable std::int64_t epoch_ = 0;
-  mutable std::optional<pass<all_batches>> passes_;
 };
 
 template <class Dataset>
@@ -255,8 +256,12 @@ class sharded_loader {
   }
   [[nodiscard]] auto begin() const {
     const auto& loader = loader_.get();
-    current_.emplace(loader, index_shards(loader.index_batches(), options_));
-    return current_->begin();
+    current_ = std::make_shared<pass_type>(loader, index_shards(loader.index_batches(loader.next_epoch()), options_));
+    return loader_type::start(current_);
+  }
+  /// This process's number of batches in a pass.
+  [[nodiscard]] std::size_t size() const {
+    return index_shards(std::vector<std::vector<std::int64_t>>(loader_.get().size()), options_).size();
   }
   [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
   /// See `shard_view::remainder`.
@@ -266,7 +271,7 @@ class sharded_loader {
  private:
   mutable detail::stored<Loader> loader_;
   shard_options options_;
-  mutable std::optional<pass_type> current_;
+  mutable std::shared_ptr<pass_type> current_;
 };
 
 namespace detail {

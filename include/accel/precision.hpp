@@ -14,6 +14,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -37,8 +38,8 @@ class [[nodiscard]] autocast_scope {
  public:
   autocast_scope(c10::DeviceType device, c10::ScalarType dtype)
       : device_(device), was_enabled_(compat::autocast_enabled(device)), previous_dtype_(compat::autocast_dtype(device)) {
+    compat::set_autocast_dtype(device, dtype);  // first: 1.13 refuses some dtypes, and must not be left enabled
     compat::set_autocast_enabled(device, true);
-    compat::set_autocast_dtype(device, dtype);
     at::autocast::increment_nesting();
   }
   autocast_scope(const autocast_scope&) = delete;
@@ -99,31 +100,48 @@ class grad_scaler {
           "growth_interval >= 1");
   }
 
-  [[nodiscard]] at::Tensor scale(const at::Tensor& loss) const { return loss * scale_; }
+  /// The loss times the scale, in float32 at least (an fp16 loss times 65536 would overflow). The first backward
+  /// after a step starts a new iteration: what was unscaled or skipped before belongs to the last one.
+  [[nodiscard]] at::Tensor scale(const at::Tensor& loss) {
+    if (step_taken_) {
+      ++iteration_;
+      step_taken_ = false;
+      any_skipped_ = false;
+    }
+    backward_scale_ = scale_;
+    const bool reduced = loss.scalar_type() == at::kHalf || loss.scalar_type() == at::kBFloat16;
+    return (reduced ? loss.to(at::kFloat) : loss) * scale_;
+  }
 
-  /// Divides `optimizer`'s gradients by the scale and records whether any is inf/NaN. Once per step: a second
-  /// call before the step does nothing (Accelerate issue #641: clipping then stepping must not unscale twice).
+  /// Divides `optimizer`'s gradients by the scale their backward used and records whether any is inf/NaN. Once
+  /// per iteration: a second call before the step does nothing (Accelerate issue #641: clipping then stepping
+  /// must not unscale twice).
   void unscale(torch::optim::Optimizer& optimizer) {
-    auto& state = per_optimizer_[&optimizer];
+    auto& state = current_state(optimizer);
     if (state.unscaled) return;
     state.found_inf = unscale_gradients(optimizer);
     state.unscaled = true;
   }
 
-  /// Steps `optimizer` unless its gradients overflowed, then updates the scale. Returns whether it skipped.
+  /// Steps `optimizer` unless its gradients overflowed, then updates the scale (after each optimizer's step, as
+  /// Accelerate calls `scaler.update()`). Returns whether it skipped.
   bool step(torch::optim::Optimizer& optimizer) {
     unscale(optimizer);
-    const bool found_inf = per_optimizer_[&optimizer].found_inf;
+    const bool found_inf = current_state(optimizer).found_inf;
     per_optimizer_.erase(&optimizer);
     if (!found_inf) optimizer.step();
     update(found_inf);
+    step_taken_ = true;
+    any_skipped_ = any_skipped_ || found_inf;
     return found_inf;
   }
 
-  /// Whether `optimizer`'s gradients are already unscaled in this step.
+  /// Whether any optimizer step of the current iteration was skipped (Accelerate: `any` over its optimizers).
+  [[nodiscard]] bool any_step_skipped() const noexcept { return any_skipped_; }
+  /// Whether `optimizer`'s gradients are already unscaled in this iteration.
   [[nodiscard]] bool unscaled(const torch::optim::Optimizer& optimizer) const {
     auto found = per_optimizer_.find(&optimizer);
-    return found != per_optimizer_.end() && found->second.unscaled;
+    return found != per_optimizer_.end() && found->second.iteration == iteration_ && found->second.unscaled;
   }
   [[nodiscard]] state_type state() const noexcept { return {scale_, growth_tracker_}; }
   void load_state(const state_type& state) noexcept {
@@ -134,9 +152,17 @@ class grad_scaler {
 
  private:
   struct optimizer_state {
+    std::uint64_t iteration = 0;
     bool unscaled = false;
     bool found_inf = false;
   };
+
+  /// This iteration's state of `optimizer`: an optimizer that did not step last time starts afresh.
+  optimizer_state& current_state(const torch::optim::Optimizer& optimizer) {
+    auto& state = per_optimizer_[&optimizer];
+    if (state.iteration != iteration_) state = {.iteration = iteration_};
+    return state;
+  }
 
   /// PyTorch's `_amp_update_scale_`: back off on overflow, grow after `growth_interval` clean steps in a row.
   void update(bool found_inf) {
@@ -153,7 +179,7 @@ class grad_scaler {
   /// Unscales every gradient in place and returns whether any element is inf/NaN: one fused pass per device
   /// where LibTorch has the kernel, else a pass per gradient with one synchronisation at the end.
   bool unscale_gradients(torch::optim::Optimizer& optimizer) const {
-    const double inverse = 1.0 / static_cast<double>(scale_);  // in double, as PyTorch, then to float32
+    const double inverse = 1.0 / static_cast<double>(backward_scale_);  // in double, as PyTorch, then float32
     std::map<std::pair<c10::DeviceType, c10::DeviceIndex>, std::vector<at::Tensor>> by_device;
     for (auto& group : optimizer.param_groups())
       for (auto& parameter : group.params())
@@ -177,7 +203,11 @@ class grad_scaler {
 
   grad_scaler_options options_;
   float scale_;
+  float backward_scale_ = scale_;
   int growth_tracker_ = 0;
+  std::uint64_t iteration_ = 0;
+  bool step_taken_ = false;
+  bool any_skipped_ = false;
   std::map<const torch::optim::Optimizer*, optimizer_state> per_optimizer_;
 };
 
@@ -241,10 +271,11 @@ struct fp16 {
   [[nodiscard]] static auto forward_output(Output&& output) -> decltype(detail::outputs_to_fp32(std::forward<Output>(output))) {
     return detail::outputs_to_fp32(std::forward<Output>(output));
   }
-  void backward(const at::Tensor& loss) const { scaler_.scale(loss).backward(); }
+  void backward(const at::Tensor& loss) { scaler_.scale(loss).backward(); }
   void unscale(torch::optim::Optimizer& optimizer) { scaler_.unscale(optimizer); }
-  void step(torch::optim::Optimizer& optimizer) { skipped_ = scaler_.step(optimizer); }
-  [[nodiscard]] bool step_was_skipped() const noexcept { return skipped_; }
+  void step(torch::optim::Optimizer& optimizer) { scaler_.step(optimizer); }
+  /// Whether an optimizer step of this iteration was skipped for overflow.
+  [[nodiscard]] bool step_was_skipped() const noexcept { return scaler_.any_step_skipped(); }
   /// What gradients are multiplied by until they are unscaled.
   [[nodiscard]] double loss_scale() const noexcept { return scaler_.state().scale; }
 
@@ -258,7 +289,6 @@ struct fp16 {
 
  private:
   detail::grad_scaler scaler_;
-  bool skipped_ = false;
 };
 
 }  // namespace accel

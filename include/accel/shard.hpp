@@ -205,8 +205,13 @@ class shard_view {
       ++idx_;
       if (idx_ == 0 && !options_.batch_size && view_->infer_batch_size_) {  // the first batch sets the size
         options_.batch_size = slicing::size(batch);
-        detail::validate(options_);
+        if (options_.split_batches && *options_.batch_size % P() != 0)
+          throw std::invalid_argument("accel: split_batches cuts every batch into " + std::to_string(P()) +
+                                      " equal parts, but the first batch, whose size is taken as the batch size, has " +
+                                      std::to_string(*options_.batch_size) +
+                                      " samples; choose a batch size that is a multiple of the number of processes");
       }
+      check_size(batch);
       if (idx_ == 0) view_->batch_size_ = options_.batch_size;
       samples_ += slicing::size(batch);
       o().split_batches ? take_split(batch) : take_whole(batch);
@@ -279,6 +284,22 @@ class shard_view {
       return slicing::slice(batch, start, stop);
     }
 
+    /// With a batch size, only the last batch may be short, and none longer: else rounds would be lost silently.
+    void check_size(const batch_type& batch) {
+      if (!options_.batch_size) return;
+      const auto size = slicing::size(batch);
+      if (short_seen_ || size > *options_.batch_size || size == 0)
+        throw std::invalid_argument(
+            "accel::views::shard: batch " + std::to_string(short_seen_ ? idx_ - 1 : idx_) + " has " +
+            std::to_string(short_seen_ ? short_size_ : size) + " samples where " + std::to_string(*options_.batch_size) +
+            " are expected; with a batch size only the last batch may be short (for batches of varying size, "
+            "leave shard_options::batch_size empty)");
+      if (size < *options_.batch_size) {
+        short_seen_ = true;
+        short_size_ = size;
+      }
+    }
+
     void remember(const batch_type& batch) {
       if (o().batch_size)
         initial_ = initial_ ? slicing::concat(*initial_, batch) : batch;
@@ -292,6 +313,8 @@ class shard_view {
     const shard_view* view_;
     std::int64_t idx_ = -1;
     std::int64_t samples_ = 0;
+    bool short_seen_ = false;
+    std::int64_t short_size_ = 0;
     bool finished_ = false;
     std::optional<batch_type> initial_;        // the first P batches' samples, to loop back to
     std::vector<batch_type> first_batches_;   // the same for batches of varying size
@@ -317,6 +340,20 @@ class shard_view {
     return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), *this);
   }
   [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
+
+  /// This process's number of batches, when the input knows its own (Accelerate's `BatchSamplerShard.__len__`).
+  /// With split_batches and without even_batches it is an upper bound, as Accelerate's: a short last batch may
+  /// leave the last processes no slice.
+  [[nodiscard]] std::size_t size() const
+    requires requires(const base_range& r) { detail::adl::range_size(r); }
+  {
+    const auto n = static_cast<std::size_t>(detail::adl::range_size(std::as_const(range_.get())));
+    const auto P = static_cast<std::size_t>(options_.num_processes);
+    if (options_.split_batches || P == 1) return n;
+    if (n % P == 0 || options_.drop_last) return n / P;
+    if (options_.even_batches) return n / P + 1;
+    return n / P + (static_cast<std::size_t>(options_.process_index) < n % P ? 1 : 0);
+  }
 
   [[nodiscard]] const shard_options& options() const noexcept { return options_; }
   /// Samples in the whole input (every process's), once a pass has read all of it; -1 before.
@@ -362,7 +399,7 @@ inline at::Tensor split_between_processes(const at::Tensor& data, int process, i
   auto part = data.narrow(0, start, stop - start);
   const auto longest = (data.size(0) + processes - 1) / processes;
   if (pad && data.size(0) > 0 && part.size(0) < longest) {
-    auto last = part.size(0) > 0 ? part.narrow(0, part.size(0) - 1, 1) : data.narrow(0, data.size(0) - 1, 1);
+    auto last = data.narrow(0, data.size(0) - 1, 1);  // Accelerate pads tensors with the input's last element
     std::vector<std::int64_t> repeats(static_cast<std::size_t>(data.dim()), 1);
     repeats[0] = longest - part.size(0);
     part = at::cat({part, last.repeat(repeats)});
