@@ -9,6 +9,7 @@ packages=(
   libopenblas0-pthread          # without it Debian's LibTorch uses the reference BLAS (~10x slower)
   python3 python3-numpy
   python3-torch                 # PyTorch 1.13: the reference for the DDP benchmark, and torchrun
+  openmpi-bin                   # mpirun, to test that accel programs start under Open MPI
 )
 
 missing=()

@@ -552,7 +552,7 @@ std::vector<torch::Tensor> gathered_steps(Accelerator& acc, Range& batches) {
 TEST_CASE("D1 D2 gather_for_metrics drops what even_batches duplicated", "[data]") {
   gloo_accelerator acc;
   const int P = acc.num_processes();
-  for (auto [n, b] : {std::pair<std::int64_t, std::int64_t>{10, 4}, {99, 16}, {32 * P, 8}, {7, 3}}) {
+  for (auto [n, b] : {std::pair<std::int64_t, std::int64_t>{10, 4}, {99, 16}, {32 * P, 8}, {7, 3}, {82, 16}, {512, 16}}) {
     INFO("N " << n << " B " << b);
     auto batches = acc.prepare(arange_batches(n, b));
     auto steps = gathered_steps(acc, batches);
@@ -571,6 +571,10 @@ TEST_CASE("G1 split_batches and data_loader with shuffling: every sample once", 
     gloo_accelerator acc({.split_batches = true});
     auto batches = acc.prepare(arange_batches(32 * P, 8));
     CHECK(torch::equal(torch::cat(gathered_steps(acc, batches)), torch::arange(32 * P)));
+    for (std::int64_t n : {82, 99, 512}) {  // D3, the split half: totals equal N
+      auto more = acc.prepare(arange_batches(n, 8));
+      CHECK(torch::equal(torch::cat(gathered_steps(acc, more)), torch::arange(n)));
+    }
   }
   gloo_accelerator acc;
   std::vector<std::int64_t> samples(static_cast<std::size_t>(22));

@@ -342,8 +342,8 @@ class shard_view {
   [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
 
   /// This process's number of batches, when the input knows its own (Accelerate's `BatchSamplerShard.__len__`).
-  /// With split_batches and without even_batches it is an upper bound, as Accelerate's: a short last batch may
-  /// leave the last processes no slice.
+  /// With split_batches it is an upper bound, as Accelerate's, when the input ends in a short batch that is dropped
+  /// (drop_last) or leaves the last processes no slice (without even_batches).
   [[nodiscard]] std::size_t size() const
     requires requires(const base_range& r) { detail::adl::range_size(r); }
   {
