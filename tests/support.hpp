@@ -81,6 +81,13 @@ class lambda_lr {
   }
   [[nodiscard]] double lr() const { return optimizer_.param_groups()[0].options().get_lr(); }
   [[nodiscard]] int steps() const { return steps_; }
+  // Checkpointing (accel's customisation point); the learning rate itself travels with the optimizer.
+  void save(torch::serialize::OutputArchive& archive) const { archive.write("steps", c10::IValue(std::int64_t{steps_})); }
+  void load(torch::serialize::InputArchive& archive) {
+    c10::IValue steps;
+    archive.read("steps", steps);
+    steps_ = static_cast<int>(steps.toInt());
+  }
 
  private:
   torch::optim::Optimizer& optimizer_;

@@ -107,3 +107,108 @@ TEST_CASE("save_model / load_model: names, sharding with an index, validation be
   CHECK_THROWS_WITH(accel::load_model(*bn2, dir / "single"), Catch::Contains("missing: weight") && Catch::Contains("unexpected: fc1.weight"));
   std::filesystem::remove_all(dir);
 }
+
+namespace {
+
+/// One training run's objects, built from `seed` (weights, RNG), with dropout (so the RNG matters), AdamW (so
+/// optimizer state matters), a scheduler and a shuffled prepared data loader (so the data position matters).
+struct training_run {
+  using samples_type = std::vector<std::pair<torch::Tensor, torch::Tensor>>;
+  static accel_test::mlp seeded_mlp(std::uint64_t seed) {
+    torch::manual_seed(seed);
+    return accel_test::mlp(3, 16, 1, /*dropout=*/0.3);
+  }
+  static samples_type make_samples() {
+    torch::manual_seed(42);  // the same data in every run
+    samples_type samples;
+    for (int i = 0; i < 32; ++i) samples.emplace_back(torch::randn({3}), torch::randn({1}));
+    return samples;
+  }
+  explicit training_run(std::uint64_t seed)
+      : net(seeded_mlp(seed)),
+        optimizer(net->parameters(), torch::optim::AdamWOptions(1e-2)),
+        schedule(optimizer, [](int n) { return 1.0 / (1 + 0.1 * n); }),
+        samples(make_samples()),
+        loader(samples, {.batch_size = 4, .shuffle = true, .seed = 3}),
+        model(acc.prepare(net)),
+        opt(acc.prepare(optimizer)),
+        sched(acc.prepare(schedule)),
+        batches(acc.prepare(loader)) {}
+  void train(int steps) {
+    int done = 0;
+    while (done < steps)
+      for (auto&& [x, y] : batches) {
+        acc.backward(torch::mse_loss(model(x), y));
+        opt.step();
+        sched.step();
+        opt.zero_grad();
+        if (++done == steps) return;
+      }
+  }
+  accel::accelerator<> acc{{.cpu = true}};
+  accel_test::mlp net;
+  torch::optim::AdamW optimizer;
+  accel_test::lambda_lr schedule;
+  samples_type samples;
+  accel::data_loader<samples_type&> loader;
+  accel::prepared_model<accel_test::mlp, accel::accelerator<>> model;
+  accel::prepared_optimizer<torch::optim::AdamW&, accel::accelerator<>> opt;
+  accel::prepared_scheduler<accel_test::lambda_lr&, accel::accelerator<>> sched;
+  accel::prepared_range<accel::data_loader<samples_type&>&, accel::accelerator<>> batches;
+};
+
+}  // namespace
+
+TEST_CASE("resume: 10 steps == 5, save, load into other objects, 5 more, bit for bit", "[checkpoint][resume]") {
+  const auto dir = scratch("resume");
+  training_run uninterrupted(1);
+  uninterrupted.train(10);  // 8 batches per epoch: the save below falls mid-epoch
+  std::vector<torch::Tensor> at_save;
+  double lr_at_save = 0;
+  {
+    training_run first_half(1);
+    first_half.train(5);
+    first_half.acc.save_state(dir / "state");
+    for (auto& p : first_half.net->parameters()) at_save.push_back(p.clone());
+    lr_at_save = first_half.optimizer.param_groups()[0].options().get_lr();
+  }
+  CHECK_FALSE(std::filesystem::exists(dir / "state.partial"));
+  training_run resumed(99);  // other weights, another RNG state
+  REQUIRE_FALSE(accel_test::bitwise_equal(*resumed.net, *uninterrupted.net));
+  resumed.acc.load_state(dir / "state");
+  for (std::size_t i = 0; i < at_save.size(); ++i) CHECK(torch::equal(resumed.net->parameters()[i], at_save[i]));
+  CHECK(resumed.optimizer.param_groups()[0].options().get_lr() == lr_at_save);
+  resumed.train(5);
+  CHECK(accel_test::bitwise_equal(*resumed.net, *uninterrupted.net));
+  CHECK(resumed.schedule.steps() == uninterrupted.schedule.steps());
+  CHECK(resumed.batches.position().epoch == uninterrupted.batches.position().epoch);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("load_state refuses a checkpoint that does not fit, before changing anything", "[checkpoint][resume]") {
+  const auto dir = scratch("refuse");
+  training_run saved(1);
+  saved.train(3);
+  saved.acc.save_state(dir / "state");
+  training_run target(7);
+  const auto before = target.net->parameters()[0].clone();
+  using Catch::Contains;
+  CHECK_THROWS_WITH(target.acc.load_state(dir / "nowhere"), Contains("no checkpoint at"));
+  std::filesystem::copy(dir / "state", dir / "corrupt", std::filesystem::copy_options::recursive);
+  std::ofstream(dir / "corrupt" / "optimizer.bin", std::ios::trunc) << "garbage";
+  CHECK_THROWS_WITH(target.acc.load_state(dir / "corrupt"), Contains("optimizer.bin is truncated or corrupt"));
+  std::filesystem::copy(dir / "state", dir / "missing", std::filesystem::copy_options::recursive);
+  std::filesystem::remove(dir / "missing" / "random_states_0.bin");
+  CHECK_THROWS_WITH(target.acc.load_state(dir / "missing"), Contains("lacks") && Contains("random_states_0.bin"));
+  CHECK(torch::equal(target.net->parameters()[0], before));
+  // Another model: the weights are checked by name, shape and dtype.
+  accel::accelerator<> other{{.cpu = true}};
+  auto wider = accel_test::mlp(3, 17, 1);
+  torch::optim::AdamW optimizer(wider->parameters());
+  accel_test::lambda_lr schedule(optimizer, [](int) { return 1.0; });
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> samples{{torch::zeros({3}), torch::zeros({1})}};
+  accel::data_loader loader(samples, {.batch_size = 1});
+  auto prepared = other.prepare(wider, optimizer, schedule, loader);
+  CHECK_THROWS_WITH(other.load_state(dir / "state"), Contains("do not fit the prepared model; nothing was loaded"));
+  std::filesystem::remove_all(dir);
+}

@@ -126,6 +126,9 @@ TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accel
     bool trigger, end_of_dataloader;
     std::int64_t remainder;
     std::vector<std::weak_ptr<torch::optim::Optimizer*>> optimizers;
+    std::vector<std::shared_ptr<torch::nn::Module>> models;
+    std::vector<std::weak_ptr<accel::detail::checkpoint_slot>> slots;
+    std::vector<std::shared_ptr<accel::detail::checkpoint_slot>> owned_slots;
   };
   STATIC_REQUIRE(sizeof(accel::accelerator<>) == sizeof(same_members_without_empty_policies));
 }

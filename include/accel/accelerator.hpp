@@ -5,6 +5,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 #include <c10/core/Device.h>
 #include <torch/types.h>  // before clip_grad.h, which uses torch::Tensor without including it
 #include <torch/nn/utils/clip_grad.h>
@@ -12,6 +15,10 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -27,6 +34,7 @@
 #include "accumulation.hpp"
 #include "collectives.hpp"
 #include "concepts.hpp"
+#include "checkpoint.hpp"
 #include "data_loader.hpp"
 #include "detail/diagnostics.hpp"
 #include "detail/scope.hpp"
@@ -280,6 +288,127 @@ class accelerator {
     return range;
   }
 
+  /// Registers `object` for `save_state` / `load_state` (Accelerate's `register_for_checkpointing`): it needs
+  /// `save(torch::serialize::OutputArchive&) const` and `load(torch::serialize::InputArchive&)`, or is a LibTorch
+  /// LR scheduler. It must outlive the accelerator's checkpoints.
+  template <class T>
+  void register_for_checkpointing(T& object) {
+    auto slot = std::make_shared<detail::checkpoint_slot>();
+    slot->what = "custom_checkpoint";
+    detail::fill_slot(*slot, object);
+    if (!slot->save)
+      throw std::invalid_argument("accel::register_for_checkpointing: this object has no save(OutputArchive&) const "
+                                  "and load(InputArchive&) members; give it those to have it checkpointed");
+    owned_slots_.push_back(slot);
+    register_state(slot);
+  }
+
+  /// Saves the training state to `directory`, atomically (written beside it, then renamed into place; an earlier
+  /// checkpoint there is replaced only once the new one is complete): every prepared model's weights
+  /// (`model.safetensors`, `model_1.safetensors`, ...), optimizer (`optimizer.bin`, ...), scheduler
+  /// (`scheduler.bin`, ...) and registered object (`custom_checkpoint_0.bin`, ...) from the main process, and from
+  /// every process its RNG state, fp16 loss scale and data positions (`random_states_{rank}.bin`). A collective.
+  void save_state(const std::filesystem::path& directory) {
+    const auto partial = std::filesystem::path(directory.string() + ".partial");
+    if (is_main_process()) {
+      std::filesystem::remove_all(partial);
+      std::filesystem::create_directories(partial);
+    }
+    wait_for_everyone();
+    if (is_main_process()) save_shared_state(partial);
+    save_process_state(partial);
+    wait_for_everyone();
+    if (is_main_process()) {
+      const auto old = std::filesystem::path(directory.string() + ".old");
+      std::filesystem::remove_all(old);
+      if (std::filesystem::exists(directory)) std::filesystem::rename(directory, old);
+      std::filesystem::rename(partial, directory);
+      std::filesystem::remove_all(old);
+    }
+    wait_for_everyone();
+  }
+
+  /// Restores what `save_state` wrote into the prepared objects. Everything is read and checked first (the files,
+  /// the number of processes and of each kind of object, every weight's name, shape and dtype); a problem throws
+  /// `accel::checkpoint_error` before anything changes.
+  void load_state(const std::filesystem::path& directory) {
+    if (!std::filesystem::is_directory(directory))
+      throw checkpoint_error("accel::load_state: no checkpoint at " + directory.string());
+    auto shared = read_archive(directory / "accel_state.bin");
+    const auto expect = [&](const char* key, std::int64_t mine) {
+      c10::IValue value;
+      if (!shared.try_read(key, value) || !value.isInt())
+        throw checkpoint_error("accel::load_state: " + (directory / "accel_state.bin").string() + " lacks \"" + key + "\"");
+      if (value.toInt() != mine)
+        throw checkpoint_error("accel::load_state: the checkpoint in " + directory.string() + " has " +
+                               std::to_string(value.toInt()) + " " + key + ", this program " + std::to_string(mine) +
+                               (std::string(key) == "processes" ? "; resume with the same number of processes"
+                                                                : "; prepare the same objects, in the same order, as when saving"));
+    };
+    expect("processes", num_processes());
+    expect("models", static_cast<std::int64_t>(models_.size()));
+    const auto optimizers = live_optimizers();
+    expect("optimizers", static_cast<std::int64_t>(optimizers.size()));
+    const auto slots = live_slots();
+    for (const auto& [what, list] : slots) expect(what.c_str(), static_cast<std::int64_t>(list.size()));
+    // Read and check everything before changing anything.
+    std::vector<std::map<std::string, at::Tensor>> weights;
+    for (std::size_t i = 0; i < models_.size(); ++i) {
+      const auto file = directory / numbered("model", i, ".safetensors");
+      auto loaded = safetensors::load(file);
+      weights.emplace_back(loaded.begin(), loaded.end());
+      check_weights(*models_[i], weights.back(), file);
+    }
+    std::vector<torch::serialize::InputArchive> optimizer_archives;
+    for (std::size_t i = 0; i < optimizers.size(); ++i)
+      optimizer_archives.push_back(read_archive(directory / numbered("optimizer", i, ".bin")));
+    std::map<std::string, std::vector<torch::serialize::InputArchive>> slot_archives;
+    for (const auto& [what, list] : slots)
+      if (what != "range")
+        for (std::size_t i = 0; i < list.size(); ++i)
+          slot_archives[what].push_back(read_archive(directory / numbered(what, i, ".bin")));
+    auto mine = read_archive(directory / ("random_states_" + std::to_string(process_index()) + ".bin"));
+    at::Tensor rng;
+    if (!mine.try_read("cpu_rng", rng))
+      throw checkpoint_error("accel::load_state: random_states_" + std::to_string(process_index()) +
+                             ".bin lacks the CPU generator state");
+    // Apply.
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < models_.size(); ++i)
+      for (auto& [name, tensor] : detail::state_of(*models_[i])) tensor.copy_(weights[i].at(name));
+    for (std::size_t i = 0; i < optimizers.size(); ++i) {
+      optimizers[i]->load(optimizer_archives[i]);
+      c10::IValue lrs;
+      if (optimizer_archives[i].try_read("accel_learning_rates", lrs)) {
+        const auto values = lrs.toDoubleVector();
+        auto& groups = optimizers[i]->param_groups();
+        for (std::size_t g = 0; g < groups.size() && g < values.size(); ++g) groups[g].options().set_lr(values[g]);
+      }
+    }
+    for (auto& [what, list] : slots) {
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        if (what == "range") {
+          torch::serialize::InputArchive position;
+          mine.read("range_" + std::to_string(i), position);
+          list[i]->load(position);
+        } else {
+          list[i]->load(slot_archives[what][i]);
+        }
+      }
+    }
+    {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(rng);
+    }
+    if constexpr (requires { precision_.scaler(); }) {
+      c10::IValue scale, tracker;
+      mine.read("loss_scale", scale);
+      mine.read("growth_tracker", tracker);
+      precision_.scaler().load_state({static_cast<float>(scale.toDouble()), static_cast<int>(tracker.toInt())});
+    }
+  }
+
   /// Within the returned scope, backward through `model` accumulates gradients locally without communicating
   /// (Accelerate's `no_sync`); the first backward after it all-reduces everything accumulated.
   template <class Model>
@@ -351,6 +480,9 @@ class accelerator {
   template <class Range, class Accelerator>
     requires batch_range<Range>
   friend class prepared_range;
+  template <class Scheduler, class Accelerator>
+    requires scheduler_like<Scheduler>
+  friend class prepared_scheduler;
 
   /// Called by `prepared_range` before it yields each batch: true for the last one of a pass, with the number of
   /// real samples in the last global batch (-1: nothing padded).
@@ -366,6 +498,111 @@ class accelerator {
   decltype(auto) forward_output(Output&& output) const {
     return precision_.forward_output(std::forward<Output>(output));
   }
+  /// Called by prepared schedulers and ranges (and register_for_checkpointing): what save_state saves.
+  void register_state(const std::shared_ptr<detail::checkpoint_slot>& slot) {
+    std::erase_if(slots_, [](const auto& s) { return s.expired(); });
+    slots_.push_back(slot);
+  }
+  /// The live slots by kind, in registration order.
+  std::map<std::string, std::vector<std::shared_ptr<detail::checkpoint_slot>>> live_slots() const {
+    std::map<std::string, std::vector<std::shared_ptr<detail::checkpoint_slot>>> by_kind;
+    for (const auto& weak : slots_)
+      if (auto slot = weak.lock()) by_kind[slot->what].push_back(slot);
+    return by_kind;
+  }
+  std::vector<torch::optim::Optimizer*> live_optimizers() const {
+    std::vector<torch::optim::Optimizer*> out;
+    for (const auto& registration : optimizers_)
+      if (auto optimizer = registration.lock()) out.push_back(*optimizer);
+    return out;
+  }
+  /// `model.safetensors`, `model_1.safetensors`, ... as Accelerate names them.
+  static std::string numbered(const std::string& stem, std::size_t i, const std::string& extension) {
+    return stem + (i == 0 ? "" : "_" + std::to_string(i)) + extension;
+  }
+  static torch::serialize::InputArchive read_archive(const std::filesystem::path& file) {
+    if (!std::filesystem::exists(file))
+      throw checkpoint_error("accel::load_state: the checkpoint lacks " + file.string() +
+                             " (saved by another configuration, or an incomplete copy)");
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(file.string());
+    } catch (const std::exception& e) {
+      throw checkpoint_error("accel::load_state: " + file.string() + " is truncated or corrupt: " +
+                             detail::first_line(e.what()));
+    }
+    return archive;
+  }
+  static void check_weights(const torch::nn::Module& module, const std::map<std::string, at::Tensor>& weights,
+                            const std::filesystem::path& file) {
+    std::string problems;
+    const auto state = detail::state_of(module);
+    for (const auto& [name, tensor] : state) {
+      auto found = weights.find(name);
+      if (found == weights.end())
+        problems += "\n  missing: " + name;
+      else if (found->second.sizes() != tensor.sizes() || found->second.scalar_type() != tensor.scalar_type())
+        problems += "\n  " + name + ": another shape or dtype";
+    }
+    if (weights.size() != state.size()) problems += "\n  the file holds other tensors too";
+    if (!problems.empty())
+      throw checkpoint_error("accel::load_state: the weights in " + file.string() +
+                             " do not fit the prepared model; nothing was loaded:" + problems);
+  }
+  void save_shared_state(const std::filesystem::path& dir) {
+    torch::serialize::OutputArchive shared;
+    shared.write("processes", c10::IValue(static_cast<std::int64_t>(num_processes())));
+    shared.write("models", c10::IValue(static_cast<std::int64_t>(models_.size())));
+    const auto optimizers = live_optimizers();
+    shared.write("optimizers", c10::IValue(static_cast<std::int64_t>(optimizers.size())));
+    for (const auto& [what, list] : live_slots()) {
+      shared.write(what, c10::IValue(static_cast<std::int64_t>(list.size())));
+      if (what == "range") continue;  // per process, with the RNG
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        if (!list[i]->save)
+          throw checkpoint_error("accel::save_state: " + what + " " + std::to_string(i) +
+                                 " cannot be checkpointed: give it save(OutputArchive&) const and load(InputArchive&)");
+        torch::serialize::OutputArchive archive;
+        list[i]->save(archive);
+        archive.save_to((dir / numbered(what, i, ".bin")).string());
+      }
+    }
+    shared.save_to((dir / "accel_state.bin").string());
+    for (std::size_t i = 0; i < models_.size(); ++i)
+      safetensors::save(dir / numbered("model", i, ".safetensors"), detail::state_of(*models_[i]));
+    for (std::size_t i = 0; i < optimizers.size(); ++i) {
+      torch::serialize::OutputArchive archive;
+      optimizers[i]->save(archive);
+      // LibTorch's optimizer archive does not restore its groups' options; the learning rate (a scheduler's
+      // work) goes alongside.
+      std::vector<double> lrs;
+      for (auto& group : optimizers[i]->param_groups()) lrs.push_back(group.options().get_lr());
+      archive.write("accel_learning_rates", c10::IValue(lrs));
+      archive.save_to((dir / numbered("optimizer", i, ".bin")).string());
+    }
+  }
+  void save_process_state(const std::filesystem::path& dir) {
+    torch::serialize::OutputArchive mine;
+    {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      mine.write("cpu_rng", generator.get_state());
+    }
+    if constexpr (requires { precision_.scaler(); }) {
+      const auto state = precision_.scaler().state();
+      mine.write("loss_scale", c10::IValue(static_cast<double>(state.scale)));
+      mine.write("growth_tracker", c10::IValue(static_cast<std::int64_t>(state.growth_tracker)));
+    }
+    const auto slots = live_slots();
+    if (auto ranges = slots.find("range"); ranges != slots.end())
+      for (std::size_t i = 0; i < ranges->second.size(); ++i) {
+        torch::serialize::OutputArchive position;
+        ranges->second[i]->save(position);
+        mine.write("range_" + std::to_string(i), position);
+      }
+    mine.save_to((dir / ("random_states_" + std::to_string(process_index()) + ".bin")).string());
+  }
+
   /// Called by `prepared_optimizer` on construction: the accelerator finds its optimizers through these.
   void register_optimizer(const std::shared_ptr<torch::optim::Optimizer*>& registration) {
     std::erase_if(optimizers_, [](const auto& r) { return r.expired(); });
@@ -469,6 +706,7 @@ class accelerator {
   template <class Model>
   prepared_model<Model, accelerator> prepare_model(Model model) {
     if (flags_.device_placement) model->to(device());  // in place: the parameters keep their identity
+    models_.push_back(detail::module_shared(model));
     parallel_.prepare_model(*model);
     return {std::move(model), *this};
   }
@@ -481,6 +719,9 @@ class accelerator {
   bool end_of_dataloader_ = false;
   std::int64_t remainder_ = -1;
   std::vector<std::weak_ptr<torch::optim::Optimizer*>> optimizers_;
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<std::weak_ptr<detail::checkpoint_slot>> slots_;
+  std::vector<std::shared_ptr<detail::checkpoint_slot>> owned_slots_;
 };
 
 }  // namespace accel

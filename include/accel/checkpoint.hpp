@@ -3,17 +3,23 @@
 /// a Python `state_dict` of the same architecture has): `accel::save_model(module, dir, max_shard_bytes)` writes
 /// `model.safetensors`, or shards plus `model.safetensors.index.json` when the weights exceed the limit (as
 /// Accelerate's `save_model`), and `accel::load_model(module, dir)` reads either, checking every name, shape and
-/// dtype before it changes anything. (save_state / load_state of the whole training state: issue #7.)
+/// dtype before it changes anything. The rest of a training state (optimizers, schedulers, RNG, data position)
+/// goes through `checkpoint_slot`s, saved and loaded by `accelerator::save_state` / `load_state`.
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -145,4 +151,48 @@ inline void load_model(torch::nn::Module& module, const std::filesystem::path& w
   for (auto& [name, tensor] : state) tensor.copy_(by_name.at(name));
 }
 
+namespace detail {
+
+/// How one object (a scheduler, a range's position, a registered object) is saved into and loaded from an
+/// archive. Empty functions: the object cannot be checkpointed (`save_state` says which). Shared between the
+/// prepared object, which keeps `object` pointing at it when it moves, and the accelerator, which holds it weakly.
+struct checkpoint_slot {
+  std::string what;
+  std::function<void(torch::serialize::OutputArchive&)> save;
+  std::function<void(torch::serialize::InputArchive&)> load;
+};
+
+/// LibTorch's schedulers keep their step count in a protected member; a derived class may name it.
+struct lr_scheduler_access : torch::optim::LRScheduler {
+  static unsigned& step_count(torch::optim::LRScheduler& scheduler) {
+    return scheduler.*(&lr_scheduler_access::step_count_);
+  }
+};
+
+/// The customisation point: `save(torch::serialize::OutputArchive&) const` and `load(InputArchive&)` members;
+/// LibTorch LR schedulers (their step count; learning rates travel with the optimizer); else not checkpointable.
+template <class T>
+void fill_slot(checkpoint_slot& slot, T& object) {
+  if constexpr (requires(const T& t, T& u, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
+                  t.save(out);
+                  u.load(in);
+                }) {
+    slot.save = [&object](torch::serialize::OutputArchive& out) { object.save(out); };
+    slot.load = [&object](torch::serialize::InputArchive& in) { object.load(in); };
+  } else if constexpr (std::is_base_of_v<torch::optim::LRScheduler, T>) {
+    slot.save = [&object](torch::serialize::OutputArchive& out) {
+      out.write("step_count", c10::IValue(static_cast<std::int64_t>(lr_scheduler_access::step_count(object))));
+    };
+    slot.load = [&object](torch::serialize::InputArchive& in) {
+      c10::IValue count;
+      in.read("step_count", count);
+      lr_scheduler_access::step_count(object) = static_cast<unsigned>(count.toInt());
+    };
+  } else {
+    slot.save = nullptr;
+    slot.load = nullptr;
+  }
+}
+
+}  // namespace detail
 }  // namespace accel

@@ -32,6 +32,14 @@ auto* module_pointer(const Model& model) noexcept {
   else
     return model.get();
 }
+/// The module of a model handle, shared.
+template <class Model>
+std::shared_ptr<torch::nn::Module> module_shared(const Model& model) {
+  if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator, Model>)
+    return model.ptr();
+  else
+    return model;
+}
 }  // namespace detail
 
 template <model_like Model, class Accelerator>

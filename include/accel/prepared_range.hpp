@@ -18,11 +18,30 @@
 #include <type_traits>
 #include <utility>
 
+#include <memory>
+
+#include "checkpoint.hpp"
 #include "detail/prepared_handle.hpp"
 #include "detail/stored.hpp"
 #include "device.hpp"
 
 namespace accel {
+namespace detail {
+struct no_loader {
+  void set_epoch(std::int64_t) {}
+};
+/// The data loader behind a prepared range (which sets its epoch on resume), if there is one.
+template <class R>
+auto* loader_of(R& range) {
+  if constexpr (requires { range.loader(); })
+    return &range.loader();
+  else if constexpr (requires { range.set_epoch(std::int64_t{}); })
+    return &range;
+  else
+    return static_cast<no_loader*>(nullptr);
+}
+}  // namespace detail
+
 namespace detail::adl {
 using std::begin;
 using std::end;
@@ -124,7 +143,22 @@ class prepared_range : detail::prepared_tag {
   prepared_range(Range&& range, Accelerator& accelerator)
       : range_(std::forward<Range>(range)),
         accelerator_(&accelerator),
-        device_(accelerator.device_placement() ? std::optional<c10::Device>(accelerator.device()) : std::nullopt) {}
+        device_(accelerator.device_placement() ? std::optional<c10::Device>(accelerator.device()) : std::nullopt),
+        slot_(std::make_shared<detail::checkpoint_slot>()) {
+    fill_slot();
+    accelerator.register_state(slot_);
+  }
+  // The checkpoint slot follows the range when it moves (an owned range moves with it).
+  prepared_range(prepared_range&& other) noexcept
+      : range_(std::move(other.range_)),
+        accelerator_(other.accelerator_),
+        device_(other.device_),
+        position_(other.position_),
+        skip_(other.skip_),
+        slot_(std::move(other.slot_)) {
+    if (slot_) fill_slot();
+  }
+  prepared_range& operator=(prepared_range&&) = delete;
 
   /// Starts a pass over the underlying range (a LibTorch loader starts a new epoch here).
   [[nodiscard]] iterator begin() const {
@@ -171,6 +205,24 @@ class prepared_range : detail::prepared_tag {
     return device_ ? send_to_device(std::forward<Batch>(batch), *device_) : batch_type(std::forward<Batch>(batch));
   }
 
+  /// A checkpoint holds the position; loading it makes the next pass resume after the last batch done, drawing
+  /// the same epoch's order from a data loader.
+  void fill_slot() {
+    slot_->what = "range";
+    slot_->save = [this](torch::serialize::OutputArchive& out) {
+      out.write("epoch", c10::IValue(position_.epoch));
+      out.write("batch", c10::IValue(position_.batch));
+    };
+    slot_->load = [this](torch::serialize::InputArchive& in) {
+      c10::IValue epoch, batch;
+      in.read("epoch", epoch);
+      in.read("batch", batch);
+      position_ = {epoch.toInt(), batch.toInt()};
+      skip_ = static_cast<std::size_t>(position_.batch + 1);
+      if (auto* loader = detail::loader_of(range_.get())) loader->set_epoch(position_.epoch);
+    };
+  }
+
   void finish_pass() const {
     if (position_.batch >= 0) ++position_.epoch;
     position_.batch = -1;
@@ -180,6 +232,7 @@ class prepared_range : detail::prepared_tag {
   Accelerator* accelerator_;
   mutable position_type position_;
   mutable std::size_t skip_ = 0;
+  std::shared_ptr<detail::checkpoint_slot> slot_;
   std::optional<c10::Device> device_;  // empty when device placement is off
 };
 

@@ -8,6 +8,9 @@
 #include <type_traits>
 #include <utility>
 
+#include <memory>
+
+#include "checkpoint.hpp"
 #include "detail/prepared_handle.hpp"
 #include "prepared_optimizer.hpp"
 
@@ -30,7 +33,16 @@ class prepared_scheduler : public detail::prepared_handle<Scheduler, Accelerator
   using scheduler_type = typename base::object_type;
 
   prepared_scheduler(Scheduler&& scheduler, Accelerator& accelerator)
-      : base(std::forward<Scheduler>(scheduler), accelerator) {}
+      : base(std::forward<Scheduler>(scheduler), accelerator), slot_(std::make_shared<detail::checkpoint_slot>()) {
+    slot_->what = "scheduler";
+    detail::fill_slot(*slot_, this->unwrap());
+    accelerator.register_state(slot_);
+  }
+  // The checkpoint slot follows the scheduler when an owned one moves.
+  prepared_scheduler(prepared_scheduler&& other) noexcept : base(std::move(other)), slot_(std::move(other.slot_)) {
+    if (slot_) detail::fill_slot(*slot_, this->unwrap());
+  }
+  prepared_scheduler& operator=(prepared_scheduler&&) = delete;
 
   /// `step()` or `step(metric)`, forwarded to the user's scheduler when the optimizer stepped.
   /// With `options::step_scheduler_with_optimizer` off, every call steps once.
@@ -47,6 +59,9 @@ class prepared_scheduler : public detail::prepared_handle<Scheduler, Accelerator
     const int times = accelerator.split_batches() ? 1 : accelerator.num_processes();
     for (int i = 0; i < times; ++i) this->unwrap().step(args...);
   }
+
+ private:
+  std::shared_ptr<detail::checkpoint_slot> slot_;
 };
 
 }  // namespace accel
