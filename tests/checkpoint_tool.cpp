@@ -6,9 +6,37 @@
 #include <cstdio>
 #include <string>
 
+namespace {
+/// A model large enough (~40 MB) that saving it takes a while: the crash test kills the saver mid-write.
+struct saver {
+  accel::accelerator<> acc{{.cpu = true}};
+  torch::nn::Linear net{2000, 5000};
+  accel::prepared_model<torch::nn::Linear, accel::accelerator<>> model = acc.prepare(net);
+};
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc != 3) return 2;
   const std::string mode = argv[1];
+  if (mode == "save-loop") {  // saves checkpoint after checkpoint into the same directory until killed
+    saver s;
+    for (int i = 0;; ++i) {
+      {
+        torch::NoGradGuard no_grad;
+        s.net->bias.fill_(i);
+      }
+      s.acc.save_state(argv[2]);
+      std::printf("saved %d\n", i);
+      std::fflush(stdout);
+    }
+  }
+  if (mode == "verify") {  // the checkpoint there loads, whole
+    saver s;
+    s.acc.load_state(argv[2]);
+    const bool whole = torch::all(s.net->bias == s.net->bias[0]).item<bool>();
+    std::printf("checkpoint with bias %g loaded: %s\n", s.net->bias[0].item<double>(), whole ? "whole" : "mixed");
+    return whole ? 0 : 1;
+  }
   if (mode == "write") {
     accel::safetensors::save(argv[2], {{"fc.weight", torch::arange(6, torch::kFloat).reshape({2, 3}) / 4},
                                        {"fc.bias", torch::tensor({-1.5, 2.25}, torch::kDouble)},

@@ -212,3 +212,40 @@ TEST_CASE("load_state refuses a checkpoint that does not fit, before changing an
   CHECK_THROWS_WITH(other.load_state(dir / "state"), Contains("do not fit the prepared model; nothing was loaded"));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("I2 I3 automatic checkpoint naming: total_limit keeps the newest; load_state() loads the newest", "[checkpoint][resume]") {
+  const auto dir = scratch("project");
+  accel::accelerator<> acc{{.cpu = true, .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true, .total_limit = 2}}};
+  auto net = torch::nn::Linear(2, 1);
+  auto model = acc.prepare(net);
+  for (int i = 0; i < 11; ++i) {
+    torch::NoGradGuard no_grad;
+    net->bias.fill_(i);
+    CHECK(acc.save_state().filename() == "checkpoint_" + std::to_string(i));
+  }
+  std::vector<std::string> kept;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "checkpoints")) kept.push_back(entry.path().filename());
+  std::sort(kept.begin(), kept.end());
+  CHECK(kept == std::vector<std::string>{"checkpoint_10", "checkpoint_9"});
+  acc.load_state();
+  CHECK(net->bias.item<float>() == 10.0f);
+  accel::accelerator<> no_project{{.cpu = true}};
+  CHECK_THROWS_WITH(no_project.save_state(), Catch::Contains("automatic_checkpoint_naming"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("load_state refuses a checkpoint saved by another number of processes", "[checkpoint][resume]") {
+  const auto dir = scratch("world");
+  accel::accelerator<> acc{{.cpu = true}};
+  auto net = torch::nn::Linear(2, 1);
+  auto model = acc.prepare(net);
+  acc.save_state(dir / "state");
+  torch::serialize::OutputArchive forged;  // as a 2-process job writes it
+  forged.write("processes", c10::IValue(std::int64_t{2}));
+  forged.write("models", c10::IValue(std::int64_t{1}));
+  forged.write("optimizers", c10::IValue(std::int64_t{0}));
+  forged.save_to((dir / "state" / "accel_state.bin").string());
+  CHECK_THROWS_WITH(acc.load_state(dir / "state"),
+                    Catch::Contains("has 2 processes, this program 1; resume with the same number of processes"));
+  std::filesystem::remove_all(dir);
+}

@@ -93,6 +93,7 @@ class accelerator {
       : parallel_(opts),
         precision_(opts, parallel_.device()),
         accumulation_(opts),
+        project_(opts.project),
         flags_{.device_placement = opts.device_placement,
                .sync_with_dataloader = opts.sync_with_dataloader,
                .sync_each_batch = opts.sync_each_batch,
@@ -318,14 +319,36 @@ class accelerator {
     if (is_main_process()) save_shared_state(partial);
     save_process_state(partial);
     wait_for_everyone();
-    if (is_main_process()) {
-      const auto old = std::filesystem::path(directory.string() + ".old");
-      std::filesystem::remove_all(old);
-      if (std::filesystem::exists(directory)) std::filesystem::rename(directory, old);
-      std::filesystem::rename(partial, directory);
-      std::filesystem::remove_all(old);
-    }
+    if (is_main_process()) detail::replace_directory(partial, directory);
     wait_for_everyone();
+  }
+
+  /// `save_state` into the project's next automatic checkpoint (`options::project`):
+  /// `{project_dir}/checkpoints/checkpoint_{i}`, removing the oldest beyond `total_limit` first. Returns the
+  /// directory written.
+  std::filesystem::path save_state() {
+    if (!project_.automatic_checkpoint_naming)
+      throw std::invalid_argument("accel::save_state(): without a directory it needs "
+                                  "options::project.automatic_checkpoint_naming; or pass the directory to save to");
+    const auto root = std::filesystem::path(project_.project_dir) / "checkpoints";
+    auto existing = detail::numbered_checkpoints(root);
+    const auto next = existing.empty() ? 0 : existing.rbegin()->first + 1;
+    wait_for_everyone();  // every process has its number before the main one prunes
+    if (is_main_process() && project_.total_limit > 0)
+      while (!existing.empty() && static_cast<int>(existing.size()) + 1 > project_.total_limit) {
+        std::filesystem::remove_all(existing.begin()->second);
+        existing.erase(existing.begin());
+      }
+    const auto directory = root / ("checkpoint_" + std::to_string(next));
+    save_state(directory);
+    return directory;
+  }
+  /// `load_state` from the project's newest automatic checkpoint.
+  void load_state() {
+    const auto root = std::filesystem::path(project_.project_dir) / "checkpoints";
+    const auto existing = detail::numbered_checkpoints(root);
+    if (existing.empty()) throw checkpoint_error("accel::load_state(): no checkpoint_{i} under " + root.string());
+    load_state(existing.rbegin()->second);
   }
 
   /// Restores what `save_state` wrote into the prepared objects. Everything is read and checked first (the files,
@@ -722,6 +745,7 @@ class accelerator {
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<std::weak_ptr<detail::checkpoint_slot>> slots_;
   std::vector<std::shared_ptr<detail::checkpoint_slot>> owned_slots_;
+  project_options project_;
 };
 
 }  // namespace accel

@@ -7,6 +7,8 @@
 /// goes through `checkpoint_slot`s, saved and loaded by `accelerator::save_state` / `load_state`.
 #pragma once
 
+#include <fcntl.h>
+#include <stdio.h>  // renameat2 (glibc, _GNU_SOURCE, which g++ defines)
 #include <torch/nn/module.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 #include <torch/serialize/input-archive.h>
@@ -152,6 +154,36 @@ inline void load_model(torch::nn::Module& module, const std::filesystem::path& w
 }
 
 namespace detail {
+
+/// Puts the complete checkpoint at `ready` in place of `target`: an atomic exchange of the two directories where
+/// the system has one (Linux `renameat2`), so that a crash leaves either the old or the new checkpoint, never
+/// none; then the old one is removed.
+inline void replace_directory(const std::filesystem::path& ready, const std::filesystem::path& target) {
+  if (!std::filesystem::exists(target)) return std::filesystem::rename(ready, target);
+#if defined(__linux__) && defined(RENAME_EXCHANGE)
+  if (::renameat2(AT_FDCWD, ready.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0)
+    return void(std::filesystem::remove_all(ready));  // now the old checkpoint
+#endif
+  const auto old = std::filesystem::path(target.string() + ".old");
+  std::filesystem::remove_all(old);
+  std::filesystem::rename(target, old);
+  std::filesystem::rename(ready, target);
+  std::filesystem::remove_all(old);
+}
+
+/// The `checkpoint_{i}` directories under `root`, by i.
+inline std::map<long, std::filesystem::path> numbered_checkpoints(const std::filesystem::path& root) {
+  std::map<long, std::filesystem::path> found;
+  if (!std::filesystem::is_directory(root)) return found;
+  for (const auto& entry : std::filesystem::directory_iterator(root)) {
+    const auto name = entry.path().filename().string();
+    if (!entry.is_directory() || name.rfind("checkpoint_", 0) != 0) continue;
+    const auto digits = name.substr(11);
+    if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos)
+      found[std::stol(digits)] = entry.path();
+  }
+  return found;
+}
 
 /// How one object (a scheduler, a range's position, a registered object) is saved into and loaded from an
 /// archive. Empty functions: the object cannot be checkpointed (`save_state` says which). Shared between the

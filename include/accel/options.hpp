@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "fwd.hpp"
 
@@ -30,6 +31,16 @@ struct grad_scaler_options {
   int growth_interval = 2000;
 };
 
+/// Where `save_state()` without a path writes (Accelerate's `ProjectConfiguration`): with
+/// `automatic_checkpoint_naming`, `{project_dir}/checkpoints/checkpoint_{i}` for i = 0, 1, ..., keeping at most
+/// `total_limit` of them (the oldest are removed first; 0: keep all). `load_state()` without a path loads the
+/// newest.
+struct project_options {
+  std::string project_dir = ".";
+  bool automatic_checkpoint_naming = false;
+  int total_limit = 0;
+};
+
 /// Plain aggregate, so that `accel::accelerator<> acc{{.cpu = true}};` reads as configuration.
 struct options {
   /// Run on the CPU even when CUDA is available (Accelerate's `cpu=True`).
@@ -45,6 +56,8 @@ struct options {
   bucket_options buckets = {};
   /// Loss scaling of `accel::fp16`.
   grad_scaler_options grad_scaler = {};
+  /// Where checkpoints go (`save_state()` / `load_state()` without a path).
+  project_options project = {};
 
   // Gradient accumulation (Accelerate's GradientAccumulationPlugin and DataLoaderConfiguration).
 
