@@ -249,3 +249,38 @@ TEST_CASE("load_state refuses a checkpoint saved by another number of processes"
                     Catch::Contains("has 2 processes, this program 1; resume with the same number of processes"));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("registered objects and the accumulation count are checkpointed", "[checkpoint][resume]") {
+  const auto dir = scratch("registered");
+  struct counter {
+    std::int64_t value = 0;
+    void save(torch::serialize::OutputArchive& out) const { out.write("value", c10::IValue(value)); }
+    void load(torch::serialize::InputArchive& in) {
+      c10::IValue v;
+      in.read("value", v);
+      value = v.toInt();
+    }
+  };
+  using accelerator = accel::accelerator<accel::fp32, accel::single_process, accel::accumulate<4>>;
+  counter saved_counter{.value = 17};
+  {
+    accelerator acc{{.cpu = true}};
+    acc.register_for_checkpointing(saved_counter);
+    for (int i = 0; i < 6; ++i) auto scope = acc.accumulate();  // mid-window: micro-step 6 of 8
+    acc.save_state(dir / "state");
+  }
+  CHECK(std::filesystem::exists(dir / "state" / "custom_checkpoint.bin"));
+  accelerator acc{{.cpu = true}};
+  counter restored;
+  acc.register_for_checkpointing(restored);
+  acc.load_state(dir / "state");
+  CHECK(restored.value == 17);
+  CHECK(acc.step() == 6);
+  { auto scope = acc.accumulate(); }
+  { auto scope = acc.accumulate(); }
+  CHECK(acc.sync_gradients());  // the window goes on where it stopped: micro-step 8 synchronises
+  struct not_checkpointable {};
+  not_checkpointable nothing;
+  CHECK_THROWS_WITH(acc.register_for_checkpointing(nothing), Catch::Contains("no save(OutputArchive&) const"));
+  std::filesystem::remove_all(dir);
+}

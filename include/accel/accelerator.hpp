@@ -424,6 +424,11 @@ class accelerator {
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(rng);
     }
+    if constexpr (requires { accumulation_.counter(); }) {
+      c10::IValue step, sync;
+      if (mine.try_read("step", step) && mine.try_read("sync_gradients", sync))
+        accumulation_.counter().restore(step.toInt(), sync.toBool());
+    }
     if constexpr (requires { precision_.scaler(); }) {
       c10::IValue scale, tracker;
       mine.read("loss_scale", scale);
@@ -610,6 +615,10 @@ class accelerator {
       auto generator = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(generator.mutex());
       mine.write("cpu_rng", generator.get_state());
+    }
+    if constexpr (requires { accumulation_.counter(); }) {
+      mine.write("step", c10::IValue(static_cast<std::int64_t>(accumulation_.counter().step())));
+      mine.write("sync_gradients", c10::IValue(accumulation_.counter().sync_gradients()));
     }
     if constexpr (requires { precision_.scaler(); }) {
       const auto state = precision_.scaler().state();

@@ -41,6 +41,11 @@ class micro_step_counter {
   }
   [[nodiscard]] int step() const noexcept { return static_cast<int>(step_); }
   [[nodiscard]] bool sync_gradients() const noexcept { return sync_; }
+  /// For checkpoints: resuming mid-window continues the window.
+  void restore(std::int64_t step, bool sync) noexcept {
+    step_ = step;
+    sync_ = sync;
+  }
 
  private:
   std::int64_t step_ = 0;
@@ -95,6 +100,8 @@ struct accumulate {
   [[nodiscard]] bool sync_gradients() const noexcept { return counter_.sync_gradients(); }
   /// The loss divided by N, so that N accumulated micro-batches give the gradient of their mean.
   [[nodiscard]] static at::Tensor scale_loss(const at::Tensor& loss) { return loss.div(N); }
+  /// The micro-step count, for checkpoints.
+  [[nodiscard]] detail::micro_step_counter& counter() noexcept { return counter_; }
 
  private:
   detail::micro_step_counter counter_;
@@ -128,6 +135,8 @@ struct accumulate_dynamic {
   [[nodiscard]] int step() const noexcept { return counter_.step(); }
   [[nodiscard]] bool sync_gradients() const noexcept { return counter_.sync_gradients(); }
   [[nodiscard]] at::Tensor scale_loss(const at::Tensor& loss) const { return steps_ == 1 ? loss : loss.div(steps_); }
+  /// The micro-step count, for checkpoints.
+  [[nodiscard]] detail::micro_step_counter& counter() noexcept { return counter_; }
 
  private:
   int steps_;
