@@ -102,4 +102,56 @@ inline void copy_parameters(torch::nn::Module& to, torch::nn::Module& from) {
   for (std::size_t i = 0; i < to.parameters().size(); ++i) to.parameters()[i].copy_(from.parameters()[i]);
 }
 
+/// A training run for the resume tests: dropout (so the RNG matters), AdamW (so optimizer state matters), a
+/// scheduler and a shuffled prepared data loader (so the data position matters). Built from `seed` (weights);
+/// the data is the same in every run; dropout is seeded per process.
+template <class Accelerator>
+struct resumable_run {
+  using samples_type = std::vector<std::pair<torch::Tensor, torch::Tensor>>;
+  using loader_type = accel::data_loader<samples_type&>;
+  static mlp seeded_mlp(std::uint64_t seed) {
+    torch::manual_seed(seed);
+    return mlp(3, 16, 1, /*dropout=*/0.3);
+  }
+  static samples_type make_samples(int count) {
+    torch::manual_seed(42);
+    samples_type samples;
+    for (int i = 0; i < count; ++i) samples.emplace_back(torch::randn({3}), torch::randn({1}));
+    return samples;
+  }
+  resumable_run(std::uint64_t seed, int samples_count)
+      : net(seeded_mlp(seed)),
+        optimizer(net->parameters(), torch::optim::AdamWOptions(1e-2)),
+        schedule(optimizer, [](int n) { return 1.0 / (1 + 0.1 * n); }),
+        samples(make_samples(samples_count)),
+        loader(samples, {.batch_size = 4, .shuffle = true, .seed = 3}),
+        model(acc.prepare(net)),
+        opt(acc.prepare(optimizer)),
+        sched(acc.prepare(schedule)),
+        batches(acc.prepare(loader)) {
+    torch::manual_seed(1000 + acc.process_index());
+  }
+  void train(int steps) {
+    int done = 0;
+    while (done < steps)
+      for (auto&& [x, y] : batches) {
+        acc.backward(torch::mse_loss(model(x), y));
+        opt.step();
+        sched.step();
+        opt.zero_grad();
+        if (++done == steps) return;
+      }
+  }
+  Accelerator acc{accel::options{.cpu = true}};
+  mlp net;
+  torch::optim::AdamW optimizer;
+  lambda_lr schedule;
+  samples_type samples;
+  loader_type loader;
+  accel::prepared_model<mlp, Accelerator> model;
+  accel::prepared_optimizer<torch::optim::AdamW&, Accelerator> opt;
+  accel::prepared_scheduler<lambda_lr&, Accelerator> sched;
+  decltype(std::declval<Accelerator&>().prepare(std::declval<loader_type&>())) batches;
+};
+
 }  // namespace accel_test

@@ -109,71 +109,24 @@ TEST_CASE("save_model / load_model: names, sharding with an index, validation be
 }
 
 namespace {
-
-/// One training run's objects, built from `seed` (weights, RNG), with dropout (so the RNG matters), AdamW (so
-/// optimizer state matters), a scheduler and a shuffled prepared data loader (so the data position matters).
-struct training_run {
-  using samples_type = std::vector<std::pair<torch::Tensor, torch::Tensor>>;
-  static accel_test::mlp seeded_mlp(std::uint64_t seed) {
-    torch::manual_seed(seed);
-    return accel_test::mlp(3, 16, 1, /*dropout=*/0.3);
-  }
-  static samples_type make_samples() {
-    torch::manual_seed(42);  // the same data in every run
-    samples_type samples;
-    for (int i = 0; i < 32; ++i) samples.emplace_back(torch::randn({3}), torch::randn({1}));
-    return samples;
-  }
-  explicit training_run(std::uint64_t seed)
-      : net(seeded_mlp(seed)),
-        optimizer(net->parameters(), torch::optim::AdamWOptions(1e-2)),
-        schedule(optimizer, [](int n) { return 1.0 / (1 + 0.1 * n); }),
-        samples(make_samples()),
-        loader(samples, {.batch_size = 4, .shuffle = true, .seed = 3}),
-        model(acc.prepare(net)),
-        opt(acc.prepare(optimizer)),
-        sched(acc.prepare(schedule)),
-        batches(acc.prepare(loader)) {}
-  void train(int steps) {
-    int done = 0;
-    while (done < steps)
-      for (auto&& [x, y] : batches) {
-        acc.backward(torch::mse_loss(model(x), y));
-        opt.step();
-        sched.step();
-        opt.zero_grad();
-        if (++done == steps) return;
-      }
-  }
-  accel::accelerator<> acc{{.cpu = true}};
-  accel_test::mlp net;
-  torch::optim::AdamW optimizer;
-  accel_test::lambda_lr schedule;
-  samples_type samples;
-  accel::data_loader<samples_type&> loader;
-  accel::prepared_model<accel_test::mlp, accel::accelerator<>> model;
-  accel::prepared_optimizer<torch::optim::AdamW&, accel::accelerator<>> opt;
-  accel::prepared_scheduler<accel_test::lambda_lr&, accel::accelerator<>> sched;
-  accel::prepared_range<accel::data_loader<samples_type&>&, accel::accelerator<>> batches;
-};
-
+using training_run = accel_test::resumable_run<accel::accelerator<>>;
 }  // namespace
 
 TEST_CASE("resume: 10 steps == 5, save, load into other objects, 5 more, bit for bit", "[checkpoint][resume]") {
   const auto dir = scratch("resume");
-  training_run uninterrupted(1);
+  training_run uninterrupted(1, 32);
   uninterrupted.train(10);  // 8 batches per epoch: the save below falls mid-epoch
   std::vector<torch::Tensor> at_save;
   double lr_at_save = 0;
   {
-    training_run first_half(1);
+    training_run first_half(1, 32);
     first_half.train(5);
     first_half.acc.save_state(dir / "state");
     for (auto& p : first_half.net->parameters()) at_save.push_back(p.clone());
     lr_at_save = first_half.optimizer.param_groups()[0].options().get_lr();
   }
   CHECK_FALSE(std::filesystem::exists(dir / "state.partial"));
-  training_run resumed(99);  // other weights, another RNG state
+  training_run resumed(99, 32);  // other weights, another RNG state
   REQUIRE_FALSE(accel_test::bitwise_equal(*resumed.net, *uninterrupted.net));
   resumed.acc.load_state(dir / "state");
   for (std::size_t i = 0; i < at_save.size(); ++i) CHECK(torch::equal(resumed.net->parameters()[i], at_save[i]));
@@ -187,10 +140,10 @@ TEST_CASE("resume: 10 steps == 5, save, load into other objects, 5 more, bit for
 
 TEST_CASE("load_state refuses a checkpoint that does not fit, before changing anything", "[checkpoint][resume]") {
   const auto dir = scratch("refuse");
-  training_run saved(1);
+  training_run saved(1, 32);
   saved.train(3);
   saved.acc.save_state(dir / "state");
-  training_run target(7);
+  training_run target(7, 32);
   const auto before = target.net->parameters()[0].clone();
   using Catch::Contains;
   CHECK_THROWS_WITH(target.acc.load_state(dir / "nowhere"), Contains("no checkpoint at"));
@@ -210,6 +163,12 @@ TEST_CASE("load_state refuses a checkpoint that does not fit, before changing an
   accel::data_loader loader(samples, {.batch_size = 1});
   auto prepared = other.prepare(wider, optimizer, schedule, loader);
   CHECK_THROWS_WITH(other.load_state(dir / "state"), Contains("do not fit the prepared model; nothing was loaded"));
+  // A kind of object the program did not prepare (here: no scheduler).
+  accel::accelerator<> fewer{{.cpu = true}};
+  auto same = accel_test::mlp(3, 16, 1);
+  torch::optim::AdamW same_optimizer(same->parameters());
+  auto prepared_fewer = fewer.prepare(same, same_optimizer, loader);
+  CHECK_THROWS_WITH(fewer.load_state(dir / "state"), Contains("has 1 scheduler, this program 0"));
   std::filesystem::remove_all(dir);
 }
 

@@ -632,68 +632,21 @@ TEST_CASE("J1 skip_first_batches resumes mid-epoch on every process", "[data]") 
 }
 
 namespace {
-/// The resume test's training run on P processes (see test_checkpoint.cpp): dropout, AdamW, a scheduler and a
-/// shuffled data loader, sharded.
-struct distributed_run {
-  using samples_type = std::vector<std::pair<torch::Tensor, torch::Tensor>>;
-  static mlp seeded_mlp(std::uint64_t seed) {
-    torch::manual_seed(seed);
-    return mlp(3, 16, 1, /*dropout=*/0.3);
-  }
-  static samples_type make_samples() {
-    torch::manual_seed(42);
-    samples_type samples;
-    for (int i = 0; i < 64; ++i) samples.emplace_back(torch::randn({3}), torch::randn({1}));
-    return samples;
-  }
-  explicit distributed_run(std::uint64_t seed)
-      : net(seeded_mlp(seed)),
-        optimizer(net->parameters(), torch::optim::AdamWOptions(1e-2)),
-        schedule(optimizer, [](int n) { return 1.0 / (1 + 0.1 * n); }),
-        samples(make_samples()),
-        loader(samples, {.batch_size = 4, .shuffle = true, .seed = 3}),
-        model(acc.prepare(net)),
-        opt(acc.prepare(optimizer)),
-        sched(acc.prepare(schedule)),
-        batches(acc.prepare(loader)) {
-    torch::manual_seed(1000 + acc.process_index());  // dropout differs between processes
-  }
-  void train(int steps) {
-    int done = 0;
-    while (done < steps)
-      for (auto&& [x, y] : batches) {
-        acc.backward(torch::mse_loss(model(x), y));
-        opt.step();
-        sched.step();
-        opt.zero_grad();
-        if (++done == steps) return;
-      }
-  }
-  gloo_accelerator acc;
-  mlp net;
-  torch::optim::AdamW optimizer;
-  lambda_lr schedule;
-  samples_type samples;
-  accel::data_loader<samples_type&> loader;
-  accel::prepared_model<mlp, gloo_accelerator> model;
-  accel::prepared_optimizer<torch::optim::AdamW&, gloo_accelerator> opt;
-  accel::prepared_scheduler<lambda_lr&, gloo_accelerator> sched;
-  accel::prepared_range<accel::sharded_loader<accel::data_loader<samples_type&>&>, gloo_accelerator> batches;
-};
+using distributed_run = resumable_run<gloo_accelerator>;
 }  // namespace
 
 TEST_CASE("resume on P processes: 10 steps == 5, save, load into other objects, 5 more, bit for bit", "[checkpoint]") {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("accel_resume_" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
-  distributed_run uninterrupted(1);
+  distributed_run uninterrupted(1, 64);
   uninterrupted.train(10);  // 16 batches per epoch, 16 / P per process: the save falls mid-epoch
   {
-    distributed_run first_half(1);
+    distributed_run first_half(1, 64);
     first_half.train(5);
     first_half.acc.save_state(dir);
   }
   CHECK(std::filesystem::exists(dir / ("random_states_" + std::to_string(uninterrupted.acc.process_index()) + ".bin")));
-  distributed_run resumed(99);
+  distributed_run resumed(99, 64);
   resumed.acc.load_state(dir);
   resumed.train(5);
   CHECK(bitwise_equal(*resumed.net, *uninterrupted.net));

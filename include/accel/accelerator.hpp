@@ -6,6 +6,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <torch/cuda.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <c10/core/Device.h>
@@ -307,9 +309,14 @@ class accelerator {
   /// Saves the training state to `directory`, atomically (written beside it, then renamed into place; an earlier
   /// checkpoint there is replaced only once the new one is complete): every prepared model's weights
   /// (`model.safetensors`, `model_1.safetensors`, ...), optimizer (`optimizer.bin`, ...), scheduler
-  /// (`scheduler.bin`, ...) and registered object (`custom_checkpoint_0.bin`, ...) from the main process, and from
+  /// (`scheduler.bin`, ...) and registered object (`custom_checkpoint.bin`, ...) from the main process, and from
   /// every process its RNG state, fp16 loss scale and data positions (`random_states_{rank}.bin`). A collective.
   void save_state(const std::filesystem::path& directory) {
+    for (const auto& [what, list] : live_slots())  // on every process, so that none is left at a barrier
+      for (std::size_t i = 0; i < list.size(); ++i)
+        if (!list[i]->save)
+          throw checkpoint_error("accel::save_state: " + what + " " + std::to_string(i) +
+                                 " cannot be checkpointed: give it save(OutputArchive&) const and load(InputArchive&)");
     const auto partial = std::filesystem::path(directory.string() + ".partial");
     if (is_main_process()) {
       std::filesystem::remove_all(partial);
@@ -374,6 +381,9 @@ class accelerator {
     expect("optimizers", static_cast<std::int64_t>(optimizers.size()));
     const auto slots = live_slots();
     for (const auto& [what, list] : slots) expect(what.c_str(), static_cast<std::int64_t>(list.size()));
+    for (const auto& key : shared.keys())
+      if (key != "processes" && key != "models" && key != "optimizers" && !slots.contains(key))
+        expect(key.c_str(), 0);  // the checkpoint holds objects of a kind this program did not prepare
     // Read and check everything before changing anything.
     std::vector<std::map<std::string, at::Tensor>> weights;
     for (std::size_t i = 0; i < models_.size(); ++i) {
@@ -391,10 +401,21 @@ class accelerator {
         for (std::size_t i = 0; i < list.size(); ++i)
           slot_archives[what].push_back(read_archive(directory / numbered(what, i, ".bin")));
     auto mine = read_archive(directory / ("random_states_" + std::to_string(process_index()) + ".bin"));
+    const auto lacks = [&](const std::string& what) {
+      return checkpoint_error("accel::load_state: random_states_" + std::to_string(process_index()) + ".bin lacks " +
+                              what + " (saved by another configuration?)");
+    };
     at::Tensor rng;
-    if (!mine.try_read("cpu_rng", rng))
-      throw checkpoint_error("accel::load_state: random_states_" + std::to_string(process_index()) +
-                             ".bin lacks the CPU generator state");
+    if (!mine.try_read("cpu_rng", rng)) throw lacks("the CPU generator state");
+    std::vector<torch::serialize::InputArchive> positions;
+    if (auto ranges = slots.find("range"); ranges != slots.end())
+      for (std::size_t i = 0; i < ranges->second.size(); ++i) {
+        positions.emplace_back();
+        if (!mine.try_read("range_" + std::to_string(i), positions.back())) throw lacks("range " + std::to_string(i) + "'s position");
+      }
+    [[maybe_unused]] c10::IValue scale, tracker;
+    if constexpr (requires { precision_.scaler(); })
+      if (!mine.try_read("loss_scale", scale) || !mine.try_read("growth_tracker", tracker)) throw lacks("the fp16 loss scale");
     // Apply.
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < models_.size(); ++i)
@@ -411,9 +432,7 @@ class accelerator {
     for (auto& [what, list] : slots) {
       for (std::size_t i = 0; i < list.size(); ++i) {
         if (what == "range") {
-          torch::serialize::InputArchive position;
-          mine.read("range_" + std::to_string(i), position);
-          list[i]->load(position);
+          list[i]->load(positions[i]);
         } else {
           list[i]->load(slot_archives[what][i]);
         }
@@ -424,15 +443,19 @@ class accelerator {
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(rng);
     }
+    for (int device = 0; device < cuda_devices(); ++device) {
+      at::Tensor state;
+      if (!mine.try_read("cuda_rng_" + std::to_string(device), state)) continue;
+      auto generator = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)));
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(state);
+    }
     if constexpr (requires { accumulation_.counter(); }) {
       c10::IValue step, sync;
       if (mine.try_read("step", step) && mine.try_read("sync_gradients", sync))
         accumulation_.counter().restore(step.toInt(), sync.toBool());
     }
     if constexpr (requires { precision_.scaler(); }) {
-      c10::IValue scale, tracker;
-      mine.read("loss_scale", scale);
-      mine.read("growth_tracker", tracker);
       precision_.scaler().load_state({static_cast<float>(scale.toDouble()), static_cast<int>(tracker.toInt())});
     }
   }
@@ -544,6 +567,8 @@ class accelerator {
       if (auto optimizer = registration.lock()) out.push_back(*optimizer);
     return out;
   }
+  /// CUDA devices whose generators a checkpoint holds (none without CUDA).
+  static int cuda_devices() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
   /// `model.safetensors`, `model_1.safetensors`, ... as Accelerate names them.
   static std::string numbered(const std::string& stem, std::size_t i, const std::string& extension) {
     return stem + (i == 0 ? "" : "_" + std::to_string(i)) + extension;
@@ -587,9 +612,6 @@ class accelerator {
       shared.write(what, c10::IValue(static_cast<std::int64_t>(list.size())));
       if (what == "range") continue;  // per process, with the RNG
       for (std::size_t i = 0; i < list.size(); ++i) {
-        if (!list[i]->save)
-          throw checkpoint_error("accel::save_state: " + what + " " + std::to_string(i) +
-                                 " cannot be checkpointed: give it save(OutputArchive&) const and load(InputArchive&)");
         torch::serialize::OutputArchive archive;
         list[i]->save(archive);
         archive.save_to((dir / numbered(what, i, ".bin")).string());
@@ -615,6 +637,11 @@ class accelerator {
       auto generator = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(generator.mutex());
       mine.write("cpu_rng", generator.get_state());
+    }
+    for (int device = 0; device < cuda_devices(); ++device) {
+      auto generator = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)));
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      mine.write("cuda_rng_" + std::to_string(device), generator.get_state());
     }
     if constexpr (requires { accumulation_.counter(); }) {
       mine.write("step", c10::IValue(static_cast<std::int64_t>(accumulation_.counter().step())));

@@ -39,8 +39,9 @@ def check(path):
 
 
 def write(path):
-    tensors = {"layer.weight": np.arange(12, dtype=np.float32).reshape(3, 4) * 0.5,
-               "layer.bias": np.array([1, -2, 3], dtype=np.int32)}
+    # A Linear(4, 3)'s state dict, as torch.nn.Linear names it; and an int tensor besides, in another file.
+    tensors = {"weight": np.arange(12, dtype=np.float32).reshape(3, 4) * 0.5,
+               "bias": np.array([1, -2, 3], dtype=np.float32)}
     names = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32"}
     header, offset, body = {}, 0, b""
     for name, array in tensors.items():
