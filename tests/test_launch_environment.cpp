@@ -205,3 +205,55 @@ TEST_CASE("single process collectives are the identity", "[collectives]") {
   }
   CHECK(torch::equal(net->weight.grad(), torch::ones({1, 2})));
 }
+
+namespace {
+/// Sets Accelerate's run variables for the scope.
+struct run_variables {
+  run_variables(const char* precision, const char* steps) {
+    setenv("ACCELERATE_MIXED_PRECISION", precision, 1);
+    setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", steps, 1);
+  }
+  ~run_variables() {
+    unsetenv("ACCELERATE_MIXED_PRECISION");
+    unsetenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS");
+  }
+};
+
+using supported = accel::configs<accel::accelerator<>, accel::accelerator<accel::bf16>,
+                                 accel::accelerator<accel::bf16, accel::single_process, accel::accumulate<4>>>;
+
+/// Which configuration dispatch built: its precision and accumulation steps.
+std::string picked() {
+  return accel::dispatch<supported>(
+      accel::read_run_config(),
+      [](auto& acc) {
+        using type = std::remove_cvref_t<decltype(acc)>;
+        return std::string(std::is_same_v<typename type::precision_type, accel::bf16> ? "bf16" : "fp32") + "/" +
+               std::to_string(acc.gradient_accumulation_steps());
+      },
+      {.cpu = true});
+}
+}  // namespace
+
+TEST_CASE("dispatch builds the compiled configuration the environment asks for", "[dispatch]") {
+  scoped_environment no_launcher({});
+  {
+    run_variables run("no", "1");
+    CHECK(picked() == "fp32/1");
+  }
+  {
+    run_variables run("bf16", "1");
+    CHECK(picked() == "bf16/1");
+  }
+  {
+    run_variables run("bf16", "4");
+    CHECK(picked() == "bf16/4");
+  }
+  CHECK(picked() == "fp32/1");  // nothing set: full precision, no accumulation
+  {
+    run_variables run("fp16", "2");
+    CHECK_THROWS_WITH(picked(), Catch::Contains("no compiled configuration fits mixed_precision=fp16, "
+                                                "gradient_accumulation_steps=2, processes=1") &&
+                                    Catch::Contains("accelerator<bf16, single_process, accumulate<4>>"));
+  }
+}

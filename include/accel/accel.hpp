@@ -21,4 +21,5 @@
 #include "safetensors.hpp"
 #include "checkpoint.hpp"
 #include "accelerator.hpp"
+#include "dispatch.hpp"
 // IWYU pragma: end_exports

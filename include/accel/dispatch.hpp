@@ -1,0 +1,143 @@
+/// \file
+/// Run-time choice among compile-time configurations: a program compiles the few accelerators it supports,
+///
+///     using supported = accel::configs<accel::accelerator<>,
+///                                      accel::accelerator<accel::bf16, accel::data_parallel<accel::gloo>>,
+///                                      accel::accelerator<accel::bf16, accel::data_parallel<accel::gloo>,
+///                                                         accel::accumulate<4>>>;
+///     accel::dispatch<supported>(accel::read_run_config(), [&](auto& acc) { train(acc); });
+///
+/// and `dispatch` builds the first one that fits the run configuration (from Accelerate's environment variables
+/// and the launcher's world size) and calls the function once with it: the loop inside is compiled per
+/// configuration, with no dispatch in it. A configuration that was not compiled gives an error that lists those
+/// that were.
+#pragma once
+
+#include <cstdlib>
+#include <optional>
+#include <tuple>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "accelerator.hpp"
+#include "launch.hpp"
+
+namespace accel {
+
+/// The configurations a program compiled, in order of preference.
+template <class... Accelerators>
+struct configs {};
+
+/// What a run asks for: Accelerate's `ACCELERATE_MIXED_PRECISION` (`no`, `bf16`, `fp16`),
+/// `ACCELERATE_GRADIENT_ACCUMULATION_STEPS`, and the number of processes the launcher started.
+struct run_config {
+  std::string mixed_precision = "no";
+  int gradient_accumulation_steps = 1;
+  int num_processes = 1;
+};
+
+/// The run configuration from the environment (unset variables keep their defaults).
+inline run_config read_run_config() {
+  run_config config;
+  if (const char* precision = std::getenv("ACCELERATE_MIXED_PRECISION"); precision != nullptr && *precision != '\0')
+    config.mixed_precision = precision;
+  if (const char* steps = std::getenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"); steps != nullptr && *steps != '\0') {
+    char* end = nullptr;
+    config.gradient_accumulation_steps = static_cast<int>(std::strtol(steps, &end, 10));
+    if (*end != '\0' || config.gradient_accumulation_steps < 1)
+      throw std::invalid_argument(std::string("accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=\"") + steps +
+                                  "\" is not a whole number of micro-batches per step (at least 1)");
+  }
+  config.num_processes = read_process_environment().world_size;
+  return config;
+}
+
+namespace detail {
+
+template <class P>
+constexpr const char* precision_name() {
+  if constexpr (std::is_same_v<P, bf16>)
+    return "bf16";
+  else if constexpr (std::is_same_v<P, fp16>)
+    return "fp16";
+  else
+    return "no";
+}
+
+template <class Q>
+constexpr const char* parallel_name() {
+  if constexpr (std::is_same_v<Q, single_process>)
+    return "single_process";
+  else if constexpr (std::is_same_v<Q, data_parallel<gloo>>)
+    return "data_parallel<gloo>";
+  else
+    return "data_parallel<nccl>";
+}
+
+template <class A>
+std::string accumulation_name() {
+  if constexpr (requires { std::integral_constant<int, A::steps()>::value; })
+    return "accumulate<" + std::to_string(A::steps()) + ">";
+  else
+    return "accumulate_dynamic";
+}
+
+template <class Accelerator>
+struct config_traits;
+
+template <class P, class Q, class A>
+struct config_traits<accelerator<P, Q, A>> {
+  static bool fits(const run_config& c) {
+    if (c.mixed_precision != precision_name<P>()) return false;
+    if constexpr (std::is_same_v<Q, single_process>)
+      if (c.num_processes != 1) return false;
+    if constexpr (requires { std::integral_constant<int, A::steps()>::value; })
+      return A::steps() == c.gradient_accumulation_steps;
+    else
+      return true;  // accumulate_dynamic takes any N (from the same variable)
+  }
+  static std::string name() {
+    return std::string("accelerator<") + (precision_name<P>() == std::string("no") ? "fp32" : precision_name<P>()) +
+           ", " + parallel_name<Q>() + ", " + accumulation_name<A>() + ">";
+  }
+};
+
+}  // namespace detail
+
+/// Builds the first of `Configs`' accelerators that fits `config` (with `opts`) and returns `f(accelerator)`.
+/// Throws `std::invalid_argument` listing the compiled configurations when none fits.
+template <class Configs, class F>
+decltype(auto) dispatch(const run_config& config, F&& f, const options& opts = {});
+
+template <class... Accelerators, class F>
+decltype(auto) dispatch_in(configs<Accelerators...>, const run_config& config, F&& f, const options& opts) {
+  using result = std::invoke_result_t<F&, std::tuple_element_t<0, std::tuple<Accelerators...>>&>;
+  std::optional<std::conditional_t<std::is_void_v<result>, int, result>> out;
+  const bool found = ([&]<class Accelerator>(std::type_identity<Accelerator>) {
+    if (!detail::config_traits<Accelerator>::fits(config)) return false;
+    Accelerator acc(opts);
+    if constexpr (std::is_void_v<result>)
+      f(acc), out.emplace(0);
+    else
+      out.emplace(f(acc));
+    return true;
+  }(std::type_identity<Accelerators>{}) || ...);
+  if (!found) {
+    std::string compiled;
+    ((compiled += "\n  " + detail::config_traits<Accelerators>::name()), ...);
+    throw std::invalid_argument("accel::dispatch: no compiled configuration fits mixed_precision=" +
+                                config.mixed_precision + ", gradient_accumulation_steps=" +
+                                std::to_string(config.gradient_accumulation_steps) + ", processes=" +
+                                std::to_string(config.num_processes) + "; the program was compiled with:" + compiled);
+  }
+  if constexpr (!std::is_void_v<result>) return std::move(*out);
+}
+
+template <class Configs, class F>
+decltype(auto) dispatch(const run_config& config, F&& f, const options& opts) {
+  return dispatch_in(Configs{}, config, std::forward<F>(f), opts);
+}
+
+}  // namespace accel
