@@ -155,7 +155,7 @@ class accelerator {
   /// changing gradients by hand on a step that synchronises.
   void unscale_gradients() {
     if (!sync_gradients()) return;  // partial sums: later micro-steps would add scaled gradients to unscaled ones
-    for_each_optimizer([this](torch::optim::Optimizer& optimizer) { precision_.unscale(optimizer); });
+    for (auto* optimizer : live_optimizers()) precision_.unscale(*optimizer);
   }
   /// Unscales the gradients (once per step), then clips their total `norm_type`-norm to `max_norm`; returns the
   /// total norm before clipping. On an accumulation micro-step that does not synchronise, the gradients are
@@ -390,7 +390,8 @@ class accelerator {
       const auto file = directory / numbered("model", i, ".safetensors");
       auto loaded = safetensors::load(file);
       weights.emplace_back(loaded.begin(), loaded.end());
-      check_weights(*models_[i], weights.back(), file);
+      detail::check_weights_fit(*models_[i], weights.back(),
+                                "accel::load_state: the weights in " + file.string() + " do not fit the prepared model");
     }
     std::vector<torch::serialize::InputArchive> optimizer_archives;
     for (std::size_t i = 0; i < optimizers.size(); ++i)
@@ -418,8 +419,7 @@ class accelerator {
       if (!mine.try_read("loss_scale", scale) || !mine.try_read("growth_tracker", tracker)) throw lacks("the fp16 loss scale");
     // Apply.
     at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < models_.size(); ++i)
-      for (auto& [name, tensor] : detail::state_of(*models_[i])) tensor.copy_(weights[i].at(name));
+    for (std::size_t i = 0; i < models_.size(); ++i) detail::copy_weights(*models_[i], weights[i]);
     for (std::size_t i = 0; i < optimizers.size(); ++i) {
       optimizers[i]->load(optimizer_archives[i]);
       c10::IValue lrs;
@@ -586,22 +586,6 @@ class accelerator {
     }
     return archive;
   }
-  static void check_weights(const torch::nn::Module& module, const std::map<std::string, at::Tensor>& weights,
-                            const std::filesystem::path& file) {
-    std::string problems;
-    const auto state = detail::state_of(module);
-    for (const auto& [name, tensor] : state) {
-      auto found = weights.find(name);
-      if (found == weights.end())
-        problems += "\n  missing: " + name;
-      else if (found->second.sizes() != tensor.sizes() || found->second.scalar_type() != tensor.scalar_type())
-        problems += "\n  " + name + ": another shape or dtype";
-    }
-    if (weights.size() != state.size()) problems += "\n  the file holds other tensors too";
-    if (!problems.empty())
-      throw checkpoint_error("accel::load_state: the weights in " + file.string() +
-                             " do not fit the prepared model; nothing was loaded:" + problems);
-  }
   void save_shared_state(const std::filesystem::path& dir) {
     torch::serialize::OutputArchive shared;
     shared.write("processes", c10::IValue(static_cast<std::int64_t>(num_processes())));
@@ -666,11 +650,6 @@ class accelerator {
   void register_optimizer(const std::shared_ptr<torch::optim::Optimizer*>& registration) {
     std::erase_if(optimizers_, [](const auto& r) { return r.expired(); });
     optimizers_.push_back(registration);
-  }
-  template <class Action>
-  void for_each_optimizer(Action action) {
-    for (const auto& registration : optimizers_)
-      if (auto optimizer = registration.lock()) action(**optimizer);
   }
 
   /// Called by `prepared_optimizer::step()`: steps only when gradients are synchronised; the precision policy

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -52,16 +53,21 @@ class micro_step_counter {
   bool sync_ = true;  // before any micro-step, as Accelerate: an optimizer stepped outside accumulate() steps
 };
 
+/// ACCELERATE_GRADIENT_ACCUMULATION_STEPS, when set; a value that is not a whole number >= 1 is an error.
+inline std::optional<int> accumulation_steps_in_environment() {
+  const char* text = std::getenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS");
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long steps = std::strtol(text, &end, 10);
+  if (*end != '\0' || steps < 1 || steps > 1'000'000)
+    throw std::invalid_argument(std::string("accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=\"") + text +
+                                "\" is not a whole number of micro-batches per step (at least 1)");
+  return static_cast<int>(steps);
+}
+
 /// `options::gradient_accumulation_steps`, overridden by ACCELERATE_GRADIENT_ACCUMULATION_STEPS.
 inline int accumulation_steps_from(const options& opts) {
-  if (const char* text = std::getenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"); text != nullptr && *text != '\0') {
-    char* end = nullptr;
-    const long steps = std::strtol(text, &end, 10);
-    if (*end != '\0' || steps < 1 || steps > 1'000'000)
-      throw std::invalid_argument(std::string("accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=\"") + text +
-                                  "\" is not a whole number of micro-batches per step (at least 1)");
-    return static_cast<int>(steps);
-  }
+  if (auto steps = accumulation_steps_in_environment()) return *steps;
   const int steps = opts.gradient_accumulation_steps.value_or(1);
   if (steps < 1)
     throw std::invalid_argument("accel: options::gradient_accumulation_steps = " + std::to_string(steps) +
@@ -71,9 +77,8 @@ inline int accumulation_steps_from(const options& opts) {
 
 /// A compile-time N, the options and the environment must agree.
 inline void check_fixed_steps(const options& opts, int steps) {
-  if (const char* text = std::getenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS");
-      text != nullptr && *text != '\0' && std::string(text) != std::to_string(steps))
-    throw std::invalid_argument(std::string("accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=") + text +
+  if (auto from_environment = accumulation_steps_in_environment(); from_environment && *from_environment != steps)
+    throw std::invalid_argument("accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=" + std::to_string(*from_environment) +
                                 " contradicts accel::accumulate<" + std::to_string(steps) +
                                 ">, which is fixed at compile time; unset the variable, or use accel::accumulate_dynamic "
                                 "to follow it");

@@ -40,6 +40,35 @@ inline safetensors::tensor_list state_of(const torch::nn::Module& module) {
   return state;
 }
 
+/// Throws `checkpoint_error` ("`what`; nothing was loaded:" and one line per problem) unless `weights` holds
+/// exactly `module`'s parameters and buffers, each with its shape and dtype.
+inline void check_weights_fit(const torch::nn::Module& module, const std::map<std::string, at::Tensor>& weights,
+                              const std::string& what) {
+  std::string problems;
+  const auto state = state_of(module);
+  for (const auto& [name, tensor] : state) {
+    auto found = weights.find(name);
+    if (found == weights.end()) {
+      problems += "\n  missing: " + name;
+    } else if (found->second.sizes() != tensor.sizes() || found->second.scalar_type() != tensor.scalar_type()) {
+      std::ostringstream mismatch;
+      mismatch << "\n  " << name << ": the file has " << found->second.scalar_type() << found->second.sizes()
+               << ", the model " << tensor.scalar_type() << tensor.sizes();
+      problems += mismatch.str();
+    }
+  }
+  for (const auto& [name, tensor] : weights)
+    if (std::none_of(state.begin(), state.end(), [&](const auto& s) { return s.first == name; }))
+      problems += "\n  unexpected: " + name;
+  if (!problems.empty()) throw checkpoint_error(what + "; nothing was loaded:" + problems);
+}
+
+/// Copies `weights` (checked by `check_weights_fit`) into `module`'s parameters and buffers, in place.
+inline void copy_weights(torch::nn::Module& module, const std::map<std::string, at::Tensor>& weights) {
+  at::NoGradGuard no_grad;
+  for (auto& [name, tensor] : state_of(module)) tensor.copy_(weights.at(name));
+}
+
 inline std::string shard_name(std::size_t index, std::size_t count) {
   char name[64];
   std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index + 1, count);
@@ -129,28 +158,9 @@ inline void load_model(torch::nn::Module& module, const std::filesystem::path& w
   } else {
     loaded = safetensors::load(where);
   }
-  std::map<std::string, at::Tensor> by_name(loaded.begin(), loaded.end());
-  std::string problems;
-  auto state = detail::state_of(module);
-  for (const auto& [name, tensor] : state) {
-    auto found = by_name.find(name);
-    if (found == by_name.end()) {
-      problems += "\n  missing: " + name;
-    } else if (found->second.sizes() != tensor.sizes() || found->second.scalar_type() != tensor.scalar_type()) {
-      std::ostringstream what;
-      what << "\n  " << name << ": the file has " << found->second.scalar_type() << found->second.sizes()
-           << ", the model " << tensor.scalar_type() << tensor.sizes();
-      problems += what.str();
-    }
-  }
-  for (const auto& [name, tensor] : loaded)
-    if (std::none_of(state.begin(), state.end(), [&](const auto& s) { return s.first == name; }))
-      problems += "\n  unexpected: " + name;
-  if (!problems.empty())
-    throw checkpoint_error("accel: the weights in " + where.string() + " do not fit this model; nothing was loaded:" +
-                           problems);
-  at::NoGradGuard no_grad;
-  for (auto& [name, tensor] : state) tensor.copy_(by_name.at(name));
+  const std::map<std::string, at::Tensor> by_name(loaded.begin(), loaded.end());
+  detail::check_weights_fit(module, by_name, "accel: the weights in " + where.string() + " do not fit this model");
+  detail::copy_weights(module, by_name);
 }
 
 namespace detail {

@@ -43,13 +43,7 @@ inline run_config read_run_config() {
   run_config config;
   if (const char* precision = std::getenv("ACCELERATE_MIXED_PRECISION"); precision != nullptr && *precision != '\0')
     config.mixed_precision = precision;
-  if (const char* steps = std::getenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"); steps != nullptr && *steps != '\0') {
-    char* end = nullptr;
-    config.gradient_accumulation_steps = static_cast<int>(std::strtol(steps, &end, 10));
-    if (*end != '\0' || config.gradient_accumulation_steps < 1)
-      throw std::invalid_argument(std::string("accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=\"") + steps +
-                                  "\" is not a whole number of micro-batches per step (at least 1)");
-  }
+  config.gradient_accumulation_steps = detail::accumulation_steps_in_environment().value_or(1);
   config.num_processes = read_process_environment().world_size;
   return config;
 }
