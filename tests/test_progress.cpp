@@ -1,0 +1,1 @@
+// The progress bar (filled in by the progress work).

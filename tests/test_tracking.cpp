@@ -1,0 +1,1 @@
+// Trackers: CSV, JSON lines and TensorBoard event files (filled in by the tracking work).
