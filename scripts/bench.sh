@@ -5,6 +5,7 @@
 #   scripts/bench.sh range    what a prepared range adds to iterating the plain range (bench/range_overhead.cpp) only
 #   scripts/bench.sh ddp      the 2-process data-parallel comparison with PyTorch DDP (bench/ddp_compare.py) only
 #   scripts/bench.sh accumulation   all-reduces and time per micro-batch with accumulate<4> on 2 processes only
+#   scripts/bench.sh dispatch the loop under accel::dispatch against the same loop on a directly typed accelerator
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${ACCEL_BUILD_DIR:-$root/build-bench}
@@ -19,6 +20,9 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 if [[ $which == all || $which == step ]]; then
   "$build/bench/bench_mlp_step"
+fi
+if [[ $which == all || $which == dispatch ]]; then
+  "$build/bench/bench_dispatch"
 fi
 if [[ $which == all || $which == range ]]; then
   "$build/bench/bench_range_overhead"

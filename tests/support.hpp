@@ -4,11 +4,23 @@
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
 namespace accel_test {
+
+/// An empty directory of this test process's own under the temporary directory (emptied if it was there).
+inline std::filesystem::path scratch_directory(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("accel_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 /// Two-layer perceptron, the workhorse of the equivalence tests.
 struct mlp_impl : torch::nn::Module {

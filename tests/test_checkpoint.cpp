@@ -10,12 +10,7 @@
 
 namespace {
 
-std::filesystem::path scratch(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("accel_checkpoint_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+std::filesystem::path scratch(const std::string& name) { return accel_test::scratch_directory("checkpoint_" + name); }
 
 }  // namespace
 

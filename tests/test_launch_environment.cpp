@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
@@ -190,6 +193,11 @@ TEST_CASE("single process collectives are the identity", "[collectives]") {
   CHECK(torch::equal(acc.pad_across_processes(t), t));
   CHECK(torch::equal(acc.broadcast(t), t));
   CHECK(acc.gather_object(std::vector<std::int64_t>{7}) == std::vector<std::int64_t>{7});
+  // Nested structures in any order of nesting (vector of pairs, pair of maps of vectors).
+  const std::vector<std::pair<at::Tensor, at::Tensor>> pairs{{t, t + 1}};
+  CHECK(torch::equal(acc.gather_for_metrics(pairs)[0].second, t + 1));
+  const std::pair<std::map<std::string, std::vector<at::Tensor>>, at::Tensor> nested{{{"k", {t}}}, t};
+  CHECK(torch::equal(acc.reduce(nested).first.at("k")[0], t));
   CHECK(acc.gather_object(std::string("x")) == std::vector<std::string>{"x"});
   CHECK_FALSE(acc.check_trigger());
   acc.set_trigger();
@@ -235,8 +243,35 @@ std::string picked() {
 }
 }  // namespace
 
+namespace {
+/// Sets (or, with nullptr, unsets) one variable for the scope.
+class scoped_variable {
+ public:
+  scoped_variable(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) saved_ = old;
+    value != nullptr ? setenv(name, value, 1) : unsetenv(name);
+  }
+  ~scoped_variable() { saved_ ? setenv(name_, saved_->c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
+/// A config file in a fresh temporary directory, named by ACCEL_CONFIG_FILE for the scope.
+struct scoped_config_file {
+  explicit scoped_config_file(const std::string& text) {
+    std::ofstream(path) << text;
+  }
+  std::filesystem::path directory = accel_test::scratch_directory("config");
+  std::filesystem::path path = directory / "config.yaml";
+  scoped_variable named{"ACCEL_CONFIG_FILE", path.c_str()};
+};
+}  // namespace
+
 TEST_CASE("dispatch builds the compiled configuration the environment asks for", "[dispatch]") {
   scoped_environment no_launcher({});
+  scoped_variable no_config_file("ACCEL_CONFIG_FILE", "");
   {
     run_variables run("no", "1");
     CHECK(picked() == "fp32/1");
@@ -256,4 +291,80 @@ TEST_CASE("dispatch builds the compiled configuration the environment asks for",
                                                 "gradient_accumulation_steps=2, processes=1") &&
                                     Catch::Contains("accelerator<bf16, single_process, accumulate<4>>"));
   }
+}
+
+TEST_CASE("the config file: parsed, written, checked", "[config]") {
+  const auto values = accel::parse_config("# comment\n---\nmixed_precision: \"bf16\"  # trailing\n\n"
+                                          "num_processes: 4\nnum_machines: 2\nmachine_rank: 1\n"
+                                          "main_process_ip: '10.0.0.1'\nmain_process_port: 0\n",
+                                          "c.yaml");
+  CHECK(values.mixed_precision == "bf16");
+  CHECK_FALSE(values.gradient_accumulation_steps);
+  CHECK(values.num_processes == 4);
+  CHECK(values.num_machines == 2);
+  CHECK(values.machine_rank == 1);
+  CHECK(values.main_process_ip == "10.0.0.1");
+  CHECK(values.main_process_port == 0);
+  const auto again = accel::parse_config(accel::format_config(values), "again");
+  CHECK(accel::format_config(again) == accel::format_config(values));
+  CHECK(accel::format_config(values).find("gradient_accumulation_steps") == std::string::npos);  // unset: not written
+
+  using Catch::Contains;
+  CHECK_THROWS_WITH(accel::parse_config("num_processes: 2\nmixed_precision: bf32\n", "c.yaml"),
+                    Contains("c.yaml:2: mixed_precision must be no, bf16 or fp16, not 'bf32'"));
+  CHECK_THROWS_WITH(accel::parse_config("gradient_accumulation: 4\n", "c.yaml"),
+                    Contains("c.yaml:1: unknown key 'gradient_accumulation'") &&
+                        Contains("gradient_accumulation_steps"));
+  CHECK_THROWS_WITH(accel::parse_config("mixed_precision bf16\n", "c.yaml"), Contains("c.yaml:1: expected 'key: value'"));
+  CHECK_THROWS_WITH(accel::parse_config("gradient_accumulation_steps: 0\n", "c.yaml"),
+                    Contains("gradient_accumulation_steps must be a whole number from 1"));
+  CHECK_THROWS_WITH(accel::parse_config("num_processes: 3\nnum_machines: 2\n", "c.yaml"),
+                    Contains("num_processes 3 is not a multiple of num_machines 2"));
+  CHECK_THROWS_WITH(accel::parse_config("num_machines: 2\nmachine_rank: 2\n", "c.yaml"),
+                    Contains("machine_rank 2 is out of range for num_machines 2"));
+
+  // Written atomically, directories created, read back the same.
+  const auto directory = accel_test::scratch_directory("config_write");
+  const auto path = directory / "nested" / "config.yaml";
+  accel::write_config_file(path, values);
+  CHECK(accel::format_config(accel::read_config_file(path)) == accel::format_config(values));
+  CHECK(std::distance(std::filesystem::directory_iterator(path.parent_path()), {}) == 1);  // no temporary left
+  CHECK_THROWS_WITH(accel::read_config_file(directory / "missing.yaml"),
+                    Contains("cannot read the config file") && Contains("accel config"));
+}
+
+TEST_CASE("read_run_config: variables over the config file over the defaults", "[config][dispatch]") {
+  scoped_environment no_launcher({});
+  scoped_variable no_precision("ACCELERATE_MIXED_PRECISION", nullptr);
+  scoped_variable no_steps("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", nullptr);
+  {
+    scoped_variable none("ACCEL_CONFIG_FILE", "");
+    const auto config = accel::read_run_config();
+    CHECK(config.mixed_precision == "no");
+    CHECK(config.gradient_accumulation_steps == 1);
+    CHECK(config.num_processes == 1);
+  }
+  {
+    scoped_variable xdg("XDG_CONFIG_HOME", accel_test::scratch_directory("xdg").c_str());
+    scoped_variable unnamed("ACCEL_CONFIG_FILE", nullptr);
+    CHECK(accel::config_file_path() == std::filesystem::path(std::getenv("XDG_CONFIG_HOME")) / "accel" / "default_config.yaml");
+    CHECK(accel::read_run_config().mixed_precision == "no");  // the default file is optional
+  }
+  scoped_config_file file("mixed_precision: bf16\ngradient_accumulation_steps: 4\n");
+  CHECK(picked() == "bf16/4");  // from the file alone
+  {
+    scoped_variable steps("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1");
+    CHECK(picked() == "bf16/1");  // the variable wins over the file
+  }
+  {
+    scoped_variable precision("ACCELERATE_MIXED_PRECISION", "bf32");
+    CHECK_THROWS_WITH(accel::read_run_config(),
+                      Catch::Contains("ACCELERATE_MIXED_PRECISION: mixed_precision must be no, bf16 or fp16, not 'bf32'"));
+  }
+  // accumulate_dynamic takes its N from the config file too.
+  using dynamic = accel::configs<accel::accelerator<accel::bf16, accel::single_process, accel::accumulate_dynamic>>;
+  CHECK(accel::dispatch<dynamic>(accel::read_run_config(), [](auto& acc) { return acc.gradient_accumulation_steps(); },
+                                 {.cpu = true}) == 4);
+  std::filesystem::remove(file.path);
+  CHECK_THROWS_WITH(accel::read_run_config(), Catch::Contains("cannot read the config file " + file.path.string()));
 }

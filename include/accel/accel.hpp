@@ -21,5 +21,6 @@
 #include "safetensors.hpp"
 #include "checkpoint.hpp"
 #include "accelerator.hpp"
+#include "config_file.hpp"
 #include "dispatch.hpp"
 // IWYU pragma: end_exports

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "detail/atomic_file.hpp"
 #include "safetensors.hpp"
 
 namespace accel {
@@ -136,7 +137,8 @@ inline void save_model(const torch::nn::Module& module, const std::filesystem::p
     }
   }
   index << "}}\n";
-  std::ofstream(directory / "model.safetensors.index.json") << index.str();
+  detail::write_atomically<checkpoint_error>(directory / "model.safetensors.index.json",
+                                             [&](std::ofstream& out) { out << index.str(); });
 }
 
 /// Loads what `save_model` wrote (or a Python `save_file(state_dict)`) into `module`: a directory holding

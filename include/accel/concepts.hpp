@@ -71,7 +71,7 @@ concept parallel_hooks = std::constructible_from<Q, const options&> && requires(
   q.wait_for_everyone();
   q.prepare_model(module);       // broadcast parameters, register gradient hooks (data parallel)
   { cq.gradient_sync(module) } -> std::convertible_to<bool>;
-  q.set_gradient_sync(module, true);  // no_sync and accumulation turn the all-reduce off
+  q.set_gradient_sync(module, true, false);  // enabled, this_backward: no_sync, accumulation, trigger_sync_in_backward
   q.before_forward(module);      // each forward of a prepared model: arm gradient hooks, sync buffers
   q.communicator();              // what the collectives run on (accel/collectives.hpp)
 };
@@ -102,7 +102,7 @@ concept parallel_policy =
     (detail::has_category<Q, parallel_tag> ||
      detail::unsatisfied<"accel::accelerator's 2nd argument must be a parallel policy: accel::single_process or accel::data_parallel<accel::gloo or accel::nccl>", Q>()) &&
     (detail::parallel_hooks<Q> ||
-     detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone(), prepare_model(module), gradient_sync(module), set_gradient_sync(module, bool), before_forward(module) or communicator(): see accel/concepts.hpp", Q>());
+     detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone(), prepare_model(module), gradient_sync(module), set_gradient_sync(module, bool enabled, bool this_backward), before_forward(module) or communicator(): see accel/concepts.hpp", Q>());
 
 /// An accumulation policy: `accel::no_accumulation`, `accel::accumulate<N>` or `accel::accumulate_dynamic`.
 template <class A>

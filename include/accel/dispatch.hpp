@@ -8,7 +8,7 @@
 ///     accel::dispatch<supported>(accel::read_run_config(), [&](auto& acc) { train(acc); });
 ///
 /// and `dispatch` builds the first one that fits the run configuration (from Accelerate's environment variables
-/// and the launcher's world size) and calls the function once with it: the loop inside is compiled per
+/// or the config file, and the launcher's world size) and calls the function once with it: the loop inside is compiled per
 /// configuration, with no dispatch in it. A configuration that was not compiled gives an error that lists those
 /// that were.
 #pragma once
@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "accelerator.hpp"
+#include "config_file.hpp"
 #include "launch.hpp"
 
 namespace accel {
@@ -38,12 +39,17 @@ struct run_config {
   int num_processes = 1;
 };
 
-/// The run configuration from the environment (unset variables keep their defaults).
+/// The run configuration: each setting from its environment variable when set, otherwise from the config file
+/// (see config_file.hpp: `accel config` writes it), otherwise the default; the number of processes from the
+/// launcher. Throws config_error for a value that is not accepted, naming the variable or file.
 inline run_config read_run_config() {
-  run_config config;
+  config_values values = read_config_file();
   if (const char* precision = std::getenv("ACCELERATE_MIXED_PRECISION"); precision != nullptr && *precision != '\0')
-    config.mixed_precision = precision;
-  config.gradient_accumulation_steps = detail::accumulation_steps_in_environment().value_or(1);
+    set_config_value(values, "mixed_precision", precision, "ACCELERATE_MIXED_PRECISION");
+  if (const auto steps = detail::accumulation_steps_in_environment()) values.gradient_accumulation_steps = *steps;
+  run_config config;
+  config.mixed_precision = values.mixed_precision.value_or(config.mixed_precision);
+  config.gradient_accumulation_steps = values.gradient_accumulation_steps.value_or(1);
   config.num_processes = read_process_environment().world_size;
   return config;
 }
@@ -98,6 +104,13 @@ struct config_traits<accelerator<P, Q, A>> {
   }
 };
 
+/// The options with the run's accumulation steps filled in when they leave them open, so that
+/// accumulate_dynamic uses a number that came from the config file (the environment variable wins anyway).
+inline options with_accumulation_steps(options opts, const run_config& config) {
+  if (!opts.gradient_accumulation_steps) opts.gradient_accumulation_steps = config.gradient_accumulation_steps;
+  return opts;
+}
+
 }  // namespace detail
 
 /// Builds the first of `Configs`' accelerators that fits `config` (with `opts`) and returns `f(accelerator)`.
@@ -111,7 +124,7 @@ decltype(auto) dispatch_in(configs<Accelerators...>, const run_config& config, F
   std::optional<std::conditional_t<std::is_void_v<result>, int, result>> out;
   const bool found = ([&]<class Accelerator>(std::type_identity<Accelerator>) {
     if (!detail::config_traits<Accelerator>::fits(config)) return false;
-    Accelerator acc(opts);
+    Accelerator acc(detail::with_accumulation_steps(opts, config));
     if constexpr (std::is_void_v<result>)
       f(acc), out.emplace(0);
     else

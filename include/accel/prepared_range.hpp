@@ -143,8 +143,8 @@ class prepared_range : detail::prepared_tag {
   prepared_range(Range&& range, Accelerator& accelerator)
       : range_(std::forward<Range>(range)),
         accelerator_(&accelerator),
-        device_(accelerator.device_placement() ? std::optional<c10::Device>(accelerator.device()) : std::nullopt),
-        slot_(std::make_shared<detail::checkpoint_slot>()) {
+        slot_(std::make_shared<detail::checkpoint_slot>()),
+        device_(accelerator.device_placement() ? std::optional<c10::Device>(accelerator.device()) : std::nullopt) {
     fill_slot();
     accelerator.register_state(slot_);
   }

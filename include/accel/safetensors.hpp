@@ -25,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include "detail/atomic_file.hpp"
+
 namespace accel {
 
 /// A checkpoint that cannot be written or read: names the file and what is wrong with it.
@@ -228,17 +230,12 @@ inline void save(const std::filesystem::path& path, const tensor_list& tensors,
   if (header.back() == ',') header.pop_back();
   header += "}}";
   while (header.size() % 8 != 0) header += ' ';  // the data starts 8-byte aligned, as the reference writer does
-  const auto temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+  ::accel::detail::write_atomically<checkpoint_error>(path, [&](std::ofstream& out) {
     const std::uint64_t length = header.size();
     out.write(reinterpret_cast<const char*>(&length), sizeof length);
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
     for (const auto& t : contiguous) out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
-    out.flush();
-    if (!out) throw checkpoint_error("accel: writing " + temporary + " failed (disk full? permissions?)");
-  }
-  std::filesystem::rename(temporary, path);
+  });
 }
 
 /// Reads every tensor of the file at `path` (on the CPU), validating it first.

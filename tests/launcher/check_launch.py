@@ -7,6 +7,7 @@ Each `def case_NAME()` below is one CTest test, launcher.NAME (tests/launcher/CM
 from this file). Python standard library only.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,11 +28,19 @@ def check(condition, message):
         raise CheckFailed(message)
 
 
+def clean_environment(changes=None):
+    """This process's environment without the settings a developer's shell may carry, with `changes` applied."""
+    env = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"):
+        env.pop(name, None)
+    env["ACCEL_CONFIG_FILE"] = ""  # no config file unless a case writes one
+    env.update(changes or {})
+    return env
+
+
 def launch(*args, env_changes=None, timeout=30):
     """Runs `accel launch ARGS...`; returns (exit code, stdout, stderr, seconds)."""
-    env = dict(os.environ)
-    env.pop("OMP_NUM_THREADS", None)
-    env.update(env_changes or {})
+    env = clean_environment(env_changes)
     command = [ACCEL, "launch", *args]
     print("$", " ".join(command), flush=True)
     start = time.monotonic()
@@ -347,8 +356,9 @@ def case_launch_help():
     check(out.startswith("usage: accel launch --nproc_per_node N"), "accel launch --help does not print the usage")
 
 
-def run_accel(*args):
-    result = subprocess.run([ACCEL, *args], capture_output=True, text=True, timeout=30)
+def run_accel(*args, env_changes=None, timeout=30):
+    result = subprocess.run([ACCEL, *args], capture_output=True, text=True, timeout=timeout,
+                            env=clean_environment(env_changes), cwd=WORK)
     print(f"$ accel {' '.join(args)}\nexit code {result.returncode}\n--- stdout\n{result.stdout}--- stderr\n"
           f"{result.stderr}---", flush=True)
     return result
@@ -375,6 +385,127 @@ def case_cli_unknown_command():
     check("unknown command 'lanch'" in result.stderr and "launch" in result.stderr,
           "the error should name the command and list the commands")
     check(run_accel().returncode == 2, "accel without a command should exit with 2")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# accel config, and the config file read by accel launch
+
+
+def write_config(*settings):
+    path = os.path.join(WORK, "config.yaml")
+    result = run_accel("config", "--config_file", path, *settings)
+    check(result.returncode == 0, f"accel config failed with exit code {result.returncode}")
+    return path, result
+
+
+def file_lines(path):
+    with open(path) as f:
+        return [line.rstrip("\n") for line in f if not line.startswith("#")]
+
+
+def case_config_writes_and_updates():
+    path, result = write_config("--mixed_precision", "bf16", "--gradient-accumulation-steps=4", "--num_processes", "2")
+    check(f"wrote {path}" in result.stdout, "accel config does not say which file it wrote")
+    expected = ["mixed_precision: bf16", "gradient_accumulation_steps: 4", "num_processes: 2", "num_machines: 1"]
+    check(file_lines(path) == expected, f"the file holds {file_lines(path)}, expected {expected}")
+    write_config("--num_processes", "4", "--main_process_port", "0")  # the other settings are kept
+    expected = ["mixed_precision: bf16", "gradient_accumulation_steps: 4", "num_processes: 4", "num_machines: 1",
+                "main_process_port: 0"]
+    check(file_lines(path) == expected, f"after the update the file holds {file_lines(path)}, expected {expected}")
+    # ACCEL_CONFIG_FILE names the file when --config_file is not given.
+    other = os.path.join(WORK, "sub", "other.yaml")
+    result = run_accel("config", "--mixed_precision", "fp16", env_changes={"ACCEL_CONFIG_FILE": other})
+    check(result.returncode == 0 and file_lines(other)[0] == "mixed_precision: fp16",
+          "accel config did not write the file ACCEL_CONFIG_FILE names (creating its directory)")
+
+
+def case_config_usage_errors():
+    path = os.path.join(WORK, "config.yaml")
+    for args, needles in ((["--mixed_precision", "bf32"], ["--mixed_precision", "no, bf16 or fp16", "'bf32'"]),
+                          (["--num_processes", "0"], ["--num_processes", "'0'"]),
+                          (["--mixed_precison", "bf16"], ["unknown key 'mixed_precison'", "mixed_precision"]),
+                          (["--num_processes", "3", "--num_machines", "2"], ["not a multiple of num_machines 2"]),
+                          (["--mixed_precision"], ["needs a value"])):
+        result = run_accel("config", "--config_file", path, *args)
+        check(result.returncode == 2, f"accel config {args}: expected exit code 2, got {result.returncode}")
+        for needle in needles:
+            check(needle in result.stderr, f"accel config {args}: the error does not mention {needle!r}")
+    check(not os.path.exists(path), "a refused accel config wrote the file anyway")
+
+
+def case_launch_reads_config_file():
+    path, _ = write_config("--mixed_precision", "bf16", "--gradient_accumulation_steps", "4", "--num_processes", "2",
+                           "--main_process_port", "0")
+    code, _, _, _ = launch("--config_file", path, PROBE, "env", os.path.join(WORK, "vars"))
+    check(code == 0, f"expected exit code 0, got {code}")
+    check(sorted(f for f in os.listdir(WORK) if f.startswith("vars")) == ["vars.0", "vars.1"],
+          "num_processes 2 in the config file should start 2 workers")
+    for rank in range(2):
+        v = read_variables(os.path.join(WORK, f"vars.{rank}"))
+        for name, value in {"WORLD_SIZE": "2", "ACCELERATE_MIXED_PRECISION": "bf16",
+                            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4", "ACCEL_CONFIG_FILE": path}.items():
+            check(v.get(name) == value, f"rank {rank}: {name}={v.get(name)}, expected {value}")
+        check(v["MASTER_PORT"] != "29500", "main_process_port 0 should pick a free port")
+    # The command line overrides the file, found through ACCEL_CONFIG_FILE this time.
+    code, _, _, _ = launch("--nproc_per_node", "3", "--mixed_precision", "fp16", PROBE, "env",
+                           os.path.join(WORK, "again"), env_changes={"ACCEL_CONFIG_FILE": path})
+    check(code == 0, f"expected exit code 0, got {code}")
+    v = read_variables(os.path.join(WORK, "again.2"))
+    for name, value in {"WORLD_SIZE": "3", "ACCELERATE_MIXED_PRECISION": "fp16",
+                        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}.items():
+        check(v.get(name) == value, f"with flags: {name}={v.get(name)}, expected {value}")
+    # Without a config file the workers inherit nothing of the kind.
+    code, _, _, _ = launch("--nproc_per_node", "1", PROBE, "env", os.path.join(WORK, "plain"))
+    v = read_variables(os.path.join(WORK, "plain.0"))
+    check(v.get("ACCELERATE_MIXED_PRECISION") == "<unset>" and v.get("ACCEL_CONFIG_FILE") == "",
+          "without a config file, the launcher should not set the run's variables")
+
+
+def case_launch_config_file_errors():
+    path = os.path.join(WORK, "bad.yaml")
+    with open(path, "w") as f:
+        f.write("# a config\nnum_processes: 2\nmixed_precision: bf32\n")
+    check_usage_error(["--config_file", path, PROBE], f"{path}:3: mixed_precision must be no, bf16 or fp16, not 'bf32'")
+    with open(path, "w") as f:
+        f.write("num_process: 2\n")
+    check_usage_error(["--config_file", path, PROBE], f"{path}:1: unknown key 'num_process'", "num_processes")
+    missing = os.path.join(WORK, "missing.yaml")
+    code, _, err, _ = launch(PROBE, env_changes={"ACCEL_CONFIG_FILE": missing})
+    check(code == 2 and f"cannot read the config file {missing}" in err and "accel config" in err,
+          "a missing ACCEL_CONFIG_FILE should be a usage error naming the file and accel config")
+    check_usage_error([PROBE, "exit", "0"], "--nproc_per_node is required", "accel config --num_processes")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# accel env and accel test
+
+
+def case_cli_env():
+    path, _ = write_config("--mixed_precision", "bf16")
+    result = run_accel("env", env_changes={"ACCEL_CONFIG_FILE": path, "ACCELERATE_MIXED_PRECISION": "bf16"})
+    check(result.returncode == 0, f"expected exit code 0, got {result.returncode}")
+    facts = {}
+    for line in result.stdout.splitlines():
+        if ":" in line and not line.startswith(" "):
+            name, value = line.split(":", 1)
+            facts[name] = value.strip()
+    for name in ("accel", "platform", "CPU", "LibTorch", "LibTorch CUDA", "Gloo", "CUDA driver", "CUDA runtime",
+                 "NCCL", "config file", "environment"):
+        check(name in facts, f"accel env does not report {name!r}")
+    check(re.match(r"\d+\.\d+", facts["LibTorch"]) is not None, f"LibTorch's version is {facts['LibTorch']!r}")
+    check(facts["accel"] == os.environ.get("ACCEL_EXPECTED_VERSION"), "accel env reports another version")
+    check(facts["config file"] == path and "  mixed_precision: bf16" in result.stdout,
+          "accel env does not show the config file and its settings")
+    check("  ACCELERATE_MIXED_PRECISION=bf16" in result.stdout and "  ACCEL_CONFIG_FILE=" + path in result.stdout,
+          "accel env does not list accel's environment variables")
+
+
+def case_cli_test():
+    result = run_accel("test", timeout=120, env_changes={"ACCELERATE_MIXED_PRECISION": "fp16"})
+    check(result.returncode == 0, f"accel test failed with exit code {result.returncode}")
+    lines = result.stdout.strip().splitlines()
+    check(lines and lines[-1] == "accel works on this machine", "accel test does not end with its verdict")
+    check(sum(line.startswith("ok: ") for line in lines) == 3, "accel test should report three checks")
 
 
 def main():

@@ -25,12 +25,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "accel/config_file.hpp"
+#include "arguments.hpp"
 #include "supervisor.hpp"
 
 namespace accel::cli {
@@ -44,18 +47,8 @@ constexpr double longest_grace_period_s = 3600;
 // ---------------------------------------------------------------------------------------------------------------
 // Command line
 
-// One option as the user spelled it (`--nproc-per-node=2`) and the canonical name it stands for.
-struct option_token {
-  std::string spelling;              // what the user wrote before any '=', for messages
-  std::string name;                  // canonical: nproc_per_node, ...
-  std::optional<std::string> value;  // the part after '=', if any
-};
-
-// torchrun spells its options with underscores or dashes; accelerate's names for the same settings work too.
-std::string canonical_option_name(std::string name) {
-  for (char& c : name) {
-    if (c == '-') c = '_';
-  }
+// accelerate's names for torchrun's options.
+std::string torchrun_name(const std::string& name) {
   static constexpr std::pair<std::string_view, std::string_view> accelerate_names[] = {
       {"num_processes", "nproc_per_node"}, {"num_machines", "nnodes"},
       {"machine_rank", "node_rank"},       {"main_process_ip", "master_addr"},
@@ -65,28 +58,6 @@ std::string canonical_option_name(std::string name) {
     if (name == alias) return std::string(canonical);
   }
   return name;
-}
-
-option_token split_option(const std::string& argument) {
-  const std::size_t equals = argument.find('=');
-  option_token token;
-  token.spelling = argument.substr(0, equals);
-  if (equals != std::string::npos) token.value = argument.substr(equals + 1);
-  const std::size_t dashes = token.spelling.starts_with("--") ? 2 : 1;
-  token.name = canonical_option_name(token.spelling.substr(dashes));
-  return token;
-}
-
-long long parse_whole_number(const option_token& option, const std::string& text, long long low, long long high,
-                             std::string_view meaning) {
-  long long number = 0;
-  const char* end = text.data() + text.size();
-  const auto [stop, error] = std::from_chars(text.data(), end, number);
-  if (text.empty() || error != std::errc{} || stop != end || number < low || number > high) {
-    throw usage_error(option.spelling + " must be a whole number from " + std::to_string(low) + " to " +
-                      std::to_string(high) + " (" + std::string(meaning) + "), not '" + text + "'");
-  }
-  return number;
 }
 
 std::chrono::milliseconds parse_seconds(const option_token& option, const std::string& text) {
@@ -102,32 +73,36 @@ std::chrono::milliseconds parse_seconds(const option_token& option, const std::s
   return std::chrono::milliseconds(std::llround(seconds * 1000));
 }
 
-// Applies one option; `next` is the argument after it, consumed (and `used_next` set) when the option takes a
-// value not given with '='.
-void apply_option(launch_options& options, const option_token& option, const std::string* next, bool& used_next) {
-  if (option.name == "prefix_output" || option.name == "help" || option.name == "h") {
-    if (option.value) throw usage_error(option.spelling + " takes no value; write just " + option.spelling);
-    (option.name == "prefix_output" ? options.prefix_output : options.show_help) = true;
-    return;
-  }
-  static constexpr std::string_view valued[] = {"nproc_per_node", "nnodes",      "node_rank",
-                                                "master_addr",    "master_port", "grace_period"};
-  if (std::find(std::begin(valued), std::end(valued), option.name) == std::end(valued)) {
-    throw usage_error("unknown option '" + option.spelling +
-                      "'; 'accel launch --help' lists the options (an option meant for the program goes after the "
-                      "program's name, or after '--')");
-  }
+bool is_switch(const option_token& option) {
+  return option.name == "prefix_output" || option.name == "help" || option.name == "h";
+}
+
+// The settings the workers read rather than the launcher: checked as the config file's, passed on as variables.
+bool is_run_setting(const option_token& option) {
+  return option.name == "mixed_precision" || option.name == "gradient_accumulation_steps";
+}
+
+// One option of the command line, with its value (none for a switch).
+struct given_option {
+  option_token token;
   std::string value;
-  if (option.value) {
-    value = *option.value;
-  } else if (next != nullptr && !next->starts_with("--")) {
-    value = *next;
-    used_next = true;
-  } else {
-    throw usage_error(option.spelling + " needs a value, e.g. " + option.spelling + " 2 or " + option.spelling +
-                      "=2");
-  }
-  if (option.name == "nproc_per_node") {
+};
+
+// Applies one option given on the command line.
+void apply_option(launch_options& options, const given_option& given) {
+  const option_token& option = given.token;
+  const std::string& value = given.value;
+  if (is_switch(option)) {
+    (option.name == "prefix_output" ? options.prefix_output : options.show_help) = true;
+  } else if (is_run_setting(option)) {
+    try {
+      set_config_value(options.run, option.name, value, option.spelling);
+    } catch (const config_error& e) {
+      throw usage_error(e.what());
+    }
+  } else if (option.name == "config_file") {
+    // read before the other options are applied (options_from_config_file)
+  } else if (option.name == "nproc_per_node") {
     options.nproc_per_node = static_cast<int>(
         parse_whole_number(option, value, 1, most_workers_per_node, "worker processes on this node"));
   } else if (option.name == "nnodes") {
@@ -147,11 +122,70 @@ void apply_option(launch_options& options, const option_token& option, const std
   }
 }
 
+// Reads one option and its value; `next` is the argument after it, consumed (and `used_next` set) when the option
+// takes a value not given with '='.
+given_option read_option(const std::string& argument, const std::string* next, bool& used_next) {
+  option_token option = split_option(argument);
+  option.name = torchrun_name(option.name);
+  if (is_switch(option)) {
+    if (option.value) throw usage_error(option.spelling + " takes no value; write just " + option.spelling);
+    return {option, ""};
+  }
+  static constexpr std::string_view valued[] = {"nproc_per_node", "nnodes",          "node_rank",
+                                                "master_addr",    "master_port",     "grace_period",
+                                                "config_file",    "mixed_precision", "gradient_accumulation_steps"};
+  if (std::find(std::begin(valued), std::end(valued), option.name) == std::end(valued)) {
+    throw usage_error("unknown option '" + option.spelling +
+                      "'; 'accel launch --help' lists the options (an option meant for the program goes after the "
+                      "program's name, or after '--')");
+  }
+  std::string value = option_value(option, next, used_next);
+  return {std::move(option), std::move(value)};
+}
+
+// The config file's settings become the defaults the command line overrides: --config_file names it, otherwise
+// the default one (ACCEL_CONFIG_FILE, or ~/.config/accel/default_config.yaml when it exists) is read.
+void apply_config_file(launch_options& options, const std::vector<given_option>& given) {
+  std::optional<std::filesystem::path> path;
+  for (const given_option& option : given) {
+    if (option.token.name == "config_file") path = option.value;
+  }
+  config_values values;
+  try {
+    if (path) {
+      values = read_config_file(*path);
+    } else if (auto default_path = config_file_path()) {
+      values = read_config_file();
+      std::error_code ignored;
+      if (std::filesystem::exists(*default_path, ignored)) path = default_path;
+    }
+  } catch (const config_error& e) {
+    throw usage_error(e.what());
+  }
+  if (!path) return;
+  options.config_file = std::filesystem::absolute(*path);
+  if (values.num_machines) options.nnodes = *values.num_machines;
+  if (values.machine_rank) options.node_rank = *values.machine_rank;
+  if (values.main_process_ip) {
+    options.master_addr = *values.main_process_ip;
+    options.master_addr_given = true;
+  }
+  if (values.main_process_port) options.master_port = *values.main_process_port;
+  if (values.num_processes) options.nproc_per_node = *values.num_processes / options.nnodes;
+  if (options.nproc_per_node > most_workers_per_node) {
+    throw usage_error(path->string() + ": num_processes / num_machines = " + std::to_string(options.nproc_per_node) +
+                      " processes per machine is more than " + std::to_string(most_workers_per_node));
+  }
+  options.run.mixed_precision = values.mixed_precision;
+  options.run.gradient_accumulation_steps = values.gradient_accumulation_steps;
+}
+
 // The checks that involve more than one option.
 void check_consistency(const launch_options& options) {
   if (options.nproc_per_node == 0) {
     throw usage_error("--nproc_per_node is required: how many worker processes to start on this node, given "
-                      "before the program's name, e.g. 'accel launch --nproc_per_node 2 ./train'");
+                      "before the program's name, e.g. 'accel launch --nproc_per_node 2 ./train' (or set "
+                      "num_processes in the config file: 'accel config --num_processes 2')");
   }
   if (options.node_rank >= options.nnodes) {
     throw usage_error("--node_rank " + std::to_string(options.node_rank) + " is out of range for --nnodes " +
@@ -198,6 +232,17 @@ int pick_free_port() {
   return ntohs(address.sin_port);
 }
 
+// What the workers' accel::read_run_config() reads: the settings as Accelerate's variables, and the config file
+// the launcher used (so that the workers read the same one).
+void append_run_settings(std::vector<std::pair<std::string, std::string>>& variables, const launch_options& options) {
+  if (options.run.mixed_precision) variables.emplace_back("ACCELERATE_MIXED_PRECISION", *options.run.mixed_precision);
+  if (options.run.gradient_accumulation_steps) {
+    variables.emplace_back("ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+                           std::to_string(*options.run.gradient_accumulation_steps));
+  }
+  if (options.config_file) variables.emplace_back("ACCEL_CONFIG_FILE", options.config_file->string());
+}
+
 // The variables torchrun sets for a static launch (ROLE_* equal the global values: accel has one role).
 std::vector<worker_spec> worker_specs(const launch_options& options, int master_port, bool set_omp_num_threads) {
   const int world_size = options.nnodes * options.nproc_per_node;
@@ -220,6 +265,7 @@ std::vector<worker_spec> worker_specs(const launch_options& options, int master_
         {"MASTER_PORT", std::to_string(master_port)},
     };
     if (set_omp_num_threads) spec.variables.emplace_back("OMP_NUM_THREADS", "1");
+    append_run_settings(spec.variables, options);
     specs.push_back(std::move(spec));
   }
   return specs;
@@ -228,7 +274,7 @@ std::vector<worker_spec> worker_specs(const launch_options& options, int master_
 }  // namespace
 
 launch_options parse_launch_options(const std::vector<std::string>& args) {
-  launch_options options;
+  std::vector<given_option> given;
   std::size_t i = 0;
   while (i < args.size()) {
     const std::string& argument = args[i];
@@ -239,11 +285,16 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
     if (!argument.starts_with("-") || argument == "-") break;  // the program
     const std::string* next = i + 1 < args.size() ? &args[i + 1] : nullptr;
     bool used_next = false;
-    apply_option(options, split_option(argument), next, used_next);
+    given.push_back(read_option(argument, next, used_next));
     i += used_next ? 2 : 1;
   }
+  launch_options options;
+  for (const given_option& option : given) apply_option(options, option);
+  if (options.show_help) return options;
+  apply_config_file(options, given);  // the file's settings first, then the command line's over them
+  for (const given_option& option : given) apply_option(options, option);
   options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-  if (!options.show_help) check_consistency(options);
+  check_consistency(options);
   return options;
 }
 
@@ -263,10 +314,16 @@ const char* launch_usage() {
          "  --master_port P     TCP port on node 0 (default 29500; 0 picks a free port, with one node only)\n"
          "  --prefix_output     prefix every line a worker prints with \"[rank R] \"\n"
          "  --grace_period S    seconds from SIGTERM to SIGKILL when stopping the workers (default 3)\n"
+         "  --mixed_precision M no, bf16 or fp16: sets ACCELERATE_MIXED_PRECISION for the workers\n"
+         "  --gradient_accumulation_steps N  sets ACCELERATE_GRADIENT_ACCUMULATION_STEPS for the workers\n"
+         "  --config_file F     the config file to read (default: $ACCEL_CONFIG_FILE, or\n"
+         "                      ~/.config/accel/default_config.yaml if it exists; see 'accel config')\n"
          "  -h, --help          show this help\n"
          "\n"
          "accelerate's --num_processes, --num_machines, --machine_rank, --main_process_ip and\n"
-         "--main_process_port are accepted for the same settings.\n"
+         "--main_process_port are accepted for the same settings. The config file's settings are the\n"
+         "defaults (num_processes there counts the whole job: --nproc_per_node is num_processes /\n"
+         "num_machines); the command line overrides them. The workers get ACCEL_CONFIG_FILE naming it.\n"
          "\n"
          "Worker l (0 <= l < N) gets RANK=I*N+l, WORLD_SIZE=K*N, LOCAL_RANK=l, LOCAL_WORLD_SIZE=N,\n"
          "GROUP_RANK=NODE_RANK=I, GROUP_WORLD_SIZE=K, ROLE_RANK=RANK, ROLE_WORLD_SIZE=WORLD_SIZE, MASTER_ADDR,\n"

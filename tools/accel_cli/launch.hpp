@@ -3,9 +3,12 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "accel/config_file.hpp"
 #include "command.hpp"
 
 namespace accel::cli {
@@ -19,6 +22,8 @@ struct launch_options {
   int master_port = 29500;  // 0: pick a free port (single node only)
   bool prefix_output = false;
   std::chrono::milliseconds grace_period{3000};
+  config_values run;                  // mixed_precision and gradient_accumulation_steps, passed on to the workers
+  std::optional<std::filesystem::path> config_file;  // the config file read, if any (passed on to the workers)
   std::vector<std::string> program;  // the program and its arguments
   bool show_help = false;            // -h or --help: print the usage, start nothing
 };

@@ -8,7 +8,10 @@
 #include <vector>
 
 #include "command.hpp"
+#include "config.hpp"
+#include "env.hpp"
 #include "launch.hpp"
+#include "test.hpp"
 
 #ifndef ACCEL_VERSION_STRING
 #error "ACCEL_VERSION_STRING must be defined by the build (tools/CMakeLists.txt sets it from the project version)"
@@ -20,6 +23,9 @@ using accel::cli::command;
 
 constexpr command commands[] = {
     accel::cli::launch_command,
+    accel::cli::config_command,
+    accel::cli::env_command,
+    accel::cli::test_command,
 };
 
 const command* find_command(std::string_view name) {

@@ -29,6 +29,19 @@ template <class T>
 inline constexpr bool is_tensor_structure<std::map<std::string, T>> = is_tensor_structure<T>;
 
 /// Applies `f` to every tensor of a structure, in a fixed order, and rebuilds the structure from the results.
+/// All overloads are declared first: each recursive call must see the others whatever the nesting order (argument-
+/// dependent lookup would not find them from std::pair or a lambda's namespace).
+template <class F>
+at::Tensor map_tensors(const at::Tensor& tensor, F& f);
+template <class T, class F>
+std::vector<T> map_tensors(const std::vector<T>& items, F& f);
+template <class... Ts, class F>
+std::tuple<Ts...> map_tensors(const std::tuple<Ts...>& items, F& f);
+template <class A, class B, class F>
+std::pair<A, B> map_tensors(const std::pair<A, B>& items, F& f);
+template <class T, class F>
+std::map<std::string, T> map_tensors(const std::map<std::string, T>& items, F& f);
+
 template <class F>
 at::Tensor map_tensors(const at::Tensor& tensor, F& f) {
   return f(tensor);

@@ -1,0 +1,233 @@
+/// \file
+/// The run's config file: a few `key: value` lines (a subset of YAML, with Accelerate's key names) that
+/// `accel config` writes, `accel launch` reads for its defaults, and `accel::read_run_config()` reads for
+/// `accel::dispatch`:
+///
+///     # accel config file
+///     mixed_precision: bf16
+///     gradient_accumulation_steps: 4
+///     num_processes: 2
+///
+/// Where it is: `$ACCEL_CONFIG_FILE` when set (empty: no config file at all), otherwise
+/// `$XDG_CONFIG_HOME/accel/default_config.yaml` (`~/.config/accel/default_config.yaml`), read only if it exists.
+/// Plain C++ without LibTorch: the `accel` command-line tool includes it too.
+#pragma once
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "detail/atomic_file.hpp"
+
+namespace accel {
+
+/// A config file, or a config value, that cannot be used; the message names the file, the line and the fix.
+struct config_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// What a config file may hold; a key the file does not set stays empty.
+struct config_values {
+  std::optional<std::string> mixed_precision;         // no, bf16 or fp16
+  std::optional<int> gradient_accumulation_steps;     // >= 1
+  std::optional<int> num_processes;                   // in the whole job, over every machine (as Accelerate)
+  std::optional<int> num_machines;                    // >= 1
+  std::optional<int> machine_rank;                    // this machine's index, 0 on the main one
+  std::optional<std::string> main_process_ip;         // the main machine's host name or address
+  std::optional<int> main_process_port;               // 0 to 65535 (0: `accel launch` picks a free one)
+};
+
+namespace detail {
+
+/// One key of the file: its name, what it accepts (for messages), and where its value goes.
+struct config_key {
+  std::string_view name;
+  std::string_view accepts;
+  void (*set)(config_values&, std::string_view value);  // throws config_error(accepts) on a bad value
+  std::optional<std::string> (*get)(const config_values&);
+};
+
+inline int config_number(std::string_view text, int low, int high, std::string_view accepts) {
+  int number = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (text.empty() || error != std::errc{} || end != text.data() + text.size() || number < low || number > high)
+    throw config_error(std::string(accepts));
+  return number;
+}
+
+template <std::optional<int> config_values::*field, int low, int high>
+void set_number(config_values& values, std::string_view text) {
+  values.*field = config_number(text, low, high, "");
+}
+
+template <std::optional<int> config_values::*field>
+std::optional<std::string> get_number(const config_values& values) {
+  if (!(values.*field)) return std::nullopt;
+  return std::to_string(*(values.*field));
+}
+
+inline void set_mixed_precision(config_values& values, std::string_view text) {
+  if (text != "no" && text != "bf16" && text != "fp16") throw config_error("");
+  values.mixed_precision = std::string(text);
+}
+
+inline void set_main_process_ip(config_values& values, std::string_view text) {
+  if (text.empty()) throw config_error("");
+  values.main_process_ip = std::string(text);
+}
+
+inline constexpr config_key config_keys[] = {
+    {"mixed_precision", "no, bf16 or fp16", set_mixed_precision,
+     [](const config_values& v) { return v.mixed_precision; }},
+    {"gradient_accumulation_steps", "a whole number from 1 to 1000000",
+     set_number<&config_values::gradient_accumulation_steps, 1, 1000000>,
+     get_number<&config_values::gradient_accumulation_steps>},
+    {"num_processes", "a whole number from 1 to 67108864 (processes in the whole job)",
+     set_number<&config_values::num_processes, 1, 67108864>, get_number<&config_values::num_processes>},
+    {"num_machines", "a whole number from 1 to 65536", set_number<&config_values::num_machines, 1, 65536>,
+     get_number<&config_values::num_machines>},
+    {"machine_rank", "a whole number from 0 to 65535 (0 on the main machine)",
+     set_number<&config_values::machine_rank, 0, 65535>, get_number<&config_values::machine_rank>},
+    {"main_process_ip", "the main machine's host name or IP address", set_main_process_ip,
+     [](const config_values& v) { return v.main_process_ip; }},
+    {"main_process_port", "a TCP port from 0 to 65535 (0: accel launch picks a free one)",
+     set_number<&config_values::main_process_port, 0, 65535>, get_number<&config_values::main_process_port>},
+};
+
+inline std::string config_key_names() {
+  std::string names;
+  for (const config_key& key : config_keys) names += (names.empty() ? "" : ", ") + std::string(key.name);
+  return names;
+}
+
+inline std::string_view trim(std::string_view text) {
+  const auto first = text.find_first_not_of(" \t\r");
+  if (first == std::string_view::npos) return {};
+  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
+}
+
+/// The value as YAML writes a scalar: quotes around it are not part of it.
+inline std::string_view unquote(std::string_view value) {
+  if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+    return value.substr(1, value.size() - 2);
+  return value;
+}
+
+}  // namespace detail
+
+/// Sets `key` to `value` in `values`, checked as the file's line would be. `where` prefixes the message (a file
+/// and line, or a command-line flag). Throws config_error naming the keys or the values that are accepted.
+inline void set_config_value(config_values& values, std::string_view key, std::string_view value,
+                             const std::string& where) {
+  const auto* found = std::find_if(std::begin(detail::config_keys), std::end(detail::config_keys),
+                                   [&](const detail::config_key& k) { return k.name == key; });
+  if (found == std::end(detail::config_keys))
+    throw config_error(where + ": unknown key '" + std::string(key) + "'; the keys are " + detail::config_key_names());
+  try {
+    found->set(values, value);
+  } catch (const config_error&) {
+    throw config_error(where + ": " + std::string(key) + " must be " + std::string(found->accepts) + ", not '" +
+                       std::string(value) + "'");
+  }
+}
+
+/// The checks that involve more than one key: every machine runs as many processes, and the machine rank is one
+/// of the machines.
+inline void check_config(const config_values& values, const std::string& where) {
+  const int machines = values.num_machines.value_or(1);
+  if (values.num_processes && *values.num_processes % machines != 0)
+    throw config_error(where + ": num_processes " + std::to_string(*values.num_processes) +
+                       " is not a multiple of num_machines " + std::to_string(machines) +
+                       ": num_processes counts the processes of the whole job, the same number on every machine");
+  if (values.machine_rank && *values.machine_rank >= machines)
+    throw config_error(where + ": machine_rank " + std::to_string(*values.machine_rank) +
+                       " is out of range for num_machines " + std::to_string(machines) + " (0 to " +
+                       std::to_string(machines - 1) + ", 0 on the main machine)");
+}
+
+/// Parses a config file's text; `name` (the file's path) goes into the messages.
+inline config_values parse_config(std::string_view text, const std::string& name) {
+  config_values values;
+  std::istringstream lines{std::string(text)};
+  std::string line;
+  for (int number = 1; std::getline(lines, line); ++number) {
+    const std::string where = name + ":" + std::to_string(number);
+    std::string_view content = line;
+    if (const auto hash = content.find('#'); hash != std::string_view::npos) content = content.substr(0, hash);
+    content = detail::trim(content);
+    if (content.empty() || content == "---") continue;
+    const auto colon = content.find(':');
+    if (colon == std::string_view::npos)
+      throw config_error(where + ": expected 'key: value' (e.g. 'mixed_precision: bf16'), found '" + line + "'");
+    set_config_value(values, detail::trim(content.substr(0, colon)),
+                     detail::unquote(detail::trim(content.substr(colon + 1))), where);
+  }
+  check_config(values, name);
+  return values;
+}
+
+/// The config file's text for `values` (only the keys that are set), as `accel config` writes it.
+inline std::string format_config(const config_values& values) {
+  std::string text = "# accel config file: read by `accel launch` and accel::read_run_config(); written by `accel config`\n";
+  for (const detail::config_key& key : detail::config_keys)
+    if (auto value = key.get(values)) text += std::string(key.name) + ": " + *value + "\n";
+  return text;
+}
+
+/// The config file in use: `$ACCEL_CONFIG_FILE` when set (empty: none), otherwise
+/// `$XDG_CONFIG_HOME/accel/default_config.yaml` or `$HOME/.config/accel/default_config.yaml` (none without HOME).
+inline std::optional<std::filesystem::path> config_file_path() {
+  if (const char* explicit_path = std::getenv("ACCEL_CONFIG_FILE")) {
+    if (*explicit_path == '\0') return std::nullopt;
+    return std::filesystem::path(explicit_path);
+  }
+  if (const char* xdg = std::getenv("XDG_CONFIG_HOME"); xdg != nullptr && *xdg != '\0')
+    return std::filesystem::path(xdg) / "accel" / "default_config.yaml";
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0')
+    return std::filesystem::path(home) / ".config" / "accel" / "default_config.yaml";
+  return std::nullopt;
+}
+
+/// Reads and parses the file at `path`. Throws config_error when it cannot be read or parsed.
+inline config_values read_config_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw config_error("cannot read the config file " + path.string() +
+                       ": it does not exist or is not readable; write one with `accel config`, or unset "
+                       "ACCEL_CONFIG_FILE (set it empty to use no config file)");
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  return parse_config(text, path.string());
+}
+
+/// The values of the config file in use (see config_file_path): nothing set when there is none. A file named by
+/// ACCEL_CONFIG_FILE must exist; the default file is optional.
+inline config_values read_config_file() {
+  const auto path = config_file_path();
+  if (!path) return {};
+  const bool named = std::getenv("ACCEL_CONFIG_FILE") != nullptr;
+  std::error_code ignored;
+  if (!named && !std::filesystem::exists(*path, ignored)) return {};
+  return read_config_file(*path);
+}
+
+/// Writes `values` to `path` atomically (a temporary file renamed over it), creating the directories.
+inline void write_config_file(const std::filesystem::path& path, const config_values& values) {
+  std::error_code error;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), error);
+  if (error)
+    throw config_error("cannot create the directory " + path.parent_path().string() + " for the config file: " +
+                       error.message());
+  detail::write_atomically<config_error>(path, [&](std::ofstream& out) { out << format_config(values); });
+}
+
+}  // namespace accel
