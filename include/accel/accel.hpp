@@ -22,5 +22,6 @@
 #include "checkpoint.hpp"
 #include "accelerator.hpp"
 #include "config_file.hpp"
+#include "progress.hpp"
 #include "dispatch.hpp"
 // IWYU pragma: end_exports

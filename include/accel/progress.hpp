@@ -1,0 +1,418 @@
+/// \file
+/// A progress bar for long loops, what Accelerate users get from tqdm:
+///
+/// ```cpp
+/// for (auto&& [x, y] : accel::progress(batches, {.description = "train"})) { ... }
+/// ```
+///
+/// On a terminal one line is redrawn in place, at most every `redraw_interval`, as wide as the terminal:
+/// `train:  40%|#####         | 10/25 [00:10<00:15, 1.00 it/s, loss=0.1, lr=0.0003]`. Elsewhere (a log file, a
+/// pipe) a plain line is printed every `line_interval` and once at the end, without '\r' or escape codes:
+/// `train: 10/25 (40%) elapsed 00:10, remaining 00:15, 1.00 it/s, loss=0.1, lr=0.0003`. A loop slower than one
+/// iteration a second shows seconds per iteration instead (`2.50 s/it`), as tqdm does. A disabled bar (processes
+/// other than the local main one) only counts: it reads no clock and writes nothing.
+///
+/// Plain C++20 and POSIX (isatty, TIOCGWINSZ); no LibTorch. A bar is not thread-safe: update it from one thread.
+#pragma once
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <functional>
+#include <initializer_list>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "detail/stored.hpp"
+
+namespace accel {
+
+/// The clock a progress bar measures with (monotonic: a bar must not run backwards when the wall clock is set).
+using progress_clock = std::chrono::steady_clock;
+
+/// How a progress bar looks and where it goes. A plain aggregate: `{.description = "train", .total = 100}`.
+struct progress_options {
+  /// Written first, followed by ": " (nothing when empty).
+  std::string description;
+  /// Iterations expected; `accel::progress` takes the range's size when it has one. Unknown (or 0): the count,
+  /// elapsed time and rate only, without bar, percentage or remaining time.
+  std::optional<std::size_t> total = std::nullopt;
+  /// Where the bar is written.
+  std::ostream* output = &std::cerr;
+  /// true: one line redrawn in place with '\r' (a terminal); false: plain lines (a log file). Default: whether
+  /// `output` is std::cout, std::cerr or std::clog and its file descriptor is a terminal.
+  std::optional<bool> redraw = std::nullopt;
+  /// Least time between two frames drawn in place: drawing at every iteration would slow a fast loop down.
+  std::chrono::milliseconds redraw_interval{100};
+  /// Time between two plain lines; one more is printed at the end.
+  std::chrono::milliseconds line_interval = std::chrono::seconds(30);
+  /// false: the bar counts and does nothing else (Accelerate's `disable=not accelerator.is_local_main_process`).
+  bool enabled = true;
+  /// Columns of the terminal a frame is fitted to; default: the terminal's width (TIOCGWINSZ), 80 when unknown.
+  std::optional<std::size_t> width = std::nullopt;
+  /// Where time comes from; tests pass a fake clock.
+  std::function<progress_clock::time_point()> clock = [] { return progress_clock::now(); };
+};
+
+namespace detail::progress_text {
+
+/// `value` as tqdm's `format_num` writes it: 3 significant digits ("%.3g", exponent without leading zeros),
+/// unless the shortest exact form ("%g" with as many digits as it takes, like Python's `str`) is as short.
+inline std::string compact_number(double value) {
+  char exact[64];
+  char general[64];
+  const auto format = std::chars_format::general;
+  const std::string_view shortest(exact, std::to_chars(exact, exact + sizeof exact, value, format).ptr);
+  std::string rounded(general, std::to_chars(general, general + sizeof general, value, format, 3).ptr);
+  if (const auto e = rounded.find('e'); e != std::string::npos)
+    while (rounded.size() > e + 3 && rounded[e + 2] == '0') rounded.erase(e + 2, 1);  // "1e-05" -> "1e-5"
+  return rounded.size() < shortest.size() ? rounded : std::string(shortest);
+}
+
+/// `digits` digits after the point.
+inline std::string fixed(double value, int digits) {
+  char buffer[64];  // a rate: far fewer digits than that
+  char* end = std::to_chars(buffer, buffer + sizeof buffer, value, std::chars_format::fixed, digits).ptr;
+  return std::string(buffer, end);
+}
+
+/// A duration as tqdm shows it: mm:ss, or h:mm:ss from an hour on.
+inline std::string clock_time(std::chrono::seconds duration) {
+  const long long total = std::max<long long>(duration.count(), 0);
+  const long long hours = total / 3600, minutes = total / 60 % 60, seconds = total % 60;
+  char buffer[32];
+  if (hours > 0)
+    std::snprintf(buffer, sizeof buffer, "%lld:%02lld:%02lld", hours, minutes, seconds);
+  else
+    std::snprintf(buffer, sizeof buffer, "%02lld:%02lld", minutes, seconds);
+  return buffer;
+}
+
+/// Columns `text` takes on a terminal: one per UTF-8 code point (wide characters are not told apart).
+inline std::size_t columns(std::string_view text) {
+  return static_cast<std::size_t>(std::ranges::count_if(text, [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+/// `text` cut to at most `limit` columns, between code points: a frame wider than the terminal would wrap, and
+/// '\r' would then redraw only its last row.
+inline std::string fit(std::string text, std::size_t limit) {
+  std::size_t seen = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if ((text[i] & 0xC0) == 0x80) continue;
+    if (seen++ == limit) {
+      text.resize(i);
+      break;
+    }
+  }
+  return text;
+}
+
+/// What a frame or a line shows, at one moment.
+struct snapshot {
+  std::size_t count;
+  std::size_t total;  // 0: unknown
+  progress_clock::duration elapsed;
+
+  [[nodiscard]] bool has_total() const { return total > 0; }
+  [[nodiscard]] std::size_t percent() const { return count * 100 / total; }  // floored: 100% only when done
+  [[nodiscard]] double seconds() const { return std::chrono::duration<double>(elapsed).count(); }
+  [[nodiscard]] std::string counts() const {
+    return has_total() ? std::to_string(count) + "/" + std::to_string(total) : std::to_string(count);
+  }
+  [[nodiscard]] std::string elapsed_time() const {
+    return clock_time(std::chrono::duration_cast<std::chrono::seconds>(elapsed));
+  }
+  /// At the average rate so far; "?" while there is no rate yet.
+  [[nodiscard]] std::string remaining_time() const {
+    if (count >= total) return clock_time(std::chrono::seconds(0));
+    if (!has_rate()) return "?";
+    const double per_iteration = seconds() / static_cast<double>(count);
+    return clock_time(std::chrono::seconds(std::llround(per_iteration * static_cast<double>(total - count))));
+  }
+  [[nodiscard]] bool has_rate() const { return count > 0 && seconds() > 0; }
+  /// Iterations per second, or seconds per iteration when that is below one (tqdm's `s/it`).
+  [[nodiscard]] std::string rate() const {
+    if (!has_rate()) return "? it/s";
+    const double per_second = static_cast<double>(count) / seconds();
+    return per_second >= 1 ? fixed(per_second, 2) + " it/s" : fixed(1 / per_second, 2) + " s/it";
+  }
+};
+
+/// A frame (without its '\r') for a terminal `width` columns wide. It fills all but the last column (writing the
+/// last one leaves some terminals' cursor waiting to wrap); the bar takes the room the text leaves.
+inline std::string terminal_frame(const snapshot& now, std::string_view prefix, std::string_view postfix,
+                                  std::size_t width) {
+  const std::size_t room = width > 0 ? width - 1 : 0;
+  const std::string times = now.elapsed_time() + (now.has_total() ? "<" + now.remaining_time() : "");
+  const std::string status = now.counts() + " [" + times + ", " + now.rate() + std::string(postfix) + "]";
+  if (!now.has_total()) return fit(std::string(prefix) + status, room);
+
+  char percent[32];
+  std::snprintf(percent, sizeof percent, "%3zu%%|", now.percent());
+  const std::string left = std::string(prefix) + percent;
+  const std::string right = "| " + status;
+  const std::size_t used = columns(left) + columns(right);
+  const std::size_t cells = room > used ? room - used : 0;
+  const std::size_t filled = std::min(now.count, now.total) * cells / now.total;
+  return fit(left + std::string(filled, '#') + std::string(cells - filled, ' ') + right, room);
+}
+
+/// One line of a log: no '\r', no escape codes.
+inline std::string plain_line(const snapshot& now, std::string_view prefix, std::string_view postfix) {
+  std::string line = std::string(prefix) + now.counts();
+  if (now.has_total())
+    line += " (" + std::to_string(now.percent()) + "%) elapsed " + now.elapsed_time() + ", remaining " +
+            now.remaining_time();
+  else
+    line += " elapsed " + now.elapsed_time();
+  return line + ", " + now.rate() + std::string(postfix);
+}
+
+/// The file descriptor behind the standard streams; -1 for any other stream (a file, a string stream).
+inline int descriptor_of(const std::ostream* stream) {
+  if (stream == &std::cout) return STDOUT_FILENO;
+  if (stream == &std::cerr || stream == &std::clog) return STDERR_FILENO;
+  return -1;
+}
+
+inline std::size_t terminal_width(int fd) {
+  winsize size{};
+  if (fd >= 0 && ::ioctl(fd, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  return 80;
+}
+
+}  // namespace detail::progress_text
+
+/// A value `set_postfix` shows: a number, written compactly (`0.123`, `3e-4` as `0.0003`, `1.23e+5`; integers
+/// exactly), or text as it is. Numbers are formatted only when a frame or line is drawn.
+class postfix_value {
+ public:
+  template <class T>
+    requires std::is_arithmetic_v<T>
+  postfix_value(T value) {  // NOLINT(google-explicit-constructor): `{{"loss", 0.5}}` should read as it does
+    if constexpr (std::is_floating_point_v<T>)
+      value_ = static_cast<double>(value);
+    else
+      value_ = std::to_string(value);
+  }
+  postfix_value(std::string text) : value_(std::move(text)) {}  // NOLINT(google-explicit-constructor)
+  postfix_value(const char* text) : value_(std::string(text)) {}  // NOLINT(google-explicit-constructor)
+
+  [[nodiscard]] std::string text() const {
+    if (const auto* number = std::get_if<double>(&value_)) return detail::progress_text::compact_number(*number);
+    return std::get<std::string>(value_);
+  }
+
+ private:
+  std::variant<double, std::string> value_;
+};
+
+namespace detail {
+
+/// What an enabled bar keeps: where it writes, when it last did, the postfix. A disabled bar has none of it.
+class progress_display {
+ public:
+  explicit progress_display(progress_options options)
+      : options_(std::move(options)),
+        fd_(progress_text::descriptor_of(options_.output)),
+        redraw_(options_.redraw.value_or(fd_ >= 0 && ::isatty(fd_) == 1)),
+        prefix_(options_.description.empty() ? "" : options_.description + ": "),
+        start_(options_.clock()),
+        last_shown_at_(start_) {
+    if (redraw_) show(0, start_);  // the bar appears before the first (maybe slow) iteration, as tqdm's does
+  }
+
+  void update(std::size_t count) {
+    const auto now = options_.clock();
+    if (now - last_shown_at_ >= interval()) show(count, now);
+  }
+
+  /// The last frame (and the newline that keeps it), or the last line unless the latest one showed this count.
+  void finish(std::size_t count) {
+    if (redraw_ || last_shown_count_ != count) show(count, options_.clock());
+    if (redraw_) *options_.output << '\n' << std::flush;
+  }
+
+  void set_postfix(std::initializer_list<std::pair<std::string_view, postfix_value>> values) {
+    postfix_.clear();
+    for (const auto& [name, value] : values) postfix_.emplace_back(name, value);
+  }
+
+ private:
+  [[nodiscard]] progress_clock::duration interval() const {
+    return redraw_ ? options_.redraw_interval : options_.line_interval;
+  }
+
+  void show(std::size_t count, progress_clock::time_point now) {
+    const progress_text::snapshot shown{count, options_.total.value_or(0), now - start_};
+    auto& out = *options_.output;
+    if (redraw_)
+      out << '\r' << progress_text::terminal_frame(shown, prefix_, postfix_text(), width()) << "\x1b[K";
+    else
+      out << progress_text::plain_line(shown, prefix_, postfix_text()) << '\n';
+    out.flush();
+    last_shown_at_ = now;
+    last_shown_count_ = count;
+  }
+
+  /// ", loss=0.123, lr=0.0003": what follows the rate.
+  [[nodiscard]] std::string postfix_text() const {
+    std::string text;
+    for (const auto& [name, value] : postfix_) text += ", " + name + "=" + value.text();
+    return text;
+  }
+
+  /// Asked at every frame, so that a resized terminal gets frames of its new width.
+  [[nodiscard]] std::size_t width() const { return options_.width.value_or(progress_text::terminal_width(fd_)); }
+
+  progress_options options_;
+  int fd_;
+  bool redraw_;
+  std::string prefix_;
+  progress_clock::time_point start_;
+  progress_clock::time_point last_shown_at_;
+  std::optional<std::size_t> last_shown_count_;
+  std::vector<std::pair<std::string, postfix_value>> postfix_;
+};
+
+}  // namespace detail
+
+/// A progress bar: `update()` once per iteration, `close()` (or the destructor) at the end. Time is measured from
+/// construction. Moving a bar moves its display; the moved-from bar writes nothing more.
+class progress_bar {
+ public:
+  explicit progress_bar(progress_options options = {})
+      : display_(options.enabled ? std::make_unique<detail::progress_display>(std::move(options)) : nullptr) {}
+  progress_bar(progress_bar&&) noexcept = default;
+  progress_bar& operator=(progress_bar&& other) noexcept {
+    progress_bar taken(std::move(other));
+    std::swap(count_, taken.count_);
+    std::swap(display_, taken.display_);
+    return *this;  // `taken` now holds this bar's previous display, closed as it goes
+  }
+  /// Closes the bar; a failure to write the last frame is not worth ending the program for.
+  ~progress_bar() {
+    try {
+      close();
+    } catch (...) {
+    }
+  }
+
+  /// `n` more iterations done; draws a frame or line when one is due.
+  void update(std::size_t n = 1) {
+    count_ += n;
+    if (display_) display_->update(count_);
+  }
+
+  /// Named values shown after the rate from the next frame or line on, replacing the previous ones:
+  /// `bar.set_postfix({{"loss", loss.item<double>()}, {"lr", 3e-4}})`.
+  void set_postfix(std::initializer_list<std::pair<std::string_view, postfix_value>> values) {
+    if (display_) display_->set_postfix(values);
+  }
+
+  /// Draws the last frame (then a newline) or line; later calls, and updates, write nothing.
+  void close() {
+    if (auto display = std::move(display_)) display->finish(count_);
+  }
+
+  /// Iterations counted so far (also by a disabled or closed bar).
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+
+ private:
+  std::size_t count_ = 0;
+  std::unique_ptr<detail::progress_display> display_;  // null when disabled or closed
+};
+
+/// `accel::progress(range, options)`: the elements of `range`, in order and as the range gives them (references
+/// stay references), advancing a progress bar at each step. The bar's total is the range's size when it has one;
+/// the bar closes when an iterator reaches the end or when the view is destroyed (after a `break`). `Range` is
+/// `R&` for an lvalue (referred to) or `R` for an rvalue (owned). Meant for one pass: a second pass counts on,
+/// with the bar already closed.
+template <std::ranges::input_range Range>
+class progress_view : public std::ranges::view_base {  // a view: `accel::progress(r) | std::views::take(n)` works
+  using base_range = std::remove_reference_t<Range>;
+  using base_iterator = std::ranges::iterator_t<base_range>;
+  using base_sentinel = std::ranges::sentinel_t<base_range>;
+
+ public:
+  class iterator {
+   public:
+    using value_type = std::ranges::range_value_t<base_range>;
+    using difference_type = std::ranges::range_difference_t<base_range>;
+    using iterator_concept = std::input_iterator_tag;
+
+    iterator(base_iterator current, base_sentinel end, progress_bar& bar)
+        : current_(std::move(current)), end_(std::move(end)), bar_(&bar) {
+      close_at_end();
+    }
+
+    std::ranges::range_reference_t<base_range> operator*() const { return *current_; }
+    iterator& operator++() {
+      ++current_;
+      bar_->update();
+      close_at_end();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const iterator& it, std::default_sentinel_t) { return it.current_ == it.end_; }
+
+   private:
+    void close_at_end() {
+      if (current_ == end_) bar_->close();
+    }
+
+    base_iterator current_;
+    base_sentinel end_;
+    progress_bar* bar_;
+  };
+
+  progress_view(Range&& range, progress_options options)
+      : range_(std::forward<Range>(range)), bar_(with_total(range_.get(), std::move(options))) {}
+
+  iterator begin() {
+    auto& range = range_.get();
+    return iterator(std::ranges::begin(range), std::ranges::end(range), bar_);
+  }
+  static std::default_sentinel_t end() noexcept { return {}; }
+  auto size()
+    requires std::ranges::sized_range<base_range>
+  {
+    return std::ranges::size(range_.get());
+  }
+
+  /// The bar, for `set_postfix` inside the loop.
+  progress_bar& bar() noexcept { return bar_; }
+
+ private:
+  static progress_options with_total(base_range& range, progress_options options) {
+    if constexpr (std::ranges::sized_range<base_range>)
+      if (!options.total) options.total = static_cast<std::size_t>(std::ranges::size(range));
+    return options;
+  }
+
+  detail::stored<Range> range_;
+  progress_bar bar_;
+};
+
+/// `for (auto&& batch : accel::progress(batches, {.description = "train"}))`: see `progress_view`.
+template <std::ranges::input_range Range>
+[[nodiscard]] progress_view<Range> progress(Range&& range, progress_options options = {}) {
+  return progress_view<Range>(std::forward<Range>(range), std::move(options));
+}
+
+}  // namespace accel
