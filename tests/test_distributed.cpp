@@ -7,9 +7,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "support.hpp"
+#include "tensorboard_reader.hpp"
+#include "tracking/recording_tracker.hpp"
 
 namespace {
 
@@ -653,4 +657,67 @@ TEST_CASE("resume on P processes: 10 steps == 5, save, load into other objects, 
   CHECK(resumed.schedule.steps() == uninterrupted.schedule.steps());
   resumed.acc.wait_for_everyone();
   if (resumed.acc.is_main_process()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("trackers live on the main process: the others write nothing and never read a tensor metric", "[tracking]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("accel_tracking_" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
+  gloo_accelerator acc(accel::options{
+      .project = {.project_dir = dir.string()},
+      .log_with = {accel::tracker::csv, accel::tracker::json_lines, accel::tracker::tensorboard}});
+  const int P = acc.num_processes(), r = acc.process_index();
+  REQUIRE(P >= 2);
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  acc.wait_for_everyone();
+  CHECK_THROWS_AS(acc.log({{"loss", 1}}), std::logic_error);  // on every process, not only where trackers live
+
+  auto recorder = std::make_shared<accel_test::recording_tracker>();
+  acc.init_trackers("run", {{"processes", P}}, {recorder});
+  // Off the main process the loss is a meta tensor, whose item() throws: logging it there must not read it.
+  const auto loss = r == 0 ? torch::tensor(0.5) : torch::empty({}, torch::kMeta);
+  acc.log({{"loss", loss}, {"rank", r}}, 5);
+  acc.log({{"loss", 0.25}});  // no step: the number of earlier log calls, 1
+  CHECK(acc.get_tracker(accel::tracker::csv).name() == (r == 0 ? "csv" : "blank"));
+  acc.end_training();  // finishes, then waits: every file is complete below
+
+  using entry = accel_test::recording_tracker::entry;
+  if (r == 0) {
+    CHECK(recorder->configs.size() == 1);
+    CHECK(recorder->logged == std::vector<entry>{{"loss", 0.5, 5}, {"rank", 0, 5}, {"loss", 0.25, 1}});
+    CHECK(recorder->finished == 1);
+  } else {
+    CHECK(recorder->configs.empty());
+    CHECK(recorder->logged.empty());
+    CHECK(recorder->finished == 0);
+  }
+  // One process's records, whichever process reads them (the directory is shared).
+  std::set<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "run")) files.insert(entry.path().filename().string());
+  CHECK(files.size() == 4);
+  CHECK(files.count("config.json") == 1);
+  CHECK(files.count("metrics.csv") == 1);
+  CHECK(files.count("metrics.jsonl") == 1);
+  std::ifstream csv(dir / "run" / "metrics.csv");
+  std::vector<std::string> rows;
+  for (std::string row; std::getline(csv, row);) rows.push_back(row.substr(row.find(',') + 1));  // without wall time
+  CHECK(rows == std::vector<std::string>{"step,name,value", "5,loss,0.5", "5,rank,0", "1,loss,0.25"});
+  const auto events = tensorboard_reader::read_events(tensorboard_reader::event_file(dir / "run"));
+  REQUIRE(events.size() == 4);
+  CHECK(events[1].scalars.at(0).tag == "loss");
+  CHECK(events[1].scalars.at(0).value == 0.5f);
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the progress bar shows on the local main process only", "[tracking]") {
+  gloo_accelerator acc;
+  std::ostringstream out;
+  const std::vector<int> items{1, 2, 3};
+  int sum = 0;
+  for (int item : acc.progress(items, {.description = "work", .output = &out, .redraw = false})) sum += item;
+  CHECK(sum == 6);
+  if (acc.is_local_main_process())
+    CHECK(out.str().starts_with("work: 3/3 (100%)"));
+  else
+    CHECK(out.str().empty());
 }

@@ -130,6 +130,7 @@ TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accel
     std::vector<std::weak_ptr<accel::detail::checkpoint_slot>> slots;
     std::vector<std::shared_ptr<accel::detail::checkpoint_slot>> owned_slots;
     accel::project_options project;
+    accel::detail::tracker_set trackers;
   };
   STATIC_REQUIRE(sizeof(accel::accelerator<>) == sizeof(same_members_without_empty_policies));
 }

@@ -392,4 +392,15 @@ TEST_CASE("progress over a prepared range", "[progress]") {
   for (auto&& [x, y] : accel::progress(batches, r.options())) rows += x.size(0) + y.size(0);
   CHECK(rows == 12);
   CHECK(r.text() == "train: 3/3 (100%) elapsed 00:00, remaining 00:00, ? it/s\n");
+  // The accelerator's own: enabled on the local main process (here, the only one) unless the options say not.
+  recorder mine;
+  for (auto&& [x, y] : acc.progress(batches, mine.options())) rows += x.size(0);
+  CHECK(rows == 18);
+  CHECK(mine.text() == r.text());
+  recorder off;
+  auto quiet = off.options();
+  quiet.enabled = false;
+  for ([[maybe_unused]] auto&& batch : acc.progress(batches, quiet)) {
+  }
+  CHECK(off.text().empty());
 }

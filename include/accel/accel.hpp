@@ -23,5 +23,6 @@
 #include "accelerator.hpp"
 #include "config_file.hpp"
 #include "progress.hpp"
+#include "tracking.hpp"
 #include "dispatch.hpp"
 // IWYU pragma: end_exports

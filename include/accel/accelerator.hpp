@@ -47,7 +47,9 @@
 #include "prepared_optimizer.hpp"
 #include "prepared_range.hpp"
 #include "prepared_scheduler.hpp"
+#include "progress.hpp"
 #include "shard.hpp"
+#include "tracking.hpp"
 
 namespace accel {
 namespace detail {
@@ -103,7 +105,8 @@ class accelerator {
                .even_batches = opts.even_batches,
                .drop_last = opts.drop_last,
                .batch_size = opts.batch_size,
-               .step_scheduler_with_optimizer = opts.step_scheduler_with_optimizer} {}
+               .step_scheduler_with_optimizer = opts.step_scheduler_with_optimizer},
+        trackers_(opts.log_with, opts.project) {}
 
   accelerator(const accelerator&) = delete;
   accelerator& operator=(const accelerator&) = delete;
@@ -219,6 +222,39 @@ class accelerator {
   /// Blocks until every process reaches this point.
   void wait_for_everyone() { parallel_.wait_for_everyone(); }
 
+  /// `range` with a progress bar (accel/progress.hpp) on the local main process, e.g.
+  /// `for (auto&& [x, y] : acc.progress(batches, {.description = "epoch 1"}))`: redrawn in place on a terminal,
+  /// a plain line now and then otherwise. Other processes iterate the same range without a bar.
+  template <std::ranges::input_range Range>
+  [[nodiscard]] auto progress(Range&& range, progress_options options = {}) const {
+    options.enabled = options.enabled && is_local_main_process();
+    return accel::progress(std::forward<Range>(range), std::move(options));
+  }
+
+  // Experiment tracking (accel/tracking.hpp). Trackers live on the main process; elsewhere these do nothing.
+
+  /// Starts the trackers of `options::log_with` in `{logging_dir or project_dir}/{project_name}/` (created, with
+  /// the configuration as `config.json`), plus the user's own `extra` ones, and gives each the configuration. On
+  /// the main process only; call it on every process.
+  void init_trackers(const std::string& project_name, const hyperparameters& config = {},
+                     std::vector<std::shared_ptr<general_tracker>> extra = {}) {
+    trackers_.start(project_name, config, std::move(extra), is_main_process());
+  }
+  /// Logs `metrics` to every tracker at `step` (default: the number of earlier `log` calls). Tensor metrics are
+  /// read on the main process only.
+  void log(const std::vector<metric>& metrics, std::optional<std::int64_t> step = std::nullopt) {
+    trackers_.log(metrics, step, is_main_process());
+  }
+  /// Finishes (flushes and closes) every tracker, then waits for every process (Accelerate's `end_training`).
+  void end_training() {
+    trackers_.finish();
+    wait_for_everyone();
+  }
+  /// The active tracker of that kind or name; throws when none is. Other processes get a tracker that ignores
+  /// everything.
+  [[nodiscard]] general_tracker& get_tracker(tracker kind) { return get_tracker(tracker_name(kind)); }
+  [[nodiscard]] general_tracker& get_tracker(std::string_view name) { return trackers_.get(name, is_main_process()); }
+
   // Collectives (accel/collectives.hpp). Tensors may be nested in vectors, tuples, pairs and string maps.
 
   /// Every process's tensor, concatenated along dim 0 in process order (0-d tensors become one element each).
@@ -286,7 +322,8 @@ class accelerator {
   /// resuming mid-epoch (Accelerate's `skip_first_batches`). Later passes are whole. Returns `range`.
   template <class Range>
   Range& skip_first_batches(Range& range, std::size_t n) const {
-    static_assert(detail::is_prepared<Range>, "accel::skip_first_batches takes a range that prepare() returned");
+    static_assert(detail::is_prepared<Range> && requires(Range& r, std::size_t k) { r.skip_first_batches(k); },
+                  "accel::skip_first_batches takes a range that prepare() returned");
     range.skip_first_batches(n);
     return range;
   }
@@ -571,7 +608,9 @@ class accelerator {
   static int cuda_devices() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
   /// `model.safetensors`, `model_1.safetensors`, ... as Accelerate names them.
   static std::string numbered(const std::string& stem, std::size_t i, const std::string& extension) {
-    return stem + (i == 0 ? "" : "_" + std::to_string(i)) + extension;
+    std::string name = stem;  // appended in place: GCC 12 warns falsely (-Wstringop-overflow) on stem + (...)
+    if (i > 0) name.append("_").append(std::to_string(i));
+    return name.append(extension);
   }
   static torch::serialize::InputArchive read_archive(const std::filesystem::path& file) {
     if (!std::filesystem::exists(file))
@@ -761,6 +800,7 @@ class accelerator {
   std::vector<std::weak_ptr<detail::checkpoint_slot>> slots_;
   std::vector<std::shared_ptr<detail::checkpoint_slot>> owned_slots_;
   project_options project_;
+  detail::tracker_set trackers_;  // last: finished first when the accelerator is destroyed
 };
 
 }  // namespace accel

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "detail/atomic_file.hpp"
+#include "detail/json.hpp"
 #include "safetensors.hpp"
 
 namespace accel {
@@ -132,7 +133,7 @@ inline void save_model(const torch::nn::Module& module, const std::filesystem::p
   for (std::size_t i = 0; i < shards.size(); ++i) {
     safetensors::save(directory / detail::shard_name(i, shards.size()), shards[i]);
     for (const auto& [name, tensor] : shards[i]) {
-      index << separator << safetensors::detail::json_string(name) << ": \"" << detail::shard_name(i, shards.size()) << "\"";
+      index << separator << detail::json_string(name) << ": \"" << detail::shard_name(i, shards.size()) << "\"";
       separator = ", ";
     }
   }

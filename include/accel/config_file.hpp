@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "detail/atomic_file.hpp"
+#include "detail/text.hpp"
 
 namespace accel {
 
@@ -106,7 +107,7 @@ inline constexpr config_key config_keys[] = {
 
 inline std::string config_key_names() {
   std::string names;
-  for (const config_key& key : config_keys) names += (names.empty() ? "" : ", ") + std::string(key.name);
+  for (const config_key& key : config_keys) append_item(names, key.name);
   return names;
 }
 

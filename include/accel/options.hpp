@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fwd.hpp"
 
@@ -34,12 +35,16 @@ struct grad_scaler_options {
 /// Where `save_state()` without a path writes (Accelerate's `ProjectConfiguration`): with
 /// `automatic_checkpoint_naming`, `{project_dir}/checkpoints/checkpoint_{i}` for i = 0, 1, ..., keeping at most
 /// `total_limit` of them (the oldest are removed first; 0: keep all). `load_state()` without a path loads the
-/// newest.
+/// newest. Trackers write under `{logging_dir}/{project_name}/` (`logging_dir` empty: `project_dir`).
 struct project_options {
   std::string project_dir = ".";
   bool automatic_checkpoint_naming = false;
   int total_limit = 0;
+  std::string logging_dir = {};
 };
+
+/// The experiment trackers built into accel (see accel/tracking.hpp), for `options::log_with`.
+enum class tracker { csv, json_lines, tensorboard };
 
 /// Plain aggregate, so that `accel::accelerator<> acc{{.cpu = true}};` reads as configuration.
 struct options {
@@ -84,6 +89,8 @@ struct options {
   /// A prepared LR scheduler steps with the optimizer (only when it really stepped, `num_processes()` times
   /// unless `split_batches`); false: every `step()` call steps it once, as written.
   bool step_scheduler_with_optimizer = true;
+  /// The trackers `init_trackers` starts on the main process (Accelerate's `log_with`); empty: none.
+  std::vector<tracker> log_with = {};
 };
 
 }  // namespace accel

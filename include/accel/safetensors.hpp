@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "detail/atomic_file.hpp"
+#include "detail/json.hpp"
+#include "detail/text.hpp"
 
 namespace accel {
 
@@ -49,23 +51,6 @@ inline const std::map<c10::ScalarType, std::string>& dtype_names() {
       {at::kLong, "I64"},   {at::kInt, "I32"},   {at::kShort, "I16"}, {at::kChar, "I8"},
       {at::kByte, "U8"},    {at::kBool, "BOOL"}};
   return names;
-}
-
-inline std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 /// The subset of JSON a safetensors header uses: objects, strings, arrays of non-negative integers.
@@ -220,13 +205,13 @@ inline void save(const std::filesystem::path& path, const tensor_list& tensors,
     contiguous.push_back(tensor.detach().to(at::kCPU).contiguous());
     const auto bytes = static_cast<std::int64_t>(contiguous.back().nbytes());
     std::string shape;
-    for (auto d : tensor.sizes()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
-    header += detail::json_string(name) + ":{\"dtype\":\"" + dtype->second + "\",\"shape\":[" + shape +
+    for (auto d : tensor.sizes()) ::accel::detail::append_item(shape, std::to_string(d), ",");
+    header += ::accel::detail::json_string(name) + ":{\"dtype\":\"" + dtype->second + "\",\"shape\":[" + shape +
               "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) + "]},";
     offset += bytes;
   }
   header += "\"__metadata__\":{";
-  for (const auto& [key, value] : metadata) header += detail::json_string(key) + ":" + detail::json_string(value) + ",";
+  for (const auto& [key, value] : metadata) header += ::accel::detail::json_string(key) + ":" + ::accel::detail::json_string(value) + ",";
   if (header.back() == ',') header.pop_back();
   header += "}}";
   while (header.size() % 8 != 0) header += ' ';  // the data starts 8-byte aligned, as the reference writer does

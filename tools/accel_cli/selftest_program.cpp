@@ -4,6 +4,7 @@
 
 #include <array>
 #include <vector>
+#include "accel/detail/text.hpp"
 
 namespace accel::cli {
 namespace {
@@ -33,7 +34,7 @@ std::optional<std::filesystem::path> selftest_program() {
 
 std::string selftest_missing_message() {
   std::string places;
-  for (const auto& candidate : candidates()) places += (places.empty() ? "" : " or ") + candidate.string();
+  for (const auto& candidate : candidates()) accel::detail::append_item(places, candidate.string(), " or ");
   return std::string("accel-selftest (built with LibTorch beside the accel tool) is not at ") + places +
          "; build the accel_selftest target (or install accel) next to this accel";
 }

@@ -30,6 +30,7 @@
 
 #include "../collectives.hpp"
 #include "../options.hpp"
+#include "text.hpp"
 
 namespace accel::detail {
 
@@ -306,7 +307,7 @@ class gradient_reducer {
     if (warned_unused_) return;
     std::string unused;
     for (std::size_t i = 0; i < parameters_.size(); ++i)
-      if (!ready_[i]) unused += (unused.empty() ? "" : ", ") + names_[i];
+      if (!ready_[i]) append_item(unused, names_[i]);
     if (unused.empty()) return;
     warned_unused_ = true;
     std::cerr << "accel: process " << comm_.rank() << ": parameters without a gradient in this backward: " << unused

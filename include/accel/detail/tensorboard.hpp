@@ -1,0 +1,125 @@
+/// \file
+/// TensorBoard's event file format, written without TensorFlow or protobuf: a TFRecord stream of `Event` protocol
+/// buffers. Each record is
+///
+///     uint64 length (little-endian) | uint32 masked CRC-32C of those 8 bytes | data | uint32 masked CRC-32C of data
+///
+/// with masked(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8. The messages used (tensorflow/core/util/event.proto
+/// and tensorflow/core/framework/summary.proto):
+///
+///     Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
+///     Summary { repeated Value value = 1; }
+///     Value   { string tag = 1; float simple_value = 2; }
+// IWYU pragma: private, include <accel/accel.hpp>
+#pragma once
+
+#include <unistd.h>
+
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace accel::detail {
+
+static_assert(std::endian::native == std::endian::little, "accel writes TensorBoard files as little-endian bytes");
+
+/// CRC-32C (Castagnoli), the checksum TFRecord uses; one table lookup per byte.
+inline constexpr auto crc32c_table = [] {
+  std::array<std::uint32_t, 256> table{};
+  for (std::uint32_t byte = 0; byte < 256; ++byte) {
+    std::uint32_t crc = byte;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc & 1) ? (crc >> 1) ^ 0x82F63B78u : crc >> 1;  // reflected polynomial
+    table[byte] = crc;
+  }
+  return table;
+}();
+
+constexpr std::uint32_t crc32c(std::string_view bytes) noexcept {
+  std::uint32_t crc = 0xFFFFFFFFu;
+  for (const char c : bytes) crc = crc32c_table[(crc ^ static_cast<unsigned char>(c)) & 0xFFu] ^ (crc >> 8);
+  return crc ^ 0xFFFFFFFFu;
+}
+
+/// TFRecord stores checksums masked, so that a CRC computed over data that itself holds CRCs stays meaningful.
+constexpr std::uint32_t masked_crc32c(std::string_view bytes) noexcept {
+  const std::uint32_t crc = crc32c(bytes);
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+/// The little-endian bytes of a fixed-size number (the platform is little-endian: see the static_assert).
+template <class Number>
+std::string raw_bytes(Number value) {
+  std::string bytes(sizeof value, '\0');
+  std::memcpy(bytes.data(), &value, sizeof value);
+  return bytes;
+}
+
+/// One TFRecord: `data` framed by its length and the two checksums.
+inline std::string tfrecord(std::string_view data) {
+  const auto length = raw_bytes(static_cast<std::uint64_t>(data.size()));
+  return length + raw_bytes(masked_crc32c(length)) + std::string(data) + raw_bytes(masked_crc32c(data));
+}
+
+/// Appends protocol buffer fields to a message: a field is a key (number << 3 | wire type), then its value.
+class protobuf_message {
+ public:
+  protobuf_message& varint(int field, std::uint64_t value) {
+    key(field, 0);
+    append_varint(value);
+    return *this;
+  }
+  /// int64 fields are varints of the two's complement (10 bytes when negative).
+  protobuf_message& int64(int field, std::int64_t value) { return varint(field, static_cast<std::uint64_t>(value)); }
+  protobuf_message& fixed64(int field, double value) {
+    key(field, 1);
+    bytes_ += raw_bytes(value);
+    return *this;
+  }
+  protobuf_message& fixed32(int field, float value) {
+    key(field, 5);
+    bytes_ += raw_bytes(value);
+    return *this;
+  }
+  /// Strings and embedded messages alike: length-delimited.
+  protobuf_message& bytes(int field, std::string_view value) {
+    key(field, 2);
+    append_varint(value.size());
+    bytes_ += value;
+    return *this;
+  }
+  [[nodiscard]] const std::string& str() const noexcept { return bytes_; }
+
+ private:
+  void key(int field, int wire_type) {
+    append_varint(static_cast<std::uint64_t>(field) << 3 | static_cast<std::uint64_t>(wire_type));
+  }
+  void append_varint(std::uint64_t value) {
+    for (; value >= 0x80; value >>= 7) bytes_ += static_cast<char>((value & 0x7F) | 0x80);
+    bytes_ += static_cast<char>(value);
+  }
+  std::string bytes_;
+};
+
+/// The Event every event file starts with: it names the format version TensorBoard expects.
+inline std::string file_version_event(double wall_time) {
+  return protobuf_message().fixed64(1, wall_time).bytes(3, "brain.Event:2").str();
+}
+
+/// An Event holding one scalar (what PyTorch's `SummaryWriter.add_scalar` writes).
+inline std::string scalar_event(double wall_time, std::int64_t step, std::string_view tag, float value) {
+  const auto summary_value = protobuf_message().bytes(1, tag).fixed32(2, value).str();
+  const auto summary = protobuf_message().bytes(1, summary_value).str();
+  return protobuf_message().fixed64(1, wall_time).int64(2, step).bytes(5, summary).str();
+}
+
+/// `events.out.tfevents.{unix seconds}.{hostname}`, the name TensorBoard looks for.
+inline std::string event_file_name(std::int64_t unix_seconds) {
+  std::array<char, 256> host{};
+  if (::gethostname(host.data(), host.size() - 1) != 0 || host[0] == '\0') std::strcpy(host.data(), "localhost");
+  return "events.out.tfevents." + std::to_string(unix_seconds) + "." + host.data();
+}
+
+}  // namespace accel::detail

@@ -1,0 +1,399 @@
+/// \file
+/// Experiment trackers (Accelerate's `init_trackers` / `log` / `end_training`): metrics logged during training go
+/// to every active tracker, on the main process only.
+///
+/// Built-in trackers (`options::log_with`), each writing into the run directory
+/// `{project.logging_dir or project.project_dir}/{project_name}/`, beside the run's `config.json`:
+///   - `tracker::csv`          `metrics.csv`, one row per metric: `wall_time,step,name,value`. Robust when the
+///                             metrics logged change from one call to the next; loads in any spreadsheet or pandas.
+///   - `tracker::json_lines`   `metrics.jsonl`, one JSON object per `log` call: `{"step": 3, "wall_time": ...,
+///                             "loss": 0.5}`. Non-finite values as Python's json writes them (NaN, Infinity).
+///   - `tracker::tensorboard`  `events.out.tfevents.{unix seconds}.{hostname}`, for `tensorboard --logdir`.
+/// Each file is appended to (a resumed run continues it) and flushed after every `log` call, so that a crash loses
+/// nothing already logged. Anything else (a database, a web service) derives from `accel::general_tracker` and is
+/// passed to `init_trackers`.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cerrno>
+#include <chrono>
+#include <charconv>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "detail/tensorboard.hpp"
+#include "options.hpp"
+#include "detail/json.hpp"
+
+namespace accel {
+
+/// The name a built-in tracker goes by (its `general_tracker::name()`).
+constexpr std::string_view tracker_name(tracker kind) noexcept {
+  switch (kind) {
+    case tracker::csv: return "csv";
+    case tracker::json_lines: return "json_lines";
+    case tracker::tensorboard: return "tensorboard";
+  }
+  return "unknown";
+}
+
+/// One value to log: `{"loss", 0.5}`, `{"epoch", 3}` or `{"loss", loss_tensor}` (a one-element tensor). A tensor is
+/// read (`item()`, a device synchronisation) only when a tracker asks for `value()`, which happens on the main
+/// process only: the other processes never wait for it.
+class metric {
+ public:
+  template <class Number>
+    requires std::is_arithmetic_v<Number>
+  metric(std::string metric_name, Number number) : name(std::move(metric_name)), value_(static_cast<double>(number)) {}
+  metric(std::string metric_name, at::Tensor tensor) : name(std::move(metric_name)), value_(std::move(tensor)) {
+    check_one_element(std::get<at::Tensor>(value_));
+  }
+
+  /// The value as a double (read from the tensor on the first call).
+  [[nodiscard]] double value() const {
+    if (const auto* number = std::get_if<double>(&value_)) return *number;
+    if (!read_) read_ = std::get<at::Tensor>(value_).item<double>();
+    return *read_;
+  }
+
+  std::string name;
+
+ private:
+  void check_one_element(const at::Tensor& tensor) const {
+    if (!tensor.defined() || tensor.numel() != 1) {
+      std::ostringstream shape;
+      if (tensor.defined()) shape << "has shape " << tensor.sizes();
+      else shape << "is undefined";
+      throw std::invalid_argument("accel::metric \"" + name + "\": a tensor metric holds one element; this one " +
+                                  shape.str() + "; log a reduction of it (mean(), sum()) or its elements one by one");
+    }
+  }
+  std::variant<double, at::Tensor> value_;
+  mutable std::optional<double> read_;
+};
+
+/// One entry of the run's configuration (Accelerate's `config` dict): a number, a bool or a string under a name,
+/// e.g. `{"lr", 0.01}`, `{"batch_size", 32}`, `{"optimizer", "adamw"}`.
+struct hyperparameter {
+  using value_type = std::variant<bool, std::int64_t, double, std::string>;
+
+  template <class Value>
+    requires std::is_arithmetic_v<std::remove_cvref_t<Value>> || std::convertible_to<Value, std::string_view>
+  hyperparameter(std::string entry_name, Value&& entry_value)
+      : name(std::move(entry_name)), value(to_value(std::forward<Value>(entry_value))) {}
+
+  std::string name;
+  value_type value;
+
+ private:
+  template <class Value>
+  static value_type to_value(Value&& given) {
+    using type = std::remove_cvref_t<Value>;
+    if constexpr (std::is_same_v<type, bool>) return given;
+    else if constexpr (std::is_integral_v<type>) return static_cast<std::int64_t>(given);
+    else if constexpr (std::is_floating_point_v<type>) return static_cast<double>(given);
+    else return std::string(std::string_view(given));
+  }
+};
+/// The run's configuration, in the order given (as Python's dict keeps it).
+using hyperparameters = std::vector<hyperparameter>;
+
+/// An experiment tracker (Accelerate's `GeneralTracker`): derive from it to send metrics anywhere, and pass it to
+/// `accelerator::init_trackers`. Trackers live on the main process only; the accelerator calls
+/// `store_init_configuration` once from `init_trackers`, `log` from each `accelerator::log`, and `finish` once from
+/// `end_training` (or the accelerator's destructor).
+class general_tracker {
+ public:
+  virtual ~general_tracker() = default;
+  /// How `accelerator::get_tracker` finds it.
+  [[nodiscard]] virtual std::string name() const = 0;
+  virtual void store_init_configuration(const hyperparameters& config) { (void)config; }
+  virtual void log(const std::vector<metric>& metrics, std::int64_t step) = 0;
+  /// Flushes and closes whatever the tracker holds open.
+  virtual void finish() {}
+};
+
+namespace detail {
+
+/// Seconds since the Unix epoch, as each format stores its wall time.
+inline double wall_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+/// The shortest decimal text that reads back as the same double ("0.1", "3", "1e-05"); non-finite values as the
+/// format spells them.
+inline std::string number_text(double value, std::string_view nan, std::string_view infinity) {
+  if (std::isnan(value)) return std::string(nan);
+  if (std::isinf(value)) return (value < 0 ? "-" : "") + std::string(infinity);
+  char text[32];
+  return std::string(text, std::to_chars(text, text + sizeof text, value).ptr);
+}
+/// JSON numbers as Python's json module writes (and reads) them.
+inline std::string json_number(double value) { return number_text(value, "NaN", "Infinity"); }
+
+inline std::string json_value(const hyperparameter::value_type& value) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using type = std::remove_cvref_t<decltype(v)>;
+        if constexpr (std::is_same_v<type, bool>) return v ? "true" : "false";
+        else if constexpr (std::is_same_v<type, std::int64_t>) return std::to_string(v);
+        else if constexpr (std::is_same_v<type, double>) return json_number(v);
+        else return detail::json_string(v);
+      },
+      value);
+}
+
+/// A CSV field, quoted when it holds a comma, a quote or a line break (RFC 4180: quotes doubled).
+inline std::string csv_field(std::string_view text) {
+  if (text.find_first_of(",\"\r\n") == std::string_view::npos) return std::string(text);
+  std::string quoted = "\"";
+  for (const char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
+}
+
+/// A file of a run directory: every write goes to the OS at once (a crash loses nothing already written), and
+/// every failure names the file and the OS error.
+class run_file {
+ public:
+  enum mode { append, overwrite };
+  run_file(std::filesystem::path path, mode how)
+      : path_(std::move(path)), file_(std::fopen(path_.c_str(), how == append ? "ab" : "wb")) {
+    if (!file_) fail("cannot open");
+    std::fseek(file_.get(), 0, SEEK_END);  // where appending starts: 0 for a new file
+    was_empty_ = std::ftell(file_.get()) == 0;
+  }
+  /// True when the file held nothing before this run (a header is due).
+  [[nodiscard]] bool was_empty() const noexcept { return was_empty_; }
+  void write(std::string_view text) {
+    if (!file_)
+      throw std::logic_error("accel: " + path_.string() +
+                             " is closed (the tracker has finished); log before end_training()");
+    if (std::fwrite(text.data(), 1, text.size(), file_.get()) != text.size() || std::fflush(file_.get()) != 0)
+      fail("cannot write to");
+  }
+  void close() {
+    if (file_ && std::fclose(file_.release()) != 0) fail("cannot close");
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error("accel: " + what + " " + path_.string() + ": " + std::strerror(errno) +
+                             "; make options::project.logging_dir a writable directory with free space");
+  }
+  struct closer {
+    void operator()(std::FILE* file) const noexcept { std::fclose(file); }
+  };
+  std::filesystem::path path_;
+  std::unique_ptr<std::FILE, closer> file_;
+  bool was_empty_ = true;
+};
+
+}  // namespace detail
+
+/// `metrics.csv`: a header `wall_time,step,name,value`, then one row per metric.
+class csv_tracker final : public general_tracker {
+ public:
+  explicit csv_tracker(const std::filesystem::path& run_directory)
+      : file_(run_directory / "metrics.csv", detail::run_file::append) {
+    if (file_.was_empty()) file_.write("wall_time,step,name,value\n");
+  }
+  [[nodiscard]] std::string name() const override { return std::string(tracker_name(tracker::csv)); }
+  void log(const std::vector<metric>& metrics, std::int64_t step) override {
+    const auto prefix = detail::json_number(detail::wall_time()) + "," + std::to_string(step) + ",";
+    std::string rows;
+    for (const auto& m : metrics)
+      rows += prefix + detail::csv_field(m.name) + "," + detail::number_text(m.value(), "nan", "inf") + "\n";
+    file_.write(rows);
+  }
+  void finish() override { file_.close(); }
+
+ private:
+  detail::run_file file_;
+};
+
+/// `metrics.jsonl`: one JSON object per `log` call, `{"step": 3, "wall_time": 1795000000.25, "loss": 0.5}`.
+class json_lines_tracker final : public general_tracker {
+ public:
+  explicit json_lines_tracker(const std::filesystem::path& run_directory)
+      : file_(run_directory / "metrics.jsonl", detail::run_file::append) {}
+  [[nodiscard]] std::string name() const override { return std::string(tracker_name(tracker::json_lines)); }
+  void log(const std::vector<metric>& metrics, std::int64_t step) override {
+    std::string line =
+        "{\"step\": " + std::to_string(step) + ", \"wall_time\": " + detail::json_number(detail::wall_time());
+    for (const auto& m : metrics)
+      line += ", " + detail::json_string(m.name) + ": " + detail::json_number(m.value());
+    file_.write(line + "}\n");
+  }
+  void finish() override { file_.close(); }
+
+ private:
+  detail::run_file file_;
+};
+
+/// `events.out.tfevents.{unix seconds}.{hostname}`: one scalar event per metric, tagged with its name (as
+/// PyTorch's `SummaryWriter.add_scalar`); values are stored as float, as TensorBoard's scalars are.
+class tensorboard_tracker final : public general_tracker {
+ public:
+  explicit tensorboard_tracker(const std::filesystem::path& run_directory)
+      : tensorboard_tracker(run_directory, detail::wall_time()) {}
+  [[nodiscard]] std::string name() const override { return std::string(tracker_name(tracker::tensorboard)); }
+  void log(const std::vector<metric>& metrics, std::int64_t step) override {
+    const auto now = detail::wall_time();
+    std::string records;
+    for (const auto& m : metrics)
+      records += detail::tfrecord(detail::scalar_event(now, step, m.name, static_cast<float>(m.value())));
+    file_.write(records);
+  }
+  void finish() override { file_.close(); }
+  /// The event file's path.
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+
+ private:
+  tensorboard_tracker(const std::filesystem::path& run_directory, double now)
+      : path_(run_directory / detail::event_file_name(static_cast<std::int64_t>(now))),
+        file_(path_, detail::run_file::append) {
+    file_.write(detail::tfrecord(detail::file_version_event(now)));
+  }
+  std::filesystem::path path_;
+  detail::run_file file_;
+};
+
+namespace detail {
+
+/// A tracker that ignores everything: what `get_tracker` gives processes other than the main one (as Accelerate's
+/// blank GeneralTracker), so that code calling it needs no `if (is_main_process())`.
+class blank_tracker final : public general_tracker {
+ public:
+  [[nodiscard]] std::string name() const override { return "blank"; }
+  void log(const std::vector<metric>&, std::int64_t) override {}
+};
+
+/// The accelerator's trackers: created by `start` on the main process, fed by `log`, closed by `finish` (or the
+/// destructor).
+class tracker_set {
+ public:
+  tracker_set(std::vector<tracker> log_with, const project_options& project)
+      : log_with_(std::move(log_with)),
+        root_(project.logging_dir.empty() ? project.project_dir : project.logging_dir) {}
+  tracker_set(const tracker_set&) = delete;
+  tracker_set& operator=(const tracker_set&) = delete;
+  ~tracker_set() {
+    try {
+      finish();
+    } catch (const std::exception& e) {  // a destructor must not throw; the training itself is done
+      std::cerr << "accel: closing the trackers failed: " << e.what() << '\n';
+    }
+  }
+
+  /// On the main process: the built-in trackers of `log_with` in the run directory (created, with the
+  /// configuration as `config.json`; none without them), then `extra`; every tracker gets the configuration.
+  /// Elsewhere it only records that tracking started.
+  void start(const std::string& project_name, const hyperparameters& config,
+             std::vector<std::shared_ptr<general_tracker>> extra, bool main_process) {
+    check(project_name, config);
+    finish();  // a second init_trackers starts a new run
+    started_ = true;
+    log_calls_ = 0;
+    if (!main_process) return;
+    if (!log_with_.empty()) {
+      const auto directory = make_run_directory(project_name);
+      write_config(directory / "config.json", config);
+      for (const auto kind : log_with_) active_.push_back(make(kind, directory));
+    }
+    for (auto& tracker : extra)
+      if (tracker) active_.push_back(std::move(tracker));
+    for (const auto& tracker : active_) tracker->store_init_configuration(config);
+  }
+
+  /// Sends `metrics` to every tracker at `step` (default: the number of earlier calls).
+  void log(const std::vector<metric>& metrics, std::optional<std::int64_t> step, bool main_process) {
+    if (!started_ && !log_with_.empty())
+      throw std::logic_error("accel::accelerator::log: options::log_with names trackers that are not started yet; call "
+                             "acc.init_trackers(\"project\") first");
+    const auto at = step.value_or(log_calls_);
+    ++log_calls_;
+    if (!main_process) return;
+    for (const auto& tracker : active_) tracker->log(metrics, at);
+  }
+
+  /// Finishes every tracker, once. They stay alive with the accelerator, so that references from `get` never dangle.
+  void finish() {
+    auto finishing = std::move(active_);
+    active_.clear();
+    for (const auto& tracker : finishing) {
+      finished_.push_back(tracker);
+      tracker->finish();
+    }
+  }
+
+  general_tracker& get(std::string_view name, bool main_process) {
+    static blank_tracker blank;
+    if (!main_process) return blank;
+    for (const auto& tracker : active_)
+      if (tracker->name() == name) return *tracker;
+    throw std::invalid_argument("accel::accelerator::get_tracker: no tracker named \"" + std::string(name) +
+                                "\" is active; name it in options::log_with (or pass it to init_trackers) and call "
+                                "init_trackers first");
+  }
+
+ private:
+  static void check(const std::string& project_name, const hyperparameters& config) {
+    if (project_name.empty())
+      throw std::invalid_argument("accel::init_trackers: the project name is empty; it names the run's directory");
+    for (std::size_t i = 0; i < config.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (config[i].name == config[j].name)
+          throw std::invalid_argument("accel::init_trackers: the configuration names \"" + config[i].name + "\" twice");
+  }
+  [[nodiscard]] std::filesystem::path make_run_directory(const std::string& project_name) const {
+    const auto directory = root_ / project_name;
+    std::error_code error;
+    std::filesystem::create_directories(directory, error);
+    if (error)
+      throw std::runtime_error("accel::init_trackers: cannot create the logging directory " + directory.string() +
+                               ": " + error.message() +
+                               "; set options::project.logging_dir (or project_dir) to a writable directory");
+    return directory;
+  }
+  static std::shared_ptr<general_tracker> make(tracker kind, const std::filesystem::path& directory) {
+    switch (kind) {
+      case tracker::csv: return std::make_shared<csv_tracker>(directory);
+      case tracker::json_lines: return std::make_shared<json_lines_tracker>(directory);
+      case tracker::tensorboard: return std::make_shared<tensorboard_tracker>(directory);
+    }
+    throw std::invalid_argument("accel::init_trackers: options::log_with holds an unknown tracker");
+  }
+  static void write_config(const std::filesystem::path& file, const hyperparameters& config) {
+    std::string json = "{";
+    for (std::size_t i = 0; i < config.size(); ++i)
+      json += (i == 0 ? "\n  " : ",\n  ") + detail::json_string(config[i].name) + ": " +
+              json_value(config[i].value);
+    run_file(file, run_file::overwrite).write(json + (config.empty() ? "}\n" : "\n}\n"));
+  }
+
+  std::vector<tracker> log_with_;
+  std::filesystem::path root_;
+  std::vector<std::shared_ptr<general_tracker>> active_;
+  std::vector<std::shared_ptr<general_tracker>> finished_;
+  bool started_ = false;
+  std::int64_t log_calls_ = 0;
+};
+
+}  // namespace detail
+}  // namespace accel

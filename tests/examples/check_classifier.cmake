@@ -1,0 +1,26 @@
+# Runs the classifier example as scripts/example.sh does, on 2 processes (on a free port), and checks that it
+# classifies the test points: accuracy at least 0.95 (it reaches 0.990), over exactly the 600 test points
+# (gather_for_metrics drops the points repeated to fill the last round of batches).
+execute_process(COMMAND ${LAUNCHER} launch --nproc_per_node 2 --master_port 0 ${PROGRAM}
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+message("${out}${err}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "classifier exited with ${rc}")
+endif()
+if(NOT out MATCHES "test accuracy = ([0-9.]+) on ([0-9]+) test points")
+  message(FATAL_ERROR "classifier did not print `test accuracy = A on N test points`")
+endif()
+set(accuracy ${CMAKE_MATCH_1})
+set(points ${CMAKE_MATCH_2})
+if(NOT points EQUAL 600)
+  message(FATAL_ERROR "classifier counted ${points} test points; the test set has 600")
+endif()
+if(accuracy LESS 0.95)
+  message(FATAL_ERROR "classifier's test accuracy ${accuracy} is below 0.95")
+endif()
+string(REGEX MATCHALL "test accuracy" printed "${out}")
+list(LENGTH printed times)
+if(NOT times EQUAL 1)
+  message(FATAL_ERROR "the accuracy was printed ${times} times; only the main process prints it")
+endif()
+message("classified: accuracy ${accuracy} on ${points} test points")
