@@ -191,7 +191,10 @@ void train(Accelerator& acc, const settings& s) {
     model->train();
   }
 
-  // Training: each pass over `batches` is an epoch in a new order; a resumed run finishes the interrupted one.
+  // Training: each pass over `batches` is an epoch in a new order; a resumed run finishes the interrupted one. The
+  // progress bar (main process only) counts the steps left, with the batch loss beside it.
+  accel::progress_bar bar({.description = "train", .total = static_cast<std::size_t>(s.steps - done.step),
+                           .enabled = acc.is_local_main_process()});
   while (done.step < s.steps) {
     for (auto&& batch : batches) {
       const torch::Tensor logits = model(batch.data);
@@ -199,7 +202,9 @@ void train(Accelerator& acc, const settings& s) {
       acc.backward(loss);
       opt.step();
       opt.zero_grad();
-      if (++done.step % 100 == 0) acc.print("step", done.step, "batch loss =", decimals3(loss.item<double>()));
+      ++done.step;
+      bar.set_postfix({{"loss", loss.item<double>()}});
+      bar.update();
       if (done.step % s.save_every == 0 || done.step == s.steps) {
         model->eval();
         acc.print("step", done.step, "validation loss =", decimals3(mean_loss(acc, model, validation_tokens, context)),
@@ -210,6 +215,7 @@ void train(Accelerator& acc, const settings& s) {
     }
   }
 
+  bar.close();
   model->eval();
   acc.print("final loss: train =", decimals3(mean_loss(acc, model, train_tokens, context)),
             "validation =", decimals3(mean_loss(acc, model, validation_tokens, context)));

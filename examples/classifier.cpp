@@ -1,6 +1,7 @@
 // Classify the points of three interleaved spirals with an MLP, with bf16 mixed precision, gradient accumulation
 // over 2 micro-batches, and data parallelism over the processes that `accel launch` starts. The test accuracy is
-// gathered from every process with gather_for_metrics, so that each test point counts exactly once.
+// gathered from every process with gather_for_metrics, so that each test point counts exactly once. The training
+// loss goes to classifier_run/spirals/ as CSV and TensorBoard event files (`tensorboard --logdir classifier_run`).
 // Build and run: scripts/example.sh classifier
 // which starts it as `accel launch --nproc_per_node 2 ./classifier` (`accel` is the launcher built in tools/).
 #include <accel/accel.hpp>
@@ -8,6 +9,7 @@
 
 #include <cmath>
 #include <iomanip>
+#include <ranges>
 #include <sstream>
 #include <vector>
 
@@ -28,7 +30,8 @@ std::vector<sample> spirals(int n, int arms) {
 int main() {
   // One process per worker of `accel launch`; forward passes under bfloat16 autocast; the optimizer steps every
   // 2 micro-batches, and gradients are all-reduced between the processes only then.
-  accel::accelerator<accel::bf16, accel::data_parallel<accel::gloo>, accel::accumulate<2>> acc;
+  accel::accelerator<accel::bf16, accel::data_parallel<accel::gloo>, accel::accumulate<2>> acc(
+      {.project = {.project_dir = "classifier_run"}, .log_with = {accel::tracker::csv, accel::tracker::tensorboard}});
 
   // Every process builds the same data from the same seed: the prepared data loaders deal out its batches.
   torch::manual_seed(0);
@@ -45,8 +48,10 @@ int main() {
   accel::data_loader train_loader(train_set, {.batch_size = 32, .shuffle = true, .seed = 1});
   accel::data_loader test_loader(test_set, {.batch_size = 64});
   auto [model, opt, train_batches, test_batches] = acc.prepare(net, optimizer, train_loader, test_loader);
+  acc.init_trackers("spirals", {{"lr", 1e-2}, {"batch_size", 32}, {"precision", "bf16"}});
 
-  for (int epoch = 1; epoch <= 60; ++epoch) {
+  // A progress bar on the main process: redrawn on a terminal, a line every 30 s in a log file.
+  for (int epoch : acc.progress(std::views::iota(1, 61), {.description = "epochs"})) {
     auto loss_sum = torch::zeros({});
     for (auto&& batch : train_batches) {  // this process's batches; each pass is a new shuffle
       auto micro_step = acc.accumulate(model);
@@ -59,9 +64,11 @@ int main() {
     if (epoch % 10 == 0) {
       // The mean over this process's batches, averaged over the processes.
       const auto loss = acc.reduce(loss_sum / static_cast<double>(train_batches.size()), accel::reduction::mean);
+      acc.log({{"train_loss", loss}}, epoch);  // main process only
       acc.print("epoch", epoch, "train loss =", loss.item<double>());
     }
   }
+  acc.end_training();  // closes the trackers' files
 
   // Accuracy on the test set: each process predicts its test batches; gather_for_metrics collects every process's
   // predictions and drops the points repeated to give every process a full last batch.

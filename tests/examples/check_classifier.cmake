@@ -1,8 +1,10 @@
 # Runs the classifier example as scripts/example.sh does, on 2 processes (on a free port), and checks that it
 # classifies the test points: accuracy at least 0.95 (it reaches 0.990), over exactly the 600 test points
 # (gather_for_metrics drops the points repeated to fill the last round of batches).
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
 execute_process(COMMAND ${LAUNCHER} launch --nproc_per_node 2 --master_port 0 ${PROGRAM}
-                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+                WORKING_DIRECTORY ${WORK_DIR} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 message("${out}${err}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "classifier exited with ${rc}")
@@ -23,4 +25,19 @@ list(LENGTH printed times)
 if(NOT times EQUAL 1)
   message(FATAL_ERROR "the accuracy was printed ${times} times; only the main process prints it")
 endif()
-message("classified: accuracy ${accuracy} on ${points} test points")
+# The trackers: the training loss of epochs 10, 20, ..., 60 in the CSV file (written by the main process only), a
+# TensorBoard event file beside it, the progress bar's last line on stderr.
+set(run ${WORK_DIR}/classifier_run/spirals)
+file(STRINGS ${run}/metrics.csv rows REGEX ",train_loss,")
+list(LENGTH rows logged)
+if(NOT logged EQUAL 6)
+  message(FATAL_ERROR "${run}/metrics.csv has ${logged} train_loss rows; the example logs 6 (epochs 10 to 60)")
+endif()
+file(GLOB events ${run}/events.out.tfevents.*)
+if(NOT events)
+  message(FATAL_ERROR "no TensorBoard event file in ${run}")
+endif()
+if(NOT err MATCHES "epochs: 60/60 \\(100%\\)")
+  message(FATAL_ERROR "the progress bar did not end with `epochs: 60/60 (100%)` on stderr")
+endif()
+message("classified: accuracy ${accuracy} on ${points} test points; loss logged ${logged} times")
