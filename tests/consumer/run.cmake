@@ -23,3 +23,13 @@ foreach(step
     message(FATAL_ERROR "consumer step failed (${rc}): ${step}")
   endif()
 endforeach()
+
+# The installed `accel test` (bin/accel with libexec/accel/accel-selftest): a 2-process sanity run of the installed
+# library, as a user checks a fresh installation.
+if(NOT MODE STREQUAL "subdirectory")
+  execute_process(COMMAND ${WORK_DIR}/prefix/bin/accel test RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "accel works on this machine\n$")
+    message(FATAL_ERROR "the installed accel test failed (${rc}) or did not end with \"accel works on this machine\"")
+  endif()
+endif()
