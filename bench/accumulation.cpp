@@ -9,6 +9,8 @@
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
+#include "support.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -63,10 +65,6 @@ result run(int steps, bool sync_each_batch, int micro_batches) {
   return {ms / micro_steps, double(reducer->all_reduce_count() - reduces_before) / optimizer_steps};
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace
 
@@ -100,7 +98,7 @@ int main(int argc, char** argv) {
   std::printf("2 Gloo processes, MLP width %d (2 buckets), batch 32 per process, %d micro-batches per process, %d rounds\n", width,
               micro_batches, rounds);
   std::printf("%-34s %26s %22s\n", "loop", "all-reduces / optimizer step", "ms / micro-batch");
-  for (const auto& l : loops) std::printf("%-34s %26.2f %22.3f\n", l.name, l.all_reduces, median(l.ms));
+  for (const auto& l : loops) std::printf("%-34s %26.2f %22.3f\n", l.name, l.all_reduces, bench::median(l.ms));
   std::printf("time per micro-batch, accumulate<4> / sync_each_batch (median of per-round ratios): %.3f\n",
-              median(ratios));
+              bench::median(ratios));
 }

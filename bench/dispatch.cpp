@@ -10,6 +10,8 @@
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
+#include "support.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,21 +21,14 @@
 
 namespace {
 
-constexpr int width = 64;
-constexpr int batch_size = 64;
-using batch = std::pair<torch::Tensor, torch::Tensor>;
-using clock_type = std::chrono::steady_clock;
-
-torch::nn::Sequential make_mlp() {
-  torch::manual_seed(0);
-  return torch::nn::Sequential(torch::nn::Linear(width, width), torch::nn::ReLU(), torch::nn::Linear(width, width),
-                               torch::nn::ReLU(), torch::nn::Linear(width, 1));
-}
+using bench::batch;
+using bench::clock_type;
+using bench::seconds_since;
 
 /// The user's loop, written once for any accelerator.
 template <class Accelerator>
 void train(Accelerator& acc, const std::vector<batch>& data, int steps) {
-  auto net = make_mlp();
+  auto net = bench::tiny_mlp();
   torch::optim::AdamW optimizer(net->parameters(), 1e-3);
   auto [model, opt, batches] = acc.prepare(net, optimizer, data);
   for (int done = 0; done < steps;) {
@@ -48,10 +43,6 @@ void train(Accelerator& acc, const std::vector<batch>& data, int steps) {
 }
 
 const accel::options cpu{.cpu = true};
-
-double seconds_since(clock_type::time_point start) {
-  return std::chrono::duration<double>(clock_type::now() - start).count();
-}
 
 /// Seconds per step with the accelerator's type written in the program.
 double direct(const std::vector<batch>& data, int steps) {
@@ -72,20 +63,13 @@ double dispatched(const std::vector<batch>& data, int steps) {
   return seconds_since(start) / steps;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 21;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 3000;
   torch::set_num_threads(1);
-  torch::manual_seed(1);
-  std::vector<batch> data;
-  for (int i = 0; i < 16; ++i) data.emplace_back(torch::randn({batch_size, width}), torch::randn({batch_size, 1}));
+  const auto data = bench::tiny_batches();
 
   direct(data, steps / 4);  // warm-up: allocator, kernels, page faults
   dispatched(data, steps / 4);
@@ -99,14 +83,11 @@ int main(int argc, char** argv) {
     ratios.push_back(chosen.back() / typed.back());
   }
   std::printf("dispatch vs a directly typed accelerator (tiny MLP width %d, AdamW, batch %d, 1 thread), "
-              "%d rounds x %d steps\n", width, batch_size, rounds, steps);
+              "%d rounds x %d steps\n", bench::tiny_width, bench::tiny_batch_size, rounds, steps);
   std::printf("%-44s %12s %12s\n", "loop", "median us", "min us");
-  auto row = [](const char* name, const std::vector<double>& t) {
-    std::printf("%-44s %12.2f %12.2f\n", name, median(t) * 1e6, *std::min_element(t.begin(), t.end()) * 1e6);
-  };
-  row("accel::accelerator<> written in the program", typed);
-  row("accel::dispatch among 3 compiled configs", chosen);
-  const double ratio = median(ratios);
+  bench::print_row("accel::accelerator<> written in the program", typed);
+  bench::print_row("accel::dispatch among 3 compiled configs", chosen);
+  const double ratio = bench::median(ratios);
   std::printf("ratio dispatched / direct, median of per-round ratios: %.4f  [target <= 1.01: %s]\n", ratio,
               ratio <= 1.01 ? "met" : "NOT met");
 }

@@ -7,6 +7,8 @@
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
+#include "support.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,17 +18,8 @@
 
 namespace {
 
-constexpr int width = 64;
-constexpr int batch_size = 64;
-
-torch::nn::Sequential make_mlp() {
-  torch::manual_seed(0);
-  return torch::nn::Sequential(torch::nn::Linear(width, width), torch::nn::ReLU(), torch::nn::Linear(width, width),
-                               torch::nn::ReLU(), torch::nn::Linear(width, 1));
-}
-
-using batch = std::pair<torch::Tensor, torch::Tensor>;
-using clock_type = std::chrono::steady_clock;
+using bench::batch;
+using bench::clock_type;
 
 /// How the hand-written loop clears gradients: LibTorch 1.13's `zero_grad()` zeroes them in place; setting them
 /// to none is what accel (like Accelerate) does, so that baseline isolates accel's own overhead.
@@ -34,7 +27,7 @@ enum class clear_grads { zero, set_to_none };
 
 /// Seconds per step of the hand-written loop.
 double raw_loop(const std::vector<batch>& data, int steps, clear_grads clear) {
-  auto net = make_mlp();
+  auto net = bench::tiny_mlp();
   torch::optim::AdamW optimizer(net->parameters(), 1e-3);
   const auto start = clock_type::now();
   for (int done = 0; done < steps;) {
@@ -50,12 +43,12 @@ double raw_loop(const std::vector<batch>& data, int steps, clear_grads clear) {
       if (++done == steps) break;
     }
   }
-  return std::chrono::duration<double>(clock_type::now() - start).count() / steps;
+  return bench::seconds_since(start) / steps;
 }
 
 /// Seconds per step of the same loop through accel::accelerator<>.
 double accel_loop(const std::vector<batch>& data, int steps) {
-  auto net = make_mlp();
+  auto net = bench::tiny_mlp();
   torch::optim::AdamW optimizer(net->parameters(), 1e-3);
   accel::accelerator<> acc{{.cpu = true}};
   auto [model, opt, batches] = acc.prepare(net, optimizer, data);
@@ -69,12 +62,7 @@ double accel_loop(const std::vector<batch>& data, int steps) {
       if (++done == steps) break;
     }
   }
-  return std::chrono::duration<double>(clock_type::now() - start).count() / steps;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  return bench::seconds_since(start) / steps;
 }
 
 }  // namespace
@@ -83,9 +71,7 @@ int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 21;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 3000;
   torch::set_num_threads(1);
-  torch::manual_seed(1);
-  std::vector<batch> data;
-  for (int i = 0; i < 16; ++i) data.emplace_back(torch::randn({batch_size, width}), torch::randn({batch_size, 1}));
+  const auto data = bench::tiny_batches();
 
   raw_loop(data, steps / 4, clear_grads::zero);  // warm-up: allocator, kernels, page faults
   accel_loop(data, steps / 4);
@@ -109,18 +95,15 @@ int main(int argc, char** argv) {
     ratios_none.push_back(t_accel / t_none);
   }
 
-  std::printf("tiny MLP step (width %d, AdamW, batch %d, 1 thread), %d rounds x %d steps\n", width, batch_size, rounds,
-              steps);
-  auto row = [](const char* name, const std::vector<double>& t) {
-    std::printf("%-40s %12.2f %12.2f\n", name, median(t) * 1e6, *std::min_element(t.begin(), t.end()) * 1e6);
-  };
-  std::printf("%-40s %12s %12s\n", "loop", "median us", "min us");
-  row("raw LibTorch (zero_grad)", raw);
-  row("raw LibTorch (grads set to none)", raw_none);
-  row("accel::accelerator<>", accelerated);
-  const double ratio = median(ratios);
+  std::printf("tiny MLP step (width %d, AdamW, batch %d, 1 thread), %d rounds x %d steps\n", bench::tiny_width,
+              bench::tiny_batch_size, rounds, steps);
+  std::printf("%-44s %12s %12s\n", "loop", "median us", "min us");
+  bench::print_row("raw LibTorch (zero_grad)", raw);
+  bench::print_row("raw LibTorch (grads set to none)", raw_none);
+  bench::print_row("accel::accelerator<>", accelerated);
+  const double ratio = bench::median(ratios);
   std::printf("ratio accel / raw (zero_grad), median of per-round ratios:   %.4f  [target <= 1.02: %s]\n", ratio,
               ratio <= 1.02 ? "met" : "NOT met");
   std::printf("ratio accel / raw (set to none), median of per-round ratios: %.4f  (accel's own overhead)\n",
-              median(ratios_none));
+              bench::median(ratios_none));
 }

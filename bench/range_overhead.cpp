@@ -5,6 +5,8 @@
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
+#include "support.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,20 +14,16 @@
 #include <vector>
 
 namespace {
-using clock_type = std::chrono::steady_clock;
+using bench::clock_type;
 
 template <class Range>
 double seconds_per_pass(Range& range, int passes, float& sink) {
   const auto start = clock_type::now();
   for (int p = 0; p < passes; ++p)
     for (auto&& [x, y] : range) sink += (x.sum() + y.sum()).template item<float>();
-  return std::chrono::duration<double>(clock_type::now() - start).count() / passes;
+  return bench::seconds_since(start) / passes;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,9 +54,9 @@ int main(int argc, char** argv) {
   std::printf("range of 64 tensor batches, one reduction per batch, %d rounds x %d passes (checksum %g)\n", rounds,
               passes, static_cast<double>(sink));
   std::printf("%-28s %14s\n", "range", "us per batch");
-  std::printf("%-28s %14.3f\n", "plain std::vector", median(plain) * 1e6 / 64);
-  std::printf("%-28s %14.3f\n", "accel prepared_range", median(accel_times) * 1e6 / 64);
-  const double ratio = median(ratios);
+  std::printf("%-28s %14.3f\n", "plain std::vector", bench::median(plain) * 1e6 / 64);
+  std::printf("%-28s %14.3f\n", "accel prepared_range", bench::median(accel_times) * 1e6 / 64);
+  const double ratio = bench::median(ratios);
   std::printf("ratio prepared / plain (median of per-round ratios): %.4f  [target < 1.02: %s]\n", ratio,
               ratio < 1.02 ? "met" : "NOT met");
 }

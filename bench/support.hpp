@@ -1,0 +1,54 @@
+// What the benchmarks share: the tiny MLP setting where any per-step cost shows most, the median over rounds, and
+// the table rows.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+namespace bench {
+
+using clock_type = std::chrono::steady_clock;
+using batch = std::pair<torch::Tensor, torch::Tensor>;
+
+constexpr int tiny_width = 64;
+constexpr int tiny_batch_size = 64;
+
+/// 64 -> 64 -> 64 -> 1 with ReLU, the same weights every time.
+inline torch::nn::Sequential tiny_mlp() {
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(tiny_width, tiny_width), torch::nn::ReLU(),
+                               torch::nn::Linear(tiny_width, tiny_width), torch::nn::ReLU(),
+                               torch::nn::Linear(tiny_width, 1));
+}
+
+/// 16 batches of (64 x 64, 64 x 1), cycled by the loops.
+inline std::vector<batch> tiny_batches() {
+  torch::manual_seed(1);
+  std::vector<batch> data;
+  for (int i = 0; i < 16; ++i)
+    data.emplace_back(torch::randn({tiny_batch_size, tiny_width}), torch::randn({tiny_batch_size, 1}));
+  return data;
+}
+
+inline double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+/// The median: the figure each benchmark reports over rounds, robust to a round disturbed by the machine.
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+/// A table row: the median and the minimum of per-step times given in seconds, in microseconds.
+inline void print_row(const char* name, const std::vector<double>& seconds) {
+  std::printf("%-44s %12.2f %12.2f\n", name, median(seconds) * 1e6,
+              *std::min_element(seconds.begin(), seconds.end()) * 1e6);
+}
+
+}  // namespace bench
