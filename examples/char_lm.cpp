@@ -193,7 +193,9 @@ void train(Accelerator& acc, const settings& s) {
 
   // Training: each pass over `batches` is an epoch in a new order; a resumed run finishes the interrupted one. The
   // progress bar (main process only) counts the steps left, with the batch loss beside it.
-  accel::progress_bar bar({.description = "train", .total = static_cast<std::size_t>(s.steps - done.step),
+  accel::progress_bar bar({.description = "train",
+                           .total = static_cast<std::size_t>(s.steps - done.step),
+                           .output = &std::cout,  // with the program's other output
                            .enabled = acc.is_local_main_process()});
   while (done.step < s.steps) {
     for (auto&& batch : batches) {
@@ -207,8 +209,11 @@ void train(Accelerator& acc, const settings& s) {
       bar.update();
       if (done.step % s.save_every == 0 || done.step == s.steps) {
         model->eval();
-        acc.print("step", done.step, "validation loss =", decimals3(mean_loss(acc, model, validation_tokens, context)),
-                  "saved to", acc.save_state().string());
+        const double validation = mean_loss(acc, model, validation_tokens, context);
+        const auto saved = acc.save_state();
+        // Through the bar, which would otherwise be garbled by the line on a terminal.
+        bar.write("step " + std::to_string(done.step) + " validation loss = " + decimals3(validation) + " saved to " +
+                  saved.string());
         model->train();
       }
       if (done.step == s.steps) break;

@@ -245,6 +245,27 @@ TEST_CASE("postfix: named values after the rate, numbers compact, replaced by th
   }
 }
 
+TEST_CASE("write: a line above the bar, the frame redrawn below it", "[progress]") {
+  recorder terminal;
+  {
+    accel::progress_bar bar(terminal.terminal(2, 60));
+    bar.update();
+    terminal.advance(1s);
+    bar.write("step 1 saved");
+  }
+  CHECK(terminal.text() ==
+        "\rtrain:   0%|                        | 0/2 [00:00<?, ? it/s]\x1b[K"
+        "\r\x1b[Kstep 1 saved\n"
+        "\rtrain:  50%|########         | 1/2 [00:01<00:01, 1.00 it/s]\x1b[K"
+        "\rtrain:  50%|########         | 1/2 [00:01<00:01, 1.00 it/s]\x1b[K\n");
+  recorder plain;
+  {
+    accel::progress_bar bar(plain.options());
+    bar.write("hello");
+  }
+  CHECK(plain.text() == "hello\ntrain: 0 elapsed 00:00, ? it/s\n");
+}
+
 TEST_CASE("a disabled bar counts, reads no clock and writes nothing", "[progress]") {
   recorder r;
   int clock_reads = 0;
@@ -258,6 +279,7 @@ TEST_CASE("a disabled bar counts, reads no clock and writes nothing", "[progress
     accel::progress_bar bar(o);
     bar.update(3);
     bar.set_postfix({{"loss", 0.5}});
+    bar.write("not shown");
     bar.close();
     bar.update();
     CHECK(bar.count() == 4);

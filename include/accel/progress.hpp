@@ -248,6 +248,17 @@ class progress_display {
     if (redraw_) *options_.output << '\n' << std::flush;
   }
 
+  /// `line` on a line of its own above the bar: the frame is erased, the line written, the frame drawn again.
+  void write(std::string_view line, std::size_t count) {
+    auto& out = *options_.output;
+    if (redraw_) out << "\r\x1b[K";
+    out << line << '\n';
+    if (redraw_)
+      show(count, options_.clock());
+    else
+      out.flush();
+  }
+
   void set_postfix(std::initializer_list<std::pair<std::string_view, postfix_value>> values) {
     postfix_.clear();
     for (const auto& [name, value] : values) postfix_.emplace_back(name, value);
@@ -317,6 +328,13 @@ class progress_bar {
   void update(std::size_t n = 1) {
     count_ += n;
     if (display_) display_->update(count_);
+  }
+
+  /// Prints `line` (and a newline) to the bar's output above the bar, which a print to the same terminal would
+  /// garble (tqdm's `write`). Like everything else of a disabled bar, it writes nothing: `acc.progress`'s bar is
+  /// enabled on the local main process only, where `acc.print` prints too.
+  void write(std::string_view line) {
+    if (display_) display_->write(line, count_);
   }
 
   /// Named values shown after the rate from the next frame or line on, replacing the previous ones:
