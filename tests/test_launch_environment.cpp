@@ -308,6 +308,7 @@ TEST_CASE("the config file: parsed, written, checked", "[config]") {
   const auto again = accel::parse_config(accel::format_config(values), "again");
   CHECK(accel::format_config(again) == accel::format_config(values));
   CHECK(accel::format_config(values).find("gradient_accumulation_steps") == std::string::npos);  // unset: not written
+  CHECK(accel::parse_config("main_process_ip: 'node#1' # a comment\n", "c.yaml").main_process_ip == "node#1");
 
   using Catch::Contains;
   CHECK_THROWS_WITH(accel::parse_config("num_processes: 2\nmixed_precision: bf32\n", "c.yaml"),

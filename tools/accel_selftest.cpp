@@ -100,8 +100,8 @@ void check_checkpoint(gloo_accelerator& acc) {
   auto net = make_model();
   torch::optim::SGD optimizer(net->parameters(), 0.1);
   auto [model, opt] = acc.prepare(net, optimizer);
-  const auto base = std::filesystem::temp_directory_path() / "accel-selftest";
-  const auto directory = base / ("port-" + std::to_string(accel::read_process_environment().master_port));
+  const auto directory = std::filesystem::temp_directory_path() /
+                         ("accel-selftest-port-" + std::to_string(accel::read_process_environment().master_port));
   const auto saved = net->parameters()[0].clone();
   acc.save_state(directory);
   {

@@ -117,6 +117,21 @@ inline std::string_view trim(std::string_view text) {
   return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
 }
 
+/// The line without its comment: from a '#' outside quotes to the end.
+inline std::string_view without_comment(std::string_view line) {
+  char quote = '\0';
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    if (quote != '\0') {
+      if (line[i] == quote) quote = '\0';
+    } else if (line[i] == '"' || line[i] == '\'') {
+      quote = line[i];
+    } else if (line[i] == '#') {
+      return line.substr(0, i);
+    }
+  }
+  return line;
+}
+
 /// The value as YAML writes a scalar: quotes around it are not part of it.
 inline std::string_view unquote(std::string_view value) {
   if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
@@ -163,8 +178,7 @@ inline config_values parse_config(std::string_view text, const std::string& name
   std::string line;
   for (int number = 1; std::getline(lines, line); ++number) {
     const std::string where = name + ":" + std::to_string(number);
-    std::string_view content = line;
-    if (const auto hash = content.find('#'); hash != std::string_view::npos) content = content.substr(0, hash);
+    std::string_view content = detail::without_comment(line);
     content = detail::trim(content);
     if (content.empty() || content == "---") continue;
     const auto colon = content.find(':');
@@ -204,8 +218,8 @@ inline config_values read_config_file(const std::filesystem::path& path) {
   std::ifstream in(path);
   if (!in)
     throw config_error("cannot read the config file " + path.string() +
-                       ": it does not exist or is not readable; write one with `accel config`, or unset "
-                       "ACCEL_CONFIG_FILE (set it empty to use no config file)");
+                       ": it does not exist or is not readable; write it with `accel config --config_file " +
+                       path.string() + "`, or name another (ACCEL_CONFIG_FILE empty: no config file)");
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   return parse_config(text, path.string());
 }

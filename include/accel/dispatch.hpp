@@ -41,7 +41,8 @@ struct run_config {
 
 /// The run configuration: each setting from its environment variable when set, otherwise from the config file
 /// (see config_file.hpp: `accel config` writes it), otherwise the default; the number of processes from the
-/// launcher. Throws config_error for a value that is not accepted, naming the variable or file.
+/// launcher. Throws config_error for a value that is not accepted, naming the variable or file (and
+/// std::invalid_argument for a malformed ACCELERATE_GRADIENT_ACCUMULATION_STEPS, as the accumulation policies do).
 inline run_config read_run_config() {
   config_values values = read_config_file();
   if (const char* precision = std::getenv("ACCELERATE_MIXED_PRECISION"); precision != nullptr && *precision != '\0')
@@ -62,8 +63,10 @@ constexpr const char* precision_name() {
     return "bf16";
   else if constexpr (std::is_same_v<P, fp16>)
     return "fp16";
-  else
+  else if constexpr (std::is_same_v<P, fp32>)
     return "no";
+  else
+    return "a custom precision policy";  // no mixed_precision value selects it
 }
 
 template <class Q>
@@ -72,8 +75,10 @@ constexpr const char* parallel_name() {
     return "single_process";
   else if constexpr (std::is_same_v<Q, data_parallel<gloo>>)
     return "data_parallel<gloo>";
-  else
+  else if constexpr (std::is_same_v<Q, data_parallel<nccl>>)
     return "data_parallel<nccl>";
+  else
+    return "a custom parallel policy";
 }
 
 template <class A>
@@ -99,7 +104,7 @@ struct config_traits<accelerator<P, Q, A>> {
       return true;  // accumulate_dynamic takes any N (from the same variable)
   }
   static std::string name() {
-    return std::string("accelerator<") + (precision_name<P>() == std::string("no") ? "fp32" : precision_name<P>()) +
+    return std::string("accelerator<") + (std::is_same_v<P, fp32> ? "fp32" : precision_name<P>()) +
            ", " + parallel_name<Q>() + ", " + accumulation_name<A>() + ">";
   }
 };
@@ -118,13 +123,14 @@ inline options with_accumulation_steps(options opts, const run_config& config) {
 template <class Configs, class F>
 decltype(auto) dispatch(const run_config& config, F&& f, const options& opts = {});
 
+namespace detail {
 template <class... Accelerators, class F>
 decltype(auto) dispatch_in(configs<Accelerators...>, const run_config& config, F&& f, const options& opts) {
   using result = std::invoke_result_t<F&, std::tuple_element_t<0, std::tuple<Accelerators...>>&>;
   std::optional<std::conditional_t<std::is_void_v<result>, int, result>> out;
   const bool found = ([&]<class Accelerator>(std::type_identity<Accelerator>) {
-    if (!detail::config_traits<Accelerator>::fits(config)) return false;
-    Accelerator acc(detail::with_accumulation_steps(opts, config));
+    if (!config_traits<Accelerator>::fits(config)) return false;
+    Accelerator acc(with_accumulation_steps(opts, config));
     if constexpr (std::is_void_v<result>)
       f(acc), out.emplace(0);
     else
@@ -133,7 +139,7 @@ decltype(auto) dispatch_in(configs<Accelerators...>, const run_config& config, F
   }(std::type_identity<Accelerators>{}) || ...);
   if (!found) {
     std::string compiled;
-    ((compiled += "\n  " + detail::config_traits<Accelerators>::name()), ...);
+    ((compiled += "\n  " + config_traits<Accelerators>::name()), ...);
     throw std::invalid_argument("accel::dispatch: no compiled configuration fits mixed_precision=" +
                                 config.mixed_precision + ", gradient_accumulation_steps=" +
                                 std::to_string(config.gradient_accumulation_steps) + ", processes=" +
@@ -141,10 +147,11 @@ decltype(auto) dispatch_in(configs<Accelerators...>, const run_config& config, F
   }
   if constexpr (!std::is_void_v<result>) return std::move(*out);
 }
+}  // namespace detail
 
 template <class Configs, class F>
 decltype(auto) dispatch(const run_config& config, F&& f, const options& opts) {
-  return dispatch_in(Configs{}, config, std::forward<F>(f), opts);
+  return detail::dispatch_in(Configs{}, config, std::forward<F>(f), opts);
 }
 
 }  // namespace accel

@@ -8,7 +8,7 @@
 ///                             metrics logged change from one call to the next; loads in any spreadsheet or pandas.
 ///   - `tracker::json_lines`   `metrics.jsonl`, one JSON object per `log` call: `{"step": 3, "wall_time": ...,
 ///                             "loss": 0.5}`. Non-finite values as Python's json writes them (NaN, Infinity).
-///   - `tracker::tensorboard`  `events.out.tfevents.{unix seconds}.{hostname}`, for `tensorboard --logdir`.
+///   - `tracker::tensorboard`  `events.out.tfevents.{unix seconds}.{hostname}.{pid}.{n}`, for `tensorboard --logdir`.
 /// Each file is appended to (a resumed run continues it) and flushed after every `log` call, so that a crash loses
 /// nothing already logged. Anything else (a database, a web service) derives from `accel::general_tracker` and is
 /// passed to `init_trackers`.
@@ -246,7 +246,7 @@ class json_lines_tracker final : public general_tracker {
   detail::run_file file_;
 };
 
-/// `events.out.tfevents.{unix seconds}.{hostname}`: one scalar event per metric, tagged with its name (as
+/// `events.out.tfevents.{unix seconds}.{hostname}.{pid}.{n}`: one scalar event per metric, tagged with its name (as
 /// PyTorch's `SummaryWriter.add_scalar`); values are stored as float, as TensorBoard's scalars are.
 class tensorboard_tracker final : public general_tracker {
  public:

@@ -461,6 +461,31 @@ def case_launch_reads_config_file():
           "without a config file, the launcher should not set the run's variables")
 
 
+def case_launch_config_precedence():
+    # The command line over the launcher's environment over the file, as accel::read_run_config() in a program.
+    path, _ = write_config("--mixed_precision", "bf16", "--gradient_accumulation_steps", "4", "--num_processes", "2")
+    code, _, _, _ = launch("--config_file", path, PROBE, "env", os.path.join(WORK, "env"),
+                           env_changes={"ACCELERATE_MIXED_PRECISION": "no"})
+    check(code == 0, f"expected exit code 0, got {code}")
+    v = read_variables(os.path.join(WORK, "env.0"))
+    check(v.get("ACCELERATE_MIXED_PRECISION") == "no", "a variable set in the environment must win over the file")
+    check(v.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS") == "4", "the file's other setting still applies")
+    code, _, _, _ = launch("--config_file", path, "--mixed_precision", "fp16", PROBE, "env",
+                           os.path.join(WORK, "flag"), env_changes={"ACCELERATE_MIXED_PRECISION": "no"})
+    v = read_variables(os.path.join(WORK, "flag.0"))
+    check(v.get("ACCELERATE_MIXED_PRECISION") == "fp16", "--mixed_precision must win over the environment")
+    # num_processes counts the whole job: with --nnodes 2 on the command line, each node starts half.
+    code, _, _, _ = launch("--config_file", path, "--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1",
+                           PROBE, "env", os.path.join(WORK, "node"))
+    check(code == 0, f"expected exit code 0, got {code}")
+    nodes = sorted(f for f in os.listdir(WORK) if f.startswith("node."))
+    check(nodes == ["node.1"], f"node 1 of 2 should start 1 of the job's 2 processes (rank 1), got {nodes}")
+    check(read_variables(os.path.join(WORK, "node.1")).get("WORLD_SIZE") == "2", "the job has 2 processes")
+    write_config("--num_processes", "3")
+    check_usage_error(["--config_file", path, "--nnodes", "2", "--master_addr", "10.0.0.1", PROBE],
+                      "num_processes 3", "give --nproc_per_node")
+
+
 def case_launch_config_file_errors():
     path = os.path.join(WORK, "bad.yaml")
     with open(path, "w") as f:

@@ -160,13 +160,18 @@ void print_cuda_libraries() {
 
 void print_config_file() {
   const auto path = config_file_path();
+  const bool named = std::getenv("ACCEL_CONFIG_FILE") != nullptr;
   if (!path) {
-    print_fact("config file", "none (ACCEL_CONFIG_FILE is empty)");
+    print_fact("config file", named ? "none (ACCEL_CONFIG_FILE is set empty)"
+                                    : "none (neither XDG_CONFIG_HOME nor HOME is set)");
     return;
   }
   std::error_code ignored;
   if (!std::filesystem::exists(*path, ignored)) {
-    print_fact("config file", path->string() + " (none there; 'accel config' writes one)");
+    print_fact("config file", path->string() +
+                                  (named ? " (MISSING: ACCEL_CONFIG_FILE names it, so programs and accel launch fail; "
+                                           "write it with 'accel config' or unset the variable)"
+                                         : " (none there; 'accel config' writes one)"));
     return;
   }
   print_fact("config file", path->string());

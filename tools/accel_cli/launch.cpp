@@ -143,6 +143,11 @@ given_option read_option(const std::string& argument, const std::string* next, b
   return {std::move(option), std::move(value)};
 }
 
+bool environment_has(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0';
+}
+
 // The config file's settings become the defaults the command line overrides: --config_file names it, otherwise
 // the default one (ACCEL_CONFIG_FILE, or ~/.config/accel/default_config.yaml when it exists) is read.
 void apply_config_file(launch_options& options, const std::vector<given_option>& given) {
@@ -171,13 +176,24 @@ void apply_config_file(launch_options& options, const std::vector<given_option>&
     options.master_addr_given = true;
   }
   if (values.main_process_port) options.master_port = *values.main_process_port;
-  if (values.num_processes) options.nproc_per_node = *values.num_processes / options.nnodes;
-  if (options.nproc_per_node > most_workers_per_node) {
-    throw usage_error(path->string() + ": num_processes / num_machines = " + std::to_string(options.nproc_per_node) +
-                      " processes per machine is more than " + std::to_string(most_workers_per_node));
+  options.job_processes = values.num_processes;  // divided by the node count once the command line is applied
+  // A variable already set in the environment wins over the file, as in accel::read_run_config().
+  if (!environment_has("ACCELERATE_MIXED_PRECISION")) options.run.mixed_precision = values.mixed_precision;
+  if (!environment_has("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"))
+    options.run.gradient_accumulation_steps = values.gradient_accumulation_steps;
+}
+
+// The config file's num_processes counts the whole job: each node starts its share, unless --nproc_per_node says.
+void apply_job_processes(launch_options& options) {
+  if (options.nproc_per_node != 0 || !options.job_processes) return;
+  const int total = *options.job_processes;
+  if (total % options.nnodes != 0 || total / options.nnodes > most_workers_per_node) {
+    throw usage_error(options.config_file->string() + ": num_processes " + std::to_string(total) +
+                      " (the whole job) does not give each of the " + std::to_string(options.nnodes) +
+                      " nodes the same number of processes, at most " + std::to_string(most_workers_per_node) +
+                      "; change num_processes, or give --nproc_per_node");
   }
-  options.run.mixed_precision = values.mixed_precision;
-  options.run.gradient_accumulation_steps = values.gradient_accumulation_steps;
+  options.nproc_per_node = total / options.nnodes;
 }
 
 // The checks that involve more than one option.
@@ -293,6 +309,7 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
   if (options.show_help) return options;
   apply_config_file(options, given);  // the file's settings first, then the command line's over them
   for (const given_option& option : given) apply_option(options, option);
+  apply_job_processes(options);
   options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   check_consistency(options);
   return options;

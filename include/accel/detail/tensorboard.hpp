@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -119,7 +120,10 @@ inline std::string scalar_event(double wall_time, std::int64_t step, std::string
 inline std::string event_file_name(std::int64_t unix_seconds) {
   std::array<char, 256> host{};
   if (::gethostname(host.data(), host.size() - 1) != 0 || host[0] == '\0') std::strcpy(host.data(), "localhost");
-  return "events.out.tfevents." + std::to_string(unix_seconds) + "." + host.data();
+  // The process id and a count make two runs started within the same second get two files (as SummaryWriter's).
+  static std::atomic<int> files_opened{0};
+  return "events.out.tfevents." + std::to_string(unix_seconds) + "." + host.data() + "." + std::to_string(::getpid()) +
+         "." + std::to_string(files_opened++);
 }
 
 }  // namespace accel::detail
