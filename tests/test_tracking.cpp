@@ -263,6 +263,10 @@ TEST_CASE("log before init_trackers: an error naming the fix; without trackers, 
   without.log({{"loss", torch::empty({}, torch::kMeta)}}, 1);  // not read: no tracker
   without.init_trackers("run");
   without.log({{"loss", 1}});
+  // Names that would shadow each other in metrics.jsonl are refused, with or without trackers.
+  CHECK_THROWS_WITH(without.log({{"step", 1}}), Contains("may not be called 'step'"));
+  CHECK_THROWS_WITH(without.log({{"wall_time", 1}}), Contains("may not be called 'wall_time'"));
+  CHECK_THROWS_WITH(without.log({{"loss", 1}, {"lr", 2}, {"loss", 3}}), Contains("'loss' is given twice"));
   without.end_training();
   CHECK(std::filesystem::is_empty(dir));
   std::filesystem::remove_all(dir);

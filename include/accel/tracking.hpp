@@ -37,9 +37,9 @@
 #include <variant>
 #include <vector>
 
+#include "detail/json.hpp"
 #include "detail/tensorboard.hpp"
 #include "options.hpp"
-#include "detail/json.hpp"
 
 namespace accel {
 
@@ -326,10 +326,24 @@ class tracker_set {
     if (!started_ && !log_with_.empty())
       throw std::logic_error("accel::accelerator::log: options::log_with names trackers that are not started yet; call "
                              "acc.init_trackers(\"project\") first");
+    check_names(metrics);  // on every process, so that a mistake shows wherever it is made
     const auto at = step.value_or(log_calls_);
     ++log_calls_;
     if (!main_process) return;
     for (const auto& tracker : active_) tracker->log(metrics, at);
+  }
+
+  /// A name twice in one call, or one of metrics.jsonl's own fields, would make keys that shadow each other.
+  static void check_names(const std::vector<metric>& metrics) {
+    for (std::size_t i = 0; i < metrics.size(); ++i) {
+      if (metrics[i].name == "step" || metrics[i].name == "wall_time")
+        throw std::invalid_argument("accel::accelerator::log: a metric may not be called '" + metrics[i].name +
+                                    "': the trackers record the step and the time themselves; rename it");
+      for (std::size_t j = 0; j < i; ++j)
+        if (metrics[j].name == metrics[i].name)
+          throw std::invalid_argument("accel::accelerator::log: metric '" + metrics[i].name +
+                                      "' is given twice in one call; log each name once per step");
+    }
   }
 
   /// Finishes every tracker, once. They stay alive with the accelerator, so that references from `get` never dangle.
