@@ -6,13 +6,32 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace accel_test {
+
+/// Sets (or, with nullptr, unsets) one environment variable for the scope, restoring it after.
+class scoped_variable {
+ public:
+  scoped_variable(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) saved_ = old;
+    value != nullptr ? setenv(name, value, 1) : unsetenv(name);
+  }
+  ~scoped_variable() { saved_ ? setenv(name_, saved_->c_str(), 1) : unsetenv(name_); }
+  scoped_variable(const scoped_variable&) = delete;
+  scoped_variable& operator=(const scoped_variable&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
 
 /// An empty directory of this test process's own under the temporary directory (emptied if it was there).
 inline std::filesystem::path scratch_directory(const std::string& name) {
@@ -165,5 +184,26 @@ struct resumable_run {
   accel::prepared_scheduler<lambda_lr&, Accelerator> sched;
   decltype(std::declval<Accelerator&>().prepare(std::declval<loader_type&>())) batches;
 };
+
+/// Accelerate's test H3: a linear schedule from lr 10 to 0 over 20 optimizer steps, written for 2 processes, run
+/// for 10 * N micro-steps of accumulation N (a backward, the optimizer's and the scheduler's step each); returns
+/// the learning rate after each micro-step.
+template <class Accelerator>
+std::vector<double> linear_schedule_learning_rates(Accelerator& acc, int N) {
+  auto net = torch::nn::Linear(1, 1);
+  torch::optim::SGD optimizer(net->parameters(), 10.0);
+  lambda_lr schedule(optimizer, [](int n) { return std::max(0.0, 1.0 - n / 20.0); });
+  auto [model, opt, sched] = acc.prepare(net, optimizer, schedule);
+  std::vector<double> lrs;
+  for (int i = 0; i < 10 * N; ++i) {
+    auto scope = acc.accumulate(model);
+    acc.backward(model(torch::ones({1, 1})).sum());
+    opt.step();
+    sched.step();
+    opt.zero_grad();
+    lrs.push_back(schedule.lr());
+  }
+  return lrs;
+}
 
 }  // namespace accel_test

@@ -17,12 +17,18 @@ bool all_close(torch::nn::Module& a, torch::nn::Module& b, double tolerance) {
   return true;
 }
 
-/// Sets an environment variable for the scope.
-struct scoped_variable {
-  scoped_variable(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~scoped_variable() { unsetenv(name_); }
-  const char* name_;
-};
+/// One pass over `batches`, each batch an empty micro-step: acc.sync_gradients() and acc.step() inside each.
+template <class Accelerator, class Batches, class Model>
+std::pair<std::vector<bool>, std::vector<int>> micro_step_pattern(Accelerator& acc, Batches& batches, Model& model) {
+  std::vector<bool> syncs;
+  std::vector<int> steps;
+  for ([[maybe_unused]] auto&& batch : batches) {
+    auto scope = acc.accumulate(model);
+    syncs.push_back(acc.sync_gradients());
+    steps.push_back(acc.step());
+  }
+  return {syncs, steps};
+}
 
 /// Trains with accumulate<N> on `micro` micro-batches of size B and, side by side, a plain model on the
 /// concatenation of each group of N; returns whether the parameters agree.
@@ -107,14 +113,7 @@ TEST_CASE("E3 E4 sync patterns; windows never span passes", "[accumulation]") {
     auto batches = acc.prepare(regression_batches(3, 2, 1, 1));
     auto model = acc.prepare(net);
     for (int pass = 0; pass < 2; ++pass) {
-      std::vector<bool> syncs;
-      std::vector<int> steps;
-      for (auto&& batch : batches) {
-        (void)batch;
-        auto scope = acc.accumulate(model);
-        syncs.push_back(acc.sync_gradients());
-        steps.push_back(acc.step());
-      }
+      const auto [syncs, steps] = micro_step_pattern(acc, batches, model);
       CHECK(syncs == std::vector<bool>{false, true, true});
       CHECK(steps == std::vector<int>{1, 2, 0});
     }
@@ -124,14 +123,7 @@ TEST_CASE("E3 E4 sync patterns; windows never span passes", "[accumulation]") {
         {.cpu = true, .gradient_accumulation_steps = 3}};
     auto batches = acc.prepare(regression_batches(5, 2, 1, 1));
     auto model = acc.prepare(net);
-    std::vector<bool> syncs;
-    std::vector<int> steps;
-    for (auto&& batch : batches) {
-      (void)batch;
-      auto scope = acc.accumulate(model);
-      syncs.push_back(acc.sync_gradients());
-      steps.push_back(acc.step());
-    }
+    const auto [syncs, steps] = micro_step_pattern(acc, batches, model);
     CHECK(syncs == std::vector<bool>{false, false, true, false, true});
     CHECK(steps == std::vector<int>{1, 2, 3, 4, 0});
   }
@@ -260,18 +252,7 @@ TEST_CASE("H1 the scheduler steps with the optimizer, num_processes times", "[ac
 TEST_CASE("H3 linear schedule over 20 steps with accumulation, one process", "[accumulation][scheduler]") {
   // On one process the schedule written for 2 processes only gets half way: lr 5 at the end.
   const int N = GENERATE(1, 2, 4);
-  auto net = torch::nn::Linear(1, 1);
-  torch::optim::SGD optimizer(net->parameters(), 10.0);
-  lambda_lr schedule(optimizer, [](int n) { return std::max(0.0, 1.0 - n / 20.0); });
   accel::accelerator<accel::fp32, accel::single_process, accel::accumulate_dynamic> acc{
       {.cpu = true, .gradient_accumulation_steps = N}};
-  auto [model, opt, sched] = acc.prepare(net, optimizer, schedule);
-  for (int i = 0; i < 10 * N; ++i) {
-    auto scope = acc.accumulate(model);
-    acc.backward(model(torch::ones({1, 1})).sum());
-    opt.step();
-    sched.step();
-    opt.zero_grad();
-  }
-  CHECK(schedule.lr() == Approx(5.0));
+  CHECK(linear_schedule_learning_rates(acc, N).back() == Approx(5.0));
 }

@@ -517,19 +517,7 @@ TEST_CASE("H3 linear schedule over 20 steps ends at 0 on 2 processes, whatever N
   const int N = GENERATE(1, 2, 4);
   accumulating_accelerator acc({.gradient_accumulation_steps = N});
   REQUIRE(acc.num_processes() == 2);  // the schedule is written for 2 processes
-  auto net = torch::nn::Linear(1, 1);
-  torch::optim::SGD optimizer(net->parameters(), 10.0);
-  lambda_lr schedule(optimizer, [](int n) { return std::max(0.0, 1.0 - n / 20.0); });
-  auto [model, opt, sched] = acc.prepare(net, optimizer, schedule);
-  std::vector<double> lrs;
-  for (int i = 0; i < 10 * N; ++i) {
-    auto scope = acc.accumulate(model);
-    acc.backward(model(torch::ones({1, 1})).sum());
-    opt.step();
-    sched.step();
-    opt.zero_grad();
-    lrs.push_back(schedule.lr());
-  }
+  const auto lrs = linear_schedule_learning_rates(acc, N);
   CHECK(lrs.back() == Approx(0.0));
   CHECK(lrs[lrs.size() - 1 - N] > 0.0);
   if (N == 2)  // Accelerate's run: 10, 9, 9, 8, 8, ..., 1, 1, 0

@@ -215,16 +215,14 @@ TEST_CASE("single process collectives are the identity", "[collectives]") {
 }
 
 namespace {
+using accel_test::scoped_variable;
+
 /// Sets Accelerate's run variables for the scope.
 struct run_variables {
-  run_variables(const char* precision, const char* steps) {
-    setenv("ACCELERATE_MIXED_PRECISION", precision, 1);
-    setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", steps, 1);
-  }
-  ~run_variables() {
-    unsetenv("ACCELERATE_MIXED_PRECISION");
-    unsetenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS");
-  }
+  run_variables(const char* precision, const char* steps)
+      : precision_("ACCELERATE_MIXED_PRECISION", precision), steps_("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", steps) {}
+  scoped_variable precision_;
+  scoped_variable steps_;
 };
 
 using supported = accel::configs<accel::accelerator<>, accel::accelerator<accel::bf16>,
@@ -244,20 +242,6 @@ std::string picked() {
 }  // namespace
 
 namespace {
-/// Sets (or, with nullptr, unsets) one variable for the scope.
-class scoped_variable {
- public:
-  scoped_variable(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) saved_ = old;
-    value != nullptr ? setenv(name, value, 1) : unsetenv(name);
-  }
-  ~scoped_variable() { saved_ ? setenv(name_, saved_->c_str(), 1) : unsetenv(name_); }
-
- private:
-  const char* name_;
-  std::optional<std::string> saved_;
-};
-
 /// A config file in a fresh temporary directory, named by ACCEL_CONFIG_FILE for the scope.
 struct scoped_config_file {
   explicit scoped_config_file(const std::string& text) {

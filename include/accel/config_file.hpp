@@ -58,17 +58,18 @@ struct config_key {
   std::optional<std::string> (*get)(const config_values&);
 };
 
-inline int config_number(std::string_view text, int low, int high, std::string_view accepts) {
+/// The whole number `text`, from low to high; config_error otherwise (set_config_value writes its message).
+inline int config_number(std::string_view text, int low, int high) {
   int number = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
   if (text.empty() || error != std::errc{} || end != text.data() + text.size() || number < low || number > high)
-    throw config_error(std::string(accepts));
+    throw config_error("");
   return number;
 }
 
 template <std::optional<int> config_values::*field, int low, int high>
 void set_number(config_values& values, std::string_view text) {
-  values.*field = config_number(text, low, high, "");
+  values.*field = config_number(text, low, high);
 }
 
 template <std::optional<int> config_values::*field>
@@ -224,15 +225,19 @@ inline config_values read_config_file(const std::filesystem::path& path) {
   return parse_config(text, path.string());
 }
 
-/// The values of the config file in use (see config_file_path): nothing set when there is none. A file named by
-/// ACCEL_CONFIG_FILE must exist; the default file is optional.
-inline config_values read_config_file() {
-  const auto path = config_file_path();
-  if (!path) return {};
-  const bool named = std::getenv("ACCEL_CONFIG_FILE") != nullptr;
+/// The config file to read: the one ACCEL_CONFIG_FILE names (which must then exist: reading it says so), or the
+/// default one when it exists; none otherwise.
+inline std::optional<std::filesystem::path> config_file_in_use() {
+  auto path = config_file_path();
   std::error_code ignored;
-  if (!named && !std::filesystem::exists(*path, ignored)) return {};
-  return read_config_file(*path);
+  if (path && std::getenv("ACCEL_CONFIG_FILE") == nullptr && !std::filesystem::exists(*path, ignored)) return {};
+  return path;
+}
+
+/// The values of the config file in use (config_file_in_use): nothing set when there is none.
+inline config_values read_config_file() {
+  const auto path = config_file_in_use();
+  return path ? read_config_file(*path) : config_values{};
 }
 
 /// Writes `values` to `path` atomically (a temporary file renamed over it), creating the directories.

@@ -34,20 +34,15 @@ void print_fact(std::string_view name, const std::string& value) {
   std::printf("%-28.*s %s\n", static_cast<int>(name.size() + 1), (std::string(name) + ":").c_str(), value.c_str());
 }
 
-// The value of the first "key<sep>value" line of a file whose key is `key`, trimmed.
+// The value of the first "key<sep>value" line of a file whose key is `key`, trimmed and unquoted (as the config
+// file's values are).
 std::optional<std::string> field_of(const char* file, std::string_view key, char separator) {
   std::ifstream in(file);
   for (std::string line; std::getline(in, line);) {
-    const auto at = line.find(separator);
-    if (at == std::string::npos) continue;
-    std::string_view name(line.data(), at);
-    while (!name.empty() && (name.back() == ' ' || name.back() == '\t')) name.remove_suffix(1);
-    if (name != key) continue;
-    std::string value = line.substr(line.find_first_not_of(" \t", at + 1) == std::string::npos
-                                        ? line.size()
-                                        : line.find_first_not_of(" \t", at + 1));
-    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
-    return value;
+    const std::string_view text = line;
+    const auto at = text.find(separator);
+    if (at == std::string_view::npos || detail::trim(text.substr(0, at)) != key) continue;
+    return std::string(detail::unquote(detail::trim(text.substr(at + 1))));
   }
   return std::nullopt;
 }
@@ -177,12 +172,9 @@ void print_config_file() {
   print_fact("config file", path->string());
   try {
     const config_values values = read_config_file(*path);
-    std::string text = format_config(values);
-    for (std::size_t start = text.find('\n') + 1; start < text.size();) {  // the settings, without the comment
-      const std::size_t end = text.find('\n', start);
-      std::printf("  %s\n", text.substr(start, end - start).c_str());
-      start = end + 1;
-    }
+    for (const auto& key : detail::config_keys)  // the settings it has, as the file writes them
+      if (const auto value = key.get(values))
+        std::printf("  %.*s: %s\n", static_cast<int>(key.name.size()), key.name.data(), value->c_str());
   } catch (const config_error& e) {
     std::printf("  unreadable: %s\n", e.what());
   }

@@ -155,19 +155,14 @@ void apply_config_file(launch_options& options, const std::vector<given_option>&
   for (const given_option& option : given) {
     if (option.token.name == "config_file") path = option.value;
   }
+  if (!path) path = config_file_in_use();
+  if (!path) return;
   config_values values;
   try {
-    if (path) {
-      values = read_config_file(*path);
-    } else if (auto default_path = config_file_path()) {
-      values = read_config_file();
-      std::error_code ignored;
-      if (std::filesystem::exists(*default_path, ignored)) path = default_path;
-    }
+    values = read_config_file(*path);
   } catch (const config_error& e) {
     throw usage_error(e.what());
   }
-  if (!path) return;
   options.config_file = std::filesystem::absolute(*path);
   if (values.num_machines) options.nnodes = *values.num_machines;
   if (values.machine_rank) options.node_rank = *values.machine_rank;
@@ -305,7 +300,7 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
     i += used_next ? 2 : 1;
   }
   launch_options options;
-  for (const given_option& option : given) apply_option(options, option);
+  for (const given_option& option : given) apply_option(options, option);  // checks every value, finds --help
   if (options.show_help) return options;
   apply_config_file(options, given);  // the file's settings first, then the command line's over them
   for (const given_option& option : given) apply_option(options, option);
