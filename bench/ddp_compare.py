@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Data-parallel benchmark, side by side in one run: 2 Gloo processes on this machine, MLP widths 64, 256, 1024.
-Compares accel's data_parallel<gloo> with PyTorch's DistributedDataParallel (Debian's python3-torch) and with two
+Compares accel's data_parallel<gloo> with PyTorch's DistributedDataParallel (PyTorch from .venv) and with two
 naive accel loops (one all-reduce per parameter; one flat all-reduce after backward). Every job is a fresh
 2-process run started by `accel launch`; each round runs the four in an order that rotates, and the table reports
 medians over rounds plus the median of per-round ratios against PyTorch DDP (target: accel <= 1.00).

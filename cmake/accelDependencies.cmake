@@ -36,6 +36,28 @@ if(NOT TARGET accel::torch)
       target_compile_options(accel::torch INTERFACE ${_accel_torch_flags})
     endif()
     set(ACCEL_TORCH_SOURCE "TorchConfig.cmake in ${Torch_DIR}")
+    # c10d's ProcessGroupGloo.hpp includes gloo/*.h, which PyTorch's wheels do not ship (official LibTorch archives
+    # and Debian's libtorch-dev do). Only declarations are used from them (Gloo's code is in libtorch_cpu), so Debian's
+    # libgloo-dev headers serve; tests/distributed/no_gloo_code.cmake and dist.gloo.P2.one_libtorch check the result.
+    find_path(ACCEL_GLOO_INCLUDE_DIR NAMES gloo/rendezvous/store.h HINTS ${TORCH_INCLUDE_DIRS})
+    if(NOT ACCEL_GLOO_INCLUDE_DIR)
+      set(ACCEL_MISSING_DEPENDENCY
+        "accel: Gloo's headers (gloo/rendezvous/store.h) not found. c10d's ProcessGroupGloo.hpp needs them and "
+        "PyTorch's wheel does not ship them: install Debian's libgloo-dev (scripts/setup.sh does), or pass "
+        "-DACCEL_GLOO_INCLUDE_DIR=/path/above/gloo.")
+      return()
+    endif()
+    target_include_directories(accel::torch SYSTEM INTERFACE ${ACCEL_GLOO_INCLUDE_DIR})
+    # Where libtorch_cpu is, from its imported target: TorchConfig's own TORCH_LIBRARY variable searches the system's
+    # directories first, so with Debian's libtorch-dev also installed it names Debian's library, not this one.
+    get_target_property(_accel_configurations torch_cpu IMPORTED_CONFIGURATIONS)
+    if(_accel_configurations)
+      list(GET _accel_configurations 0 _accel_configuration)
+      get_target_property(_accel_torch_cpu torch_cpu IMPORTED_LOCATION_${_accel_configuration})
+    else()
+      get_target_property(_accel_torch_cpu torch_cpu IMPORTED_LOCATION)
+    endif()
+    get_filename_component(ACCEL_TORCH_LIBRARY_DIR "${_accel_torch_cpu}" DIRECTORY)
   else()
     find_path(ACCEL_TORCH_API_INCLUDE_DIR NAMES torch/torch.h PATH_SUFFIXES torch/csrc/api/include)
     find_path(ACCEL_TORCH_INCLUDE_DIR NAMES ATen/ATen.h)
@@ -58,17 +80,19 @@ if(NOT TARGET accel::torch)
     target_link_libraries(accel::torch INTERFACE ${ACCEL_TORCH_LIBRARY} ${ACCEL_TORCH_CPU_LIBRARY} ${ACCEL_C10_LIBRARY})
     # The definitions Debian's libtorch_cpu was built with (the same TorchConfig.cmake passes on).
     target_compile_definitions(accel::torch INTERFACE USE_DISTRIBUTED USE_C10D_GLOO USE_RPC USE_TENSORPIPE)
-    set(ACCEL_TORCH_SOURCE "Debian layout (${ACCEL_TORCH_LIBRARY})")
+    set(ACCEL_TORCH_SOURCE "header and library layout (${ACCEL_TORCH_LIBRARY})")
+    get_filename_component(ACCEL_TORCH_LIBRARY_DIR "${ACCEL_TORCH_LIBRARY}" DIRECTORY)
   endif()
 endif()
 
 # NCCL, optional: accel::nccl adds what `data_parallel<nccl>` needs (nccl.h, libnccl, the CUDA runtime) to
-# accel::accel. Searched under NCCL_ROOT, CUDA_HOME and /usr/local/cuda, where the CUDA toolkit puts them.
+# accel::accel. Searched under NCCL_ROOT (CMake or environment variable), CUDA_HOME and /usr/local/cuda, where the
+# CUDA toolkit puts them; NVIDIA's wheel (nvidia-nccl-cu13: nvidia/nccl/{include,lib}) has only libnccl.so.2.
 if(NOT TARGET accel::nccl)
-  set(_accel_cuda_roots $ENV{NCCL_ROOT} $ENV{CUDA_HOME} $ENV{CUDA_PATH} /usr/local/cuda)
+  set(_accel_cuda_roots ${NCCL_ROOT} $ENV{NCCL_ROOT} $ENV{CUDA_HOME} $ENV{CUDA_PATH} /usr/local/cuda)
   find_path(ACCEL_NCCL_INCLUDE_DIR NAMES nccl.h HINTS ${_accel_cuda_roots} PATH_SUFFIXES include)
   find_path(ACCEL_CUDART_INCLUDE_DIR NAMES cuda_runtime.h HINTS ${_accel_cuda_roots} PATH_SUFFIXES include)
-  find_library(ACCEL_NCCL_LIBRARY NAMES nccl HINTS ${_accel_cuda_roots} PATH_SUFFIXES lib64 lib)
+  find_library(ACCEL_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_accel_cuda_roots} PATH_SUFFIXES lib64 lib)
   find_library(ACCEL_CUDART_LIBRARY NAMES cudart HINTS ${_accel_cuda_roots} PATH_SUFFIXES lib64 lib)
   if(ACCEL_NCCL_INCLUDE_DIR AND ACCEL_CUDART_INCLUDE_DIR AND ACCEL_NCCL_LIBRARY AND ACCEL_CUDART_LIBRARY)
     add_library(accel::nccl INTERFACE IMPORTED)

@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
-# Sets up the machine, builds accel's benchmarks (optimised) and runs them, printing their tables.
+# Sets up the machine, builds accel's benchmarks (optimised) and runs them, printing their tables. LibTorch 2.13
+# from .venv by default; ACCEL_TORCH=debian for Debian's 1.13.1 (build directory $ACCEL_BUILD_DIR-torch1.13), whose
+# C++ benchmarks then run against the same Python peers (PyTorch 2.13, Accelerate 1.15 from .venv).
 #   scripts/bench.sh          all benchmarks
-#   scripts/bench.sh step     the single-process step overhead (bench/mlp_step.cpp) only
-#   scripts/bench.sh range    what a prepared range adds to iterating the plain range (bench/range_overhead.cpp) only
+#   scripts/bench.sh step     the single-process step overhead against raw LibTorch (bench/mlp_step.cpp) only
+#   scripts/bench.sh accelerate   accel against Hugging Face Accelerate, 1 process and 2 Gloo processes
+#                                 (bench/accelerate_compare.py)
 #   scripts/bench.sh ddp      the 2-process data-parallel comparison with PyTorch DDP (bench/ddp_compare.py) only
+#   scripts/bench.sh range    what a prepared range adds to iterating the plain range (bench/range_overhead.cpp) only
 #   scripts/bench.sh accumulation   all-reduces and time per micro-batch with accumulate<4> on 2 processes only
 #   scripts/bench.sh dispatch the loop under accel::dispatch against the same loop on a directly typed accelerator
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${ACCEL_BUILD_DIR:-$root/build-bench}
 which=${1:-all}
 
 "$root/scripts/setup.sh"
+source "$root/scripts/torch.sh"
+build=${ACCEL_BUILD_DIR:-$root/build-bench}
+[[ ${ACCEL_TORCH:-pip} == debian ]] && build=$build-torch1.13
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=OFF \
-  -DACCEL_BUILD_BENCHMARKS=ON
+  -DACCEL_BUILD_BENCHMARKS=ON "${torch_cmake_args[@]}"
 cmake --build "$build" -j2
 # One thread everywhere, OpenBLAS included (it reads its own variable when it loads).
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+echo "LibTorch: $(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt")"
+echo "Python peers: $("$venv_python" -c 'import torch, accelerate; print("torch", torch.__version__, "accelerate", accelerate.__version__)')"
 
 if [[ $which == all || $which == step ]]; then
   "$build/bench/bench_mlp_step"
+fi
+if [[ $which == all || $which == accelerate ]]; then
+  "$venv_python" "$root/bench/accelerate_compare.py" "$build/tools/accel" "$build/bench/bench_tiny_step" \
+    "$venv_python" "${ROUNDS:-7}"
 fi
 if [[ $which == all || $which == dispatch ]]; then
   "$build/bench/bench_dispatch"
@@ -31,12 +43,6 @@ if [[ $which == all || $which == accumulation ]]; then
   "$build/tools/accel" launch --nproc_per_node 2 --master_port 0 "$build/bench/bench_accumulation"
 fi
 if [[ $which == all || $which == ddp ]]; then
-  # Debian's python3-torch lives in the system Python, which may not be the first python3 on PATH.
-  python_with_torch=""
-  for candidate in /usr/bin/python3 python3; do
-    if "$candidate" -c 'import torch' 2>/dev/null; then python_with_torch=$candidate; break; fi
-  done
-  [[ -n $python_with_torch ]] || { echo "bench: no python3 with torch (install python3-torch)" >&2; exit 1; }
-  "$python_with_torch" "$root/bench/ddp_compare.py" "$build/tools/accel" "$build/bench/bench_ddp_step" \
-    "$python_with_torch" "${ROUNDS:-5}"
+  "$venv_python" "$root/bench/ddp_compare.py" "$build/tools/accel" "$build/bench/bench_ddp_step" "$venv_python" \
+    "${ROUNDS:-5}"
 fi

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Sets up the machine (Debian packages), builds an example and runs it:
+# Sets up the machine (scripts/setup.sh), builds an example against LibTorch 2.13 and runs it:
 #   scripts/example.sh              linear regression with accel (prints the learned weight and bias)
 #   scripts/example.sh classifier   spiral classifier: bf16, gradient accumulation, 2 processes under `accel launch`
 #   scripts/example.sh char_lm      character-level transformer on Shakespeare's sonnets, with checkpoints
-# Build directory: $ACCEL_BUILD_DIR, default build-example/.
+# Build directory: $ACCEL_BUILD_DIR, default build-example/ (build-example-torch1.13/ with ACCEL_TORCH=debian).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${ACCEL_BUILD_DIR:-$root/build-example}
+[[ ${ACCEL_TORCH:-pip} == debian ]] && build=$build-torch1.13
 example=${1:-linear_regression}
 case "$example" in
   linear_regression | classifier | char_lm) ;;
@@ -17,7 +18,9 @@ case "$example" in
 esac
 
 "$root/scripts/setup.sh"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=ON
+source "$root/scripts/torch.sh"  # LibTorch 2.13 from .venv; ACCEL_TORCH=debian for Debian's 1.13.1
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=ON \
+  "${torch_cmake_args[@]}"
 case "$example" in
   linear_regression)
     cmake --build "$build" -j2 --target linear_regression

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Installs everything accel needs from Debian's packages. Idempotent: a second run installs nothing.
-# Run as root, or as a user with sudo.
+# Installs everything accel needs; idempotent (a second run installs nothing). Run as root, or as a user with sudo.
+#  1. Debian's packages: the toolchain, range-v3, Catch2, Gloo's headers (c10d's ProcessGroupGloo.hpp includes them
+#     and PyTorch's wheel does not ship them), and Debian's LibTorch 1.13.1, the second supported LibTorch.
+#  2. The build's own virtual environment .venv/ (never the system Python), from requirements.txt: PyTorch 2.13,
+#     whose wheel carries LibTorch 2.13 (the primary one), and the Python peers the tests and benchmarks use.
 set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
 
 packages=(
   build-essential cmake ninja-build ccache lld pkg-config
-  libtorch-dev libgloo-dev librange-v3-dev catch2
+  librange-v3-dev catch2
+  libgloo-dev                   # gloo/*.h for c10d's ProcessGroupGloo.hpp (headers only: Gloo's code is in libtorch_cpu)
+  libtorch-dev                  # LibTorch 1.13.1: the second supported configuration
   libopenblas0-pthread          # without it Debian's LibTorch uses the reference BLAS (~10x slower)
-  python3 python3-numpy
-  python3-torch                 # PyTorch 1.13: the reference for the DDP benchmark, and torchrun
+  python3 python3-venv
   openmpi-bin                   # mpirun, to test that accel programs start under Open MPI
 )
 
@@ -18,17 +23,29 @@ for p in "${packages[@]}"; do
 done
 
 if ((${#missing[@]} == 0)); then
-  echo "setup: all packages present"
+  echo "setup: Debian packages present"
+else
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "setup: run as root or install sudo (missing: ${missing[*]})" >&2; exit 1; }
+    sudo_cmd=(sudo)
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The virtual environment: remade when requirements.txt changes (a copy of it inside .venv says what is installed).
+venv=$root/.venv
+if cmp -s "$root/requirements.txt" "$venv/accel-requirements.txt"; then
+  echo "setup: .venv up to date"
   exit 0
 fi
-
-sudo_cmd=()
-if [[ $(id -u) -ne 0 ]]; then
-  command -v sudo >/dev/null || { echo "setup: run as root or install sudo (missing: ${missing[*]})" >&2; exit 1; }
-  sudo_cmd=(sudo)
-fi
-
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+python=${ACCEL_SETUP_PYTHON:-python3}
+echo "setup: making .venv with $("$python" --version) and installing requirements.txt"
+rm -rf "$venv"
+"$python" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt"
+"$venv/bin/python" -c 'import torch; assert torch.distributed.is_gloo_available(), "this torch has no Gloo"'
+cp "$root/requirements.txt" "$venv/accel-requirements.txt"

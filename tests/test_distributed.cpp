@@ -709,3 +709,28 @@ TEST_CASE("the progress bar shows on the local main process only", "[tracking]")
   else
     CHECK(out.str().empty());
 }
+
+// The wheel of PyTorch ships no gloo/*.h, so accel compiles c10d's ProcessGroupGloo.hpp against Debian's Gloo
+// headers; Gloo's code itself must come from LibTorch alone. After Gloo is up and has all-reduced, this process has
+// mapped exactly one libtorch_cpu (the one the build linked: ACCEL_EXPECTED_TORCH_CPU) and no Gloo library.
+TEST_CASE("one LibTorch and one Gloo in the process: the linked libtorch_cpu, no other copy", "[runtime]") {
+  gloo_accelerator acc;
+  auto ones = torch::ones({4});
+  CHECK(torch::equal(acc.reduce(ones, accel::reduction::sum), torch::full({4}, acc.num_processes())));
+  const char* expected = std::getenv("ACCEL_EXPECTED_TORCH_CPU");
+  REQUIRE(expected != nullptr);
+  std::set<std::string> torch_cpu, gloo, c10d;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::filesystem::path file = line.substr(slash);
+    const auto name = file.filename().string();
+    if (name.starts_with("libtorch_cpu")) torch_cpu.insert(std::filesystem::canonical(file).string());
+    if (name.find("gloo") != std::string::npos) gloo.insert(file.string());
+    if (name.find("c10d") != std::string::npos) c10d.insert(file.string());
+  }
+  CHECK(torch_cpu == std::set<std::string>{std::filesystem::canonical(expected).string()});
+  CHECK(gloo.empty());
+  CHECK(c10d.empty());
+}

@@ -1,6 +1,7 @@
 // Mixed precision: bf16 autocast on the CPU, and fp16's dynamic loss scaling. LibTorch 1.13 has no float16
-// autocast on the CPU, so the loss scaling is tested through `scaled_fp32` below: accel::fp16's own scaler, unscale
-// and step, driven by the accelerator exactly as for fp16, with the forward left in float32.
+// autocast on the CPU, so the loss scaling is tested everywhere through `scaled_fp32` below (accel::fp16's own
+// scaler, unscale and step, driven by the accelerator exactly as for fp16, with the forward left in float32), and
+// with LibTorch >= 2.4 also through accel::fp16 itself under float16 autocast on the CPU.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -56,6 +57,12 @@ double regression_loss(int steps) {
   return torch::mse_loss(net->forward(x), x.mm(truth)).item<double>();
 }
 
+/// Equal dtype, shape and bits (NaN payloads included).
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         torch::equal(a.contiguous().view(torch::kInt), b.contiguous().view(torch::kInt));
+}
+
 std::vector<torch::Tensor> grads_of(torch::nn::Module& m) {
   std::vector<torch::Tensor> grads;
   for (auto& p : m.parameters()) grads.push_back(p.grad().clone());
@@ -104,19 +111,67 @@ TEST_CASE("bf16 trains a regression to within 2x of fp32's loss", "[precision]")
   CHECK(bf16_loss < 2 * fp32_loss);
 }
 
-TEST_CASE("fp16 needs a LibTorch with float16 autocast on the device", "[precision]") {
-  if (accel::detail::compat::autocast_supports(c10::DeviceType::CPU, torch::kHalf)) {
-    CHECK_NOTHROW(accel::accelerator<accel::fp16>(accel::options{.cpu = true}));
-  } else {
-    CHECK_THROWS_WITH(accel::accelerator<accel::fp16>(accel::options{.cpu = true}),
-                      Catch::Contains("no Half autocast on cpu") && Catch::Contains("use accel::bf16 on the CPU"));
+#if ACCEL_TORCH_VERSION >= 204
+TEST_CASE("fp16 on the CPU (LibTorch >= 2.4): float16 matmuls, float32 outputs and weights, trains like fp32",
+          "[precision]") {
+  {
+    accel::accelerator<accel::fp16> acc{{.cpu = true}};
+    auto net = probe();
+    auto model = acc.prepare(net);
+    auto [out, twice] = model(torch::randn({4, 3}));
+    CHECK(net->inner == torch::kHalf);  // the matmul ran in float16
+    CHECK(net->autocast_inside);
+    CHECK(out.scalar_type() == torch::kFloat);
+    CHECK(twice.scalar_type() == torch::kFloat);
+    CHECK(net->fc->weight.scalar_type() == torch::kFloat);  // float32 master weights
+    CHECK_FALSE(autocast_enabled(c10::DeviceType::CPU));   // nothing left behind
+  }
+  const double fp32_loss = regression_loss<accel::fp32>(300);
+  const double fp16_loss = regression_loss<accel::fp16>(300);
+  INFO("fp32 " << fp32_loss << ", fp16 " << fp16_loss);
+  CHECK(fp32_loss < 0.05);
+  CHECK(fp16_loss < 2 * fp32_loss);
+}
+#else
+TEST_CASE("fp16 on the CPU needs LibTorch >= 2.4: the error names the version and suggests bf16", "[precision]") {
+  CHECK_THROWS_WITH(accel::accelerator<accel::fp16>(accel::options{.cpu = true}),
+                    Catch::Contains("no Half autocast on cpu") && Catch::Contains("use accel::bf16 on the CPU"));
+}
+#endif
+
+TEST_CASE("unscaling: LibTorch's fused kernel and the per-gradient pass give the same bits and the same verdict",
+          "[precision][scaler]") {
+  using accel::detail::unscale_each;
+  using accel::detail::unscale_fused;
+  // The scaler takes the fused kernel on the CPU exactly where LibTorch has it (2.3 on).
+  CHECK(accel::detail::compat::fused_unscale_available(c10::DeviceType::CPU) == (ACCEL_TORCH_VERSION >= 203));
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const float inverse = 1.0f / 65536;
+  torch::manual_seed(5);
+  for (const double poison : {0.0, inf, -inf, nan}) {
+    INFO("poison " << poison);
+    std::vector<torch::Tensor> original{torch::randn({7, 3}) * 1000, torch::randn({5}), torch::randn({2, 2, 2}) * 1e-30};
+    if (poison != 0) original[1][2] = poison;
+    std::vector<torch::Tensor> each;
+    for (auto& g : original) each.push_back(g.clone());
+    CHECK(unscale_each(each, inverse) == (poison != 0));
+    for (std::size_t i = 0; i < original.size(); ++i) CHECK(same_bits(each[i], original[i] * inverse));
+    if (ACCEL_TORCH_VERSION >= 203) {
+      std::vector<torch::Tensor> fused;
+      for (auto& g : original) fused.push_back(g.clone());
+      CHECK(unscale_fused(fused, inverse) == (poison != 0));
+      for (std::size_t i = 0; i < original.size(); ++i) CHECK(same_bits(fused[i], each[i]));
+    }
   }
 }
 
-TEST_CASE("fp16 loss scaling follows PyTorch's GradScaler step by step (H4)", "[precision][scaler]") {
-  // GradScaler with init_scale 1024, growth_interval 3, written out: overflow halves the scale and resets the
-  // count of clean steps; the 3rd clean step in a row doubles it.
-  accel::accelerator<scaled_fp32> acc{{.cpu = true, .grad_scaler = {.init_scale = 1024, .growth_interval = 3}}};
+namespace {
+/// PyTorch's GradScaler with init_scale 1024, growth_interval 3, written out: overflow halves the scale and resets
+/// the count of clean steps; the 3rd clean step in a row doubles it. The hand-written model runs under the same
+/// autocast as the prepared one, so that both see the same forward.
+template <class Precision>
+void check_grad_scaler_sequence() {
+  accel::accelerator<Precision> acc{{.cpu = true, .grad_scaler = {.init_scale = 1024, .growth_interval = 3}}};
   torch::manual_seed(2);
   auto net = torch::nn::Linear(2, 1);
   auto by_hand = torch::nn::Linear(2, 1);
@@ -135,7 +190,10 @@ TEST_CASE("fp16 loss scaling follows PyTorch's GradScaler step by step (H4)", "[
     const float scale_before = acc.precision().scaler().state().scale;
     acc.backward(model(x).sum());
     by_hand->zero_grad();
-    by_hand->forward(x).sum().backward();
+    {
+      auto scope = acc.autocast();
+      by_hand->forward(x).to(torch::kFloat).sum().backward();
+    }
     CHECK(torch::allclose(net->weight.grad(), by_hand->weight.grad() * scale_before));  // backward scaled the loss
     if (injected[i] != 0) net->weight.mutable_grad()[0][0] = injected[i];
     const double lr = optimizer.param_groups()[0].options().get_lr();
@@ -154,6 +212,19 @@ TEST_CASE("fp16 loss scaling follows PyTorch's GradScaler step by step (H4)", "[
   }
   CHECK(schedule.steps() == 5);  // skipped steps do not advance the scheduler
 }
+}  // namespace
+
+TEST_CASE("fp16 loss scaling follows PyTorch's GradScaler step by step (H4)", "[precision][scaler]") {
+  check_grad_scaler_sequence<scaled_fp32>();
+}
+
+#if ACCEL_TORCH_VERSION >= 204
+TEST_CASE("fp16 under float16 autocast on the CPU: the GradScaler sequence (H4), unscaled by the fused kernel",
+          "[precision][scaler]") {
+  REQUIRE(accel::detail::compat::fused_unscale_available(c10::DeviceType::CPU));
+  check_grad_scaler_sequence<accel::fp16>();
+}
+#endif
 
 TEST_CASE("fp16 loss scaling defaults: 65536, x2 after 2000 clean steps", "[precision][scaler]") {
   accel::accelerator<scaled_fp32> acc{{.cpu = true}};

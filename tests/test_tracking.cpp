@@ -365,3 +365,17 @@ TEST_CASE("write a JSON lines file for Python", "[.python_jsonl]") {
   acc.log({{"say \"hi\"\\\n\t", 2.5e-300}, {"na\xc3\xafve", 1e300}, {"count", 42}, {"loss", torch::tensor(0.125)}}, 7);
   acc.end_training();
 }
+
+// Not run by default (hidden): tests/tracking/check_tensorboard.py runs it, then reads the event file with the
+// tensorboard package's EventAccumulator and compares every scalar.
+TEST_CASE("write a TensorBoard file for Python", "[.python_tensorboard]") {
+  const char* where = std::getenv("ACCEL_TRACKING_DIR");
+  REQUIRE(where != nullptr);
+  accel::accelerator<> acc(logging_to(where, {accel::tracker::tensorboard}));
+  acc.init_trackers("run");
+  for (int step = 0; step < 50; ++step) acc.log({{"loss", 1.0 / (step + 1)}, {"lr", 0.001 * step}}, step);
+  acc.log({{"train/accuracy", 0.875}, {"count", 42}, {"loss", torch::tensor(0.125)}, {"big", 1e30}, {"tiny", -2.5e-30}},
+          100);
+  acc.log({{"loss", infinity}, {"big", -infinity}, {"tiny", not_a_number}}, 101);
+  acc.end_training();
+}

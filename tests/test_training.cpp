@@ -213,3 +213,33 @@ TEST_CASE("linear regression learns y = 3x", "[training]") {
   CHECK(net->weight.item<double>() == Approx(3.0).margin(0.05));
   CHECK(net->bias.item<double>() == Approx(0.0).margin(0.05));
 }
+
+// docs/api.md and docs/migration.md: LibTorch's StepLR counts its first step() (its constructor does not step, unlike
+// Python's), on 1.13 and on 2.x alike, so the rate decays one call later than in Python; through a prepared scheduler
+// too. Python's StepLR(step_size=2, gamma=0.5) gives 1, 0.5, 0.5, 0.25, 0.25, 0.125 after calls 1..6.
+TEST_CASE("LibTorch's StepLR decays on the 3rd and 5th call with step_size 2, raw and prepared",
+          "[training][scheduler]") {
+  const std::vector<double> expected = {1, 1, 0.5, 0.5, 0.25, 0.25};
+  auto lr_of = [](torch::optim::Optimizer& o) { return o.param_groups()[0].options().get_lr(); };
+  {
+    auto net = torch::nn::Linear(2, 1);
+    torch::optim::SGD optimizer(net->parameters(), 1.0);
+    torch::optim::StepLR schedule(optimizer, 2, 0.5);
+    for (std::size_t call = 0; call < expected.size(); ++call) {
+      schedule.step();
+      CHECK(lr_of(optimizer) == expected[call]);
+    }
+  }
+  accel::accelerator<> acc{{.cpu = true}};
+  auto net = torch::nn::Linear(2, 1);
+  torch::optim::SGD optimizer(net->parameters(), 1.0);
+  torch::optim::StepLR schedule(optimizer, 2, 0.5);
+  auto [model, opt, sched] = acc.prepare(net, optimizer, schedule);
+  for (std::size_t call = 0; call < expected.size(); ++call) {
+    acc.backward(model(torch::ones({1, 2})).sum());
+    opt.step();
+    sched.step();
+    opt.zero_grad();
+    CHECK(lr_of(optimizer) == expected[call]);
+  }
+}

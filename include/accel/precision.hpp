@@ -81,6 +81,26 @@ inline void require_autocast(const c10::Device& device, c10::ScalarType dtype, c
                                 suggestion);
 }
 
+/// Multiplies `grads` (all on one device) by `inverse` in place and returns whether any element was inf/NaN before:
+/// LibTorch's fused `_amp_foreach_non_finite_check_and_unscale_`, one pass over all of them (its CPU kernel exists
+/// from LibTorch 2.3 on: `compat::fused_unscale_available`).
+inline bool unscale_fused(std::vector<at::Tensor>& grads, float inverse) {
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
+  auto found = at::zeros({1}, options);
+  at::_amp_foreach_non_finite_check_and_unscale_(grads, found, at::full({1}, inverse, options));
+  return found.item<float>() > 0;
+}
+
+/// The same arithmetic a gradient at a time, with one synchronisation at the end: for LibTorch without the kernel.
+inline bool unscale_each(std::vector<at::Tensor>& grads, float inverse) {
+  auto found = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(grads.front().device()));
+  for (auto& grad : grads) {
+    found.add_(grad.isfinite().logical_not().any());
+    grad.mul_(inverse);
+  }
+  return found.item<float>() > 0;
+}
+
 /// Dynamic loss scaling, PyTorch's GradScaler algorithm: scale the loss, unscale each optimizer's gradients once
 /// per step (checking them for inf/NaN), skip the step on overflow, then update the scale. The scale is a float32
 /// as in PyTorch, so the sequence of scales is the same bit for bit.
@@ -186,17 +206,9 @@ class grad_scaler {
         if (parameter.grad().defined()) by_device[{parameter.device().type(), parameter.device().index()}].push_back(parameter.mutable_grad());
     bool found_inf = false;
     for (auto& [device, grads] : by_device) {
-      const auto options = at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
-      auto found = at::zeros({1}, options);
-      if (compat::fused_unscale_available(device.first)) {
-        at::_amp_foreach_non_finite_check_and_unscale_(grads, found, at::full({1}, static_cast<float>(inverse), options));
-      } else {
-        for (auto& grad : grads) {
-          found.add_(grad.isfinite().logical_not().any());
-          grad.mul_(static_cast<float>(inverse));
-        }
-      }
-      found_inf = found_inf || found.item<float>() > 0;
+      const bool found = compat::fused_unscale_available(device.first) ? unscale_fused(grads, static_cast<float>(inverse))
+                                                                         : unscale_each(grads, static_cast<float>(inverse));
+      found_inf = found_inf || found;
     }
     return found_inf;
   }

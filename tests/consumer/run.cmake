@@ -5,12 +5,16 @@
 # - subdirectory: accel's source tree added with add_subdirectory.
 file(REMOVE_RECURSE ${WORK_DIR})
 set(install_step "${CMAKE_COMMAND};--install;${ACCEL_BUILD_DIR};--prefix;${WORK_DIR}/prefix")
-set(mode_flags "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
+# The consumer uses the LibTorch accel was built with: the directory above its TorchConfig.cmake and
+# Caffe2Config.cmake (TORCH_CMAKE_PREFIX) as the prefix path, or, for the layout, its installation prefix
+# (TORCH_PREFIX: include/ and lib/ below it); either is searched before the system's (Debian's LibTorch).
+set(mode_flags "-Daccel_ROOT=${WORK_DIR}/prefix" "-DCMAKE_PREFIX_PATH=${TORCH_CMAKE_PREFIX}")
 if(MODE STREQUAL "layout")
-  list(APPEND mode_flags "-DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON")
+  set(mode_flags "-Daccel_ROOT=${WORK_DIR}/prefix" "-DCMAKE_PREFIX_PATH=${TORCH_PREFIX}"
+                 "-DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON")
 elseif(MODE STREQUAL "subdirectory")
   set(install_step "${CMAKE_COMMAND};-E;true")
-  set(mode_flags "-DACCEL_SOURCE_DIR=${ACCEL_SOURCE_DIR}")
+  set(mode_flags "-DACCEL_SOURCE_DIR=${ACCEL_SOURCE_DIR}" "-DCMAKE_PREFIX_PATH=${TORCH_CMAKE_PREFIX}")
 endif()
 foreach(step
     "${install_step}"

@@ -1,6 +1,6 @@
 /// \file
 /// Every difference between the LibTorch versions accel supports (Debian's 1.13 and PyTorch 2.x) lives here:
-/// `zero_grad(set_to_none)`, the autocast state functions and what autocast supports, the fused unscale kernel,
+/// the autograd node handle, `zero_grad(set_to_none)`, the autocast state functions and what autocast supports, the fused unscale kernel,
 /// and LibTorch's current CUDA stream for NCCL.
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
@@ -8,8 +8,11 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
+
+#include <utility>
 
 #ifdef ACCEL_WITH_NCCL
 #include <cuda_runtime.h>
@@ -22,6 +25,10 @@
 #define ACCEL_TORCH_VERSION (TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR)
 
 namespace accel::detail::compat {
+
+/// The owning handle of a leaf's gradient accumulator node: `std::shared_ptr<Node>` in 1.13, `c10::intrusive_ptr<Node>`
+/// in 2.x (autograd nodes became intrusive). Taken from the function's own return type, so no version test is needed.
+using grad_accumulator_handle = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
 /// `Optimizer::zero_grad(set_to_none)`: 2.x has the flag; 1.13 only zeroes in place.
 inline void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {

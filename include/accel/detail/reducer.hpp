@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "../collectives.hpp"
+#include "compat.hpp"
 #include "../options.hpp"
 #include "text.hpp"
 
@@ -320,7 +321,7 @@ class gradient_reducer {
   std::vector<at::Tensor> buffers_;
   std::vector<location> locations_;
   std::vector<bucket> buckets_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<compat::grad_accumulator_handle> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   std::vector<bool> ready_;
   std::vector<bool> used_;
