@@ -133,6 +133,56 @@ TEST_CASE("resume: 10 steps == 5, save, load into other objects, 5 more, bit for
   std::filesystem::remove_all(dir);
 }
 
+namespace {
+constexpr int epochs = 3, steps_per_epoch = 3;  // 10 samples, batch 4: batches of 4, 4 and 2
+
+/// The epoch loop of Accelerate's checkpointing.py: epochs [first_epoch, 3), one pass each; with `skip`, the first
+/// pass skips that many batches (its `skip_first_batches`). Saves into `save_to` after `stop_after` steps and stops.
+void train_epochs(training_run& run, std::int64_t first_epoch, std::size_t skip, int stop_after = -1,
+                  const std::filesystem::path& save_to = {}) {
+  int done = 0;
+  for (auto epoch = first_epoch; epoch < epochs; ++epoch) {
+    if (epoch == first_epoch && skip > 0) run.batches.skip_first_batches(skip);
+    for (auto&& [x, y] : run.batches) {
+      run.acc.backward(torch::mse_loss(run.model(x), y));
+      run.opt.step();
+      run.sched.step();
+      run.opt.zero_grad();
+      if (++done == stop_after) return run.acc.save_state(save_to);
+    }
+  }
+}
+}  // namespace
+
+// Issue: a checkpoint taken on an epoch's last batch resumed into an empty rest of that epoch, so a script that
+// derives its epoch from the step count (as Accelerate's checkpointing.py) replayed the previous epoch's order or,
+// without skip_first_batches, trained nothing in its first pass. Resumed from every step of 3 epochs, both ways.
+TEST_CASE("resume from every step of a 3-epoch run, epoch ends included, equals the uninterrupted run",
+          "[checkpoint][resume]") {
+  const auto dir = scratch("resume-every-step");
+  training_run uninterrupted(1, 10);
+  train_epochs(uninterrupted, 0, 0);
+  for (int saved_after = 1; saved_after <= epochs * steps_per_epoch; ++saved_after) {
+    for (const bool with_skip : {false, true}) {
+      INFO("saved after step " << saved_after << (with_skip ? ", resumed with skip_first_batches" : ""));
+      {
+        training_run first_part(1, 10);
+        train_epochs(first_part, 0, 0, saved_after, dir / "state");
+      }
+      training_run resumed(99, 10);
+      resumed.acc.load_state(dir / "state");
+      const int starting_epoch = saved_after / steps_per_epoch;  // Accelerate's recipe: from the step count
+      const int resume_step = saved_after - starting_epoch * steps_per_epoch;
+      CHECK(resumed.batches.position().epoch == starting_epoch);  // accel's recipe: read it from the range
+      CHECK(resumed.batches.position().batch == resume_step - 1);
+      train_epochs(resumed, starting_epoch, with_skip ? static_cast<std::size_t>(resume_step) : 0);
+      CHECK(accel_test::bitwise_equal(*resumed.net, *uninterrupted.net));
+      CHECK(resumed.schedule.steps() == uninterrupted.schedule.steps());
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("load_state refuses a checkpoint that does not fit, before changing anything", "[checkpoint][resume]") {
   const auto dir = scratch("refuse");
   training_run saved(1, 32);
@@ -236,5 +286,52 @@ TEST_CASE("registered objects and the accumulation count are checkpointed", "[ch
   struct not_checkpointable {};
   not_checkpointable nothing;
   CHECK_THROWS_WITH(acc.register_for_checkpointing(nothing), Catch::Contains("no save(OutputArchive&) const"));
+  std::filesystem::remove_all(dir);
+}
+
+// Issue: one accelerator reused for several attempts (Accelerate's memory.py) kept every attempt's model, and
+// save_state wrote all of them. free_memory() releases what prepare registered.
+TEST_CASE("free_memory: one accelerator, two attempts; the first model is released, save_state writes the second's",
+          "[checkpoint][resume]") {
+  const auto dir = scratch("free-memory");
+  accel::accelerator<accel::fp32, accel::single_process, accel::accumulate<2>> acc{{.cpu = true}};
+  std::weak_ptr<torch::nn::Module> first_model;
+  {
+    auto net = accel_test::mlp(3, 64, 1);
+    first_model = net.ptr();
+    torch::optim::SGD optimizer(net->parameters(), 0.1);
+    auto [model, opt] = acc.prepare(net, optimizer);
+    {
+      auto scope = acc.accumulate(model);
+      acc.backward(model(torch::randn({4, 3})).sum());
+    }
+    CHECK(acc.step() == 1);
+    acc.free_memory();
+  }
+  CHECK(first_model.expired());  // the accelerator kept no reference
+  CHECK(acc.step() == 0);        // a new attempt counts its micro-steps afresh, as Accelerate's step = 0
+
+  torch::manual_seed(3);
+  auto second = torch::nn::Linear(3, 2);
+  torch::optim::AdamW optimizer(second->parameters(), 1e-2);
+  auto [model, opt] = acc.prepare(second, optimizer);
+  for (int i = 0; i < 4; ++i) {
+    auto scope = acc.accumulate(model);
+    acc.backward(model(torch::randn({4, 3})).sum());
+    opt.step();
+    opt.zero_grad();
+  }
+  acc.save_state(dir / "state");
+  CHECK(std::filesystem::exists(dir / "state" / "model.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(dir / "state" / "model_1.safetensors"));
+  CHECK(std::filesystem::exists(dir / "state" / "optimizer.bin"));
+  CHECK_FALSE(std::filesystem::exists(dir / "state" / "optimizer_1.bin"));
+
+  accel::accelerator<accel::fp32, accel::single_process, accel::accumulate<2>> fresh{{.cpu = true}};
+  auto loaded = torch::nn::Linear(3, 2);
+  torch::optim::AdamW loaded_optimizer(loaded->parameters(), 1e-2);
+  auto prepared = fresh.prepare(loaded, loaded_optimizer);
+  fresh.load_state(dir / "state");
+  CHECK(accel_test::bitwise_equal(*loaded, *second));
   std::filesystem::remove_all(dir);
 }

@@ -328,6 +328,24 @@ class accelerator {
     return range;
   }
 
+  /// Releases what `prepare` registered (Accelerate's `free_memory`): the accelerator's references to the prepared
+  /// models (their memory goes when yours does), optimizers, schedulers and data ranges, the models' gradient
+  /// synchronisation, and the micro-step count. The accelerator can then prepare new objects, and `save_state`
+  /// saves only those; what `register_for_checkpointing` registered stays. Objects prepared before must not be used
+  /// afterwards. LibTorch's CUDA cache is left as it is.
+  void free_memory() {
+    models_.clear();
+    optimizers_.clear();
+    std::erase_if(slots_, [this](const auto& weak) {
+      const auto slot = weak.lock();
+      return !slot || std::find(owned_slots_.begin(), owned_slots_.end(), slot) == owned_slots_.end();
+    });
+    if constexpr (requires { parallel_.release_models(); }) parallel_.release_models();
+    if constexpr (requires { accumulation_.counter(); }) accumulation_.counter() = detail::micro_step_counter{};
+    end_of_dataloader_ = false;
+    remainder_ = -1;
+  }
+
   /// Registers `object` for `save_state` / `load_state` (Accelerate's `register_for_checkpointing`): it needs
   /// `save(torch::serialize::OutputArchive&) const` and `load(torch::serialize::InputArchive&)`, or is a LibTorch
   /// LR scheduler. It must outlive the accelerator's checkpoints.
@@ -745,6 +763,11 @@ class accelerator {
       return prepared_scheduler<Object, accelerator>(std::forward<Object>(object), *this);
     } else if constexpr (batch_range<Object>) {
       return prepare_range(std::forward<Object>(object));
+    } else if constexpr (requires(type& pointer) { requires batch_range<decltype(*pointer)>; }) {
+      static_assert(detail::always_false<type>,
+                    "accel::accelerator::prepare(): this argument points to a range of batches (such as the "
+                    "std::unique_ptr that torch::data::make_data_loader returns); pass the range it points to: "
+                    "acc.prepare(*loader)");
     } else {
       static_assert(detail::always_false<type>,
                     "accel::accelerator::prepare() takes models (torch::nn::ModuleHolder or "

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <stdexcept>
@@ -118,23 +119,41 @@ inline options with_accumulation_steps(options opts, const run_config& config) {
 
 }  // namespace detail
 
-/// Builds the first of `Configs`' accelerators that fits `config` (with `opts`) and returns `f(accelerator)`.
+/// Builds the first of `Configs`' accelerators that fits `config` (with `opts`) and returns `f(accelerator)`: a
+/// value (moved out before the accelerator is destroyed), a reference (as it is), or nothing.
 /// Throws `std::invalid_argument` listing the compiled configurations when none fits.
 template <class Configs, class F>
 decltype(auto) dispatch(const run_config& config, F&& f, const options& opts = {});
 
 namespace detail {
+/// What `f` returns for the first configuration: `dispatch`'s result type.
+template <class F, class... Accelerators>
+using dispatch_result = std::invoke_result_t<F&, std::tuple_element_t<0, std::tuple<Accelerators...>>&>;
+
+/// Where `dispatch` keeps `f`'s result while the accelerator that made it is destroyed: a value in place, a
+/// reference as a pointer (an optional cannot hold one), nothing for void.
+template <class Result>
+using dispatch_slot = std::conditional_t<std::is_void_v<Result>, bool,
+                                         std::conditional_t<std::is_reference_v<Result>,
+                                                            std::remove_reference_t<Result>*, Result>>;
+
 template <class... Accelerators, class F>
-decltype(auto) dispatch_in(configs<Accelerators...>, const run_config& config, F&& f, const options& opts) {
-  using result = std::invoke_result_t<F&, std::tuple_element_t<0, std::tuple<Accelerators...>>&>;
-  std::optional<std::conditional_t<std::is_void_v<result>, int, result>> out;
+auto dispatch_in(configs<Accelerators...>, const run_config& config, F&& f, const options& opts)
+    -> dispatch_result<F, Accelerators...> {
+  using result = dispatch_result<F, Accelerators...>;
+  std::optional<dispatch_slot<result>> out;
   const bool found = ([&]<class Accelerator>(std::type_identity<Accelerator>) {
     if (!config_traits<Accelerator>::fits(config)) return false;
     Accelerator acc(with_accumulation_steps(opts, config));
-    if constexpr (std::is_void_v<result>)
-      f(acc), out.emplace(0);
-    else
+    if constexpr (std::is_void_v<result>) {
+      f(acc);
+      out.emplace(true);
+    } else if constexpr (std::is_reference_v<result>) {
+      auto&& returned = f(acc);
+      out.emplace(std::addressof(returned));
+    } else {
       out.emplace(f(acc));
+    }
     return true;
   }(std::type_identity<Accelerators>{}) || ...);
   if (!found) {
@@ -145,7 +164,10 @@ decltype(auto) dispatch_in(configs<Accelerators...>, const run_config& config, F
                                 std::to_string(config.gradient_accumulation_steps) + ", processes=" +
                                 std::to_string(config.num_processes) + "; the program was compiled with:" + compiled);
   }
-  if constexpr (!std::is_void_v<result>) return std::move(*out);
+  if constexpr (std::is_reference_v<result>)
+    return static_cast<result>(**out);
+  else if constexpr (!std::is_void_v<result>)
+    return std::move(*out);
 }
 }  // namespace detail
 

@@ -59,6 +59,7 @@ struct single_process {
   static constexpr void wait_for_everyone() noexcept {}
   /// Nothing to broadcast or hook with one process.
   static constexpr void prepare_model(torch::nn::Module&) noexcept {}
+  static constexpr void release_models() noexcept {}
   [[nodiscard]] static constexpr bool gradient_sync(const torch::nn::Module&) noexcept { return true; }
   static constexpr void set_gradient_sync(const torch::nn::Module&, bool, bool = false) noexcept {}
   static constexpr void before_forward(const torch::nn::Module&) noexcept {}
@@ -149,6 +150,8 @@ struct data_parallel {
   void before_forward(const torch::nn::Module& module) {
     if (auto* reducer = reducer_for(module)) reducer->prepare_for_forward();
   }
+  /// Forgets every prepared model: their reducers go, with the hooks on their parameters (`free_memory`).
+  void release_models() noexcept { reducers_.clear(); }
   /// The reducer of a prepared model (none with one process), for tools and benchmarks.
   [[nodiscard]] reducer_type* reducer_for(const torch::nn::Module& module) const {
     auto found = reducers_.find(&module);

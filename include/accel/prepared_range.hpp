@@ -130,6 +130,7 @@ class prepared_range : detail::prepared_tag {
         range_->finish_pass();
       }
       const bool last = batch_.has_value() && !next_.has_value();
+      range_->on_last_batch_ = last;
       range_->accelerator_->set_end_of_dataloader(last, last ? range_->remainder() : -1);
     }
 
@@ -155,6 +156,7 @@ class prepared_range : detail::prepared_tag {
         device_(other.device_),
         position_(other.position_),
         skip_(other.skip_),
+        on_last_batch_(other.on_last_batch_),
         slot_(std::move(other.slot_)) {
     if (slot_) fill_slot();
   }
@@ -205,13 +207,20 @@ class prepared_range : detail::prepared_tag {
     return device_ ? send_to_device(std::forward<Batch>(batch), *device_) : batch_type(std::forward<Batch>(batch));
   }
 
-  /// A checkpoint holds the position; loading it makes the next pass resume after the last batch done, drawing
-  /// the same epoch's order from a data loader.
+  /// Where a resumed run starts: after the current batch, which is done when a checkpoint is taken. On a pass's
+  /// last batch that is the start of the next epoch, not an empty rest of this one.
+  [[nodiscard]] position_type resume_position() const noexcept {
+    return on_last_batch_ ? position_type{position_.epoch + 1, -1} : position_;
+  }
+
+  /// A checkpoint holds the resume position; loading it makes the next pass resume after the last batch done,
+  /// drawing that epoch's order from a data loader.
   void fill_slot() {
     slot_->what = "range";
     slot_->save = [this](torch::serialize::OutputArchive& out) {
-      out.write("epoch", c10::IValue(position_.epoch));
-      out.write("batch", c10::IValue(position_.batch));
+      const auto resume = resume_position();
+      out.write("epoch", c10::IValue(resume.epoch));
+      out.write("batch", c10::IValue(resume.batch));
     };
     slot_->load = [this](torch::serialize::InputArchive& in) {
       c10::IValue epoch, batch;
@@ -226,12 +235,14 @@ class prepared_range : detail::prepared_tag {
   void finish_pass() const {
     if (position_.batch >= 0) ++position_.epoch;
     position_.batch = -1;
+    on_last_batch_ = false;
   }
 
   mutable detail::stored<Range> range_;
   Accelerator* accelerator_;
   mutable position_type position_;
   mutable std::size_t skip_ = 0;
+  mutable bool on_last_batch_ = false;  // the current batch is its pass's last
   std::shared_ptr<detail::checkpoint_slot> slot_;
   std::optional<c10::Device> device_;  // empty when device placement is off
 };

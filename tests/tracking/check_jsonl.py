@@ -9,10 +9,9 @@ Usage: check_jsonl.py ACCEL_TESTS WORK_DIR
 import json
 import math
 import os
-import shutil
-import subprocess
 import sys
-import time
+
+from hidden_case import run_hidden_case
 
 
 def same(a, b):
@@ -31,12 +30,7 @@ def check_object(what, got, expected):
 
 def main():
     accel_tests, work_dir = sys.argv[1], sys.argv[2]
-    shutil.rmtree(work_dir, ignore_errors=True)
-    os.makedirs(work_dir)
-    started = time.time()
-    subprocess.run([accel_tests, "write a JSON lines file for Python"], check=True,
-                   env={**os.environ, "ACCEL_TRACKING_DIR": work_dir})
-    ended = time.time()
+    started, ended = run_hidden_case(accel_tests, "write a JSON lines file for Python", work_dir)
 
     with open(os.path.join(work_dir, "run", "metrics.jsonl"), encoding="utf-8") as f:
         lines = f.read().split("\n")
