@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
   // with LibTorch, by name (parameters and buffers); the loaded model reproduces Python's eval output and is saved
   // back, sharded, for Python to compare with its original state dict.
   const std::filesystem::path dir = argv[2];
-  torch::nn::Sequential net(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3), torch::nn::ReLU(), torch::nn::Linear(3, 2));
+  torch::nn::Sequential net(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3), torch::nn::ReLU(),
+                            torch::nn::Linear(3, 2));
   accel::load_model(*net, dir / "python_state.safetensors");
   std::map<std::string, torch::Tensor> probe;
   for (auto& [name, tensor] : accel::safetensors::load(dir / "python_probe.safetensors")) probe[name] = tensor;

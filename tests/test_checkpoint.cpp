@@ -5,6 +5,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <set>
+#include <string>
 
 #include "support.hpp"
 
@@ -333,5 +336,50 @@ TEST_CASE("free_memory: one accelerator, two attempts; the first model is releas
   auto prepared = fresh.prepare(loaded, loaded_optimizer);
   fresh.load_state(dir / "state");
   CHECK(accel_test::bitwise_equal(*loaded, *second));
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 22, item 8: "ckpt/" with a trailing slash, "." and "" failed and left litter; a regular file was replaced.
+TEST_CASE("save_state's directory: a trailing slash works; empty, the working directory or above, and a file are "
+          "refused, leaving nothing behind", "[checkpoint]") {
+  const auto dir = scratch("save-paths");
+  accel::accelerator<> acc{{.cpu = true}};
+  auto net = torch::nn::Linear(2, 1);
+  auto model = acc.prepare(net);
+  for (int twice = 0; twice < 2; ++twice) {  // the second save replaces the first
+    acc.save_state((dir / "ckpt").string() + "/");
+    CHECK(std::filesystem::exists(dir / "ckpt" / "model.safetensors"));
+  }
+  acc.load_state((dir / "ckpt").string() + "/");
+  std::ofstream(dir / "a_file") << "keep me";
+  using Catch::Contains;
+  CHECK_THROWS_WITH(acc.save_state(""), Contains("empty path"));
+  CHECK_THROWS_WITH(acc.save_state("."), Contains("is the working directory or one above it"));
+  CHECK_THROWS_WITH(acc.save_state(std::filesystem::current_path().parent_path()), Contains("one above it"));
+  CHECK_THROWS_WITH(acc.save_state(dir / "a_file"), Contains("is a file, not a directory"));
+  std::ifstream kept(dir / "a_file");
+  CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "keep me");
+  std::set<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) left.insert(entry.path().filename().string());
+  CHECK(left == std::set<std::string>{"a_file", "ckpt"});
+  CHECK_FALSE(std::filesystem::exists("..partial"));
+  CHECK_FALSE(std::filesystem::exists(".partial"));
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 22, item 8: odd checkpoint_N names made save_state() throw "stol" or wrap to a negative number.
+TEST_CASE("automatic naming: names that are not save_state()'s are left alone; the largest number is refused",
+          "[checkpoint]") {
+  const auto dir = scratch("odd-names");
+  accel::accelerator<> acc{{.cpu = true, .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true}}};
+  auto net = torch::nn::Linear(2, 1);
+  auto model = acc.prepare(net);
+  for (const char* name : {"checkpoint_2", "checkpoint_10", "checkpoint_99999999999999999999", "checkpoint_x",
+                           "checkpoint_-1", "checkpoint_+3", "checkpoint_"})
+    std::filesystem::create_directories(dir / "checkpoints" / name);
+  CHECK(acc.save_state() == dir / "checkpoints" / "checkpoint_11");
+  std::filesystem::create_directories(dir / "checkpoints" / "checkpoint_9223372036854775807");
+  CHECK_THROWS_WITH(acc.save_state(), Catch::Contains("checkpoint_9223372036854775807") &&
+                                          Catch::Contains("the largest number a checkpoint can have"));
   std::filesystem::remove_all(dir);
 }

@@ -734,3 +734,38 @@ TEST_CASE("one LibTorch and one Gloo in the process: the linked libtorch_cpu, no
   CHECK(gloo.empty());
   CHECK(c10d.empty());
 }
+
+namespace {
+/// A registered object whose save fails on process 0 only (a full disk there, say).
+struct fails_on_main_process {
+  int rank = 0;
+  void save(torch::serialize::OutputArchive& out) const {
+    if (rank == 0) throw std::runtime_error("no space left on process 0's disk");
+    out.write("rank", c10::IValue(static_cast<std::int64_t>(rank)));
+  }
+  void load(torch::serialize::InputArchive&) {}
+};
+}  // namespace
+
+// Issue 22, item 7: a save_state that failed on process 0 (and was caught there) left the others waiting in its
+// barrier until the timeout (30 minutes). The processes now agree on success: every one raises, at once.
+TEST_CASE("a save_state that fails on process 0 fails on every process at once; the previous checkpoint stays",
+          "[checkpoint]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("accel_failing_save_" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
+  gloo_accelerator acc;
+  auto net = torch::nn::Linear(2, 1);
+  auto model = acc.prepare(net);
+  acc.save_state(dir);  // a good checkpoint first
+  fails_on_main_process failing{acc.process_index()};
+  acc.register_for_checkpointing(failing);
+  // Before the fix process 1 waited for the 30-minute timeout here: the job's 90 s limit fails that.
+  CHECK_THROWS_WITH(acc.save_state(dir), acc.is_main_process()
+                                             ? Catch::Contains("no space left on process 0's disk")
+                                             : Catch::Contains("another process failed while writing its part"));
+  acc.wait_for_everyone();
+  CHECK(std::filesystem::exists(dir / "model.safetensors"));  // the good checkpoint is in place
+  CHECK_FALSE(std::filesystem::exists(dir.string() + ".partial"));  // and nothing is left beside it
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+}

@@ -353,3 +353,35 @@ TEST_CASE("read_run_config: variables over the config file over the defaults", "
   std::filesystem::remove(file.path);
   CHECK_THROWS_WITH(accel::read_run_config(), Catch::Contains("cannot read the config file " + file.path.string()));
 }
+
+// Issue 22, item 8: a config file that is a directory is named; a huge line does not make a huge message.
+TEST_CASE("config file errors: a directory is named, a 60 MB line is cut in the message", "[config]") {
+  using Catch::Contains;
+  const auto directory = accel_test::scratch_directory("config-errors");
+  std::filesystem::create_directories(directory / "a_directory.yaml");
+  CHECK_THROWS_WITH(accel::read_config_file(directory / "a_directory.yaml"),
+                    Contains((directory / "a_directory.yaml").string()) && Contains("is a directory"));
+  const std::string huge(60'000'000, 'x');
+  for (const std::string& text : {huge + "\n", "mixed_precision: " + huge + "\n", huge + ": 1\n"}) {
+    try {
+      accel::parse_config(text, "c.yaml");
+      FAIL("a bad line was accepted");
+    } catch (const accel::config_error& e) {
+      const std::string message = e.what();
+      CHECK(message.size() < 500);
+      CHECK_THAT(message, Contains("c.yaml:1") && Contains("(60000000 characters)"));
+    }
+  }
+  std::filesystem::remove_all(directory);
+}
+
+// Issue 22, item 8: a timeout under a second failed the rendezvous with a misleading message; a negative one was
+// accepted. Both are refused before any process group is made.
+TEST_CASE("options::timeout under 1 s is refused with the reason", "[launch]") {
+  using Catch::Contains;
+  using gloo_accelerator = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  for (const auto timeout : {std::chrono::milliseconds(500), std::chrono::milliseconds(0), std::chrono::milliseconds(-5)})
+    CHECK_THROWS_WITH(gloo_accelerator(accel::options{.timeout = timeout}),
+                      Contains("options::timeout is " + std::to_string(timeout.count()) + " ms") &&
+                          Contains("at least 1 s"));
+}

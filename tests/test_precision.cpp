@@ -150,7 +150,8 @@ TEST_CASE("unscaling: LibTorch's fused kernel and the per-gradient pass give the
   torch::manual_seed(5);
   for (const double poison : {0.0, inf, -inf, nan}) {
     INFO("poison " << poison);
-    std::vector<torch::Tensor> original{torch::randn({7, 3}) * 1000, torch::randn({5}), torch::randn({2, 2, 2}) * 1e-30};
+    std::vector<torch::Tensor> original{torch::randn({7, 3}) * 1000, torch::randn({5}),
+                                        torch::randn({2, 2, 2}) * 1e-30};
     if (poison != 0) original[1][2] = poison;
     std::vector<torch::Tensor> each;
     for (auto& g : original) each.push_back(g.clone());

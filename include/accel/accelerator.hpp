@@ -17,21 +17,23 @@
 
 #include <algorithm>
 #include <array>
-#include <filesystem>
-#include <map>
-#include <mutex>
-#include <string>
 #include <cmath>
-#include <memory>
-#include <vector>
 #include <cstdint>
+#include <exception>
+#include <filesystem>
 #include <functional>
 #include <iostream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "accumulation.hpp"
 #include "collectives.hpp"
@@ -372,17 +374,25 @@ class accelerator {
         if (!list[i]->save)
           throw checkpoint_error("accel::save_state: " + what + " " + std::to_string(i) +
                                  " cannot be checkpointed: give it save(OutputArchive&) const and load(InputArchive&)");
-    const auto partial = std::filesystem::path(directory.string() + ".partial");
-    if (is_main_process()) {
+    const auto target = detail::checkpoint_directory(directory);
+    const auto partial = std::filesystem::path(target.string() + ".partial");
+    // A save that failed anywhere leaves the previous checkpoint as it was and nothing beside it.
+    const auto remove_partial_on_failure = detail::scope_fail([&] {
+      std::error_code ignored;
+      if (is_main_process()) std::filesystem::remove_all(partial, ignored);
+    });
+    on_every_process_or_none("preparing " + partial.string(), [&] {
+      if (!is_main_process()) return;
       std::filesystem::remove_all(partial);
       std::filesystem::create_directories(partial);
-    }
-    wait_for_everyone();
-    if (is_main_process()) save_shared_state(partial);
-    save_process_state(partial);
-    wait_for_everyone();
-    if (is_main_process()) detail::replace_directory(partial, directory);
-    wait_for_everyone();
+    });
+    on_every_process_or_none("writing its part of the checkpoint", [&] {
+      if (is_main_process()) save_shared_state(partial);
+      save_process_state(partial);
+    });
+    on_every_process_or_none("putting " + target.string() + " in place", [&] {
+      if (is_main_process()) detail::replace_directory(partial, target);
+    });
   }
 
   /// `save_state` into the project's next automatic checkpoint (`options::project`):
@@ -394,6 +404,9 @@ class accelerator {
                                   "options::project.automatic_checkpoint_naming; or pass the directory to save to");
     const auto root = std::filesystem::path(project_.project_dir) / "checkpoints";
     auto existing = detail::numbered_checkpoints(root);
+    if (!existing.empty() && existing.rbegin()->first == std::numeric_limits<std::int64_t>::max())
+      throw checkpoint_error("accel::save_state(): " + existing.rbegin()->second.string() +
+                             " has the largest number a checkpoint can have; move the checkpoints away to go on");
     const auto next = existing.empty() ? 0 : existing.rbegin()->first + 1;
     wait_for_everyone();  // every process has its number before the main one prunes
     if (is_main_process() && project_.total_limit > 0)
@@ -604,6 +617,25 @@ class accelerator {
   decltype(auto) forward_output(Output&& output) const {
     return precision_.forward_output(std::forward<Output>(output));
   }
+  /// Runs `step` here, then agrees with every process on whether it succeeded everywhere (one all-reduce, which is
+  /// also the barrier between save_state's steps): a failure on any process is raised on all of them, there with
+  /// its own error, elsewhere naming the step, so that no process is left waiting for one that gave up.
+  template <class Step>
+  void on_every_process_or_none(const std::string& step_name, Step&& step) {
+    std::exception_ptr failure;
+    try {
+      std::forward<Step>(step)();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const bool failed_somewhere =
+        reduce(at::scalar_tensor(failure ? 1 : 0, at::kInt), reduction::max).template item<int>() != 0;
+    if (failure) std::rethrow_exception(failure);
+    if (failed_somewhere)
+      throw checkpoint_error("accel::save_state: another process failed while " + step_name +
+                             " (its own error says why); the previous checkpoint, if any, is left in place");
+  }
+
   /// Called by prepared schedulers and ranges (and register_for_checkpointing): what save_state saves.
   void register_state(const std::shared_ptr<detail::checkpoint_slot>& slot) {
     std::erase_if(slots_, [](const auto& s) { return s.expired(); });

@@ -14,10 +14,11 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include <cstdint>
-#include <filesystem>
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -25,6 +26,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "detail/atomic_file.hpp"
@@ -184,18 +187,41 @@ inline void replace_directory(const std::filesystem::path& ready, const std::fil
   std::filesystem::remove_all(old);
 }
 
-/// The `checkpoint_{i}` directories under `root`, by i.
-inline std::map<long, std::filesystem::path> numbered_checkpoints(const std::filesystem::path& root) {
-  std::map<long, std::filesystem::path> found;
+/// The `checkpoint_{i}` directories under `root`, by i. Other names are not `save_state()`'s and are left out:
+/// anything but decimal digits after the prefix, or a number beyond int64.
+inline std::map<std::int64_t, std::filesystem::path> numbered_checkpoints(const std::filesystem::path& root) {
+  std::map<std::int64_t, std::filesystem::path> found;
   if (!std::filesystem::is_directory(root)) return found;
   for (const auto& entry : std::filesystem::directory_iterator(root)) {
     const auto name = entry.path().filename().string();
     if (!entry.is_directory() || name.rfind("checkpoint_", 0) != 0) continue;
-    const auto digits = name.substr(11);
-    if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos)
-      found[std::stol(digits)] = entry.path();
+    const auto digits = std::string_view(name).substr(11);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos) continue;
+    std::int64_t number = 0;
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), number);
+    if (error == std::errc{} && end == digits.data() + digits.size()) found[number] = entry.path();
   }
   return found;
+}
+
+/// The directory `save_state(directory)` replaces: `directory` made absolute and normal, without a trailing
+/// separator (`"ckpt/"` is `ckpt`). The save exchanges that directory whole, so an empty path, a file, and the
+/// working directory or one above it are refused before anything is written.
+inline std::filesystem::path checkpoint_directory(const std::filesystem::path& directory) {
+  if (directory.empty())
+    throw checkpoint_error("accel::save_state: the directory is an empty path; pass the checkpoint's directory, "
+                           "such as \"checkpoints/step_100\"");
+  auto target = std::filesystem::absolute(directory).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();
+  const auto below = std::filesystem::current_path().lexically_relative(target);
+  if (below.empty() || *below.begin() != "..")
+    throw checkpoint_error("accel::save_state: " + directory.string() + " is the working directory or one above it; "
+                           "save_state replaces its directory whole, so give it one of its own, such as " +
+                           (directory / "checkpoint").string());
+  if (std::filesystem::exists(target) && !std::filesystem::is_directory(target))
+    throw checkpoint_error("accel::save_state: " + directory.string() + " is a file, not a directory; nothing was "
+                           "written: give save_state a directory");
+  return target;
 }
 
 /// How one object (a scheduler, a range's position, a registered object) is saved into and loaded from an

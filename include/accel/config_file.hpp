@@ -112,6 +112,14 @@ inline std::string config_key_names() {
   return names;
 }
 
+/// At most the first 80 characters of `text` for a message, with how much was left out: a 60 MB line must not
+/// make a 60 MB error.
+inline std::string excerpt(std::string_view text) {
+  constexpr std::size_t shown = 80;
+  if (text.size() <= shown) return std::string(text);
+  return std::string(text.substr(0, shown)) + "... (" + std::to_string(text.size()) + " characters)";
+}
+
 inline std::string_view trim(std::string_view text) {
   const auto first = text.find_first_not_of(" \t\r");
   if (first == std::string_view::npos) return {};
@@ -149,12 +157,13 @@ inline void set_config_value(config_values& values, std::string_view key, std::s
   const auto* found = std::find_if(std::begin(detail::config_keys), std::end(detail::config_keys),
                                    [&](const detail::config_key& k) { return k.name == key; });
   if (found == std::end(detail::config_keys))
-    throw config_error(where + ": unknown key '" + std::string(key) + "'; the keys are " + detail::config_key_names());
+    throw config_error(where + ": unknown key '" + detail::excerpt(key) + "'; the keys are " +
+                       detail::config_key_names());
   try {
     found->set(values, value);
   } catch (const config_error&) {
     throw config_error(where + ": " + std::string(key) + " must be " + std::string(found->accepts) + ", not '" +
-                       std::string(value) + "'");
+                       detail::excerpt(value) + "'");
   }
 }
 
@@ -184,7 +193,8 @@ inline config_values parse_config(std::string_view text, const std::string& name
     if (content.empty() || content == "---") continue;
     const auto colon = content.find(':');
     if (colon == std::string_view::npos)
-      throw config_error(where + ": expected 'key: value' (e.g. 'mixed_precision: bf16'), found '" + line + "'");
+      throw config_error(where + ": expected 'key: value' (e.g. 'mixed_precision: bf16'), found '" +
+                         detail::excerpt(line) + "'");
     set_config_value(values, detail::trim(content.substr(0, colon)),
                      detail::unquote(detail::trim(content.substr(colon + 1))), where);
   }
@@ -216,6 +226,10 @@ inline std::optional<std::filesystem::path> config_file_path() {
 
 /// Reads and parses the file at `path`. Throws config_error when it cannot be read or parsed.
 inline config_values read_config_file(const std::filesystem::path& path) {
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored))
+    throw config_error("the config file " + path.string() + " is a directory; name a file (accel config "
+                       "--config_file FILE writes one), or set ACCEL_CONFIG_FILE empty for no config file");
   std::ifstream in(path);
   if (!in)
     throw config_error("cannot read the config file " + path.string() +

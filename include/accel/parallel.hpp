@@ -104,6 +104,16 @@ Communicator& process_group(std::chrono::milliseconds timeout) {
   static Communicator* const group = new Communicator(read_process_environment(), timeout);
   return *group;
 }
+
+/// `options::timeout`, checked: it bounds the rendezvous and every collective, and c10d's store cannot even connect
+/// within less than a second (it failed with a misleading "another job may hold the port" message).
+inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds timeout) {
+  if (timeout < std::chrono::seconds(1))
+    throw std::invalid_argument("accel: options::timeout is " + std::to_string(timeout.count()) +
+                                " ms; it bounds the rendezvous and every collective and must be at least 1 s "
+                                "(the default is 30 minutes)");
+  return timeout;
+}
 }  // namespace detail
 
 /// Multi-process data parallelism over `Backend`, as PyTorch's DistributedDataParallel: `prepare` broadcasts
@@ -120,7 +130,7 @@ struct data_parallel {
   using reducer_type = detail::gradient_reducer<communicator_type>;
 
   explicit data_parallel(const options& opts)
-      : communicator_(&detail::process_group<communicator_type>(opts.timeout)),
+      : communicator_(&detail::process_group<communicator_type>(detail::checked_timeout(opts.timeout))),
         device_(Backend::device(communicator_->environment())),
         buckets_(opts.buckets) {}
 

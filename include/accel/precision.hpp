@@ -206,8 +206,9 @@ class grad_scaler {
         if (parameter.grad().defined()) by_device[{parameter.device().type(), parameter.device().index()}].push_back(parameter.mutable_grad());
     bool found_inf = false;
     for (auto& [device, grads] : by_device) {
-      const bool found = compat::fused_unscale_available(device.first) ? unscale_fused(grads, static_cast<float>(inverse))
-                                                                         : unscale_each(grads, static_cast<float>(inverse));
+      const auto factor = static_cast<float>(inverse);
+      const bool found = compat::fused_unscale_available(device.first) ? unscale_fused(grads, factor)
+                                                                         : unscale_each(grads, factor);
       found_inf = found_inf || found;
     }
     return found_inf;

@@ -1,7 +1,7 @@
 /// \file
 /// Every difference between the LibTorch versions accel supports (Debian's 1.13 and PyTorch 2.x) lives here:
-/// the autograd node handle, `zero_grad(set_to_none)`, the autocast state functions and what autocast supports, the fused unscale kernel,
-/// and LibTorch's current CUDA stream for NCCL.
+/// the autograd node handle, `zero_grad(set_to_none)`, the autocast state functions and what autocast supports,
+/// the fused unscale kernel, and LibTorch's current CUDA stream for NCCL.
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
@@ -26,8 +26,9 @@
 
 namespace accel::detail::compat {
 
-/// The owning handle of a leaf's gradient accumulator node: `std::shared_ptr<Node>` in 1.13, `c10::intrusive_ptr<Node>`
-/// in 2.x (autograd nodes became intrusive). Taken from the function's own return type, so no version test is needed.
+/// The owning handle of a leaf's gradient accumulator node: `std::shared_ptr<Node>` in 1.13,
+/// `c10::intrusive_ptr<Node>` in 2.x (autograd nodes became intrusive). Taken from the function's own return type,
+/// so no version test is needed.
 using grad_accumulator_handle = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
 /// `Optimizer::zero_grad(set_to_none)`: 2.x has the flag; 1.13 only zeroes in place.

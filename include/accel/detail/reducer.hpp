@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "../collectives.hpp"
-#include "compat.hpp"
 #include "../options.hpp"
+#include "compat.hpp"
 #include "text.hpp"
 
 namespace accel::detail {

@@ -42,4 +42,20 @@ class [[nodiscard]] scope_success {
   int uncaught_ = std::uncaught_exceptions();
 };
 
+/// Runs `action` only when an exception leaves the scope: clean-up that a success must not do. It must not throw.
+template <class Action>
+class [[nodiscard]] scope_fail {
+ public:
+  explicit scope_fail(Action action) : action_(std::move(action)) {}
+  scope_fail(const scope_fail&) = delete;
+  scope_fail& operator=(const scope_fail&) = delete;
+  ~scope_fail() {
+    if (std::uncaught_exceptions() > uncaught_) action_();
+  }
+
+ private:
+  Action action_;
+  int uncaught_ = std::uncaught_exceptions();
+};
+
 }  // namespace accel::detail
