@@ -769,3 +769,30 @@ TEST_CASE("a save_state that fails on process 0 fails on every process at once; 
   acc.wait_for_everyone();
   if (acc.is_main_process()) std::filesystem::remove_all(dir);
 }
+
+// Issue 22, item 5: models that differ between processes trained silently on scrambled weights (equal sizes) or
+// failed at the first backward inside Gloo. prepare now compares them, as PyTorch's DDP does, on every process.
+TEST_CASE("different models on different processes are refused at prepare, naming the first difference", "[ddp]") {
+  gloo_accelerator acc;
+  const bool first = acc.process_index() == 0;
+  {  // as many elements in other shapes (2-3-2 on process 0, 3-2-3 elsewhere): it used to train on scrambled weights
+    torch::nn::Sequential net = first ? torch::nn::Sequential(torch::nn::Linear(2, 3), torch::nn::Linear(3, 2))
+                                      : torch::nn::Sequential(torch::nn::Linear(3, 2), torch::nn::Linear(2, 3));
+    CHECK_THROWS_WITH(acc.prepare(net), Catch::Contains("process 1's model differs from process 0's") &&
+                                            Catch::Contains("'parameter 0.weight: Float [2, 3]'") &&
+                                            Catch::Contains("where process 0 has 'parameter 0.weight: Float [3, 2]'"));
+  }
+  {  // another dtype
+    auto net = torch::nn::Linear(2, 2);
+    if (!first) net->to(torch::kDouble);
+    CHECK_THROWS_WITH(acc.prepare(net), Catch::Contains("'parameter weight: Double [2, 2]'"));
+  }
+  {  // a parameter more
+    torch::nn::Sequential net = first ? torch::nn::Sequential(torch::nn::Linear(2, 2))
+                                      : torch::nn::Sequential(torch::nn::Linear(2, 2), torch::nn::Linear(2, 2));
+    CHECK_THROWS_WITH(acc.prepare(net), Catch::Contains("is 'parameter 1.weight: Float [2, 2]' where process 0 has "
+                                                        "nothing more"));
+  }
+  auto same = torch::nn::Linear(2, 2);  // and the same model on every process still prepares
+  CHECK_NOTHROW(acc.prepare(same));
+}

@@ -838,8 +838,8 @@ class accelerator {
   template <class Model>
   prepared_model<Model, accelerator> prepare_model(Model model) {
     if (flags_.device_placement) model->to(device());  // in place: the parameters keep their identity
+    parallel_.prepare_model(*model);  // first: a model the processes disagree on is refused, and not registered
     models_.push_back(detail::module_shared(model));
-    parallel_.prepare_model(*model);
     return {std::move(model), *this};
   }
 

@@ -143,6 +143,7 @@ struct data_parallel {
 
   /// Broadcasts process 0's parameters and buffers, then hooks the gradient all-reduce (with several processes).
   void prepare_model(torch::nn::Module& module) {
+    detail::check_same_module(module, *communicator_);
     detail::broadcast_module_state(module, *communicator_);
     if (num_processes() > 1) reducers_[&module] = std::make_unique<reducer_type>(module, *communicator_, buckets_);
   }

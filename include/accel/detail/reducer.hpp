@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -51,6 +52,50 @@ void broadcast_tensors(const std::vector<at::Tensor>& tensors, C& comm) {
     comm.broadcast(flat, 0);
     auto pieces = torch::utils::unflatten_dense_tensors(flat, group);
     for (std::size_t i = 0; i < group.size(); ++i) group[i].copy_(pieces[i]);
+  }
+}
+
+/// What must be the same on every process for data parallelism: each parameter and buffer, in order, by name,
+/// dtype and shape; a line each ("parameter fc.weight: Float [3, 4]").
+inline std::vector<std::string> module_layout(const torch::nn::Module& module) {
+  std::vector<std::string> lines;
+  const auto describe = [&](const char* kind, const std::string& name, const at::Tensor& t) {
+    lines.push_back(std::string(kind) + " " + name + ": " + c10::toString(t.scalar_type()) + " " +
+                    shape_text(t.sizes()));
+  };
+  for (const auto& item : module.named_parameters()) describe("parameter", item.key(), item.value());
+  for (const auto& item : module.named_buffers()) describe("buffer", item.key(), item.value());
+  return lines;
+}
+
+/// Checks that every process prepared a model of the same layout, as PyTorch's DDP does at construction: models
+/// that differ would otherwise train on scrambled weights (equal sizes) or fail inside Gloo. Every process
+/// receives every layout, so all of them throw the same `std::invalid_argument`, naming the first difference.
+template <communicator C>
+void check_same_module(const torch::nn::Module& module, C& comm) {
+  if (comm.size() == 1) return;
+  std::string mine;
+  for (const auto& line : module_layout(module)) mine += line + "\n";
+  const auto all = all_gather_bytes(comm, std::vector<char>(mine.begin(), mine.end()));
+  const auto lines_of = [](const std::vector<char>& bytes) {
+    std::vector<std::string> lines;
+    std::istringstream text(std::string(bytes.begin(), bytes.end()));
+    for (std::string line; std::getline(text, line);) lines.push_back(line);
+    return lines;
+  };
+  const auto reference = lines_of(all[0]);
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const auto other = lines_of(all[r]);
+    std::size_t i = 0;
+    while (i < reference.size() && i < other.size() && reference[i] == other[i]) ++i;
+    const auto at = [](const std::vector<std::string>& lines, std::size_t k) {
+      return k < lines.size() ? "'" + lines[k] + "'" : std::string("nothing more");
+    };
+    throw std::invalid_argument("accel::prepare: process " + std::to_string(r) + "'s model differs from process 0's: " +
+                                "its parameter or buffer " + std::to_string(i + 1) + " is " + at(other, i) +
+                                " where process 0 has " + at(reference, i) +
+                                "; data_parallel needs the same model (names, dtypes, shapes) on every process");
   }
 }
 
