@@ -16,8 +16,7 @@ which=${1:-all}
 
 "$root/scripts/setup.sh"
 source "$root/scripts/torch.sh"
-build=${ACCEL_BUILD_DIR:-$root/build-bench}
-[[ ${ACCEL_TORCH:-pip} == debian ]] && build=$build-torch1.13
+build=${ACCEL_BUILD_DIR:-$root/build-bench}$torch_build_suffix
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=OFF \
   -DACCEL_BUILD_BENCHMARKS=ON "${torch_cmake_args[@]}"
 cmake --build "$build" -j2

@@ -7,7 +7,6 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${ACCEL_BUILD_DIR:-$root/build-example}
-[[ ${ACCEL_TORCH:-pip} == debian ]] && build=$build-torch1.13
 example=${1:-linear_regression}
 case "$example" in
   linear_regression | classifier | char_lm) ;;
@@ -19,6 +18,7 @@ esac
 
 "$root/scripts/setup.sh"
 source "$root/scripts/torch.sh"  # LibTorch 2.13 from .venv; ACCEL_TORCH=debian for Debian's 1.13.1
+build=$build$torch_build_suffix
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=ON \
   "${torch_cmake_args[@]}"
 case "$example" in

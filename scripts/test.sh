@@ -24,10 +24,10 @@ ctest --test-dir "$build" --output-on-failure -j2 || status=1
 
 echo "== LibTorch 1.13.1 (Debian's libtorch-dev): every header on its own, and the unit tests"
 ACCEL_TORCH=debian source "$root/scripts/torch.sh"
-cmake -S "$root" -B "$build-torch1.13" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
+cmake -S "$root" -B "$build$torch_build_suffix" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
   -DACCEL_BUILD_EXAMPLES=OFF "${torch_cmake_args[@]}"
-cmake --build "$build-torch1.13" -j2 --target accel_tests accel_header_check
-ctest --test-dir "$build-torch1.13" --output-on-failure -j2 -R '^unit\.' || status=1
+cmake --build "$build$torch_build_suffix" -j2 --target accel_tests accel_header_check
+ctest --test-dir "$build$torch_build_suffix" --output-on-failure -j2 -R '^unit\.' || status=1
 
 echo "scripts/test.sh: $((SECONDS - started)) s in all; $([[ $status == 0 ]] && echo "every test passed" || echo FAILED)"
 exit $status

@@ -1,16 +1,21 @@
 # Sourced by the scripts: which LibTorch a build uses, chosen by ACCEL_TORCH.
 #   ACCEL_TORCH=pip     (default) LibTorch 2.13 from the PyTorch wheel in .venv/ (scripts/setup.sh installs it)
 #   ACCEL_TORCH=debian  Debian's libtorch-dev 1.13.1 (found through its TorchConfig.cmake in the default prefix)
-# Sets torch_cmake_args (CMake arguments) and venv_python (the Python with torch 2.13 and the peers). Either way,
+# Sets torch_cmake_args (CMake arguments), torch_build_suffix (what a build directory's name ends with: nothing, or
+# -torch1.13) and venv_python (the Python with torch 2.13 and the peers). Either way,
 # NCCL for data_parallel<nccl> comes from the nvidia-nccl-cu13 wheel in .venv (NCCL_ROOT).
 venv_python=$root/.venv/bin/python
 nccl_root=$("$venv_python" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')
+torch_build_suffix=""
 case "${ACCEL_TORCH:-pip}" in
   pip)
     torch_cmake_args=(-DCMAKE_PREFIX_PATH="$("$venv_python" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
                       -DACCEL_PYTHON="$venv_python" -DNCCL_ROOT="$nccl_root")
     ;;
-  debian) torch_cmake_args=(-DACCEL_PYTHON="$venv_python" -DNCCL_ROOT="$nccl_root") ;;
+  debian)
+    torch_cmake_args=(-DACCEL_PYTHON="$venv_python" -DNCCL_ROOT="$nccl_root")
+    torch_build_suffix=-torch1.13
+    ;;
   *)
     echo "ACCEL_TORCH must be pip (LibTorch 2.13 from .venv) or debian (libtorch-dev 1.13.1), not '$ACCEL_TORCH'" >&2
     exit 2

@@ -551,8 +551,7 @@ class accelerator {
   /// True on every process when any process called `set_trigger()` since the last check; then lowers the flags.
   /// A collective: every process must call it.
   [[nodiscard]] bool check_trigger() {
-    auto flag = reduce(at::scalar_tensor(trigger_ ? 1 : 0, at::kInt));
-    if (flag.template item<int>() == 0) return false;
+    if (!on_any_process(trigger_)) return false;
     trigger_ = false;
     return true;
   }
@@ -617,6 +616,11 @@ class accelerator {
   decltype(auto) forward_output(Output&& output) const {
     return precision_.forward_output(std::forward<Output>(output));
   }
+  /// Whether `here` is true on any process (one all-reduce; a collective, as every caller is).
+  bool on_any_process(bool here) {
+    return reduce(at::scalar_tensor(here ? 1 : 0, at::kInt), reduction::max).template item<int>() != 0;
+  }
+
   /// Runs `step` here, then agrees with every process on whether it succeeded everywhere (one all-reduce, which is
   /// also the barrier between save_state's steps): a failure on any process is raised on all of them, there with
   /// its own error, elsewhere naming the step, so that no process is left waiting for one that gave up.
@@ -628,8 +632,7 @@ class accelerator {
     } catch (...) {
       failure = std::current_exception();
     }
-    const bool failed_somewhere =
-        reduce(at::scalar_tensor(failure ? 1 : 0, at::kInt), reduction::max).template item<int>() != 0;
+    const bool failed_somewhere = on_any_process(failure != nullptr);
     if (failure) std::rethrow_exception(failure);
     if (failed_somewhere)
       throw checkpoint_error("accel::save_state: another process failed while " + step_name +

@@ -198,8 +198,8 @@ inline std::map<std::int64_t, std::filesystem::path> numbered_checkpoints(const 
     const auto digits = std::string_view(name).substr(11);
     if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos) continue;
     std::int64_t number = 0;
-    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), number);
-    if (error == std::errc{} && end == digits.data() + digits.size()) found[number] = entry.path();
+    if (std::from_chars(digits.data(), digits.data() + digits.size(), number).ec == std::errc{})
+      found[number] = entry.path();
   }
   return found;
 }
