@@ -17,3 +17,12 @@ check_linker_flag(CXX -fuse-ld=lld ACCEL_HAVE_LLD)
 if(ACCEL_HAVE_LLD)
   add_link_options(-fuse-ld=lld)
 endif()
+
+# The compiler as a reviewer of accel's own code (the headers, through the tests, examples and tools that include
+# them). LibTorch, Catch2 and range-v3 are imported targets, so their headers are system includes and their warnings
+# stay theirs. scripts/test.sh (what CI runs) turns warnings into errors.
+option(ACCEL_WARNINGS_AS_ERRORS "Treat compiler warnings as errors in accel's own targets" OFF)
+add_compile_options(-Wall -Wextra -Wpedantic -Wshadow)
+if(ACCEL_WARNINGS_AS_ERRORS)
+  add_compile_options(-Werror)
+endif()

@@ -3,6 +3,8 @@
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
+#include "support.hpp"
+
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -38,6 +40,20 @@ int main(int argc, char** argv) {
     const bool whole = torch::all(s.net->bias == s.net->bias[0]).item<bool>();
     std::printf("checkpoint with bias %g loaded: %s\n", s.net->bias[0].item<double>(), whole ? "whole" : "mixed");
     return whole ? 0 : 1;
+  }
+  if (mode == "reference-state") {  // tests/data/checkpoint-v0.1 (see accel_test::reference_accelerator)
+    const std::filesystem::path dir = argv[2];
+    {
+      accel_test::resumable_run<accel_test::reference_accelerator> run(7, 40);
+      accel_test::reference_counter counter{.value = 1234};
+      run.acc.register_for_checkpointing(counter);
+      run.train_accumulating(accel_test::reference_steps_before_save);
+      run.acc.save_state(dir / "checkpoint");
+    }
+    accel_test::resumable_run<accel_test::reference_accelerator> uninterrupted(7, 40);
+    uninterrupted.train_accumulating(accel_test::reference_steps_before_save + accel_test::reference_steps_after_save);
+    accel::save_model(*uninterrupted.net, dir / "weights-after");
+    return 0;
   }
   if (mode == "write") {  // one tensor of every dtype accel writes, with values Python checks exactly
     accel::safetensors::save(argv[2], {{"fc.weight", torch::arange(6, torch::kFloat).reshape({2, 3}) / 4},

@@ -127,6 +127,12 @@ class lambda_lr {
   int steps_ = 0;
 };
 
+/// accel::fp16 without its float16 autocast: the loss-scaling path, testable on any device and LibTorch.
+struct scaled_fp32 : accel::fp16 {
+  scaled_fp32(const accel::options& opts, const c10::Device&) : accel::fp16(opts) {}
+  [[nodiscard]] static constexpr accel::detail::no_scope forward_scope(const c10::Device&) noexcept { return {}; }
+};
+
 /// Copies `from`'s parameters into `to`.
 inline void copy_parameters(torch::nn::Module& to, torch::nn::Module& from) {
   torch::NoGradGuard no_grad;
@@ -162,6 +168,19 @@ struct resumable_run {
         batches(acc.prepare(loader)) {
     torch::manual_seed(1000 + acc.process_index());
   }
+  /// `steps` micro-steps, each inside `acc.accumulate(model)`.
+  void train_accumulating(int steps) {
+    int done = 0;
+    while (done < steps)
+      for (auto&& [x, y] : batches) {
+        auto scope = acc.accumulate(model);
+        acc.backward(torch::mse_loss(model(x), y));
+        opt.step();
+        sched.step();
+        opt.zero_grad();
+        if (++done == steps) return;
+      }
+  }
   void train(int steps) {
     int done = 0;
     while (done < steps)
@@ -183,6 +202,24 @@ struct resumable_run {
   accel::prepared_optimizer<torch::optim::AdamW&, Accelerator> opt;
   accel::prepared_scheduler<lambda_lr&, Accelerator> sched;
   decltype(std::declval<Accelerator&>().prepare(std::declval<loader_type&>())) batches;
+};
+
+/// The run behind tests/data/checkpoint-v0.1 (a checkpoint written by accel before its policies saved their own
+/// state, kept to show that later versions still load it): fp16's loss scaling (without autocast, so that any
+/// LibTorch runs it), accumulation over 2 micro-steps, AdamW, a scheduler, a shuffled loader of 10 batches per epoch
+/// and a registered object. `checkpoint_tool reference-state DIR` saved it after 14 micro-steps (mid-epoch, at
+/// micro-step 4 of the epoch: a window's end, since gradients of an open window are not saved); `weights-after` holds
+/// the weights of the same run done in one go, 9 micro-steps longer.
+using reference_accelerator = accel::accelerator<scaled_fp32, accel::single_process, accel::accumulate<2>>;
+inline constexpr int reference_steps_before_save = 14, reference_steps_after_save = 9;
+struct reference_counter {
+  std::int64_t value = 0;
+  void save(torch::serialize::OutputArchive& out) const { out.write("value", c10::IValue(value)); }
+  void load(torch::serialize::InputArchive& in) {
+    c10::IValue v;
+    in.read("value", v);
+    value = v.toInt();
+  }
 };
 
 /// Accelerate's test H3: a linear schedule from lr 10 to 0 over 20 optimizer steps, written for 2 processes, run

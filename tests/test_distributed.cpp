@@ -46,12 +46,6 @@ torch::Tensor shard(const torch::Tensor& global, int rank, int world) {
   return global.narrow(0, rank * per, per);
 }
 
-void step(torch::nn::Module& model, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
-          const torch::Tensor& x, const torch::Tensor& y) {
-  (void)model;
-  torch::mse_loss(forward(x), y).backward();
-}
-
 std::vector<torch::Tensor> gradients(torch::nn::Module& m) {
   std::vector<torch::Tensor> grads;
   for (auto& p : m.parameters()) grads.push_back(p.grad().clone());
@@ -430,7 +424,7 @@ TEST_CASE("E3 E4 accumulation on P processes: sync pattern, no_sync on micro-ste
   const int N = GENERATE(2, 3);
   const bool sync_each_batch = GENERATE(false, true);
   accumulating_accelerator acc({.gradient_accumulation_steps = N, .sync_each_batch = sync_each_batch});
-  const int P = acc.num_processes(), r = acc.process_index();
+  const int P = acc.num_processes();
   const int batches_per_process = N == 2 ? 3 : 5;  // E3: GA=2, 3 batches; E4: GA=3, 5 batches
   auto baseline = regression();
   auto net = regression();
@@ -680,7 +674,7 @@ TEST_CASE("trackers live on the main process: the others write nothing and never
   }
   // One process's records, whichever process reads them (the directory is shared).
   std::set<std::string> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir / "run")) files.insert(entry.path().filename().string());
+  for (const auto& file : std::filesystem::directory_iterator(dir / "run")) files.insert(file.path().filename().string());
   CHECK(files.size() == 4);
   CHECK(files.count("config.json") == 1);
   CHECK(files.count("metrics.csv") == 1);

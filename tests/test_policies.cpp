@@ -12,7 +12,7 @@ namespace {
 
 /// A user-defined precision policy: plain fp32 arithmetic that counts every hook call, to show that the
 /// accelerator drives its policies through the documented hooks and nothing else.
-struct counting_precision {
+struct counting_precision : accel::precision_defaults {
   using policy_category = accel::precision_tag;
   struct scope {
     int* live;
@@ -29,17 +29,15 @@ struct counting_precision {
   Output forward_output(Output&& output) const {
     return std::forward<Output>(output);
   }
-  void unscale(torch::optim::Optimizer&) {}
-  double loss_scale() const { return 1.0; }
   void backward(const at::Tensor& loss) {
     ++backwards;
     loss.backward();
   }
-  void step(torch::optim::Optimizer& optimizer) {
+  template <class Parallel>
+  void step(torch::optim::Optimizer& optimizer, Parallel& parallel) {
     ++steps;
-    optimizer.step();
+    parallel.step_optimizer(optimizer);
   }
-  bool step_was_skipped() const { return false; }
   mutable int forwards = 0;
   mutable int live_scopes = 0;
   int backwards = 0;
@@ -122,14 +120,10 @@ TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accel
   // The accelerator's own members besides the policies, laid out alike: the empty policies add nothing to them.
   struct same_members_without_empty_policies {
     accel::single_process parallel;
-    accel::detail::run_flags flags;
-    bool trigger, end_of_dataloader;
-    std::int64_t remainder;
-    std::vector<std::weak_ptr<torch::optim::Optimizer*>> optimizers;
-    std::vector<std::shared_ptr<torch::nn::Module>> models;
-    std::vector<std::weak_ptr<accel::detail::checkpoint_slot>> slots;
-    std::vector<std::shared_ptr<accel::detail::checkpoint_slot>> owned_slots;
-    accel::project_options project;
+    accel::options options;
+    accel::gradient_state gradient_state;
+    bool trigger;
+    accel::detail::prepared_registry registry;
     accel::detail::tracker_set trackers;
   };
   STATIC_REQUIRE(sizeof(accel::accelerator<>) == sizeof(same_members_without_empty_policies));
@@ -154,7 +148,8 @@ TEST_CASE("fp32 backward is loss.backward() and its step is optimizer.step()", "
 
   torch::optim::SGD opt_a(a->parameters(), 0.5);
   torch::optim::SGD opt_b(b->parameters(), 0.5);
-  precision.step(opt_a);
+  accel::single_process parallel{accel::options{}};
+  precision.step(opt_a, parallel);
   opt_b.step();
   CHECK(bitwise_equal(*a, *b));
   CHECK_FALSE(precision.step_was_skipped());

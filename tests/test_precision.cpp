@@ -1,5 +1,5 @@
 // Mixed precision: bf16 autocast on the CPU, and fp16's dynamic loss scaling. LibTorch 1.13 has no float16
-// autocast on the CPU, so the loss scaling is tested everywhere through `scaled_fp32` below (accel::fp16's own
+// autocast on the CPU, so the loss scaling is tested everywhere through `scaled_fp32` (support.hpp) (accel::fp16's own
 // scaler, unscale and step, driven by the accelerator exactly as for fp16, with the forward left in float32), and
 // with LibTorch >= 2.4 also through accel::fp16 itself under float16 autocast on the CPU.
 #include <catch2/catch.hpp>
@@ -15,12 +15,6 @@ namespace {
 
 using namespace accel_test;
 using accel::detail::compat::autocast_enabled;
-
-/// accel::fp16 without its float16 autocast: the loss-scaling path, testable on any device.
-struct scaled_fp32 : accel::fp16 {
-  scaled_fp32(const accel::options& opts, const c10::Device&) : accel::fp16(opts) {}
-  [[nodiscard]] static constexpr accel::detail::no_scope forward_scope(const c10::Device&) noexcept { return {}; }
-};
 
 /// Records the dtype its inner matmul produced; returns the output and a second tensor.
 struct probe_impl : torch::nn::Module {
@@ -192,7 +186,7 @@ void check_grad_scaler_sequence() {
     acc.backward(model(x).sum());
     by_hand->zero_grad();
     {
-      auto scope = acc.autocast();
+      [[maybe_unused]] auto scope = acc.autocast();
       by_hand->forward(x).to(torch::kFloat).sum().backward();
     }
     CHECK(torch::allclose(net->weight.grad(), by_hand->weight.grad() * scale_before));  // backward scaled the loss

@@ -261,10 +261,10 @@ TEST_CASE("G3 split_between_processes", "[shard]") {
     std::size_t total = 0;
     for (int r = 0; r < p; ++r) {
       auto part = accel::detail::split_between_processes(iota(0, 17), r, p, false);
-      CHECK(part.size() == 17 / p + (r < 17 % p ? 1 : 0));
+      CHECK(part.size() == static_cast<std::size_t>(17 / p + (r < 17 % p ? 1 : 0)));
       total += part.size();
       auto padded = accel::detail::split_between_processes(iota(0, 17), r, p, true);
-      CHECK(padded.size() == (17 + p - 1) / p);
+      CHECK(padded.size() == static_cast<std::size_t>((17 + p - 1) / p));
     }
     CHECK(total == 17);
   }

@@ -32,7 +32,7 @@ int print_environment() {
                    : "no (CPU only: this LibTorch has no CUDA or sees no GPU)");
   std::printf("%-28s %s\n", "Gloo:", "yes (c10d ProcessGroupGloo: data_parallel<gloo>, the CPU collectives)");
   std::printf("%-28s %d intra-op, %d inter-op\n", "LibTorch threads:", at::get_num_threads(),
-              at::get_num_interop_threads());
+              static_cast<int>(at::get_num_interop_threads()));
   return 0;
 }
 

@@ -13,12 +13,15 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "concepts.hpp"
@@ -42,10 +45,16 @@ class micro_step_counter {
   }
   [[nodiscard]] int step() const noexcept { return static_cast<int>(step_); }
   [[nodiscard]] bool sync_gradients() const noexcept { return sync_; }
-  /// For checkpoints: resuming mid-window continues the window.
-  void restore(std::int64_t step, bool sync) noexcept {
-    step_ = step;
-    sync_ = sync;
+  /// Checkpoints: resuming mid-window continues the window (a checkpoint without the count starts a new one).
+  void save_state(torch::serialize::OutputArchive& archive) const {
+    archive.write("step", c10::IValue(step_));
+    archive.write("sync_gradients", c10::IValue(sync_));
+  }
+  void load_state(torch::serialize::InputArchive& archive) {
+    c10::IValue step, sync;
+    if (!archive.try_read("step", step) || !archive.try_read("sync_gradients", sync)) return;
+    step_ = step.toInt();
+    sync_ = sync.toBool();
   }
 
  private:
@@ -91,11 +100,19 @@ inline void check_fixed_steps(const options& opts, int steps) {
 
 }  // namespace detail
 
+/// The hooks an accumulation policy may leave out (concepts.hpp): a policy without a count has nothing to restart.
+struct accumulation_defaults {
+  [[nodiscard]] static constexpr std::string_view name() noexcept { return "a custom accumulation policy"; }
+  /// Forgets the micro-step count (`free_memory`).
+  static constexpr void restart() noexcept {}
+};
+
 /// `N` micro-batches per optimizer step, known at compile time.
 template <int N>
-struct accumulate {
+struct accumulate : accumulation_defaults {
   static_assert(N >= 1, "accel::accumulate<N>: N counts micro-batches per optimizer step and must be at least 1");
   using policy_category = accumulation_tag;
+  [[nodiscard]] static std::string name() { return "accumulate<" + std::to_string(N) + ">"; }
 
   explicit accumulate(const options& opts) { detail::check_fixed_steps(opts, N); }
 
@@ -105,8 +122,9 @@ struct accumulate {
   [[nodiscard]] bool sync_gradients() const noexcept { return counter_.sync_gradients(); }
   /// The loss divided by N, so that N accumulated micro-batches give the gradient of their mean.
   [[nodiscard]] static at::Tensor scale_loss(const at::Tensor& loss) { return loss.div(N); }
-  /// The micro-step count, for checkpoints.
-  [[nodiscard]] detail::micro_step_counter& counter() noexcept { return counter_; }
+  void restart() noexcept { counter_ = {}; }
+  void save_state(torch::serialize::OutputArchive& archive) const { counter_.save_state(archive); }
+  void load_state(torch::serialize::InputArchive& archive) { counter_.load_state(archive); }
 
  private:
   detail::micro_step_counter counter_;
@@ -114,8 +132,9 @@ struct accumulate {
 
 /// One micro-batch per step: every hook is a constant, there is no state.
 template <>
-struct accumulate<1> {
+struct accumulate<1> : accumulation_defaults {
   using policy_category = accumulation_tag;
+  [[nodiscard]] static std::string name() { return "accumulate<1>"; }
 
   explicit accumulate(const options& opts) { detail::check_fixed_steps(opts, 1); }
 
@@ -130,8 +149,9 @@ struct accumulate<1> {
 
 /// N micro-batches per step, N chosen at run time: `options::gradient_accumulation_steps`, or the environment
 /// variable ACCELERATE_GRADIENT_ACCUMULATION_STEPS, which wins (as in Accelerate).
-struct accumulate_dynamic {
+struct accumulate_dynamic : accumulation_defaults {
   using policy_category = accumulation_tag;
+  [[nodiscard]] static constexpr std::string_view name() noexcept { return "accumulate_dynamic"; }
 
   explicit accumulate_dynamic(const options& opts) : steps_(detail::accumulation_steps_from(opts)) {}
 
@@ -140,8 +160,9 @@ struct accumulate_dynamic {
   [[nodiscard]] int step() const noexcept { return counter_.step(); }
   [[nodiscard]] bool sync_gradients() const noexcept { return counter_.sync_gradients(); }
   [[nodiscard]] at::Tensor scale_loss(const at::Tensor& loss) const { return steps_ == 1 ? loss : loss.div(steps_); }
-  /// The micro-step count, for checkpoints.
-  [[nodiscard]] detail::micro_step_counter& counter() noexcept { return counter_; }
+  void restart() noexcept { counter_ = {}; }
+  void save_state(torch::serialize::OutputArchive& archive) const { counter_.save_state(archive); }
+  void load_state(torch::serialize::InputArchive& archive) { counter_.load_state(archive); }
 
  private:
   int steps_;

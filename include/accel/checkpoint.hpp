@@ -1,175 +1,44 @@
 /// \file
-/// Model weights on disk in the safetensors format, with the parameter and buffer names of the module (the names
-/// a Python `state_dict` of the same architecture has): `accel::save_model(module, dir, max_shard_bytes)` writes
-/// `model.safetensors`, or shards plus `model.safetensors.index.json` when the weights exceed the limit (as
-/// Accelerate's `save_model`), and `accel::load_model(module, dir)` reads either, checking every name, shape and
-/// dtype before it changes anything. The rest of a training state (optimizers, schedulers, RNG, data position)
-/// goes through `checkpoint_slot`s, saved and loaded by `accelerator::save_state` / `load_state`.
+/// Saving and loading a whole training state: what `accelerator::save_state` and `load_state` forward to. Free
+/// functions over the registry of prepared objects (detail/registry.hpp) and the policies: models, optimizers and
+/// shared slots from the main process, and from every process its generators, its policies' own state (the
+/// `save_state(archive) const` / `load_state(archive)` hooks) and its per-process slots. The files are described
+/// in docs/checkpoint-format.md.
 #pragma once
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <fcntl.h>
 #include <stdio.h>  // renameat2 (glibc, _GNU_SOURCE, which g++ defines)
-#include <torch/nn/module.h>
-#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/cuda.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include <algorithm>
 #include <charconv>
 #include <cstdint>
-#include <cstdio>
+#include <exception>
 #include <filesystem>
-#include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
-#include <memory>
-#include <set>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
-#include "detail/atomic_file.hpp"
-#include "detail/json.hpp"
+#include "checkpoint_error.hpp"
+#include "collectives.hpp"
+#include "concepts.hpp"
+#include "detail/registry.hpp"
+#include "detail/scope.hpp"
+#include "model_weights.hpp"
+#include "options.hpp"
 #include "safetensors.hpp"
 
-namespace accel {
-namespace detail {
-
-/// Parameters then buffers, by their dotted names.
-inline safetensors::tensor_list state_of(const torch::nn::Module& module) {
-  safetensors::tensor_list state;
-  for (const auto& item : module.named_parameters()) state.emplace_back(item.key(), item.value());
-  for (const auto& item : module.named_buffers()) state.emplace_back(item.key(), item.value());
-  return state;
-}
-
-/// Throws `checkpoint_error` ("`what`; nothing was loaded:" and one line per problem) unless `weights` holds
-/// exactly `module`'s parameters and buffers, each with its shape and dtype.
-inline void check_weights_fit(const torch::nn::Module& module, const std::map<std::string, at::Tensor>& weights,
-                              const std::string& what) {
-  std::string problems;
-  const auto state = state_of(module);
-  for (const auto& [name, tensor] : state) {
-    auto found = weights.find(name);
-    if (found == weights.end()) {
-      problems += "\n  missing: " + name;
-    } else if (found->second.sizes() != tensor.sizes() || found->second.scalar_type() != tensor.scalar_type()) {
-      std::ostringstream mismatch;
-      mismatch << "\n  " << name << ": the file has " << found->second.scalar_type() << found->second.sizes()
-               << ", the model " << tensor.scalar_type() << tensor.sizes();
-      problems += mismatch.str();
-    }
-  }
-  for (const auto& [name, tensor] : weights)
-    if (std::none_of(state.begin(), state.end(), [&](const auto& s) { return s.first == name; }))
-      problems += "\n  unexpected: " + name;
-  if (!problems.empty()) throw checkpoint_error(what + "; nothing was loaded:" + problems);
-}
-
-/// Copies `weights` (checked by `check_weights_fit`) into `module`'s parameters and buffers, in place.
-inline void copy_weights(torch::nn::Module& module, const std::map<std::string, at::Tensor>& weights) {
-  at::NoGradGuard no_grad;
-  for (auto& [name, tensor] : state_of(module)) tensor.copy_(weights.at(name));
-}
-
-inline std::string shard_name(std::size_t index, std::size_t count) {
-  char name[64];
-  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index + 1, count);
-  return name;
-}
-
-/// The weight map of `model.safetensors.index.json` (only the part this library writes and reads).
-inline std::map<std::string, std::string> read_weight_map(const std::filesystem::path& index) {
-  auto bytes = safetensors::detail::read_file(index);
-  const std::string text(bytes.begin(), bytes.end());
-  const auto map_start = text.find("\"weight_map\"");
-  if (map_start == std::string::npos)
-    throw checkpoint_error("accel: " + index.string() + " has no \"weight_map\": not a safetensors index");
-  std::map<std::string, std::string> map;
-  auto pos = text.find('{', map_start);
-  const auto end = text.find('}', pos);
-  while (pos != std::string::npos && pos < end) {
-    const auto k1 = text.find('"', pos + 1);
-    if (k1 == std::string::npos || k1 > end) break;
-    const auto k2 = text.find('"', k1 + 1);
-    const auto v1 = text.find('"', k2 + 1);
-    const auto v2 = text.find('"', v1 + 1);
-    if (k2 == std::string::npos || v1 == std::string::npos || v2 == std::string::npos || v2 > end)
-      throw checkpoint_error("accel: " + index.string() + " is corrupt: its weight map cannot be read");
-    map[text.substr(k1 + 1, k2 - k1 - 1)] = text.substr(v1 + 1, v2 - v1 - 1);
-    pos = v2 + 1;
-  }
-  return map;
-}
-
-}  // namespace detail
-
-/// Writes `module`'s parameters and buffers to `directory` (created if needed): `model.safetensors`, or, when
-/// they exceed `max_shard_bytes`, `model-0000k-of-0000n.safetensors` files plus `model.safetensors.index.json`.
-/// Model files left there by an earlier save are removed first.
-inline void save_model(const torch::nn::Module& module, const std::filesystem::path& directory,
-                       std::int64_t max_shard_bytes = 10'000'000'000) {
-  std::filesystem::create_directories(directory);
-  for (const auto& file : std::filesystem::directory_iterator(directory)) {
-    const auto name = file.path().filename().string();
-    if (name.rfind("model", 0) == 0 && (name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")))
-      std::filesystem::remove(file.path());
-  }
-  std::vector<safetensors::tensor_list> shards(1);
-  std::int64_t shard_bytes = 0, total = 0;
-  for (auto& [name, tensor] : detail::state_of(module)) {
-    const auto bytes = static_cast<std::int64_t>(tensor.nbytes());
-    if (!shards.back().empty() && shard_bytes + bytes > max_shard_bytes) {
-      shards.emplace_back();
-      shard_bytes = 0;
-    }
-    shards.back().emplace_back(name, tensor);
-    shard_bytes += bytes;
-    total += bytes;
-  }
-  if (shards.size() == 1) return safetensors::save(directory / "model.safetensors", shards.front());
-  std::ostringstream index;
-  index << "{\"metadata\": {\"total_size\": " << total << "}, \"weight_map\": {";
-  const char* separator = "";
-  for (std::size_t i = 0; i < shards.size(); ++i) {
-    safetensors::save(directory / detail::shard_name(i, shards.size()), shards[i]);
-    for (const auto& [name, tensor] : shards[i]) {
-      index << separator << detail::json_string(name) << ": \"" << detail::shard_name(i, shards.size()) << "\"";
-      separator = ", ";
-    }
-  }
-  index << "}}\n";
-  detail::write_atomically<checkpoint_error>(directory / "model.safetensors.index.json",
-                                             [&](std::ofstream& out) { out << index.str(); });
-}
-
-/// Loads what `save_model` wrote (or a Python `save_file(state_dict)`) into `module`: a directory holding
-/// `model.safetensors` or an index with its shards, or a `.safetensors` file. Every parameter and buffer must be
-/// there with its shape and dtype, and nothing else; otherwise it throws `accel::checkpoint_error` listing the
-/// differences, and `module` is left as it was.
-inline void load_model(torch::nn::Module& module, const std::filesystem::path& where) {
-  safetensors::tensor_list loaded;
-  if (std::filesystem::is_directory(where)) {
-    const auto index = where / "model.safetensors.index.json";
-    if (std::filesystem::exists(index)) {
-      std::set<std::string> files;
-      for (const auto& [name, file] : detail::read_weight_map(index)) files.insert(file);
-      for (const auto& file : files)
-        for (auto& entry : safetensors::load(where / file)) loaded.push_back(std::move(entry));
-    } else {
-      loaded = safetensors::load(where / "model.safetensors");
-    }
-  } else {
-    loaded = safetensors::load(where);
-  }
-  const std::map<std::string, at::Tensor> by_name(loaded.begin(), loaded.end());
-  detail::check_weights_fit(module, by_name, "accel: the weights in " + where.string() + " do not fit this model");
-  detail::copy_weights(module, by_name);
-}
-
-namespace detail {
+namespace accel::detail {
 
 /// Puts the complete checkpoint at `ready` in place of `target`: an atomic exchange of the two directories where
 /// the system has one (Linux `renameat2`), so that a crash leaves either the old or the new checkpoint, never
@@ -224,46 +93,295 @@ inline std::filesystem::path checkpoint_directory(const std::filesystem::path& d
   return target;
 }
 
-/// How one object (a scheduler, a range's position, a registered object) is saved into and loaded from an
-/// archive. Empty functions: the object cannot be checkpointed (`save_state` says which). Shared between the
-/// prepared object, which keeps `object` pointing at it when it moves, and the accelerator, which holds it weakly.
-struct checkpoint_slot {
-  std::string what;
-  std::function<void(torch::serialize::OutputArchive&)> save;
-  std::function<void(torch::serialize::InputArchive&)> load;
-};
+/// The generators a checkpoint holds, by key: the CPU's, then each CUDA device's.
+inline std::vector<std::pair<std::string, at::Generator>> generators() {
+  std::vector<std::pair<std::string, at::Generator>> all{{"cpu_rng", at::detail::getDefaultCPUGenerator()}};
+  const int cuda_devices = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  for (int device = 0; device < cuda_devices; ++device)
+    all.emplace_back("cuda_rng_" + std::to_string(device),
+                     at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device))));
+  return all;
+}
 
-/// LibTorch's schedulers keep their step count in a protected member; a derived class may name it.
-struct lr_scheduler_access : torch::optim::LRScheduler {
-  static unsigned& step_count(torch::optim::LRScheduler& scheduler) {
-    return scheduler.*(&lr_scheduler_access::step_count_);
+/// `model.safetensors`, `model_1.safetensors`, ... as Accelerate names them.
+inline std::string numbered(const std::string& stem, std::size_t i, const std::string& extension) {
+  std::string name = stem;  // appended in place: GCC 12 warns falsely (-Wstringop-overflow) on stem + (...)
+  if (i > 0) name.append("_").append(std::to_string(i));
+  return name.append(extension);
+}
+inline std::string process_file(int process_index) { return "random_states_" + std::to_string(process_index) + ".bin"; }
+
+inline torch::serialize::InputArchive read_archive(const std::filesystem::path& file) {
+  if (!std::filesystem::exists(file))
+    throw checkpoint_error("accel::load_state: the checkpoint lacks " + file.string() +
+                           " (saved by another configuration, or an incomplete copy)");
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(file.string());
+  } catch (const std::exception& e) {
+    throw checkpoint_error("accel::load_state: " + file.string() + " is truncated or corrupt: " + first_line(e.what()));
   }
-};
+  return archive;
+}
 
-/// The customisation point: `save(torch::serialize::OutputArchive&) const` and `load(InputArchive&)` members;
-/// LibTorch LR schedulers (their step count; learning rates travel with the optimizer); else not checkpointable.
-template <class T>
-void fill_slot(checkpoint_slot& slot, T& object) {
-  if constexpr (requires(const T& t, T& u, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
-                  t.save(out);
-                  u.load(in);
-                }) {
-    slot.save = [&object](torch::serialize::OutputArchive& out) { object.save(out); };
-    slot.load = [&object](torch::serialize::InputArchive& in) { object.load(in); };
-  } else if constexpr (std::is_base_of_v<torch::optim::LRScheduler, T>) {
-    slot.save = [&object](torch::serialize::OutputArchive& out) {
-      out.write("step_count", c10::IValue(static_cast<std::int64_t>(lr_scheduler_access::step_count(object))));
-    };
-    slot.load = [&object](torch::serialize::InputArchive& in) {
-      c10::IValue count;
-      in.read("step_count", count);
-      lr_scheduler_access::step_count(object) = static_cast<unsigned>(count.toInt());
-    };
-  } else {
-    slot.save = nullptr;
-    slot.load = nullptr;
+/// Whether `here` is true on any process (one all-reduce; a collective, as every caller is).
+template <class Parallel>
+bool on_any_process(Parallel& parallel, bool here) {
+  auto&& comm = parallel.communicator();  // single_process returns its communicator by value
+  return reduce(comm, at::scalar_tensor(here ? 1 : 0, at::kInt), reduction::max).template item<int>() != 0;
+}
+
+/// Runs `step` here, then agrees with every process on whether it succeeded everywhere (one all-reduce, which is
+/// also the barrier between save_state's steps): a failure on any process is raised on all of them, there with
+/// its own error, elsewhere naming the step, so that no process is left waiting for one that gave up.
+template <class Parallel, class Step>
+void on_every_process_or_none(Parallel& parallel, const std::string& step_name, Step&& step) {
+  std::exception_ptr failure;
+  try {
+    std::forward<Step>(step)();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  const bool failed_somewhere = on_any_process(parallel, failure != nullptr);
+  if (failure) std::rethrow_exception(failure);
+  if (failed_somewhere)
+    throw checkpoint_error("accel::save_state: another process failed while " + step_name +
+                           " (its own error says why); the previous checkpoint, if any, is left in place");
+}
+
+using slot_map = std::map<std::string, std::vector<std::shared_ptr<checkpoint_slot>>>;
+
+/// The main process's part: `accel_state.bin` (how many of each object), the models, optimizers and shared slots.
+inline void save_shared_state(const std::filesystem::path& dir, int num_processes, const prepared_registry& registry,
+                              const slot_map& slots) {
+  torch::serialize::OutputArchive shared;
+  shared.write("processes", c10::IValue(static_cast<std::int64_t>(num_processes)));
+  shared.write("models", c10::IValue(static_cast<std::int64_t>(registry.models().size())));
+  const auto optimizers = registry.optimizers();
+  shared.write("optimizers", c10::IValue(static_cast<std::int64_t>(optimizers.size())));
+  for (const auto& [kind, list] : slots) {
+    shared.write(kind, c10::IValue(static_cast<std::int64_t>(list.size())));
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (list[i]->scope != state_scope::shared) continue;
+      torch::serialize::OutputArchive archive;
+      list[i]->save(archive);
+      archive.save_to((dir / numbered(kind, i, ".bin")).string());
+    }
+  }
+  shared.save_to((dir / "accel_state.bin").string());
+  for (std::size_t i = 0; i < registry.models().size(); ++i)
+    safetensors::save(dir / numbered("model", i, ".safetensors"), state_of(*registry.models()[i]));
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    torch::serialize::OutputArchive archive;
+    optimizers[i]->save(archive);
+    // LibTorch's optimizer archive does not restore its groups' options; the learning rate (a scheduler's work)
+    // goes alongside.
+    std::vector<double> lrs;
+    for (auto& group : optimizers[i]->param_groups()) lrs.push_back(group.options().get_lr());
+    archive.write("accel_learning_rates", c10::IValue(lrs));
+    archive.save_to((dir / numbered("optimizer", i, ".bin")).string());
   }
 }
 
-}  // namespace detail
-}  // namespace accel
+/// Every process's part: its generators, its policies' state and its per-process slots (`{kind}_{i}`).
+template <class... Policies>
+void save_process_state(const std::filesystem::path& file, const slot_map& slots, const Policies&... policies) {
+  torch::serialize::OutputArchive mine;
+  for (auto& [key, generator] : generators()) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    mine.write(key, generator.get_state());
+  }
+  const auto save_policy = [&mine](const auto& policy) {
+    if constexpr (stateful_policy<std::remove_cvref_t<decltype(policy)>>) policy.save_state(mine);
+  };
+  (save_policy(policies), ...);
+  for (const auto& [kind, list] : slots)
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (list[i]->scope != state_scope::per_process) continue;
+      torch::serialize::OutputArchive slot;
+      list[i]->save(slot);
+      mine.write(kind + "_" + std::to_string(i), slot);
+    }
+  mine.save_to(file.string());
+}
+
+/// Saves the training state into `directory`, atomically: written into `directory.partial`, then exchanged with
+/// the old checkpoint once every process wrote its part. A collective.
+template <class Parallel, class... Policies>
+void save_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
+                const Policies&... policies) {
+  const auto slots = registry.slots_by_kind();
+  for (const auto& [kind, list] : slots)  // on every process, so that none is left at a barrier
+    for (std::size_t i = 0; i < list.size(); ++i)
+      if (!list[i]->save)
+        throw checkpoint_error("accel::save_state: " + kind + " " + std::to_string(i) +
+                               " cannot be checkpointed: give it save(OutputArchive&) const and load(InputArchive&)");
+  const bool main = parallel.process_index() == 0;
+  const auto target = checkpoint_directory(directory);
+  const auto partial = std::filesystem::path(target.string() + ".partial");
+  // A save that failed anywhere leaves the previous checkpoint as it was and nothing beside it.
+  const auto remove_partial_on_failure = scope_fail([&] {
+    std::error_code ignored;
+    if (main) std::filesystem::remove_all(partial, ignored);
+  });
+  on_every_process_or_none(parallel, "preparing " + partial.string(), [&] {
+    if (!main) return;
+    std::filesystem::remove_all(partial);
+    std::filesystem::create_directories(partial);
+  });
+  on_every_process_or_none(parallel, "writing its part of the checkpoint", [&] {
+    if (main) save_shared_state(partial, parallel.num_processes(), registry, slots);
+    save_process_state(partial / process_file(parallel.process_index()), slots, policies...);
+  });
+  on_every_process_or_none(parallel, "putting " + target.string() + " in place", [&] {
+    if (main) replace_directory(partial, target);
+  });
+}
+
+/// Loads every stateful policy's state from `archive`, all or none: should one fail, those loaded before it get
+/// back the state they had.
+template <class... Policies>
+void load_policy_states(torch::serialize::InputArchive& archive, const std::string& file, Policies&... policies) {
+  std::vector<std::function<void()>> undo;
+  const auto load_policy = [&](auto& policy) {
+    if constexpr (stateful_policy<std::remove_cvref_t<decltype(policy)>>) {
+      torch::serialize::OutputArchive before;
+      policy.save_state(before);
+      auto bytes = std::make_shared<std::stringstream>();
+      before.save_to(*bytes);
+      policy.load_state(archive);
+      undo.emplace_back([&policy, bytes] {
+        torch::serialize::InputArchive previous;
+        previous.load_from(*bytes);
+        policy.load_state(previous);
+      });
+    }
+  };
+  try {
+    (load_policy(policies), ...);
+  } catch (const checkpoint_error& e) {
+    for (auto it = undo.rbegin(); it != undo.rend(); ++it) (*it)();
+    throw checkpoint_error("accel::load_state: " + file + " " + e.what());
+  }
+}
+
+/// Restores what `save_state` wrote. Everything is read and checked first (the files, the number of processes and
+/// of each kind of object, every weight's name, shape and dtype, the generators, the policies' state); a problem
+/// throws `checkpoint_error` before anything changes.
+template <class Parallel, class... Policies>
+void load_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
+                Policies&... policies) {
+  if (!std::filesystem::is_directory(directory))
+    throw checkpoint_error("accel::load_state: no checkpoint at " + directory.string());
+  auto shared = read_archive(directory / "accel_state.bin");
+  const auto expect = [&](const std::string& key, std::int64_t mine) {
+    c10::IValue value;
+    if (!shared.try_read(key, value) || !value.isInt())
+      throw checkpoint_error("accel::load_state: " + (directory / "accel_state.bin").string() + " lacks \"" + key + "\"");
+    if (value.toInt() != mine)
+      throw checkpoint_error("accel::load_state: the checkpoint in " + directory.string() + " has " +
+                             std::to_string(value.toInt()) + " " + key + ", this program " + std::to_string(mine) +
+                             (key == "processes" ? "; resume with the same number of processes"
+                                                 : "; prepare the same objects, in the same order, as when saving"));
+  };
+  const auto& models = registry.models();
+  const auto optimizers = registry.optimizers();
+  const auto slots = registry.slots_by_kind();
+  expect("processes", parallel.num_processes());
+  expect("models", static_cast<std::int64_t>(models.size()));
+  expect("optimizers", static_cast<std::int64_t>(optimizers.size()));
+  for (const auto& [kind, list] : slots) expect(kind, static_cast<std::int64_t>(list.size()));
+  for (const auto& key : shared.keys())
+    if (key != "processes" && key != "models" && key != "optimizers" && !slots.contains(key))
+      expect(key, 0);  // the checkpoint holds objects of a kind this program did not prepare
+  // Read and check everything before changing anything.
+  std::vector<std::map<std::string, at::Tensor>> weights;
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const auto file = directory / numbered("model", i, ".safetensors");
+    auto loaded = safetensors::load(file);
+    weights.emplace_back(loaded.begin(), loaded.end());
+    check_weights_fit(*models[i], weights.back(), "accel::load_state: the weights in " + file.string() +
+                                                      " do not fit the prepared model");
+  }
+  std::vector<torch::serialize::InputArchive> optimizer_archives;
+  for (std::size_t i = 0; i < optimizers.size(); ++i)
+    optimizer_archives.push_back(read_archive(directory / numbered("optimizer", i, ".bin")));
+  const auto file = process_file(parallel.process_index());
+  auto mine = read_archive(directory / file);
+  const auto lacks = [&](const std::string& what) {
+    return checkpoint_error("accel::load_state: " + file + " lacks " + what + " (saved by another configuration?)");
+  };
+  std::map<std::string, std::vector<torch::serialize::InputArchive>> slot_archives;
+  for (const auto& [kind, list] : slots)
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (list[i]->scope == state_scope::shared) {
+        slot_archives[kind].push_back(read_archive(directory / numbered(kind, i, ".bin")));
+      } else {
+        slot_archives[kind].emplace_back();
+        if (!mine.try_read(kind + "_" + std::to_string(i), slot_archives[kind].back()))
+          throw lacks(kind + " " + std::to_string(i) + "'s position");
+      }
+    }
+  std::vector<std::pair<at::Generator, at::Tensor>> generator_states;
+  for (auto& [key, generator] : generators()) {
+    at::Tensor state;
+    if (mine.try_read(key, state))
+      generator_states.emplace_back(generator, state);
+    else if (key == "cpu_rng")
+      throw lacks("the CPU generator state");
+  }
+  // Apply: the policies first (all or none), then what was checked above.
+  load_policy_states(mine, file, policies...);
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < models.size(); ++i) copy_weights(*models[i], weights[i]);
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    optimizers[i]->load(optimizer_archives[i]);
+    c10::IValue lrs;
+    if (optimizer_archives[i].try_read("accel_learning_rates", lrs)) {
+      const auto values = lrs.toDoubleVector();
+      auto& groups = optimizers[i]->param_groups();
+      for (std::size_t g = 0; g < groups.size() && g < values.size(); ++g) groups[g].options().set_lr(values[g]);
+    }
+  }
+  for (const auto& [kind, list] : slots)
+    for (std::size_t i = 0; i < list.size(); ++i) list[i]->load(slot_archives[kind][i]);
+  for (auto& [generator, state] : generator_states) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+}
+
+/// `save_state` into the project's next automatic checkpoint: `{project_dir}/checkpoints/checkpoint_{i}`, removing
+/// the oldest beyond `total_limit` first. Returns the directory written.
+template <class Parallel, class... Policies>
+std::filesystem::path save_numbered_state(const project_options& project, Parallel& parallel,
+                                          const prepared_registry& registry, const Policies&... policies) {
+  if (!project.automatic_checkpoint_naming)
+    throw std::invalid_argument("accel::save_state(): without a directory it needs "
+                                "options::project.automatic_checkpoint_naming; or pass the directory to save to");
+  const auto root = std::filesystem::path(project.project_dir) / "checkpoints";
+  auto existing = numbered_checkpoints(root);
+  if (!existing.empty() && existing.rbegin()->first == std::numeric_limits<std::int64_t>::max())
+    throw checkpoint_error("accel::save_state(): " + existing.rbegin()->second.string() +
+                           " has the largest number a checkpoint can have; move the checkpoints away to go on");
+  const auto next = existing.empty() ? 0 : existing.rbegin()->first + 1;
+  parallel.wait_for_everyone();  // every process has its number before the main one prunes
+  if (parallel.process_index() == 0 && project.total_limit > 0)
+    while (!existing.empty() && static_cast<int>(existing.size()) + 1 > project.total_limit) {
+      std::filesystem::remove_all(existing.begin()->second);
+      existing.erase(existing.begin());
+    }
+  const auto directory = root / ("checkpoint_" + std::to_string(next));
+  save_state(directory, parallel, registry, policies...);
+  return directory;
+}
+
+/// The project's newest automatic checkpoint.
+inline std::filesystem::path newest_checkpoint(const project_options& project) {
+  const auto root = std::filesystem::path(project.project_dir) / "checkpoints";
+  const auto existing = numbered_checkpoints(root);
+  if (existing.empty()) throw checkpoint_error("accel::load_state(): no checkpoint_{i} under " + root.string());
+  return existing.rbegin()->second;
+}
+
+}  // namespace accel::detail

@@ -58,46 +58,14 @@ inline run_config read_run_config() {
 
 namespace detail {
 
-template <class P>
-constexpr const char* precision_name() {
-  if constexpr (std::is_same_v<P, bf16>)
-    return "bf16";
-  else if constexpr (std::is_same_v<P, fp16>)
-    return "fp16";
-  else if constexpr (std::is_same_v<P, fp32>)
-    return "no";
-  else
-    return "a custom precision policy";  // no mixed_precision value selects it
-}
-
-template <class Q>
-constexpr const char* parallel_name() {
-  if constexpr (std::is_same_v<Q, single_process>)
-    return "single_process";
-  else if constexpr (std::is_same_v<Q, data_parallel<gloo>>)
-    return "data_parallel<gloo>";
-  else if constexpr (std::is_same_v<Q, data_parallel<nccl>>)
-    return "data_parallel<nccl>";
-  else
-    return "a custom parallel policy";
-}
-
-template <class A>
-std::string accumulation_name() {
-  if constexpr (requires { std::integral_constant<int, A::steps()>::value; })
-    return "accumulate<" + std::to_string(A::steps()) + ">";
-  else
-    return "accumulate_dynamic";
-}
-
 template <class Accelerator>
 struct config_traits;
 
 template <class P, class Q, class A>
 struct config_traits<accelerator<P, Q, A>> {
   static bool fits(const run_config& c) {
-    if (c.mixed_precision != precision_name<P>()) return false;
-    if constexpr (std::is_same_v<Q, single_process>)
+    if (c.mixed_precision != P::mixed_precision()) return false;
+    if constexpr (always_one_process<Q>)
       if (c.num_processes != 1) return false;
     if constexpr (requires { std::integral_constant<int, A::steps()>::value; })
       return A::steps() == c.gradient_accumulation_steps;
@@ -105,8 +73,7 @@ struct config_traits<accelerator<P, Q, A>> {
       return true;  // accumulate_dynamic takes any N (from the same variable)
   }
   static std::string name() {
-    return std::string("accelerator<") + (std::is_same_v<P, fp32> ? "fp32" : precision_name<P>()) +
-           ", " + parallel_name<Q>() + ", " + accumulation_name<A>() + ">";
+    return "accelerator<" + std::string(P::name()) + ", " + std::string(Q::name()) + ", " + std::string(A::name()) + ">";
   }
 };
 

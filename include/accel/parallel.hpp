@@ -11,11 +11,18 @@
 #include <c10/core/Device.h>
 #include <torch/cuda.h>
 #include <torch/nn/module.h>
+#include <torch/types.h>  // before clip_grad.h, which uses torch::Tensor without including it
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/optimizer.h>
 
 #include <chrono>
-#include <type_traits>
+#include <cmath>
 #include <map>
 #include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
 
 #include "collectives.hpp"
 #include "concepts.hpp"
@@ -43,11 +50,46 @@ struct nccl_not_linked : local_communicator {
   [[nodiscard]] const process_environment& environment() const noexcept { return env; }
   process_environment env;
 };
+
+/// The total `norm_type`-norm of the parameters' gradients, as `clip_grad_norm_` computes it, without clipping.
+inline double gradient_norm(const std::vector<at::Tensor>& parameters, double norm_type) {
+  std::vector<at::Tensor> norms;
+  for (const auto& p : parameters)
+    if (p.grad().defined()) norms.push_back(p.grad().norm(norm_type));
+  if (norms.empty()) return 0.0;
+  return std::isinf(norm_type) ? at::stack(norms).max().item<double>() : at::stack(norms).norm(norm_type).item<double>();
+}
 }  // namespace detail
 
+/// The hooks a parallel policy may leave out (concepts.hpp), with what replicated data parallelism does: every
+/// process holds every parameter, gradient and optimizer state whole, and gradients are identical once all-reduced.
+/// Derive from it and define what differs: a sharded policy partitions the optimizer at prepare, steps its shard
+/// and gathers the parameters, and reduces the overflow check and the gradient norm across processes.
+struct parallel_defaults {
+  [[nodiscard]] static constexpr std::string_view name() noexcept { return "a custom parallel policy"; }
+  /// At `prepare(optimizer)`, before the accelerator registers it.
+  static constexpr void prepare_optimizer(torch::optim::Optimizer&) noexcept {}
+  /// The step itself, once the precision policy decided to take it.
+  static void step_optimizer(torch::optim::Optimizer& optimizer) { optimizer.step(); }
+  /// Whether any process found an inf/NaN gradient, given this one's finding: the same everywhere after the
+  /// all-reduce, so no communication.
+  [[nodiscard]] static constexpr bool any_non_finite(bool found_here) noexcept { return found_here; }
+  /// The total gradient norm of `parameters` over every process's part (a whole copy here).
+  [[nodiscard]] static double gradient_norm(const std::vector<at::Tensor>& parameters, double norm_type) {
+    return detail::gradient_norm(parameters, norm_type);
+  }
+  /// Scales the gradients so that their total norm is at most `max_norm`; returns the total norm before.
+  static double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
+    return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+  }
+  /// Forgets every prepared model (`free_memory`).
+  static constexpr void release_models() noexcept {}
+};
+
 /// One process, one device. Every collective is the identity and nothing is communicated.
-struct single_process {
+struct single_process : parallel_defaults {
   using policy_category = parallel_tag;
+  [[nodiscard]] static constexpr std::string_view name() noexcept { return "single_process"; }
 
   explicit single_process(const options& opts)
       : device_(!opts.cpu && torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU)) {}
@@ -59,7 +101,6 @@ struct single_process {
   static constexpr void wait_for_everyone() noexcept {}
   /// Nothing to broadcast or hook with one process.
   static constexpr void prepare_model(torch::nn::Module&) noexcept {}
-  static constexpr void release_models() noexcept {}
   [[nodiscard]] static constexpr bool gradient_sync(const torch::nn::Module&) noexcept { return true; }
   static constexpr void set_gradient_sync(const torch::nn::Module&, bool, bool = false) noexcept {}
   static constexpr void before_forward(const torch::nn::Module&) noexcept {}
@@ -72,6 +113,7 @@ struct single_process {
 /// Gloo (CPU tensors, any number of processes per machine).
 struct gloo {
   using policy_category = backend_tag;
+  static constexpr std::string_view name = "gloo";
   using communicator_type = detail::gloo_communicator;
   /// Gloo runs on CPU tensors: every process computes on the CPU.
   static c10::Device device(const process_environment&) { return c10::Device(c10::kCPU); }
@@ -80,6 +122,7 @@ struct gloo {
 /// NCCL (CUDA tensors, one process per GPU). Needs the `accel::nccl` CMake target (NCCL and the CUDA runtime).
 struct nccl {
   using policy_category = backend_tag;
+  static constexpr std::string_view name = "nccl";
 #ifdef ACCEL_WITH_NCCL
   using communicator_type = detail::nccl_communicator;
 #else
@@ -121,10 +164,11 @@ inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds timeo
 /// the rest of backward. The processes, ranks and rendezvous come from the launcher's environment
 /// (`accel launch`, torchrun, mpirun, srun; see accel/launch.hpp); a program started alone is a world of one.
 template <class Backend>
-struct data_parallel {
+struct data_parallel : parallel_defaults {
   static_assert(communication_backend<Backend>,
                 "accel::data_parallel<Backend> takes accel::gloo (CPU) or accel::nccl (CUDA) as its backend");
   using policy_category = parallel_tag;
+  [[nodiscard]] static std::string name() { return "data_parallel<" + std::string(Backend::name) + ">"; }
   using backend_type = Backend;
   using communicator_type = typename Backend::communicator_type;
   using reducer_type = detail::gradient_reducer<communicator_type>;

@@ -11,17 +11,22 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <cmath>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "checkpoint_error.hpp"
 #include "concepts.hpp"
 #include "detail/compat.hpp"
 #include "detail/scope.hpp"
@@ -133,23 +138,25 @@ class grad_scaler {
     return (reduced ? loss.to(at::kFloat) : loss) * scale_;
   }
 
-  /// Divides `optimizer`'s gradients by the scale their backward used and records whether any is inf/NaN. Once
-  /// per iteration: a second call before the step does nothing (Accelerate issue #641: clipping then stepping
-  /// must not unscale twice).
-  void unscale(torch::optim::Optimizer& optimizer) {
+  /// Divides `optimizer`'s gradients by the scale their backward used and records whether any is inf/NaN, as
+  /// `agree(found here)` decides for every process. Once per iteration: a second call before the step does nothing
+  /// (Accelerate issue #641: clipping then stepping must not unscale twice).
+  template <class Agree>
+  void unscale(torch::optim::Optimizer& optimizer, Agree&& agree) {
     auto& state = current_state(optimizer);
     if (state.unscaled) return;
-    state.found_inf = unscale_gradients(optimizer);
+    state.found_inf = std::forward<Agree>(agree)(unscale_gradients(optimizer));
     state.unscaled = true;
   }
 
-  /// Steps `optimizer` unless its gradients overflowed, then updates the scale (after each optimizer's step, as
-  /// Accelerate calls `scaler.update()`). Returns whether it skipped.
-  bool step(torch::optim::Optimizer& optimizer) {
-    unscale(optimizer);
+  /// Runs `step_optimizer()` unless `optimizer`'s gradients overflowed, then updates the scale (after each
+  /// optimizer's step, as Accelerate calls `scaler.update()`). Returns whether it skipped.
+  template <class Agree, class Step>
+  bool step(torch::optim::Optimizer& optimizer, Agree&& agree, Step&& step_optimizer) {
+    unscale(optimizer, std::forward<Agree>(agree));
     const bool found_inf = current_state(optimizer).found_inf;
     per_optimizer_.erase(&optimizer);
-    if (!found_inf) optimizer.step();
+    if (!found_inf) std::forward<Step>(step_optimizer)();
     update(found_inf);
     step_taken_ = true;
     any_skipped_ = any_skipped_ || found_inf;
@@ -224,20 +231,35 @@ class grad_scaler {
   std::map<const torch::optim::Optimizer*, optimizer_state> per_optimizer_;
 };
 
-/// Shared by the hooks of policies with nothing to do.
-struct plain_steps {
+}  // namespace detail
+
+/// The hooks a precision policy may leave out (concepts.hpp), with what full precision does: derive from it and
+/// define what differs. A policy that changes how the optimizer steps still leaves the step itself to the parallel
+/// policy (`parallel.step_optimizer`), which knows which parameters this process updates.
+struct precision_defaults {
+  /// What the configuration names it, and the `mixed_precision` value that selects it in `accel::dispatch`
+  /// (none: only by its type).
+  [[nodiscard]] static constexpr std::string_view name() noexcept { return "a custom precision policy"; }
+  [[nodiscard]] static constexpr std::string_view mixed_precision() noexcept { return ""; }
+  /// At `prepare(model)`, on the device, before the parallel policy sees the model (fp8 would swap layers here).
+  static constexpr void prepare_model(torch::nn::Module&) noexcept {}
   static void backward(const at::Tensor& loss) { loss.backward(); }
-  static void step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
-  static constexpr void unscale(torch::optim::Optimizer&) noexcept {}
+  /// Nothing to unscale without loss scaling.
+  template <class Parallel>
+  static constexpr void unscale(torch::optim::Optimizer&, Parallel&) noexcept {}
+  template <class Parallel>
+  static void step(torch::optim::Optimizer& optimizer, Parallel& parallel) {
+    parallel.step_optimizer(optimizer);
+  }
   [[nodiscard]] static constexpr bool step_was_skipped() noexcept { return false; }
   [[nodiscard]] static constexpr double loss_scale() noexcept { return 1.0; }
 };
 
-}  // namespace detail
-
 /// Full precision: every hook is the plain LibTorch call.
-struct fp32 : detail::plain_steps {
+struct fp32 : precision_defaults {
   using policy_category = precision_tag;
+  [[nodiscard]] static constexpr std::string_view name() noexcept { return "fp32"; }
+  [[nodiscard]] static constexpr std::string_view mixed_precision() noexcept { return "no"; }
 
   constexpr fp32() noexcept = default;
   constexpr fp32(const options&, const c10::Device&) noexcept {}
@@ -251,8 +273,10 @@ struct fp32 : detail::plain_steps {
 };
 
 /// bfloat16 autocast around the forward, outputs back in float32, float32 master weights, no loss scaling.
-struct bf16 : detail::plain_steps {
+struct bf16 : precision_defaults {
   using policy_category = precision_tag;
+  [[nodiscard]] static constexpr std::string_view name() noexcept { return "bf16"; }
+  [[nodiscard]] static constexpr std::string_view mixed_precision() noexcept { return "bf16"; }
 
   bf16(const options&, const c10::Device& device) {
     detail::require_autocast(device, at::kBFloat16, "bf16", "use accel::fp32 on this device");
@@ -269,8 +293,10 @@ struct bf16 : detail::plain_steps {
 
 /// float16 autocast around the forward, outputs back in float32, float32 master weights, and dynamic loss scaling
 /// (`options::grad_scaler`).
-struct fp16 {
+struct fp16 : precision_defaults {
   using policy_category = precision_tag;
+  [[nodiscard]] static constexpr std::string_view name() noexcept { return "fp16"; }
+  [[nodiscard]] static constexpr std::string_view mixed_precision() noexcept { return "fp16"; }
 
   fp16(const options& opts, const c10::Device& device) : fp16(opts) {
     detail::require_autocast(device, at::kHalf, "fp16",
@@ -285,14 +311,35 @@ struct fp16 {
     return detail::outputs_to_fp32(std::forward<Output>(output));
   }
   void backward(const at::Tensor& loss) { scaler_.scale(loss).backward(); }
-  void unscale(torch::optim::Optimizer& optimizer) { scaler_.unscale(optimizer); }
-  void step(torch::optim::Optimizer& optimizer) { scaler_.step(optimizer); }
+  /// Every process agrees on whether any gradient overflowed (the parallel policy decides how), and so skips alike.
+  template <class Parallel>
+  void unscale(torch::optim::Optimizer& optimizer, Parallel& parallel) {
+    scaler_.unscale(optimizer, [&parallel](bool found) { return parallel.any_non_finite(found); });
+  }
+  template <class Parallel>
+  void step(torch::optim::Optimizer& optimizer, Parallel& parallel) {
+    scaler_.step(
+        optimizer, [&parallel](bool found) { return parallel.any_non_finite(found); },
+        [&] { parallel.step_optimizer(optimizer); });
+  }
   /// Whether an optimizer step of this iteration was skipped for overflow.
   [[nodiscard]] bool step_was_skipped() const noexcept { return scaler_.any_step_skipped(); }
   /// What gradients are multiplied by until they are unscaled.
   [[nodiscard]] double loss_scale() const noexcept { return scaler_.state().scale; }
 
-  /// The loss scaler: its state for checkpoints, its options.
+  /// Checkpoints: the scale and the clean steps since it last changed, in each process's `random_states` file.
+  void save_state(torch::serialize::OutputArchive& archive) const {
+    archive.write("loss_scale", c10::IValue(static_cast<double>(scaler_.state().scale)));
+    archive.write("growth_tracker", c10::IValue(static_cast<std::int64_t>(scaler_.state().growth_tracker)));
+  }
+  void load_state(torch::serialize::InputArchive& archive) {
+    c10::IValue scale, tracker;
+    if (!archive.try_read("loss_scale", scale) || !archive.try_read("growth_tracker", tracker))
+      throw checkpoint_error("lacks the fp16 loss scale (saved by another configuration?)");
+    scaler_.load_state({static_cast<float>(scale.toDouble()), static_cast<int>(tracker.toInt())});
+  }
+
+  /// The loss scaler: its state, its options.
   [[nodiscard]] const detail::grad_scaler& scaler() const noexcept { return scaler_; }
   [[nodiscard]] detail::grad_scaler& scaler() noexcept { return scaler_; }
 

@@ -6,6 +6,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "detail/accelerator_access.hpp"
 #include "detail/prepared_handle.hpp"
 
 #include <memory>
@@ -55,9 +56,9 @@ class prepared_model : detail::prepared_tag {
   template <class... Args>
   decltype(auto) operator()(Args&&... args) const {
     auto* module = detail::module_pointer(model_);
-    accelerator_->before_forward(*module);
+    detail::accelerator_access::before_forward(*accelerator_, *module);
     [[maybe_unused]] auto scope = accelerator_->autocast();
-    return accelerator_->forward_output(module->forward(std::forward<Args>(args)...));
+    return detail::accelerator_access::forward_output(*accelerator_, module->forward(std::forward<Args>(args)...));
   }
   /// The same as `operator()`, for code that spells the call out.
   template <class... Args>

@@ -29,21 +29,14 @@ class prepared_optimizer : public detail::prepared_handle<Optimizer, Accelerator
  public:
   using optimizer_type = typename base::object_type;
 
-  prepared_optimizer(Optimizer&& optimizer, Accelerator& accelerator)
-      : base(std::forward<Optimizer>(optimizer), accelerator),
-        registration_(std::make_shared<torch::optim::Optimizer*>(&this->unwrap())) {
-    accelerator.register_optimizer(registration_);
+  /// The accelerator finds its optimizers (to unscale and checkpoint them) through the registration, which
+  /// expires with the prepared optimizer.
+  prepared_optimizer(Optimizer&& optimizer, Accelerator& accelerator) : base(std::forward<Optimizer>(optimizer), accelerator) {
+    this->registration_ = base::access::register_optimizer(accelerator, this->unwrap());
   }
-  // The accelerator finds its optimizers (to unscale their gradients) through the registration, which follows the
-  // optimizer when an owned one moves, and expires with the prepared optimizer.
-  prepared_optimizer(prepared_optimizer&& other) noexcept
-      : base(std::move(other)), registration_(std::move(other.registration_)) {
-    if (registration_) *registration_ = &this->unwrap();
-  }
-  prepared_optimizer& operator=(prepared_optimizer&&) = delete;
 
   /// Steps when gradients are synchronised; the precision policy may skip (fp16 overflow).
-  void step() { this->accelerator_->step_optimizer(this->unwrap()); }
+  void step() { base::access::step_optimizer(*this->accelerator_, this->unwrap()); }
 
   /// Clears gradients when they are synchronised. Like Accelerate, defaults to `set_to_none = true`.
   void zero_grad(bool set_to_none = true) {
@@ -51,9 +44,6 @@ class prepared_optimizer : public detail::prepared_handle<Optimizer, Accelerator
   }
 
   [[nodiscard]] auto& param_groups() const noexcept { return this->unwrap().param_groups(); }
-
- private:
-  std::shared_ptr<torch::optim::Optimizer*> registration_;
 };
 
 }  // namespace accel

@@ -20,7 +20,9 @@
 
 #include <memory>
 
-#include "checkpoint.hpp"
+#include "batch_range.hpp"
+#include "detail/accelerator_access.hpp"
+#include "detail/checkpoint_slot.hpp"
 #include "detail/prepared_handle.hpp"
 #include "detail/stored.hpp"
 #include "device.hpp"
@@ -41,39 +43,6 @@ auto* loader_of(R& range) {
     return static_cast<no_loader*>(nullptr);
 }
 }  // namespace detail
-
-namespace detail::adl {
-using std::begin;
-using std::end;
-using std::size;
-template <class R>
-auto range_begin(R& r) -> decltype(begin(r)) {
-  return begin(r);
-}
-template <class R>
-auto range_end(R& r) -> decltype(end(r)) {
-  return end(r);
-}
-template <class R>
-auto range_size(const R& r) -> decltype(size(r)) {
-  return size(r);
-}
-}  // namespace detail::adl
-
-/// A range of batches `prepare` accepts: `begin(r)`/`end(r)` (member or free) with an iterator that has `++it`,
-/// `*it` and `it != end`.
-template <class R>
-concept batch_range =
-    requires(std::remove_reference_t<R>& r) {
-      detail::adl::range_begin(r);
-      detail::adl::range_end(r);
-    } &&
-    requires(decltype(detail::adl::range_begin(std::declval<std::remove_reference_t<R>&>())) it,
-             const decltype(detail::adl::range_end(std::declval<std::remove_reference_t<R>&>())) end) {
-      ++it;
-      *it;
-      { it != end } -> std::convertible_to<bool>;
-    };
 
 /// `Range` is `R&` when the user passed an lvalue (kept by reference) or `R` for an rvalue (owned).
 template <class Range, class Accelerator>
@@ -123,15 +92,16 @@ class prepared_range : detail::prepared_tag {
     void advance() {
       batch_ = std::move(next_);
       next_.reset();
+      auto& pass = *range_->pass_;
       if (batch_) {
         prefetch();
-        ++range_->position_.batch;
+        ++pass.position.batch;
       } else {
-        range_->finish_pass();
+        pass.finish();
       }
       const bool last = batch_.has_value() && !next_.has_value();
-      range_->on_last_batch_ = last;
-      range_->accelerator_->set_end_of_dataloader(last, last ? range_->remainder() : -1);
+      pass.on_last_batch = last;
+      detail::accelerator_access::set_end_of_dataloader(*range_->accelerator_, last, last ? range_->remainder() : -1);
     }
 
     base_iterator base_;
@@ -141,46 +111,34 @@ class prepared_range : detail::prepared_tag {
     std::optional<batch_type> next_;
   };
 
-  prepared_range(Range&& range, Accelerator& accelerator)
-      : range_(std::forward<Range>(range)),
-        accelerator_(&accelerator),
-        slot_(std::make_shared<detail::checkpoint_slot>()),
-        device_(accelerator.device_placement() ? std::optional<c10::Device>(accelerator.device()) : std::nullopt) {
-    fill_slot();
-    accelerator.register_state(slot_);
-  }
-  // The checkpoint slot follows the range when it moves (an owned range moves with it).
-  prepared_range(prepared_range&& other) noexcept
-      : range_(std::move(other.range_)),
-        accelerator_(other.accelerator_),
-        device_(other.device_),
-        position_(other.position_),
-        skip_(other.skip_),
-        on_last_batch_(other.on_last_batch_),
-        slot_(std::move(other.slot_)) {
-    if (slot_) fill_slot();
-  }
-  prepared_range& operator=(prepared_range&&) = delete;
-
-  /// Starts a pass over the underlying range (a LibTorch loader starts a new epoch here).
-  [[nodiscard]] iterator begin() const {
-    auto& range = range_.get();
-    const auto skip = std::exchange(skip_, 0);
-    position_.batch = -1 + static_cast<std::int64_t>(skip);
-    return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), *this, skip);
-  }
-
   /// Where iteration stands: passes completed, and the index of the current batch in this pass (-1 before the
   /// first). What a checkpoint saves to resume mid-epoch.
   struct position_type {
     std::int64_t epoch = 0;
     std::int64_t batch = -1;
   };
-  [[nodiscard]] position_type position() const noexcept { return position_; }
+
+  /// The checkpoint slot (per process: each process has its own shard) reads and writes the position through
+  /// pointers that stay valid when the prepared range moves: the range and its pass state never move.
+  prepared_range(Range&& range, Accelerator& accelerator)
+      : range_(std::forward<Range>(range)),
+        accelerator_(&accelerator),
+        device_(accelerator.device_placement() ? std::optional<c10::Device>(accelerator.device()) : std::nullopt),
+        registration_(detail::accelerator_access::register_state(accelerator, slot())) {}
+
+  /// Starts a pass over the underlying range (a LibTorch loader starts a new epoch here).
+  [[nodiscard]] iterator begin() const {
+    auto& range = range_.get();
+    const auto skip = std::exchange(pass_->skip, 0);
+    pass_->position.batch = -1 + static_cast<std::int64_t>(skip);
+    return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), *this, skip);
+  }
+
+  [[nodiscard]] position_type position() const noexcept { return pass_->position; }
 
   /// The next pass starts after its first `n` batches (this process's), without reading them: resuming
   /// mid-epoch (Accelerate's `skip_first_batches`). Later passes are whole.
-  void skip_first_batches(std::size_t n) noexcept { skip_ = n; }
+  void skip_first_batches(std::size_t n) noexcept { pass_->skip = n; }
 
   /// Samples of the last global batch that are real (see `shard_view::remainder`); -1 when nothing was padded.
   [[nodiscard]] std::int64_t remainder() const noexcept {
@@ -207,44 +165,48 @@ class prepared_range : detail::prepared_tag {
     return device_ ? send_to_device(std::forward<Batch>(batch), *device_) : batch_type(std::forward<Batch>(batch));
   }
 
-  /// Where a resumed run starts: after the current batch, which is done when a checkpoint is taken. On a pass's
-  /// last batch that is the start of the next epoch, not an empty rest of this one.
-  [[nodiscard]] position_type resume_position() const noexcept {
-    return on_last_batch_ ? position_type{position_.epoch + 1, -1} : position_;
-  }
+  struct pass_state {
+    position_type position;
+    std::size_t skip = 0;
+    bool on_last_batch = false;  // the current batch is its pass's last
+
+    void finish() noexcept {
+      if (position.batch >= 0) ++position.epoch;
+      position.batch = -1;
+      on_last_batch = false;
+    }
+    /// Where a resumed run starts: after the current batch, which is done when a checkpoint is taken. On a pass's
+    /// last batch that is the start of the next epoch, not an empty rest of this one.
+    [[nodiscard]] position_type resume_position() const noexcept {
+      return on_last_batch ? position_type{position.epoch + 1, -1} : position;
+    }
+  };
 
   /// A checkpoint holds the resume position; loading it makes the next pass resume after the last batch done,
   /// drawing that epoch's order from a data loader.
-  void fill_slot() {
-    slot_->what = "range";
-    slot_->save = [this](torch::serialize::OutputArchive& out) {
-      const auto resume = resume_position();
+  detail::checkpoint_slot slot() {
+    detail::checkpoint_slot slot{.kind = "range", .scope = detail::state_scope::per_process};
+    slot.save = [pass = pass_.get()](torch::serialize::OutputArchive& out) {
+      const auto resume = pass->resume_position();
       out.write("epoch", c10::IValue(resume.epoch));
       out.write("batch", c10::IValue(resume.batch));
     };
-    slot_->load = [this](torch::serialize::InputArchive& in) {
+    slot.load = [pass = pass_.get(), range = &range_.get()](torch::serialize::InputArchive& in) {
       c10::IValue epoch, batch;
       in.read("epoch", epoch);
       in.read("batch", batch);
-      position_ = {epoch.toInt(), batch.toInt()};
-      skip_ = static_cast<std::size_t>(position_.batch + 1);
-      if (auto* loader = detail::loader_of(range_.get())) loader->set_epoch(position_.epoch);
+      pass->position = {epoch.toInt(), batch.toInt()};
+      pass->skip = static_cast<std::size_t>(pass->position.batch + 1);
+      if (auto* loader = detail::loader_of(*range)) loader->set_epoch(pass->position.epoch);
     };
+    return slot;
   }
 
-  void finish_pass() const {
-    if (position_.batch >= 0) ++position_.epoch;
-    position_.batch = -1;
-    on_last_batch_ = false;
-  }
-
-  mutable detail::stored<Range> range_;
+  detail::pinned<Range> range_;
   Accelerator* accelerator_;
-  mutable position_type position_;
-  mutable std::size_t skip_ = 0;
-  mutable bool on_last_batch_ = false;  // the current batch is its pass's last
-  std::shared_ptr<detail::checkpoint_slot> slot_;
   std::optional<c10::Device> device_;  // empty when device placement is off
+  std::unique_ptr<pass_state> pass_ = std::make_unique<pass_state>();
+  detail::registration registration_;
 };
 
 }  // namespace accel

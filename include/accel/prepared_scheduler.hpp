@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "checkpoint.hpp"
+#include "detail/checkpoint_slot.hpp"
 #include "detail/prepared_handle.hpp"
 #include "prepared_optimizer.hpp"
 
@@ -33,16 +33,9 @@ class prepared_scheduler : public detail::prepared_handle<Scheduler, Accelerator
   using scheduler_type = typename base::object_type;
 
   prepared_scheduler(Scheduler&& scheduler, Accelerator& accelerator)
-      : base(std::forward<Scheduler>(scheduler), accelerator), slot_(std::make_shared<detail::checkpoint_slot>()) {
-    slot_->what = "scheduler";
-    detail::fill_slot(*slot_, this->unwrap());
-    accelerator.register_state(slot_);
+      : base(std::forward<Scheduler>(scheduler), accelerator) {
+    this->registration_ = base::access::register_state(accelerator, detail::slot_for("scheduler", this->unwrap()));
   }
-  // The checkpoint slot follows the scheduler when an owned one moves.
-  prepared_scheduler(prepared_scheduler&& other) noexcept : base(std::move(other)), slot_(std::move(other.slot_)) {
-    if (slot_) detail::fill_slot(*slot_, this->unwrap());
-  }
-  prepared_scheduler& operator=(prepared_scheduler&&) = delete;
 
   /// `step()` or `step(metric)`, forwarded to the user's scheduler when the optimizer stepped.
   /// With `options::step_scheduler_with_optimizer` off, every call steps once.
@@ -59,9 +52,6 @@ class prepared_scheduler : public detail::prepared_handle<Scheduler, Accelerator
     const int times = accelerator.split_batches() ? 1 : accelerator.num_processes();
     for (int i = 0; i < times; ++i) this->unwrap().step(args...);
   }
-
- private:
-  std::shared_ptr<detail::checkpoint_slot> slot_;
 };
 
 }  // namespace accel

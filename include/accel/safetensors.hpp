@@ -25,16 +25,12 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint_error.hpp"
 #include "detail/atomic_file.hpp"
 #include "detail/json.hpp"
 #include "detail/text.hpp"
 
 namespace accel {
-
-/// A checkpoint that cannot be written or read: names the file and what is wrong with it.
-struct checkpoint_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 namespace safetensors {
 

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "detail/stored.hpp"
-#include "prepared_range.hpp"
+#include "batch_range.hpp"
 
 namespace accel {
 

@@ -1,12 +1,14 @@
 /// \file
-/// `prepared_handle`: what every prepared wrapper of a user object shares: the object (referred to or owned, see
-/// `stored`), the accelerator it was prepared by, `->` and `unwrap()`.
+/// `prepared_handle`: what every prepared wrapper of a user object shares: the object (referred to, or owned in
+/// place: see `pinned`), the accelerator it was prepared by, its registration with it, `->` and `unwrap()`.
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
 #include <type_traits>
 #include <utility>
 
+#include "accelerator_access.hpp"
+#include "registry.hpp"
 #include "stored.hpp"
 
 namespace accel::detail {
@@ -30,8 +32,11 @@ class prepared_handle : prepared_tag {
   prepared_handle(Object&& object, Accelerator& accelerator)
       : object_(std::forward<Object>(object)), accelerator_(&accelerator) {}
 
-  mutable stored<Object> object_;
+  using access = accelerator_access;
+
+  pinned<Object> object_;
   Accelerator* accelerator_;
+  registration registration_;  // what the accelerator holds of this object, for as long as it lives
 };
 
 }  // namespace accel::detail

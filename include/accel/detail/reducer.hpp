@@ -127,7 +127,7 @@ inline std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at
     bucket.bytes += p.numel() * p.element_size();
     if (bucket.bytes >= to_bytes(bucket.first ? limits.first_bucket_mb : limits.bucket_cap_mb)) {
       buckets.push_back(std::move(bucket.members));
-      bucket = open_bucket{.first = false};
+      bucket = open_bucket{.members = {}, .bytes = 0, .first = false};
     }
   }
   for (auto& [key, bucket] : open)
@@ -235,7 +235,9 @@ class gradient_reducer {
       buckets_.push_back({.flat = at::zeros({numel + flags}, first.options()),
                           .scale = at::scalar_tensor(1.0 / comm_.size(), first.options()),
                           .members = std::move(members),
-                          .flags_offset = numel});
+                          .flags_offset = numel,
+                          .pending = 0,
+                          .in_flight = std::nullopt});
     }
   }
 

@@ -1,0 +1,47 @@
+/// \file
+/// `accelerator_access`: the one door through which the prepared adapters reach their accelerator's internals
+/// (the accelerator befriends it alone), so that neither side repeats the other's constraints.
+// IWYU pragma: private, include <accel/accel.hpp>
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "registry.hpp"
+
+namespace accel::detail {
+
+struct accelerator_access {
+  template <class Accelerator>
+  [[nodiscard]] static registration register_optimizer(Accelerator& acc, torch::optim::Optimizer& optimizer) {
+    return acc.registry_.add_optimizer(optimizer);
+  }
+  template <class Accelerator>
+  [[nodiscard]] static registration register_state(Accelerator& acc, checkpoint_slot slot) {
+    return acc.registry_.add_slot(std::move(slot));
+  }
+  /// `prepared_optimizer::step()`.
+  template <class Accelerator>
+  static void step_optimizer(Accelerator& acc, torch::optim::Optimizer& optimizer) {
+    acc.step_optimizer(optimizer);
+  }
+  /// `prepared_range`, before it yields each batch: whether it is the last of its pass, and the real samples of
+  /// the last global batch (-1: nothing padded).
+  template <class Accelerator>
+  static void set_end_of_dataloader(Accelerator& acc, bool last, std::int64_t remainder) noexcept {
+    acc.gradient_state_.end_of_dataloader = last;
+    acc.gradient_state_.remainder = remainder;
+  }
+  /// `prepared_model`, before each forward (data parallel: arm the gradient hooks, sync buffers).
+  template <class Accelerator>
+  static void before_forward(Accelerator& acc, const torch::nn::Module& module) {
+    acc.parallel_.before_forward(module);
+  }
+  /// `prepared_model`, on the forward's result (bf16/fp16: float32 outputs).
+  template <class Accelerator, class Output>
+  static decltype(auto) forward_output(const Accelerator& acc, Output&& output) {
+    return acc.precision_.forward_output(std::forward<Output>(output));
+  }
+};
+
+}  // namespace accel::detail

@@ -1,0 +1,77 @@
+/// \file
+/// `prepared_registry`: what an accelerator prepared or was given to checkpoint (models, optimizers, checkpoint
+/// slots), which `save_state`, `load_state`, `unscale_gradients` and `free_memory` go through.
+// IWYU pragma: private, include <accel/accel.hpp>
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint_slot.hpp"
+
+namespace accel::detail {
+
+/// What a prepared object keeps while it lives: the registry holds the entry weakly, so it expires with the
+/// object. Moving the prepared object moves the handle; the registered object itself stays where it is.
+using registration = std::shared_ptr<const void>;
+
+class prepared_registry {
+ public:
+  /// Models are held (shared) until `release_prepared`: their weights are saved whether or not the user kept one.
+  void add_model(std::shared_ptr<torch::nn::Module> module) { models_.push_back(std::move(module)); }
+  [[nodiscard]] registration add_optimizer(torch::optim::Optimizer& optimizer) {
+    return add(optimizers_, std::make_shared<torch::optim::Optimizer*>(&optimizer));
+  }
+  [[nodiscard]] registration add_slot(checkpoint_slot slot) {
+    return add(slots_, std::make_shared<checkpoint_slot>(std::move(slot)));
+  }
+  /// A slot the registry itself keeps (`register_for_checkpointing`): it outlives `release_prepared`.
+  void keep_slot(checkpoint_slot slot) { kept_.push_back(add_slot(std::move(slot))); }
+
+  [[nodiscard]] const std::vector<std::shared_ptr<torch::nn::Module>>& models() const noexcept { return models_; }
+  [[nodiscard]] std::vector<torch::optim::Optimizer*> optimizers() const {
+    std::vector<torch::optim::Optimizer*> live;
+    for (const auto& weak : optimizers_)
+      if (auto entry = weak.lock()) live.push_back(*entry);
+    return live;
+  }
+  /// The live slots by kind, each kind in registration order.
+  [[nodiscard]] std::map<std::string, std::vector<std::shared_ptr<checkpoint_slot>>> slots_by_kind() const {
+    std::map<std::string, std::vector<std::shared_ptr<checkpoint_slot>>> by_kind;
+    for (const auto& weak : slots_)
+      if (auto slot = weak.lock()) by_kind[slot->kind].push_back(std::move(slot));
+    return by_kind;
+  }
+
+  /// Forgets what `prepare` registered (`free_memory`); kept slots stay.
+  void release_prepared() {
+    models_.clear();
+    optimizers_.clear();
+    std::erase_if(slots_, [this](const auto& weak) {
+      const auto slot = weak.lock();
+      return !slot || std::none_of(kept_.begin(), kept_.end(), [&](const auto& kept) { return kept == slot; });
+    });
+  }
+
+ private:
+  template <class Entry>
+  static registration add(std::vector<std::weak_ptr<Entry>>& entries, std::shared_ptr<Entry> entry) {
+    std::erase_if(entries, [](const auto& weak) { return weak.expired(); });
+    entries.push_back(entry);
+    return entry;
+  }
+
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<std::weak_ptr<torch::optim::Optimizer*>> optimizers_;
+  std::vector<std::weak_ptr<checkpoint_slot>> slots_;
+  std::vector<registration> kept_;
+};
+
+}  // namespace accel::detail
