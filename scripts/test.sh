@@ -3,7 +3,8 @@
 #  1. LibTorch 2.13 from the PyTorch wheel in .venv/ (the primary one): the whole suite, in $ACCEL_BUILD_DIR
 #     (default build/).
 #  2. Debian's libtorch-dev 1.13.1: every header compiled on its own, and the unit tests, in $ACCEL_BUILD_DIR-torch1.13.
-# Exits non-zero if anything failed in either.
+# Warnings are errors in both (-Wall -Wextra -Wpedantic -Wshadow, cmake/accelDeveloper.cmake). Exits non-zero if
+# anything failed in either.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${ACCEL_BUILD_DIR:-$root/build}
@@ -18,14 +19,14 @@ status=0
 echo "== LibTorch 2.13 (PyTorch wheel in .venv): the whole suite"
 ACCEL_TORCH=pip source "$root/scripts/torch.sh"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON -DACCEL_BUILD_EXAMPLES=ON \
-  "${torch_cmake_args[@]}"
+  -DACCEL_WARNINGS_AS_ERRORS=ON "${torch_cmake_args[@]}"
 cmake --build "$build" -j2
 ctest --test-dir "$build" --output-on-failure -j2 || status=1
 
 echo "== LibTorch 1.13.1 (Debian's libtorch-dev): every header on its own, and the unit tests"
 ACCEL_TORCH=debian source "$root/scripts/torch.sh"
 cmake -S "$root" -B "$build$torch_build_suffix" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
-  -DACCEL_BUILD_EXAMPLES=OFF "${torch_cmake_args[@]}"
+  -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_WARNINGS_AS_ERRORS=ON "${torch_cmake_args[@]}"
 cmake --build "$build$torch_build_suffix" -j2 --target accel_tests accel_header_check
 ctest --test-dir "$build$torch_build_suffix" --output-on-failure -j2 -R '^unit\.' || status=1
 

@@ -124,13 +124,6 @@ inline torch::serialize::InputArchive read_archive(const std::filesystem::path& 
   return archive;
 }
 
-/// Whether `here` is true on any process (one all-reduce; a collective, as every caller is).
-template <class Parallel>
-bool on_any_process(Parallel& parallel, bool here) {
-  auto&& comm = parallel.communicator();  // single_process returns its communicator by value
-  return reduce(comm, at::scalar_tensor(here ? 1 : 0, at::kInt), reduction::max).template item<int>() != 0;
-}
-
 /// Runs `step` here, then agrees with every process on whether it succeeded everywhere (one all-reduce, which is
 /// also the barrier between save_state's steps): a failure on any process is raised on all of them, there with
 /// its own error, elsewhere naming the step, so that no process is left waiting for one that gave up.

@@ -158,6 +158,14 @@ T reduce(C& comm, const T& data, reduction op) {
   return map_tensors(data, one);
 }
 
+/// Whether `here` is true on any process (one all-reduce; a collective, as every caller is).
+/// `parallel` is a parallel policy (single_process returns its communicator by value).
+template <class Parallel>
+bool on_any_process(Parallel& parallel, bool here) {
+  auto&& comm = parallel.communicator();
+  return reduce(comm, at::scalar_tensor(here ? 1 : 0, at::kInt), reduction::max).template item<int>() != 0;
+}
+
 template <communicator C, class T>
 T broadcast(C& comm, const T& data, int from_process) {
   require_tensor_structure<T>();

@@ -1,6 +1,6 @@
 // Model weights in safetensors: round trips of every dtype, sharding with an index, validation of what is read
 // (truncated, corrupt, mismatching files leave the model unchanged). The Python side (numpy reads accel's file,
-// accel reads Python's) is tests/checkpoint/interop.cmake.
+// accel reads Python's) is tests/scripts/checkpoint_interop.cmake.
 #include <catch2/catch.hpp>
 
 #include <filesystem>

@@ -1,4 +1,4 @@
-"""Runs one of accel_tests' hidden cases (tests/test_tracking.cpp), which logs into $ACCEL_TRACKING_DIR/run/, in a
+"""Runs one of accel_tests' hidden cases (tests/unit/test_tracking.cpp), which logs into $ACCEL_TRACKING_DIR/run/, in a
 fresh WORK_DIR; shared by the checks that then read what it wrote."""
 import os
 import shutil

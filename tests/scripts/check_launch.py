@@ -3,7 +3,7 @@
 
 usage: check_launch.py ACCEL LAUNCH_PROBE CASE
 
-Each `def case_NAME()` below is one CTest test, launcher.NAME (tests/launcher/CMakeLists.txt reads the names
+Each `def case_NAME()` below is one CTest test, launcher.NAME (tests/CMakeLists.txt reads the names
 from this file). Python standard library only.
 """
 import os

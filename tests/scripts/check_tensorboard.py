@@ -1,6 +1,6 @@
 """The tensorboard package reads accel's TensorBoard event file scalar for scalar.
 
-Runs the hidden case "write a TensorBoard file for Python" of accel_tests (tests/test_tracking.cpp), which logs
+Runs the hidden case "write a TensorBoard file for Python" of accel_tests (tests/unit/test_tracking.cpp), which logs
 into $ACCEL_TRACKING_DIR/run/, then loads the run with tensorboard's EventAccumulator and compares, for every tag,
 the (step, value) sequence with what the case logged (values as float32, as TensorBoard stores simple_value) and
 each wall time with the run's start and end.

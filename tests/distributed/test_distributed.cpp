@@ -13,7 +13,7 @@
 
 #include "support.hpp"
 #include "tensorboard_reader.hpp"
-#include "tracking/recording_tracker.hpp"
+#include "recording_tracker.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-# safetensors files cross between accel and Python's torch 2.13 (tests/checkpoint/interop.py says what each step
+# safetensors files cross between accel and Python's torch 2.13 (tests/scripts/checkpoint_interop.py says what each step
 # checks): accel's file read exactly in Python, Python's state dict loaded into LibTorch by name and saved back.
 set(dir ${WORK_DIR})
 file(REMOVE_RECURSE ${dir})

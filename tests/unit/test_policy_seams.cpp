@@ -128,7 +128,7 @@ TEST_CASE("the test-only policies' own state round-trips through save_state / lo
 // docs/checkpoint-format.md stays true: a checkpoint written before the policies saved their own state loads, its
 // state continues training exactly, and saving it again writes the same files with the same keys.
 TEST_CASE("a checkpoint written by accel 0.1 loads, resumes, and saves again with the same keys", "[checkpoint][resume]") {
-  const auto data = std::filesystem::path(__FILE__).parent_path() / "data" / "checkpoint-v0.1";
+  const auto data = std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "checkpoint-v0.1";
   const auto dir = scratch_directory("checkpoint_v0_1");
   // The run that wrote the checkpoint, up to its save, and the same run done in one go. The generator is the
   // process's: each run is done with it before the next one starts.

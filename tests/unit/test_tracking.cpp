@@ -1,6 +1,6 @@
 // Trackers: CSV, JSON lines and TensorBoard event files, read back exactly (TensorBoard's through
 // tensorboard_reader.hpp, written from the format's documentation); the accelerator's init_trackers / log /
-// end_training. Python reads the JSON lines file in tests/tracking/check_jsonl.py; 2 processes in
+// end_training. Python reads the JSON lines file in tests/scripts/check_jsonl.py; 2 processes in
 // test_distributed.cpp.
 #include <catch2/catch.hpp>
 
@@ -19,7 +19,7 @@
 
 #include "support.hpp"
 #include "tensorboard_reader.hpp"
-#include "tracking/recording_tracker.hpp"
+#include "recording_tracker.hpp"
 
 namespace {
 
@@ -354,7 +354,7 @@ TEST_CASE("a logging directory that cannot be created names the path and the OS 
   std::filesystem::remove_all(dir);
 }
 
-// Not run by default (hidden): tests/tracking/check_jsonl.py runs it, then reads the file with Python's json.
+// Not run by default (hidden): tests/scripts/check_jsonl.py runs it, then reads the file with Python's json.
 TEST_CASE("write a JSON lines file for Python", "[.python_jsonl]") {
   const char* where = std::getenv("ACCEL_TRACKING_DIR");
   REQUIRE(where != nullptr);
@@ -366,7 +366,7 @@ TEST_CASE("write a JSON lines file for Python", "[.python_jsonl]") {
   acc.end_training();
 }
 
-// Not run by default (hidden): tests/tracking/check_tensorboard.py runs it, then reads the event file with the
+// Not run by default (hidden): tests/scripts/check_tensorboard.py runs it, then reads the event file with the
 // tensorboard package's EventAccumulator and compares every scalar.
 TEST_CASE("write a TensorBoard file for Python", "[.python_tensorboard]") {
   const char* where = std::getenv("ACCEL_TRACKING_DIR");

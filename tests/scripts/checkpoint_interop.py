@@ -39,7 +39,7 @@ def read_by_format(path):
 
 
 def expected_tensors():
-    """What tests/checkpoint_tool.cpp writes, built independently with torch 2.13."""
+    """What tests/programs/checkpoint_tool.cpp writes, built independently with torch 2.13."""
     return {
         "fc.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3) / 4,
         "fc.bias": torch.tensor([-1.5, 2.25], dtype=torch.float64),

@@ -1,4 +1,4 @@
-// For tests/checkpoint/interop.cmake: `checkpoint_tool write FILE` writes known tensors for Python to check;
+// For tests/scripts/checkpoint_interop.cmake: `checkpoint_tool write FILE` writes known tensors for Python to check;
 // `checkpoint_tool check DIR` loads the state dict Python wrote there and saves it back (exit code 0 when it matches).
 #include <accel/accel.hpp>
 #include <torch/torch.h>
@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
                                        {"empty", torch::zeros({0, 4})}});
     return 0;
   }
-  // A state dict saved by Python's torch (tests/checkpoint/interop.py write) loads into the same architecture built
+  // A state dict saved by Python's torch (tests/scripts/checkpoint_interop.py write) loads into the same architecture built
   // with LibTorch, by name (parameters and buffers); the loaded model reproduces Python's eval output and is saved
   // back, sharded, for Python to compare with its original state dict.
   const std::filesystem::path dir = argv[2];

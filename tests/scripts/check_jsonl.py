@@ -1,6 +1,6 @@
 """Python's json module reads accel's metrics.jsonl and config.json exactly.
 
-Runs the hidden case "write a JSON lines file for Python" of accel_tests (tests/test_tracking.cpp), which logs
+Runs the hidden case "write a JSON lines file for Python" of accel_tests (tests/unit/test_tracking.cpp), which logs
 into $ACCEL_TRACKING_DIR/run/, then parses every line with json.loads and compares keys (in order), values
 (non-finite ones included) and steps with what the case logged.
 
