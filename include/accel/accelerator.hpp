@@ -58,6 +58,15 @@ const torch::nn::Module& module_of(const Model& model) {
     return *module_pointer(model);
 }
 
+/// Waits for every process before the scope when not `first`, after it when `first`: the first ones go ahead alone.
+template <class Parallel>
+auto first_then_others(Parallel& parallel, bool first) {
+  if (!first) parallel.wait_for_everyone();
+  return scope_success([&parallel, first] {
+    if (first) parallel.wait_for_everyone();
+  });
+}
+
 /// Runs `action` when `here`, and returns its result in an optional (nothing for a void action).
 template <class Action>
 auto run_if(bool here, Action&& action) {
@@ -282,18 +291,8 @@ class accelerator {
   /// (nested or not) are gathered; other values (a `std::vector` of results, say) go through `gather_object`.
   template <class Data>
   [[nodiscard]] Data gather_for_metrics(const Data& data) {
-    const auto keep = gradient_state_.end_of_dataloader ? gradient_state_.remainder : -1;
-    if constexpr (detail::is_tensor_structure<Data>) {
-      auto gathered = gather(data);
-      if (keep <= 0) return gathered;
-      auto truncate = [keep](const at::Tensor& t) { return t.narrow(0, 0, std::min(keep, t.size(0))); };
-      return detail::map_tensors(gathered, truncate);
-    } else {
-      static_assert(detail::is_vector<Data>, "accel::gather_for_metrics takes tensors, or a std::vector of values");
-      auto gathered = gather_object(data);
-      if (keep > 0 && static_cast<std::int64_t>(gathered.size()) > keep) gathered.resize(static_cast<std::size_t>(keep));
-      return gathered;
-    }
+    auto&& comm = parallel_.communicator();
+    return detail::gather_for_metrics(comm, data, gradient_state_.end_of_dataloader ? gradient_state_.remainder : -1);
   }
 
   /// This process's part of `data` (a `std::vector`, a tensor along dim 0, or a `std::map`): contiguous parts,
@@ -378,9 +377,11 @@ class accelerator {
   }
 
   /// The main process runs the scope first, the others once it is done (downloading or preprocessing once).
-  [[nodiscard]] auto main_process_first() { return first_then_others(is_main_process()); }
+  [[nodiscard]] auto main_process_first() { return detail::first_then_others(parallel_, is_main_process()); }
   /// The same per machine: each machine's local main process first.
-  [[nodiscard]] auto local_main_process_first() { return first_then_others(is_local_main_process()); }
+  [[nodiscard]] auto local_main_process_first() {
+    return detail::first_then_others(parallel_, is_local_main_process());
+  }
 
   /// Raises this process's flag for the next `check_trigger()` (to stop every process early, say).
   void set_trigger() noexcept { trigger_ = true; }
@@ -437,13 +438,6 @@ class accelerator {
     parallel_.set_gradient_sync(module, enabled, this_backward);
     return detail::scope_exit(
         [this, &module, previous, this_backward] { parallel_.set_gradient_sync(module, previous, this_backward); });
-  }
-
-  auto first_then_others(bool first) {
-    if (!first) wait_for_everyone();
-    return detail::scope_success([this, first] {
-      if (first) wait_for_everyone();
-    });
   }
 
   template <class Object>

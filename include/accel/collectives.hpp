@@ -230,5 +230,23 @@ auto gather_object(C& comm, const T& value) {
   }
 }
 
+/// `gather`, then only the first `keep` samples (all when `keep` <= 0): Accelerate's `gather_for_metrics`, which
+/// drops what even_batches duplicated on the last batch. Tensors (nested or not) are gathered; a `std::vector` of
+/// other values goes through `gather_object`.
+template <communicator C, class Data>
+Data gather_for_metrics(C& comm, const Data& data, std::int64_t keep) {
+  if constexpr (is_tensor_structure<Data>) {
+    auto gathered = gather(comm, data);
+    if (keep <= 0) return gathered;
+    auto truncate = [keep](const at::Tensor& t) { return t.narrow(0, 0, std::min(keep, t.size(0))); };
+    return map_tensors(gathered, truncate);
+  } else {
+    static_assert(is_vector<Data>, "accel::gather_for_metrics takes tensors, or a std::vector of values");
+    auto gathered = gather_object(comm, data);
+    if (keep > 0 && static_cast<std::int64_t>(gathered.size()) > keep) gathered.resize(static_cast<std::size_t>(keep));
+    return gathered;
+  }
+}
+
 }  // namespace detail
 }  // namespace accel
