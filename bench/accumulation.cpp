@@ -65,7 +65,6 @@ result run(int steps, bool sync_each_batch, int micro_batches) {
   return {ms / micro_steps, double(reducer->all_reduce_count() - reduces_before) / optimizer_steps};
 }
 
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,7 +78,8 @@ int main(int argc, char** argv) {
     std::vector<double> ms;
     double all_reduces = 0;
   };
-  std::vector<loop> loops = {{"accumulate<4>", 4, false, {}}, {"accumulate<4>, sync_each_batch", 4, true, {}},
+  std::vector<loop> loops = {{"accumulate<4>", 4, false, {}},
+                             {"accumulate<4>, sync_each_batch", 4, true, {}},
                              {"no accumulation", 1, false, {}}};
   std::vector<double> ratios;
   for (int r = 0; r < rounds; ++r) {
@@ -95,8 +95,9 @@ int main(int argc, char** argv) {
   }
   accelerator_type acc;
   if (!acc.is_main_process()) return 0;
-  std::printf("2 Gloo processes, MLP width %d (2 buckets), batch 32 per process, %d micro-batches per process, %d rounds\n", width,
-              micro_batches, rounds);
+  std::printf(
+      "2 Gloo processes, MLP width %d (2 buckets), batch 32 per process, %d micro-batches per process, %d rounds\n",
+      width, micro_batches, rounds);
   std::printf("%-34s %26s %22s\n", "loop", "all-reduces / optimizer step", "ms / micro-batch");
   for (const auto& l : loops) std::printf("%-34s %26.2f %22.3f\n", l.name, l.all_reduces, bench::median(l.ms));
   std::printf("time per micro-batch, accumulate<4> / sync_each_batch (median of per-round ratios): %.3f\n",

@@ -52,9 +52,9 @@ double direct(const std::vector<batch>& data, int steps) {
   return seconds_since(start) / steps;
 }
 
-using compiled = accel::configs<accel::accelerator<accel::bf16>,
-                                accel::accelerator<accel::fp32, accel::single_process, accel::accumulate<4>>,
-                                accel::accelerator<>>;
+using compiled =
+    accel::configs<accel::accelerator<accel::bf16>,
+                   accel::accelerator<accel::fp32, accel::single_process, accel::accumulate<4>>, accel::accelerator<>>;
 
 /// Seconds per step with the accelerator chosen by dispatch from a run configuration (fp32, no accumulation).
 double dispatched(const std::vector<batch>& data, int steps) {
@@ -82,8 +82,10 @@ int main(int argc, char** argv) {
     chosen.push_back(dispatch_first ? first : second);
     ratios.push_back(chosen.back() / typed.back());
   }
-  std::printf("dispatch vs a directly typed accelerator (tiny MLP width %d, AdamW, batch %d, 1 thread), "
-              "%d rounds x %d steps\n", bench::tiny_width, bench::tiny_batch_size, rounds, steps);
+  std::printf(
+      "dispatch vs a directly typed accelerator (tiny MLP width %d, AdamW, batch %d, 1 thread), "
+      "%d rounds x %d steps\n",
+      bench::tiny_width, bench::tiny_batch_size, rounds, steps);
   std::printf("%-44s %12s %12s\n", "loop", "median us", "min us");
   bench::print_row("accel::accelerator<> written in the program", typed);
   bench::print_row("accel::dispatch among 3 compiled configs", chosen);

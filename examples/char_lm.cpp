@@ -28,7 +28,7 @@
 #include <vector>
 
 struct settings {
-  int64_t steps = 1000;     // optimizer steps in all, counting those of earlier runs
+  int64_t steps = 1000;  // optimizer steps in all, counting those of earlier runs
   int64_t save_every = 250;
   std::string out = "char_lm_run";
   std::string text = CHAR_LM_TEXT;  // examples/data/sonnets.txt, set by CMake
@@ -37,7 +37,8 @@ struct settings {
 // Causal multi-head self-attention: each position attends to itself and to the positions before it.
 struct SelfAttentionImpl : torch::nn::Module {
   SelfAttentionImpl(int64_t dim, int64_t heads)
-      : heads(heads), qkv(register_module("qkv", torch::nn::Linear(dim, 3 * dim))),
+      : heads(heads),
+        qkv(register_module("qkv", torch::nn::Linear(dim, 3 * dim))),
         out(register_module("out", torch::nn::Linear(dim, dim))) {}
 
   torch::Tensor forward(const torch::Tensor& x) {  // x: [batch, time, dim]
@@ -48,8 +49,8 @@ struct SelfAttentionImpl : torch::nn::Module {
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dim / heads));
     const auto future = torch::ones({time, time}, x.options().dtype(torch::kBool)).triu(1);
     scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
-    const auto mixed = torch::matmul(scores.softmax(-1), v);             // [batch, heads, time, dim / heads]
-    return out(mixed.transpose(1, 2).reshape({batch, time, dim}));        // heads side by side again
+    const auto mixed = torch::matmul(scores.softmax(-1), v);        // [batch, heads, time, dim / heads]
+    return out(mixed.transpose(1, 2).reshape({batch, time, dim}));  // heads side by side again
   }
 
   int64_t heads;
@@ -243,11 +244,16 @@ std::optional<settings> parse(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
-      if (i + 1 < argc && flag == "--steps") s.steps = std::stoll(argv[++i]);
-      else if (i + 1 < argc && flag == "--save-every") s.save_every = std::stoll(argv[++i]);
-      else if (i + 1 < argc && flag == "--out") s.out = argv[++i];
-      else if (i + 1 < argc && flag == "--text") s.text = argv[++i];
-      else return std::nullopt;
+      if (i + 1 < argc && flag == "--steps")
+        s.steps = std::stoll(argv[++i]);
+      else if (i + 1 < argc && flag == "--save-every")
+        s.save_every = std::stoll(argv[++i]);
+      else if (i + 1 < argc && flag == "--out")
+        s.out = argv[++i];
+      else if (i + 1 < argc && flag == "--text")
+        s.text = argv[++i];
+      else
+        return std::nullopt;
     }
   } catch (const std::logic_error&) {  // std::stoll: not a number
     return std::nullopt;

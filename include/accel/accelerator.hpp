@@ -135,8 +135,9 @@ class accelerator {
     } else {
       accumulation_.begin_micro_step(options_.sync_with_dataloader && gradient_state_.end_of_dataloader);
       const bool communicate = sync_gradients() || options_.sync_each_batch;
-      std::array<std::pair<const torch::nn::Module*, bool>, sizeof...(Models)> previous{std::pair<const torch::nn::Module*, bool>{
-          &detail::module_of(models), parallel_.gradient_sync(detail::module_of(models))}...};
+      std::array<std::pair<const torch::nn::Module*, bool>, sizeof...(Models)> previous{
+          std::pair<const torch::nn::Module*, bool>{&detail::module_of(models),
+                                                    parallel_.gradient_sync(detail::module_of(models))}...};
       for (auto& [module, was] : previous) parallel_.set_gradient_sync(*module, was && communicate);
       return detail::scope_exit([this, previous] {
         for (auto& [module, was] : previous) parallel_.set_gradient_sync(*module, was);
@@ -308,8 +309,9 @@ class accelerator {
   /// resuming mid-epoch (Accelerate's `skip_first_batches`). Later passes are whole. Returns `range`.
   template <class Range>
   Range& skip_first_batches(Range& range, std::size_t n) const {
-    static_assert(detail::is_prepared<Range> && requires(Range& r, std::size_t k) { r.skip_first_batches(k); },
-                  "accel::skip_first_batches takes a range that prepare() returned");
+    static_assert(
+        detail::is_prepared<Range> && requires(Range& r, std::size_t k) { r.skip_first_batches(k); },
+        "accel::skip_first_batches takes a range that prepare() returned");
     range.skip_first_batches(n);
     return range;
   }
@@ -333,8 +335,9 @@ class accelerator {
   void register_for_checkpointing(T& object) {
     auto slot = detail::slot_for("custom_checkpoint", object);
     if (!slot.save)
-      throw std::invalid_argument("accel::register_for_checkpointing: this object has no save(OutputArchive&) const "
-                                  "and load(InputArchive&) members; give it those to have it checkpointed");
+      throw std::invalid_argument(
+          "accel::register_for_checkpointing: this object has no save(OutputArchive&) const "
+          "and load(InputArchive&) members; give it those to have it checkpointed");
     registry_.keep_slot(std::move(slot));
   }
 
@@ -396,13 +399,17 @@ class accelerator {
   /// Runs `action` only on the named process and returns its result there (an empty optional elsewhere; nothing
   /// for a void action). Accelerate's `on_main_process` family of decorators.
   template <class Action>
-  auto on_main_process(Action&& action) { return detail::run_if(is_main_process(), std::forward<Action>(action)); }
+  auto on_main_process(Action&& action) {
+    return detail::run_if(is_main_process(), std::forward<Action>(action));
+  }
   template <class Action>
   auto on_local_main_process(Action&& action) {
     return detail::run_if(is_local_main_process(), std::forward<Action>(action));
   }
   template <class Action>
-  auto on_last_process(Action&& action) { return detail::run_if(is_last_process(), std::forward<Action>(action)); }
+  auto on_last_process(Action&& action) {
+    return detail::run_if(is_last_process(), std::forward<Action>(action));
+  }
   template <class Action>
   auto on_process(int index, Action&& action) {
     return detail::run_if(process_index() == index, std::forward<Action>(action));

@@ -87,15 +87,16 @@ inline int accumulation_steps_from(const options& opts) {
 /// A compile-time N, the options and the environment must agree.
 inline void check_fixed_steps(const options& opts, int steps) {
   if (auto from_environment = accumulation_steps_in_environment(); from_environment && *from_environment != steps)
-    throw std::invalid_argument("accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=" + std::to_string(*from_environment) +
-                                " contradicts accel::accumulate<" + std::to_string(steps) +
-                                ">, which is fixed at compile time; unset the variable, or use accel::accumulate_dynamic "
-                                "to follow it");
+    throw std::invalid_argument(
+        "accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=" + std::to_string(*from_environment) +
+        " contradicts accel::accumulate<" + std::to_string(steps) +
+        ">, which is fixed at compile time; unset the variable, or use accel::accumulate_dynamic "
+        "to follow it");
   if (opts.gradient_accumulation_steps && *opts.gradient_accumulation_steps != steps)
-    throw std::invalid_argument("accel: options::gradient_accumulation_steps = " +
-                                std::to_string(*opts.gradient_accumulation_steps) + " contradicts accel::accumulate<" +
-                                std::to_string(steps) +
-                                ">; drop the option, or use accel::accumulate_dynamic to choose N at run time");
+    throw std::invalid_argument(
+        "accel: options::gradient_accumulation_steps = " + std::to_string(*opts.gradient_accumulation_steps) +
+        " contradicts accel::accumulate<" + std::to_string(steps) +
+        ">; drop the option, or use accel::accumulate_dynamic to choose N at run time");
 }
 
 }  // namespace detail

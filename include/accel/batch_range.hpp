@@ -35,9 +35,8 @@ concept batch_range =
     requires(std::remove_reference_t<R>& r) {
       detail::adl::range_begin(r);
       detail::adl::range_end(r);
-    } &&
-    requires(decltype(detail::adl::range_begin(std::declval<std::remove_reference_t<R>&>())) it,
-             const decltype(detail::adl::range_end(std::declval<std::remove_reference_t<R>&>())) end) {
+    } && requires(decltype(detail::adl::range_begin(std::declval<std::remove_reference_t<R>&>())) it,
+                  const decltype(detail::adl::range_end(std::declval<std::remove_reference_t<R>&>())) end) {
       ++it;
       *it;
       { it != end } -> std::convertible_to<bool>;

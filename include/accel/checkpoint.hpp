@@ -78,17 +78,20 @@ inline std::map<std::int64_t, std::filesystem::path> numbered_checkpoints(const 
 /// working directory or one above it are refused before anything is written.
 inline std::filesystem::path checkpoint_directory(const std::filesystem::path& directory) {
   if (directory.empty())
-    throw checkpoint_error("accel::save_state: the directory is an empty path; pass the checkpoint's directory, "
-                           "such as \"checkpoints/step_100\"");
+    throw checkpoint_error(
+        "accel::save_state: the directory is an empty path; pass the checkpoint's directory, "
+        "such as \"checkpoints/step_100\"");
   auto target = std::filesystem::absolute(directory).lexically_normal();
   if (!target.has_filename()) target = target.parent_path();
   const auto below = std::filesystem::current_path().lexically_relative(target);
   if (below.empty() || *below.begin() != "..")
-    throw checkpoint_error("accel::save_state: " + directory.string() + " is the working directory or one above it; "
+    throw checkpoint_error("accel::save_state: " + directory.string() +
+                           " is the working directory or one above it; "
                            "save_state replaces its directory whole, so give it one of its own, such as " +
                            (directory / "checkpoint").string());
   if (std::filesystem::exists(target) && !std::filesystem::is_directory(target))
-    throw checkpoint_error("accel::save_state: " + directory.string() + " is a file, not a directory; nothing was "
+    throw checkpoint_error("accel::save_state: " + directory.string() +
+                           " is a file, not a directory; nothing was "
                            "written: give save_state a directory");
   return target;
 }
@@ -98,8 +101,8 @@ inline std::vector<std::pair<std::string, at::Generator>> generators() {
   std::vector<std::pair<std::string, at::Generator>> all{{"cpu_rng", at::detail::getDefaultCPUGenerator()}};
   const int cuda_devices = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
   for (int device = 0; device < cuda_devices; ++device)
-    all.emplace_back("cuda_rng_" + std::to_string(device),
-                     at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device))));
+    all.emplace_back("cuda_rng_" + std::to_string(device), at::globalContext().defaultGenerator(c10::Device(
+                                                               c10::kCUDA, static_cast<c10::DeviceIndex>(device))));
   return all;
 }
 
@@ -270,7 +273,8 @@ void load_state(const std::filesystem::path& directory, Parallel& parallel, cons
   const auto expect = [&](const std::string& key, std::int64_t mine) {
     c10::IValue value;
     if (!shared.try_read(key, value) || !value.isInt())
-      throw checkpoint_error("accel::load_state: " + (directory / "accel_state.bin").string() + " lacks \"" + key + "\"");
+      throw checkpoint_error("accel::load_state: " + (directory / "accel_state.bin").string() + " lacks \"" + key +
+                             "\"");
     if (value.toInt() != mine)
       throw checkpoint_error("accel::load_state: the checkpoint in " + directory.string() + " has " +
                              std::to_string(value.toInt()) + " " + key + ", this program " + std::to_string(mine) +
@@ -293,8 +297,8 @@ void load_state(const std::filesystem::path& directory, Parallel& parallel, cons
     const auto file = directory / numbered("model", i, ".safetensors");
     auto loaded = safetensors::load(file);
     weights.emplace_back(loaded.begin(), loaded.end());
-    check_weights_fit(*models[i], weights.back(), "accel::load_state: the weights in " + file.string() +
-                                                      " do not fit the prepared model");
+    check_weights_fit(*models[i], weights.back(),
+                      "accel::load_state: the weights in " + file.string() + " do not fit the prepared model");
   }
   std::vector<torch::serialize::InputArchive> optimizer_archives;
   for (std::size_t i = 0; i < optimizers.size(); ++i)
@@ -350,8 +354,9 @@ template <class Parallel, class... Policies>
 std::filesystem::path save_numbered_state(const project_options& project, Parallel& parallel,
                                           const prepared_registry& registry, const Policies&... policies) {
   if (!project.automatic_checkpoint_naming)
-    throw std::invalid_argument("accel::save_state(): without a directory it needs "
-                                "options::project.automatic_checkpoint_naming; or pass the directory to save to");
+    throw std::invalid_argument(
+        "accel::save_state(): without a directory it needs "
+        "options::project.automatic_checkpoint_naming; or pass the directory to save to");
   const auto root = std::filesystem::path(project.project_dir) / "checkpoints";
   auto existing = numbered_checkpoints(root);
   if (!existing.empty() && existing.rbegin()->first == std::numeric_limits<std::int64_t>::max())

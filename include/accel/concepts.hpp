@@ -38,7 +38,7 @@ class Module;
 namespace torch::serialize {
 class OutputArchive;
 class InputArchive;
-}
+}  // namespace torch::serialize
 
 namespace accel {
 namespace detail {
@@ -61,11 +61,11 @@ concept has_category = std::same_as<typename category_of<std::remove_cvref_t<T>>
 /// `save_state` writes its keys into every process's `random_states_{rank}.bin`; `load_state` reads everything it
 /// needs before changing anything and throws `accel::checkpoint_error` naming what is missing.
 template <class P>
-concept stateful_policy = requires(const P& saving, P& loading, torch::serialize::OutputArchive& out,
-                                   torch::serialize::InputArchive& in) {
-  saving.save_state(out);
-  loading.load_state(in);
-};
+concept stateful_policy =
+    requires(const P& saving, P& loading, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
+      saving.save_state(out);
+      loading.load_state(in);
+    };
 /// A policy that declares either state hook has both, with those signatures (else they would be silently skipped).
 template <class P>
 concept well_formed_state_hooks =
@@ -85,54 +85,56 @@ concept precision_defaulted_hooks = requires(P& p, const P& cp, const at::Tensor
                                              torch::nn::Module& module, single_process& parallel) {
   { P::name() } -> std::convertible_to<std::string_view>;
   { P::mixed_precision() } -> std::convertible_to<std::string_view>;  // what selects it in accel::dispatch
-  p.prepare_model(module);     // at prepare, before the parallel policy sees the model
-  p.backward(loss);            // runs backward (fp16 scales the loss first)
-  p.unscale(opt, parallel);    // divides the optimizer's gradients by the loss scale, once per step
-  p.step(opt, parallel);       // decides whether to step (fp16 may skip); the parallel policy steps
+  p.prepare_model(module);   // at prepare, before the parallel policy sees the model
+  p.backward(loss);          // runs backward (fp16 scales the loss first)
+  p.unscale(opt, parallel);  // divides the optimizer's gradients by the loss scale, once per step
+  p.step(opt, parallel);     // decides whether to step (fp16 may skip); the parallel policy steps
   { cp.step_was_skipped() } -> std::convertible_to<bool>;
   { cp.loss_scale() } -> std::convertible_to<double>;  // what gradients are multiplied by until unscaled
 };
 
 /// What the accelerator calls on its parallel policy: the required hooks...
 template <class Q>
-concept parallel_hooks = std::constructible_from<Q, const options&> && requires(Q& q, const Q& cq, torch::nn::Module& module) {
+concept parallel_hooks = std::constructible_from<Q, const options&> && requires(Q& q, const Q& cq,
+                                                                                torch::nn::Module& module) {
   { cq.device() } -> std::convertible_to<const c10::Device&>;
   { cq.process_index() } -> std::convertible_to<int>;
   { cq.local_process_index() } -> std::convertible_to<int>;
   { cq.num_processes() } -> std::convertible_to<int>;
   q.wait_for_everyone();
-  q.prepare_model(module);       // broadcast parameters, register gradient hooks (data parallel)
+  q.prepare_model(module);  // broadcast parameters, register gradient hooks (data parallel)
   { cq.gradient_sync(module) } -> std::convertible_to<bool>;
   q.set_gradient_sync(module, true, false);  // enabled, this_backward: no_sync, accumulation, trigger_sync_in_backward
-  q.before_forward(module);      // each forward of a prepared model: arm gradient hooks, sync buffers
-  q.communicator();              // what the collectives run on (accel/collectives.hpp)
+  q.before_forward(module);                  // each forward of a prepared model: arm gradient hooks, sync buffers
+  q.communicator();                          // what the collectives run on (accel/collectives.hpp)
 };
 /// ...and those `accel::parallel_defaults` provides (parallel.hpp), which a policy may redefine.
 template <class Q>
 concept parallel_defaulted_hooks = requires(Q& q, torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params) {
   { Q::name() } -> std::convertible_to<std::string_view>;
-  q.prepare_optimizer(opt);                              // at prepare (a sharded policy partitions its state)
-  q.step_optimizer(opt);                                 // the step itself (a sharded one steps its shard, gathers)
+  q.prepare_optimizer(opt);                                 // at prepare (a sharded policy partitions its state)
+  q.step_optimizer(opt);                                    // the step itself (a sharded one steps its shard, gathers)
   { q.any_non_finite(true) } -> std::convertible_to<bool>;  // every process's verdict on inf/NaN gradients
-  { q.gradient_norm(params, 2.0) } -> std::convertible_to<double>;       // the total norm over every process's part
+  { q.gradient_norm(params, 2.0) } -> std::convertible_to<double>;  // the total norm over every process's part
   { q.clip_grad_norm(params, 1.0, 2.0) } -> std::convertible_to<double>;
-  q.release_models();                                    // free_memory
+  q.release_models();  // free_memory
 };
 
 /// What the accelerator calls on its accumulation policy: the required hooks...
 template <class A>
-concept accumulation_hooks = std::constructible_from<A, const options&> && requires(A& a, const A& ca, const at::Tensor& loss) {
-  { ca.steps() } -> std::convertible_to<int>;
-  a.begin_micro_step(true);      // entering acc.accumulate(model); true on a prepared range's last batch
-  { ca.step() } -> std::convertible_to<int>;
-  { ca.sync_gradients() } -> std::convertible_to<bool>;
-  ca.scale_loss(loss);
-};
+concept accumulation_hooks =
+    std::constructible_from<A, const options&> && requires(A& a, const A& ca, const at::Tensor& loss) {
+      { ca.steps() } -> std::convertible_to<int>;
+      a.begin_micro_step(true);  // entering acc.accumulate(model); true on a prepared range's last batch
+      { ca.step() } -> std::convertible_to<int>;
+      { ca.sync_gradients() } -> std::convertible_to<bool>;
+      ca.scale_loss(loss);
+    };
 /// ...and those `accel::accumulation_defaults` provides (accumulation.hpp).
 template <class A>
 concept accumulation_defaulted_hooks = requires(A& a) {
   { A::name() } -> std::convertible_to<std::string_view>;
-  a.restart();                   // free_memory: the count starts again
+  a.restart();  // free_memory: the count starts again
 };
 
 }  // namespace detail
@@ -141,39 +143,61 @@ concept accumulation_defaulted_hooks = requires(A& a) {
 template <class P>
 concept precision_policy =
     (detail::has_category<P, precision_tag> ||
-     detail::unsatisfied<"accel::accelerator's 1st argument must be a precision policy: accel::fp32, accel::bf16 or accel::fp16", P>()) &&
+     detail::unsatisfied<
+         "accel::accelerator's 1st argument must be a precision policy: accel::fp32, accel::bf16 or accel::fp16",
+         P>()) &&
     (detail::precision_hooks<P> ||
-     detail::unsatisfied<"this precision policy lacks a constructor from (accel::options, c10::Device), forward_scope(device) or forward_output(output): see accel/concepts.hpp", P>()) &&
+     detail::unsatisfied<"this precision policy lacks a constructor from (accel::options, c10::Device), "
+                         "forward_scope(device) or forward_output(output): see accel/concepts.hpp",
+                         P>()) &&
     (detail::precision_defaulted_hooks<P> ||
-     detail::unsatisfied<"this precision policy lacks name(), mixed_precision(), prepare_model(module), backward(loss), unscale(optimizer, parallel), step(optimizer, parallel), step_was_skipped() or loss_scale(): derive it from accel::precision_defaults", P>()) &&
+     detail::unsatisfied<"this precision policy lacks name(), mixed_precision(), prepare_model(module), "
+                         "backward(loss), unscale(optimizer, parallel), step(optimizer, parallel), step_was_skipped() "
+                         "or loss_scale(): derive it from accel::precision_defaults",
+                         P>()) &&
     detail::well_formed_state_hooks<P>;
 
 /// A parallel policy: `accel::single_process` or `accel::data_parallel<accel::gloo / accel::nccl>`.
 template <class Q>
 concept parallel_policy =
     (detail::has_category<Q, parallel_tag> ||
-     detail::unsatisfied<"accel::accelerator's 2nd argument must be a parallel policy: accel::single_process or accel::data_parallel<accel::gloo or accel::nccl>", Q>()) &&
+     detail::unsatisfied<"accel::accelerator's 2nd argument must be a parallel policy: accel::single_process or "
+                         "accel::data_parallel<accel::gloo or accel::nccl>",
+                         Q>()) &&
     (detail::parallel_hooks<Q> ||
-     detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone(), prepare_model(module), gradient_sync(module), set_gradient_sync(module, bool enabled, bool this_backward), before_forward(module) or communicator(): see accel/concepts.hpp", Q>()) &&
+     detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), "
+                         "local_process_index(), num_processes(), wait_for_everyone(), prepare_model(module), "
+                         "gradient_sync(module), set_gradient_sync(module, bool enabled, bool this_backward), "
+                         "before_forward(module) or communicator(): see accel/concepts.hpp",
+                         Q>()) &&
     (detail::parallel_defaulted_hooks<Q> ||
-     detail::unsatisfied<"this parallel policy lacks name(), prepare_optimizer(optimizer), step_optimizer(optimizer), any_non_finite(bool), gradient_norm(parameters, norm_type), clip_grad_norm(parameters, max_norm, norm_type) or release_models(): derive it from accel::parallel_defaults", Q>()) &&
+     detail::unsatisfied<"this parallel policy lacks name(), prepare_optimizer(optimizer), step_optimizer(optimizer), "
+                         "any_non_finite(bool), gradient_norm(parameters, norm_type), clip_grad_norm(parameters, "
+                         "max_norm, norm_type) or release_models(): derive it from accel::parallel_defaults",
+                         Q>()) &&
     detail::well_formed_state_hooks<Q>;
 
 /// An accumulation policy: `accel::no_accumulation`, `accel::accumulate<N>` or `accel::accumulate_dynamic`.
 template <class A>
 concept accumulation_policy =
     (detail::has_category<A, accumulation_tag> ||
-     detail::unsatisfied<"accel::accelerator's 3rd argument must be an accumulation policy: accel::no_accumulation, accel::accumulate<N> or accel::accumulate_dynamic", A>()) &&
+     detail::unsatisfied<"accel::accelerator's 3rd argument must be an accumulation policy: accel::no_accumulation, "
+                         "accel::accumulate<N> or accel::accumulate_dynamic",
+                         A>()) &&
     (detail::accumulation_hooks<A> ||
-     detail::unsatisfied<"this accumulation policy lacks a constructor from accel::options, steps(), begin_micro_step(bool), step(), sync_gradients() or scale_loss(loss): see accel/concepts.hpp", A>()) &&
+     detail::unsatisfied<"this accumulation policy lacks a constructor from accel::options, steps(), "
+                         "begin_micro_step(bool), step(), sync_gradients() or scale_loss(loss): see accel/concepts.hpp",
+                         A>()) &&
     (detail::accumulation_defaulted_hooks<A> ||
-     detail::unsatisfied<"this accumulation policy lacks name() or restart(): derive it from accel::accumulation_defaults", A>()) &&
+     detail::unsatisfied<
+         "this accumulation policy lacks name() or restart(): derive it from accel::accumulation_defaults", A>()) &&
     detail::well_formed_state_hooks<A>;
 
 /// A communication backend for `accel::data_parallel`: `accel::gloo` or `accel::nccl`.
 template <class B>
 concept communication_backend =
     detail::has_category<B, backend_tag> ||
-    detail::unsatisfied<"accel::data_parallel<Backend> takes accel::gloo (CPU) or accel::nccl (CUDA) as its backend", B>();
+    detail::unsatisfied<"accel::data_parallel<Backend> takes accel::gloo (CPU) or accel::nccl (CUDA) as its backend",
+                        B>();
 
 }  // namespace accel

@@ -39,13 +39,13 @@ struct config_error : std::runtime_error {
 
 /// What a config file may hold; a key the file does not set stays empty.
 struct config_values {
-  std::optional<std::string> mixed_precision;         // no, bf16 or fp16
-  std::optional<int> gradient_accumulation_steps;     // >= 1
-  std::optional<int> num_processes;                   // in the whole job, over every machine (as Accelerate)
-  std::optional<int> num_machines;                    // >= 1
-  std::optional<int> machine_rank;                    // this machine's index, 0 on the main one
-  std::optional<std::string> main_process_ip;         // the main machine's host name or address
-  std::optional<int> main_process_port;               // 0 to 65535 (0: `accel launch` picks a free one)
+  std::optional<std::string> mixed_precision;      // no, bf16 or fp16
+  std::optional<int> gradient_accumulation_steps;  // >= 1
+  std::optional<int> num_processes;                // in the whole job, over every machine (as Accelerate)
+  std::optional<int> num_machines;                 // >= 1
+  std::optional<int> machine_rank;                 // this machine's index, 0 on the main one
+  std::optional<std::string> main_process_ip;      // the main machine's host name or address
+  std::optional<int> main_process_port;            // 0 to 65535 (0: `accel launch` picks a free one)
 };
 
 namespace detail {
@@ -67,12 +67,12 @@ inline int config_number(std::string_view text, int low, int high) {
   return number;
 }
 
-template <std::optional<int> config_values::*field, int low, int high>
+template <std::optional<int> config_values::* field, int low, int high>
 void set_number(config_values& values, std::string_view text) {
   values.*field = config_number(text, low, high);
 }
 
-template <std::optional<int> config_values::*field>
+template <std::optional<int> config_values::* field>
 std::optional<std::string> get_number(const config_values& values) {
   if (!(values.*field)) return std::nullopt;
   return std::to_string(*(values.*field));
@@ -204,7 +204,8 @@ inline config_values parse_config(std::string_view text, const std::string& name
 
 /// The config file's text for `values` (only the keys that are set), as `accel config` writes it.
 inline std::string format_config(const config_values& values) {
-  std::string text = "# accel config file: read by `accel launch` and accel::read_run_config(); written by `accel config`\n";
+  std::string text =
+      "# accel config file: read by `accel launch` and accel::read_run_config(); written by `accel config`\n";
   for (const detail::config_key& key : detail::config_keys)
     if (auto value = key.get(values)) text += std::string(key.name) + ": " + *value + "\n";
   return text;
@@ -228,7 +229,8 @@ inline std::optional<std::filesystem::path> config_file_path() {
 inline config_values read_config_file(const std::filesystem::path& path) {
   std::error_code ignored;
   if (std::filesystem::is_directory(path, ignored))
-    throw config_error("the config file " + path.string() + " is a directory; name a file (accel config "
+    throw config_error("the config file " + path.string() +
+                       " is a directory; name a file (accel config "
                        "--config_file FILE writes one), or set ACCEL_CONFIG_FILE empty for no config file");
   std::ifstream in(path);
   if (!in)
@@ -259,8 +261,8 @@ inline void write_config_file(const std::filesystem::path& path, const config_va
   std::error_code error;
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), error);
   if (error)
-    throw config_error("cannot create the directory " + path.parent_path().string() + " for the config file: " +
-                       error.message());
+    throw config_error("cannot create the directory " + path.parent_path().string() +
+                       " for the config file: " + error.message());
   detail::write_atomically<config_error>(path, [&](std::ofstream& out) { out << format_config(values); });
 }
 

@@ -56,8 +56,9 @@ struct collation<torch::data::Example<Data, Target>> {
       data.push_back(s.data);
       targets.push_back(s.target);
     }
-    return torch::data::Example<decltype(collation<Data>::collate(data)), decltype(collation<Target>::collate(targets))>{
-        collation<Data>::collate(data), collation<Target>::collate(targets)};
+    return torch::data::Example<decltype(collation<Data>::collate(data)),
+                                decltype(collation<Target>::collate(targets))>{collation<Data>::collate(data),
+                                                                               collation<Target>::collate(targets)};
   }
 };
 template <class A, class B>
@@ -86,8 +87,9 @@ std::int64_t dataset_size(D& d) {
     auto n = d.size();
     if constexpr (requires { n.has_value(); }) {
       if (!n.has_value())
-        throw std::invalid_argument("accel::data_loader: the dataset does not know its size (an iterable dataset); "
-                                    "give it a size, or batch it yourself and prepare the range of batches");
+        throw std::invalid_argument(
+            "accel::data_loader: the dataset does not know its size (an iterable dataset); "
+            "give it a size, or batch it yourself and prepare the range of batches");
       return static_cast<std::int64_t>(*n);
     } else {
       return static_cast<std::int64_t>(n);
@@ -265,7 +267,9 @@ class sharded_loader {
   }
   [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
   /// See `shard_view::remainder`.
-  [[nodiscard]] std::int64_t remainder() const noexcept { return current_ ? current_->index_batches().remainder() : -1; }
+  [[nodiscard]] std::int64_t remainder() const noexcept {
+    return current_ ? current_->index_batches().remainder() : -1;
+  }
   [[nodiscard]] loader_type& loader() const noexcept { return loader_.get(); }
 
  private:

@@ -72,9 +72,7 @@ template <class T>
 concept tuple_like = requires { std::tuple_size<T>::value; };
 
 template <class T>
-concept map_like = requires(T& m, const typename T::key_type& k, const typename T::mapped_type& v) {
-  m.emplace(k, v);
-};
+concept map_like = requires(T& m, const typename T::key_type& k, const typename T::mapped_type& v) { m.emplace(k, v); };
 
 template <class T>
 concept sequence_like = requires(T& c, const typename T::value_type& v) {

@@ -8,8 +8,8 @@
 ///     accel::dispatch<supported>(accel::read_run_config(), [&](auto& acc) { train(acc); });
 ///
 /// and `dispatch` builds the first one that fits the run configuration (from Accelerate's environment variables
-/// or the config file, and the launcher's world size) and calls the function once with it: the loop inside is compiled per
-/// configuration, with no dispatch in it. A configuration that was not compiled gives an error that lists those
+/// or the config file, and the launcher's world size) and calls the function once with it: the loop inside is compiled
+/// per configuration, with no dispatch in it. A configuration that was not compiled gives an error that lists those
 /// that were.
 #pragma once
 
@@ -73,7 +73,8 @@ struct config_traits<accelerator<P, Q, A>> {
       return true;  // accumulate_dynamic takes any N (from the same variable)
   }
   static std::string name() {
-    return "accelerator<" + std::string(P::name()) + ", " + std::string(Q::name()) + ", " + std::string(A::name()) + ">";
+    return "accelerator<" + std::string(P::name()) + ", " + std::string(Q::name()) + ", " + std::string(A::name()) +
+           ">";
   }
 };
 
@@ -100,9 +101,9 @@ using dispatch_result = std::invoke_result_t<F&, std::tuple_element_t<0, std::tu
 /// Where `dispatch` keeps `f`'s result while the accelerator that made it is destroyed: a value in place, a
 /// reference as a pointer (an optional cannot hold one), nothing for void.
 template <class Result>
-using dispatch_slot = std::conditional_t<std::is_void_v<Result>, bool,
-                                         std::conditional_t<std::is_reference_v<Result>,
-                                                            std::remove_reference_t<Result>*, Result>>;
+using dispatch_slot =
+    std::conditional_t<std::is_void_v<Result>, bool,
+                       std::conditional_t<std::is_reference_v<Result>, std::remove_reference_t<Result>*, Result>>;
 
 template <class... Accelerators, class F>
 auto dispatch_in(configs<Accelerators...>, const run_config& config, F&& f, const options& opts)
@@ -122,14 +123,15 @@ auto dispatch_in(configs<Accelerators...>, const run_config& config, F&& f, cons
       out.emplace(f(acc));
     }
     return true;
-  }(std::type_identity<Accelerators>{}) || ...);
+  }(std::type_identity<Accelerators>{}) ||
+                      ...);
   if (!found) {
     std::string compiled;
     ((compiled += "\n  " + config_traits<Accelerators>::name()), ...);
-    throw std::invalid_argument("accel::dispatch: no compiled configuration fits mixed_precision=" +
-                                config.mixed_precision + ", gradient_accumulation_steps=" +
-                                std::to_string(config.gradient_accumulation_steps) + ", processes=" +
-                                std::to_string(config.num_processes) + "; the program was compiled with:" + compiled);
+    throw std::invalid_argument(
+        "accel::dispatch: no compiled configuration fits mixed_precision=" + config.mixed_precision +
+        ", gradient_accumulation_steps=" + std::to_string(config.gradient_accumulation_steps) +
+        ", processes=" + std::to_string(config.num_processes) + "; the program was compiled with:" + compiled);
   }
   if constexpr (std::is_reference_v<result>)
     return static_cast<result>(**out);

@@ -127,15 +127,17 @@ inline process_environment read_process_environment() {
     env.local_world_size = 1;
     env.local_rank = local_rank ? static_cast<int>(parse_integer(*local_rank, 0, env.world_size - 1)) : 0;
   }
-  if (auto port = read_variable("MASTER_PORT")) env.master_port = static_cast<std::uint16_t>(parse_integer(*port, 1, 65535));
+  if (auto port = read_variable("MASTER_PORT"))
+    env.master_port = static_cast<std::uint16_t>(parse_integer(*port, 1, 65535));
   if (auto addr = read_variable("MASTER_ADDR"))
     env.master_addr = addr->value;
   else if (!env.single_node())
-    throw launch_error("accel: MASTER_ADDR is not set and the job may span several machines (" +
-                       (local_size_known ? std::string(family->local_world_size) + "=" + local_world_size->value +
-                                               " < " + std::string(family->world_size) + "=" + world_size->value
-                                         : std::string(family->local_world_size) + " is not set or not uniform") +
-                       "); set MASTER_ADDR to the address of the machine running rank 0 (accel launch --master_addr A)");
+    throw launch_error(
+        "accel: MASTER_ADDR is not set and the job may span several machines (" +
+        (local_size_known ? std::string(family->local_world_size) + "=" + local_world_size->value + " < " +
+                                std::string(family->world_size) + "=" + world_size->value
+                          : std::string(family->local_world_size) + " is not set or not uniform") +
+        "); set MASTER_ADDR to the address of the machine running rank 0 (accel launch --master_addr A)");
   return env;
 }
 

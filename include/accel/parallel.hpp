@@ -57,7 +57,8 @@ inline double gradient_norm(const std::vector<at::Tensor>& parameters, double no
   for (const auto& p : parameters)
     if (p.grad().defined()) norms.push_back(p.grad().norm(norm_type));
   if (norms.empty()) return 0.0;
-  return std::isinf(norm_type) ? at::stack(norms).max().item<double>() : at::stack(norms).norm(norm_type).item<double>();
+  return std::isinf(norm_type) ? at::stack(norms).max().item<double>()
+                               : at::stack(norms).norm(norm_type).item<double>();
 }
 }  // namespace detail
 

@@ -42,7 +42,9 @@ namespace detail {
 class [[nodiscard]] autocast_scope {
  public:
   autocast_scope(c10::DeviceType device, c10::ScalarType dtype)
-      : device_(device), was_enabled_(compat::autocast_enabled(device)), previous_dtype_(compat::autocast_dtype(device)) {
+      : device_(device),
+        was_enabled_(compat::autocast_enabled(device)),
+        previous_dtype_(compat::autocast_dtype(device)) {
     compat::set_autocast_dtype(device, dtype);  // first: 1.13 refuses some dtypes, and must not be left enabled
     compat::set_autocast_enabled(device, true);
     at::autocast::increment_nesting();
@@ -81,9 +83,8 @@ auto outputs_to_fp32(Output&& output)
 inline void require_autocast(const c10::Device& device, c10::ScalarType dtype, const char* policy,
                              const char* suggestion) {
   if (!compat::autocast_supports(device.type(), dtype))
-    throw std::invalid_argument(std::string("accel::") + policy + ": this LibTorch (" + TORCH_VERSION +
-                                ") has no " + c10::toString(dtype) + " autocast on " + device.str() + "; " +
-                                suggestion);
+    throw std::invalid_argument(std::string("accel::") + policy + ": this LibTorch (" + TORCH_VERSION + ") has no " +
+                                c10::toString(dtype) + " autocast on " + device.str() + "; " + suggestion);
 }
 
 /// Multiplies `grads` (all on one device) by `inverse` in place and returns whether any element was inf/NaN before:
@@ -210,12 +211,13 @@ class grad_scaler {
     std::map<std::pair<c10::DeviceType, c10::DeviceIndex>, std::vector<at::Tensor>> by_device;
     for (auto& group : optimizer.param_groups())
       for (auto& parameter : group.params())
-        if (parameter.grad().defined()) by_device[{parameter.device().type(), parameter.device().index()}].push_back(parameter.mutable_grad());
+        if (parameter.grad().defined())
+          by_device[{parameter.device().type(), parameter.device().index()}].push_back(parameter.mutable_grad());
     bool found_inf = false;
     for (auto& [device, grads] : by_device) {
       const auto factor = static_cast<float>(inverse);
-      const bool found = compat::fused_unscale_available(device.first) ? unscale_fused(grads, factor)
-                                                                         : unscale_each(grads, factor);
+      const bool found =
+          compat::fused_unscale_available(device.first) ? unscale_fused(grads, factor) : unscale_each(grads, factor);
       found_inf = found_inf || found;
     }
     return found_inf;
@@ -286,7 +288,8 @@ struct bf16 : precision_defaults {
     return {device.type(), at::kBFloat16};
   }
   template <class Output>
-  [[nodiscard]] static auto forward_output(Output&& output) -> decltype(detail::outputs_to_fp32(std::forward<Output>(output))) {
+  [[nodiscard]] static auto forward_output(Output&& output)
+      -> decltype(detail::outputs_to_fp32(std::forward<Output>(output))) {
     return detail::outputs_to_fp32(std::forward<Output>(output));
   }
 };
@@ -307,7 +310,8 @@ struct fp16 : precision_defaults {
     return {device.type(), at::kHalf};
   }
   template <class Output>
-  [[nodiscard]] static auto forward_output(Output&& output) -> decltype(detail::outputs_to_fp32(std::forward<Output>(output))) {
+  [[nodiscard]] static auto forward_output(Output&& output)
+      -> decltype(detail::outputs_to_fp32(std::forward<Output>(output))) {
     return detail::outputs_to_fp32(std::forward<Output>(output));
   }
   void backward(const at::Tensor& loss) { scaler_.scale(loss).backward(); }

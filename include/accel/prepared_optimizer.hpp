@@ -17,8 +17,8 @@ namespace accel {
 
 /// An optimizer `prepare` accepts: any non-const `torch::optim::Optimizer`.
 template <class O>
-concept optimizer_like = std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer> &&
-                         !std::is_const_v<std::remove_reference_t<O>>;
+concept optimizer_like =
+    std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer> && !std::is_const_v<std::remove_reference_t<O>>;
 
 /// `Optimizer` is `O&` when the user passed an lvalue (kept by reference) or `O` for an rvalue (owned).
 template <class Optimizer, class Accelerator>
@@ -31,7 +31,8 @@ class prepared_optimizer : public detail::prepared_handle<Optimizer, Accelerator
 
   /// The accelerator finds its optimizers (to unscale and checkpoint them) through the registration, which
   /// expires with the prepared optimizer.
-  prepared_optimizer(Optimizer&& optimizer, Accelerator& accelerator) : base(std::forward<Optimizer>(optimizer), accelerator) {
+  prepared_optimizer(Optimizer&& optimizer, Accelerator& accelerator)
+      : base(std::forward<Optimizer>(optimizer), accelerator) {
     this->registration_ = base::access::register_optimizer(accelerator, this->unwrap());
   }
 

@@ -210,7 +210,7 @@ class postfix_value {
     else
       value_ = std::to_string(value);
   }
-  postfix_value(std::string text) : value_(std::move(text)) {}  // NOLINT(google-explicit-constructor)
+  postfix_value(std::string text) : value_(std::move(text)) {}    // NOLINT(google-explicit-constructor)
   postfix_value(const char* text) : value_(std::string(text)) {}  // NOLINT(google-explicit-constructor)
 
   [[nodiscard]] std::string text() const {

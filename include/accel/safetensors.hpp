@@ -43,9 +43,8 @@ static_assert(std::endian::native == std::endian::little, "accel::safetensors wr
 
 inline const std::map<c10::ScalarType, std::string>& dtype_names() {
   static const std::map<c10::ScalarType, std::string> names = {
-      {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
-      {at::kLong, "I64"},   {at::kInt, "I32"},   {at::kShort, "I16"}, {at::kChar, "I8"},
-      {at::kByte, "U8"},    {at::kBool, "BOOL"}};
+      {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"}, {at::kLong, "I64"},
+      {at::kInt, "I32"},    {at::kShort, "I16"}, {at::kChar, "I8"},  {at::kByte, "U8"},       {at::kBool, "BOOL"}};
   return names;
 }
 
@@ -120,7 +119,7 @@ class header_parser {
           }
           continue;
         }
-        const std::map<char, char> escapes = {{'"', '"'}, {'\\', '\\'}, {'/', '/'}, {'b', '\b'},
+        const std::map<char, char> escapes = {{'"', '"'},  {'\\', '\\'}, {'/', '/'},  {'b', '\b'},
                                               {'f', '\f'}, {'n', '\n'},  {'r', '\r'}, {'t', '\t'}};
         auto found = escapes.find(c);
         if (found == escapes.end()) fail("an unknown escape in a string");
@@ -207,7 +206,8 @@ inline void save(const std::filesystem::path& path, const tensor_list& tensors,
     offset += bytes;
   }
   header += "\"__metadata__\":{";
-  for (const auto& [key, value] : metadata) header += ::accel::detail::json_string(key) + ":" + ::accel::detail::json_string(value) + ",";
+  for (const auto& [key, value] : metadata)
+    header += ::accel::detail::json_string(key) + ":" + ::accel::detail::json_string(value) + ",";
   if (header.back() == ',') header.pop_back();
   header += "}}";
   while (header.size() % 8 != 0) header += ' ';  // the data starts 8-byte aligned, as the reference writer does
@@ -215,7 +215,8 @@ inline void save(const std::filesystem::path& path, const tensor_list& tensors,
     const std::uint64_t length = header.size();
     out.write(reinterpret_cast<const char*>(&length), sizeof length);
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& t : contiguous) out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+    for (const auto& t : contiguous)
+      out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
   });
 }
 
@@ -223,7 +224,8 @@ inline void save(const std::filesystem::path& path, const tensor_list& tensors,
 inline tensor_list load(const std::filesystem::path& path, std::map<std::string, std::string>* metadata = nullptr) {
   const auto file = detail::read_file(path);
   const auto where = path.string();
-  if (file.size() < 8) throw checkpoint_error("accel: " + where + " is truncated: shorter than the 8-byte header length");
+  if (file.size() < 8)
+    throw checkpoint_error("accel: " + where + " is truncated: shorter than the 8-byte header length");
   std::uint64_t length = 0;
   std::memcpy(&length, file.data(), sizeof length);
   if (length > file.size() - 8)
@@ -239,7 +241,8 @@ inline tensor_list load(const std::filesystem::path& path, std::map<std::string,
     const at::ScalarType* type = nullptr;
     for (const auto& [t, n] : detail::dtype_names())
       if (n == e.dtype) type = &t;
-    if (type == nullptr) throw checkpoint_error("accel: " + where + ": tensor " + name + " has the unknown dtype " + e.dtype);
+    if (type == nullptr)
+      throw checkpoint_error("accel: " + where + ": tensor " + name + " has the unknown dtype " + e.dtype);
     if (e.offsets.size() != 2 || e.offsets[0] > e.offsets[1] || e.offsets[1] > data_size)
       throw checkpoint_error("accel: " + where + " is truncated or corrupt: tensor " + name +
                              "'s bytes lie outside the file's data");
@@ -249,7 +252,8 @@ inline tensor_list load(const std::filesystem::path& path, std::map<std::string,
       throw checkpoint_error("accel: " + where + " is corrupt: tensor " + name + "'s shape does not match its " +
                              std::to_string(e.offsets[1] - e.offsets[0]) + " bytes");
     auto tensor = at::empty(e.shape, at::TensorOptions().dtype(*type));
-    std::memcpy(tensor.data_ptr(), file.data() + data_begin + e.offsets[0], static_cast<std::size_t>(e.offsets[1] - e.offsets[0]));
+    std::memcpy(tensor.data_ptr(), file.data() + data_begin + e.offsets[0],
+                static_cast<std::size_t>(e.offsets[1] - e.offsets[0]));
     out.emplace_back(name, std::move(tensor));
   }
   if (metadata != nullptr) *metadata = std::move(meta);

@@ -79,7 +79,9 @@ struct batch_slicing<at::Tensor> {
 template <class... Ts>
 struct batch_slicing<std::tuple<Ts...>> {
   using batch = std::tuple<Ts...>;
-  static std::int64_t size(const batch& b) { return batch_slicing<std::tuple_element_t<0, batch>>::size(std::get<0>(b)); }
+  static std::int64_t size(const batch& b) {
+    return batch_slicing<std::tuple_element_t<0, batch>>::size(std::get<0>(b));
+  }
   static batch slice(const batch& b, std::int64_t start, std::int64_t stop) {
     return std::apply([&](const auto&... x) { return batch{batch_slicing<Ts>::slice(x, start, stop)...}; }, b);
   }
@@ -291,7 +293,8 @@ class shard_view {
       if (short_seen_ || size > *options_.batch_size || size == 0)
         throw std::invalid_argument(
             "accel::views::shard: batch " + std::to_string(short_seen_ ? idx_ - 1 : idx_) + " has " +
-            std::to_string(short_seen_ ? short_size_ : size) + " samples where " + std::to_string(*options_.batch_size) +
+            std::to_string(short_seen_ ? short_size_ : size) + " samples where " +
+            std::to_string(*options_.batch_size) +
             " are expected; with a batch size only the last batch may be short (for batches of varying size, "
             "leave shard_options::batch_size empty)");
       if (size < *options_.batch_size) {
@@ -316,8 +319,8 @@ class shard_view {
     bool short_seen_ = false;
     std::int64_t short_size_ = 0;
     bool finished_ = false;
-    std::optional<batch_type> initial_;        // the first P batches' samples, to loop back to
-    std::vector<batch_type> first_batches_;   // the same for batches of varying size
+    std::optional<batch_type> initial_;      // the first P batches' samples, to loop back to
+    std::vector<batch_type> first_batches_;  // the same for batches of varying size
     std::optional<batch_type> to_yield_;
     std::optional<batch_type> last_;
     mutable std::deque<batch_type> out_;

@@ -46,9 +46,12 @@ namespace accel {
 /// The name a built-in tracker goes by (its `general_tracker::name()`).
 constexpr std::string_view tracker_name(tracker kind) noexcept {
   switch (kind) {
-    case tracker::csv: return "csv";
-    case tracker::json_lines: return "json_lines";
-    case tracker::tensorboard: return "tensorboard";
+    case tracker::csv:
+      return "csv";
+    case tracker::json_lines:
+      return "json_lines";
+    case tracker::tensorboard:
+      return "tensorboard";
   }
   return "unknown";
 }
@@ -78,8 +81,10 @@ class metric {
   void check_one_element(const at::Tensor& tensor) const {
     if (!tensor.defined() || tensor.numel() != 1) {
       std::ostringstream shape;
-      if (tensor.defined()) shape << "has shape " << tensor.sizes();
-      else shape << "is undefined";
+      if (tensor.defined())
+        shape << "has shape " << tensor.sizes();
+      else
+        shape << "is undefined";
       throw std::invalid_argument("accel::metric \"" + name + "\": a tensor metric holds one element; this one " +
                                   shape.str() + "; log a reduction of it (mean(), sum()) or its elements one by one");
     }
@@ -105,10 +110,14 @@ struct hyperparameter {
   template <class Value>
   static value_type to_value(Value&& given) {
     using type = std::remove_cvref_t<Value>;
-    if constexpr (std::is_same_v<type, bool>) return given;
-    else if constexpr (std::is_integral_v<type>) return static_cast<std::int64_t>(given);
-    else if constexpr (std::is_floating_point_v<type>) return static_cast<double>(given);
-    else return std::string(std::string_view(given));
+    if constexpr (std::is_same_v<type, bool>)
+      return given;
+    else if constexpr (std::is_integral_v<type>)
+      return static_cast<std::int64_t>(given);
+    else if constexpr (std::is_floating_point_v<type>)
+      return static_cast<double>(given);
+    else
+      return std::string(std::string_view(given));
   }
 };
 /// The run's configuration, in the order given (as Python's dict keeps it).
@@ -151,10 +160,14 @@ inline std::string json_value(const hyperparameter::value_type& value) {
   return std::visit(
       [](const auto& v) -> std::string {
         using type = std::remove_cvref_t<decltype(v)>;
-        if constexpr (std::is_same_v<type, bool>) return v ? "true" : "false";
-        else if constexpr (std::is_same_v<type, std::int64_t>) return std::to_string(v);
-        else if constexpr (std::is_same_v<type, double>) return json_number(v);
-        else return detail::json_string(v);
+        if constexpr (std::is_same_v<type, bool>)
+          return v ? "true" : "false";
+        else if constexpr (std::is_same_v<type, std::int64_t>)
+          return std::to_string(v);
+        else if constexpr (std::is_same_v<type, double>)
+          return json_number(v);
+        else
+          return detail::json_string(v);
       },
       value);
 }
@@ -236,8 +249,7 @@ class json_lines_tracker final : public general_tracker {
   void log(const std::vector<metric>& metrics, std::int64_t step) override {
     std::string line =
         "{\"step\": " + std::to_string(step) + ", \"wall_time\": " + detail::json_number(detail::wall_time());
-    for (const auto& m : metrics)
-      line += ", " + detail::json_string(m.name) + ": " + detail::json_number(m.value());
+    for (const auto& m : metrics) line += ", " + detail::json_string(m.name) + ": " + detail::json_number(m.value());
     file_.write(line + "}\n");
   }
   void finish() override { file_.close(); }
@@ -324,8 +336,9 @@ class tracker_set {
   /// Sends `metrics` to every tracker at `step` (default: the number of earlier calls).
   void log(const std::vector<metric>& metrics, std::optional<std::int64_t> step, bool main_process) {
     if (!started_ && !log_with_.empty())
-      throw std::logic_error("accel::accelerator::log: options::log_with names trackers that are not started yet; call "
-                             "acc.init_trackers(\"project\") first");
+      throw std::logic_error(
+          "accel::accelerator::log: options::log_with names trackers that are not started yet; call "
+          "acc.init_trackers(\"project\") first");
     check_names(metrics);  // on every process, so that a mistake shows wherever it is made
     const auto at = step.value_or(log_calls_);
     ++log_calls_;
@@ -387,17 +400,19 @@ class tracker_set {
   }
   static std::shared_ptr<general_tracker> make(tracker kind, const std::filesystem::path& directory) {
     switch (kind) {
-      case tracker::csv: return std::make_shared<csv_tracker>(directory);
-      case tracker::json_lines: return std::make_shared<json_lines_tracker>(directory);
-      case tracker::tensorboard: return std::make_shared<tensorboard_tracker>(directory);
+      case tracker::csv:
+        return std::make_shared<csv_tracker>(directory);
+      case tracker::json_lines:
+        return std::make_shared<json_lines_tracker>(directory);
+      case tracker::tensorboard:
+        return std::make_shared<tensorboard_tracker>(directory);
     }
     throw std::invalid_argument("accel::init_trackers: options::log_with holds an unknown tracker");
   }
   static void write_config(const std::filesystem::path& file, const hyperparameters& config) {
     std::string json = "{";
     for (std::size_t i = 0; i < config.size(); ++i)
-      json += (i == 0 ? "\n  " : ",\n  ") + detail::json_string(config[i].name) + ": " +
-              json_value(config[i].value);
+      json += (i == 0 ? "\n  " : ",\n  ") + detail::json_string(config[i].name) + ": " + json_value(config[i].value);
     run_file(file, run_file::overwrite).write(json + (config.empty() ? "}\n" : "\n}\n"));
   }
 

@@ -21,13 +21,12 @@ using namespace accel_test;
 using gloo_accelerator = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
 
 /// Rank r's tensor in Accelerate's test_ops.py: arange(P) + 1 + P * r.
-torch::Tensor ops_tensor(int rank, int world) {
-  return torch::arange(world, torch::kFloat) + 1 + world * rank;
-}
+torch::Tensor ops_tensor(int rank, int world) { return torch::arange(world, torch::kFloat) + 1 + world * rank; }
 
 /// The regression model of Accelerate's test_sync.py: y = a * x + b.
 struct regression_impl : torch::nn::Module {
-  regression_impl() : a(register_parameter("a", torch::tensor({0.5f}))), b(register_parameter("b", torch::tensor({-0.25f}))) {}
+  regression_impl()
+      : a(register_parameter("a", torch::tensor({0.5f}))), b(register_parameter("b", torch::tensor({-0.25f}))) {}
   torch::Tensor forward(const torch::Tensor& x) { return a * x + b; }
   torch::Tensor a, b;
 };
@@ -158,7 +157,8 @@ TEST_CASE("F4 gather_object and nested gather", "[collectives]") {
   CHECK(gathered.size(0) == 3 * P);
   CHECK(torch::equal(gathered.narrow(0, 3 * r, 3), matrix));
   // Nested structures keep their shape.
-  auto pair = acc.gather(std::make_tuple(torch::full({1}, r), std::map<std::string, torch::Tensor>{{"k", torch::full({2}, r)}}));
+  auto pair = acc.gather(
+      std::make_tuple(torch::full({1}, r), std::map<std::string, torch::Tensor>{{"k", torch::full({2}, r)}}));
   CHECK(std::get<0>(pair).size(0) == P);
   CHECK(std::get<1>(pair).at("k").size(0) == 2 * P);
 }
@@ -306,9 +306,8 @@ TEST_CASE("a backward that throws half-way leaves the next step correct", "[ddp]
   auto data = regression_batches(1, 4 * P, 3, 2, 11);
   auto& [x, y] = data[0];
   // Every process fails the same way: fc1.weight's hook throws once the last layer's buckets have gone out.
-  auto hook = net->fc1->weight.register_hook([](torch::Tensor) -> torch::Tensor {
-    throw std::runtime_error("hook fails on purpose");
-  });
+  auto hook = net->fc1->weight.register_hook(
+      [](torch::Tensor) -> torch::Tensor { throw std::runtime_error("hook fails on purpose"); });
   CHECK_THROWS_WITH(torch::mse_loss(model(shard(x, r, P)), shard(y, r, P)).backward(),
                     Catch::Contains("hook fails on purpose"));
   CHECK(acc.parallel().reducer_for(*net)->all_reduce_count() > 0);
@@ -321,7 +320,9 @@ TEST_CASE("a backward that throws half-way leaves the next step correct", "[ddp]
 
 TEST_CASE("a parameter no process uses keeps no gradient, as in DDP", "[ddp]") {
   struct with_spare_impl : torch::nn::Module {
-    with_spare_impl() : used(register_module("used", torch::nn::Linear(2, 1))), spare(register_module("spare", torch::nn::Linear(2, 1))) {}
+    with_spare_impl()
+        : used(register_module("used", torch::nn::Linear(2, 1))),
+          spare(register_module("spare", torch::nn::Linear(2, 1))) {}
     torch::Tensor forward(const torch::Tensor& x) { return used(x); }
     torch::nn::Linear used, spare;
   };
@@ -380,7 +381,9 @@ TEST_CASE_METHOD(sync_fixture, "E2 trigger_sync_in_backward after forwards under
 
 TEST_CASE("a parameter unused on some processes neither hangs nor corrupts the average", "[ddp]") {
   struct branchy_impl : torch::nn::Module {
-    branchy_impl() : shared(register_module("shared", torch::nn::Linear(2, 1))), odd(register_module("odd", torch::nn::Linear(2, 1))) {}
+    branchy_impl()
+        : shared(register_module("shared", torch::nn::Linear(2, 1))),
+          odd(register_module("odd", torch::nn::Linear(2, 1))) {}
     torch::Tensor forward(const torch::Tensor& x, bool use_odd) { return use_odd ? shared(x) + odd(x) : shared(x); }
     torch::nn::Linear shared, odd;
   };
@@ -416,11 +419,13 @@ TEST_CASE("a process that throws brings the job down", "[crash]") {
 }
 
 namespace {
-using accumulating_accelerator = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>, accel::accumulate_dynamic>;
+using accumulating_accelerator =
+    accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>, accel::accumulate_dynamic>;
 
 }  // namespace
 
-TEST_CASE("E3 E4 accumulation on P processes: sync pattern, no_sync on micro-steps, grads = baseline", "[accumulation]") {
+TEST_CASE("E3 E4 accumulation on P processes: sync pattern, no_sync on micro-steps, grads = baseline",
+          "[accumulation]") {
   const int N = GENERATE(2, 3);
   const bool sync_each_batch = GENERATE(false, true);
   accumulating_accelerator acc({.gradient_accumulation_steps = N, .sync_each_batch = sync_each_batch});
@@ -538,7 +543,8 @@ std::vector<torch::Tensor> gathered_steps(Accelerator& acc, Range& batches) {
 TEST_CASE("D1 D2 gather_for_metrics drops what even_batches duplicated", "[data]") {
   gloo_accelerator acc;
   const int P = acc.num_processes();
-  for (auto [n, b] : {std::pair<std::int64_t, std::int64_t>{10, 4}, {99, 16}, {32 * P, 8}, {7, 3}, {82, 16}, {512, 16}}) {
+  for (auto [n, b] :
+       {std::pair<std::int64_t, std::int64_t>{10, 4}, {99, 16}, {32 * P, 8}, {7, 3}, {82, 16}, {512, 16}}) {
     INFO("N " << n << " B " << b);
     auto batches = acc.prepare(arange_batches(n, b));
     auto steps = gathered_steps(acc, batches);
@@ -644,9 +650,9 @@ TEST_CASE("resume on P processes: 10 steps == 5, save, load into other objects, 
 TEST_CASE("trackers live on the main process: the others write nothing and never read a tensor metric", "[tracking]") {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("accel_tracking_" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
-  gloo_accelerator acc(accel::options{
-      .project = {.project_dir = dir.string()},
-      .log_with = {accel::tracker::csv, accel::tracker::json_lines, accel::tracker::tensorboard}});
+  gloo_accelerator acc(
+      accel::options{.project = {.project_dir = dir.string()},
+                     .log_with = {accel::tracker::csv, accel::tracker::json_lines, accel::tracker::tensorboard}});
   const int P = acc.num_processes(), r = acc.process_index();
   REQUIRE(P >= 2);
   if (acc.is_main_process()) std::filesystem::remove_all(dir);
@@ -674,7 +680,8 @@ TEST_CASE("trackers live on the main process: the others write nothing and never
   }
   // One process's records, whichever process reads them (the directory is shared).
   std::set<std::string> files;
-  for (const auto& file : std::filesystem::directory_iterator(dir / "run")) files.insert(file.path().filename().string());
+  for (const auto& file : std::filesystem::directory_iterator(dir / "run"))
+    files.insert(file.path().filename().string());
   CHECK(files.size() == 4);
   CHECK(files.count("config.json") == 1);
   CHECK(files.count("metrics.csv") == 1);
@@ -758,7 +765,7 @@ TEST_CASE("a save_state that fails on process 0 fails on every process at once; 
                                              ? Catch::Contains("no space left on process 0's disk")
                                              : Catch::Contains("another process failed while writing its part"));
   acc.wait_for_everyone();
-  CHECK(std::filesystem::exists(dir / "model.safetensors"));  // the good checkpoint is in place
+  CHECK(std::filesystem::exists(dir / "model.safetensors"));        // the good checkpoint is in place
   CHECK_FALSE(std::filesystem::exists(dir.string() + ".partial"));  // and nothing is left beside it
   acc.wait_for_everyone();
   if (acc.is_main_process()) std::filesystem::remove_all(dir);

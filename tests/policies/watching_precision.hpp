@@ -16,7 +16,9 @@ struct watching_precision : accel::fp32 {
   [[nodiscard]] static constexpr std::string_view name() noexcept { return "watching_precision"; }
   [[nodiscard]] static constexpr std::string_view mixed_precision() noexcept { return ""; }
 
-  void prepare_model(torch::nn::Module& module) { parameters_prepared += static_cast<std::int64_t>(module.parameters().size()); }
+  void prepare_model(torch::nn::Module& module) {
+    parameters_prepared += static_cast<std::int64_t>(module.parameters().size());
+  }
   void backward(const at::Tensor& loss) {
     ++backwards;
     largest_loss = std::max(largest_loss, loss.item<double>());

@@ -70,9 +70,9 @@ int main(int argc, char** argv) {
                                        {"empty", torch::zeros({0, 4})}});
     return 0;
   }
-  // A state dict saved by Python's torch (tests/scripts/checkpoint_interop.py write) loads into the same architecture built
-  // with LibTorch, by name (parameters and buffers); the loaded model reproduces Python's eval output and is saved
-  // back, sharded, for Python to compare with its original state dict.
+  // A state dict saved by Python's torch (tests/scripts/checkpoint_interop.py write) loads into the same architecture
+  // built with LibTorch, by name (parameters and buffers); the loaded model reproduces Python's eval output and is
+  // saved back, sharded, for Python to compare with its original state dict.
   const std::filesystem::path dir = argv[2];
   torch::nn::Sequential net(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3), torch::nn::ReLU(),
                             torch::nn::Linear(3, 2));

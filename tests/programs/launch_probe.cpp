@@ -64,10 +64,10 @@ void sleep_ms(int milliseconds) { std::this_thread::sleep_for(std::chrono::milli
 
 int write_environment(const std::string& prefix) {
   std::string content;
-  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-                           "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                           "OMP_NUM_THREADS", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
-                           "ACCEL_CONFIG_FILE"}) {
+  for (const char* name :
+       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE",
+        "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "ACCELERATE_MIXED_PRECISION",
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCEL_CONFIG_FILE"}) {
     content += std::string(name) + "=" + variable(name) + "\n";
   }
   write_file(prefix + "." + variable("RANK"), content);

@@ -29,7 +29,7 @@ int main() {
   auto nccl_sum = acc.reduce(values).cpu();
   accel::detail::gloo_communicator gloo(accel::process_environment{}, std::chrono::seconds(60));
   auto expected = accel::detail::reduce(gloo, values.cpu(), accel::reduction::sum);
-  std::cout << "nccl: loss " << first << " -> " << last << ", all-reduce matches: " << torch::allclose(nccl_sum, expected)
-            << "\n";
+  std::cout << "nccl: loss " << first << " -> " << last
+            << ", all-reduce matches: " << torch::allclose(nccl_sum, expected) << "\n";
   return last < first && torch::allclose(nccl_sum, expected) ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -56,7 +56,8 @@ TORCH_MODULE_IMPL(mlp, mlp_impl);
 
 /// A model whose forward takes two inputs.
 struct bilinear_sum_impl : torch::nn::Module {
-  bilinear_sum_impl() : a(register_module("a", torch::nn::Linear(3, 2))), b(register_module("b", torch::nn::Linear(4, 2))) {}
+  bilinear_sum_impl()
+      : a(register_module("a", torch::nn::Linear(3, 2))), b(register_module("b", torch::nn::Linear(4, 2))) {}
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) { return a(x) + b(y); }
   torch::nn::Linear a;
   torch::nn::Linear b;
@@ -113,7 +114,9 @@ class lambda_lr {
   [[nodiscard]] double lr() const { return optimizer_.param_groups()[0].options().get_lr(); }
   [[nodiscard]] int steps() const { return steps_; }
   // Checkpointing (accel's customisation point); the learning rate itself travels with the optimizer.
-  void save(torch::serialize::OutputArchive& archive) const { archive.write("steps", c10::IValue(std::int64_t{steps_})); }
+  void save(torch::serialize::OutputArchive& archive) const {
+    archive.write("steps", c10::IValue(std::int64_t{steps_}));
+  }
   void load(torch::serialize::InputArchive& archive) {
     c10::IValue steps;
     archive.read("steps", steps);

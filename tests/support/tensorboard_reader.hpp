@@ -111,11 +111,20 @@ class fields {
   }
   void skip(int wire_type) {
     switch (wire_type) {
-      case 0: varint(); return;
-      case 1: take_fixed(8); return;
-      case 2: length_delimited(); return;
-      case 5: take_fixed(4); return;
-      default: throw read_error("unknown wire type " + std::to_string(wire_type));
+      case 0:
+        varint();
+        return;
+      case 1:
+        take_fixed(8);
+        return;
+      case 2:
+        length_delimited();
+        return;
+      case 5:
+        take_fixed(4);
+        return;
+      default:
+        throw read_error("unknown wire type " + std::to_string(wire_type));
     }
   }
 
@@ -139,9 +148,14 @@ inline scalar decode_value(std::string bytes) {
   scalar value;
   for (fields f(std::move(bytes)); !f.done();) {
     const auto [field, wire] = f.key();
-    if (field == 1) { expect_wire_type(field, wire, 2); value.tag = f.length_delimited(); }
-    else if (field == 2) { expect_wire_type(field, wire, 5); value.value = f.fixed32(); }
-    else f.skip(wire);
+    if (field == 1) {
+      expect_wire_type(field, wire, 2);
+      value.tag = f.length_delimited();
+    } else if (field == 2) {
+      expect_wire_type(field, wire, 5);
+      value.value = f.fixed32();
+    } else
+      f.skip(wire);
   }
   return value;
 }
@@ -150,8 +164,11 @@ inline std::vector<scalar> decode_summary(std::string bytes) {
   std::vector<scalar> values;
   for (fields f(std::move(bytes)); !f.done();) {
     const auto [field, wire] = f.key();
-    if (field == 1) { expect_wire_type(field, wire, 2); values.push_back(decode_value(f.length_delimited())); }
-    else f.skip(wire);
+    if (field == 1) {
+      expect_wire_type(field, wire, 2);
+      values.push_back(decode_value(f.length_delimited()));
+    } else
+      f.skip(wire);
   }
   return values;
 }
@@ -160,11 +177,20 @@ inline event decode_event(std::string bytes) {
   event e;
   for (fields f(std::move(bytes)); !f.done();) {
     const auto [field, wire] = f.key();
-    if (field == 1) { expect_wire_type(field, wire, 1); e.wall_time = f.fixed64(); }
-    else if (field == 2) { expect_wire_type(field, wire, 0); e.step = static_cast<std::int64_t>(f.varint()); }
-    else if (field == 3) { expect_wire_type(field, wire, 2); e.file_version = f.length_delimited(); }
-    else if (field == 5) { expect_wire_type(field, wire, 2); e.scalars = decode_summary(f.length_delimited()); }
-    else f.skip(wire);
+    if (field == 1) {
+      expect_wire_type(field, wire, 1);
+      e.wall_time = f.fixed64();
+    } else if (field == 2) {
+      expect_wire_type(field, wire, 0);
+      e.step = static_cast<std::int64_t>(f.varint());
+    } else if (field == 3) {
+      expect_wire_type(field, wire, 2);
+      e.file_version = f.length_delimited();
+    } else if (field == 5) {
+      expect_wire_type(field, wire, 2);
+      e.scalars = decode_summary(f.length_delimited());
+    } else
+      f.skip(wire);
   }
   return e;
 }

@@ -212,7 +212,8 @@ TEST_CASE("accumulate_dynamic reads N from the options or the environment", "[ac
                       Catch::Contains("contradicts accel::accumulate<4>"));
     CHECK_NOTHROW(accelerator(accel::options{.cpu = true, .gradient_accumulation_steps = 4}));
     scoped_variable variable("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "2");
-    CHECK_THROWS_WITH(accelerator(accel::options{.cpu = true}), Catch::Contains("ACCELERATE_GRADIENT_ACCUMULATION_STEPS=2 contradicts accel::accumulate<4>"));
+    CHECK_THROWS_WITH(accelerator(accel::options{.cpu = true}),
+                      Catch::Contains("ACCELERATE_GRADIENT_ACCUMULATION_STEPS=2 contradicts accel::accumulate<4>"));
   }
 }
 

@@ -19,19 +19,18 @@ std::filesystem::path scratch(const std::string& name) { return accel_test::scra
 
 TEST_CASE("safetensors round trip: every dtype, any layout, exact bytes", "[checkpoint]") {
   const auto dir = scratch("dtypes");
-  accel::safetensors::tensor_list tensors = {
-      {"f64", torch::randn({3, 2}, torch::kDouble)},
-      {"f32.transposed", torch::randn({4, 3}).t()},
-      {"f16", torch::randn({5}).to(torch::kHalf)},
-      {"bf16", torch::randn({2, 2}).to(torch::kBFloat16)},
-      {"i64", torch::arange(6).reshape({2, 3})},
-      {"i32", torch::arange(4, torch::kInt)},
-      {"i8", torch::tensor({-3, 4}, torch::kChar)},
-      {"u8", torch::tensor({250, 1}, torch::kByte)},
-      {"bool", torch::tensor({true, false, true})},
-      {"scalar", torch::scalar_tensor(7.5)},
-      {"empty", torch::zeros({0, 3})},
-      {"name with \"quotes\"", torch::ones({1})}};
+  accel::safetensors::tensor_list tensors = {{"f64", torch::randn({3, 2}, torch::kDouble)},
+                                             {"f32.transposed", torch::randn({4, 3}).t()},
+                                             {"f16", torch::randn({5}).to(torch::kHalf)},
+                                             {"bf16", torch::randn({2, 2}).to(torch::kBFloat16)},
+                                             {"i64", torch::arange(6).reshape({2, 3})},
+                                             {"i32", torch::arange(4, torch::kInt)},
+                                             {"i8", torch::tensor({-3, 4}, torch::kChar)},
+                                             {"u8", torch::tensor({250, 1}, torch::kByte)},
+                                             {"bool", torch::tensor({true, false, true})},
+                                             {"scalar", torch::scalar_tensor(7.5)},
+                                             {"empty", torch::zeros({0, 3})},
+                                             {"name with \"quotes\"", torch::ones({1})}};
   accel::safetensors::save(dir / "t.safetensors", tensors, {{"format", "pt"}, {"note", "accel"}});
   std::map<std::string, std::string> metadata;
   auto loaded = accel::safetensors::load(dir / "t.safetensors", &metadata);
@@ -64,7 +63,8 @@ TEST_CASE("safetensors: truncated and corrupt files are named with the problem",
   CHECK_THROWS_WITH(accel::safetensors::load(write("header.safetensors", huge_header)), Contains("its header claims"));
   std::string bad_json = bytes;
   bad_json[8] = '[';
-  CHECK_THROWS_WITH(accel::safetensors::load(write("json.safetensors", bad_json)), Contains("not a valid safetensors file"));
+  CHECK_THROWS_WITH(accel::safetensors::load(write("json.safetensors", bad_json)),
+                    Contains("not a valid safetensors file"));
   std::string bad_dtype = bytes;
   bad_dtype.replace(bad_dtype.find("F32"), 3, "F99");
   CHECK_THROWS_WITH(accel::safetensors::load(write("dtype.safetensors", bad_dtype)), Contains("unknown dtype F99"));
@@ -102,7 +102,8 @@ TEST_CASE("save_model / load_model: names, sharding with an index, validation be
   CHECK_THROWS_WITH(accel::load_model(*wider, dir / "single"),
                     Catch::Contains("do not fit this model; nothing was loaded") && Catch::Contains("fc1.weight"));
   CHECK(torch::equal(wider->parameters()[0], before));
-  CHECK_THROWS_WITH(accel::load_model(*bn2, dir / "single"), Catch::Contains("missing: weight") && Catch::Contains("unexpected: fc1.weight"));
+  CHECK_THROWS_WITH(accel::load_model(*bn2, dir / "single"),
+                    Catch::Contains("missing: weight") && Catch::Contains("unexpected: fc1.weight"));
   std::filesystem::remove_all(dir);
 }
 
@@ -220,9 +221,11 @@ TEST_CASE("load_state refuses a checkpoint that does not fit, before changing an
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("I2 I3 automatic checkpoint naming: total_limit keeps the newest; load_state() loads the newest", "[checkpoint][resume]") {
+TEST_CASE("I2 I3 automatic checkpoint naming: total_limit keeps the newest; load_state() loads the newest",
+          "[checkpoint][resume]") {
   const auto dir = scratch("project");
-  accel::accelerator<> acc{{.cpu = true, .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true, .total_limit = 2}}};
+  accel::accelerator<> acc{
+      {.cpu = true, .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true, .total_limit = 2}}};
   auto net = torch::nn::Linear(2, 1);
   auto model = acc.prepare(net);
   for (int i = 0; i < 11; ++i) {
@@ -231,7 +234,8 @@ TEST_CASE("I2 I3 automatic checkpoint naming: total_limit keeps the newest; load
     CHECK(acc.save_state().filename() == "checkpoint_" + std::to_string(i));
   }
   std::vector<std::string> kept;
-  for (const auto& entry : std::filesystem::directory_iterator(dir / "checkpoints")) kept.push_back(entry.path().filename());
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "checkpoints"))
+    kept.push_back(entry.path().filename());
   std::sort(kept.begin(), kept.end());
   CHECK(kept == std::vector<std::string>{"checkpoint_10", "checkpoint_9"});
   acc.load_state();
@@ -283,8 +287,12 @@ TEST_CASE("registered objects and the accumulation count are checkpointed", "[ch
   acc.load_state(dir / "state");
   CHECK(restored.value == 17);
   CHECK(acc.step() == 6);
-  { auto scope = acc.accumulate(); }
-  { auto scope = acc.accumulate(); }
+  {
+    auto scope = acc.accumulate();
+  }
+  {
+    auto scope = acc.accumulate();
+  }
   CHECK(acc.sync_gradients());  // the window goes on where it stopped: micro-step 8 synchronises
   struct not_checkpointable {};
   not_checkpointable nothing;
@@ -340,8 +348,10 @@ TEST_CASE("free_memory: one accelerator, two attempts; the first model is releas
 }
 
 // Issue 22, item 8: "ckpt/" with a trailing slash, "." and "" failed and left litter; a regular file was replaced.
-TEST_CASE("save_state's directory: a trailing slash works; empty, the working directory or above, and a file are "
-          "refused, leaving nothing behind", "[checkpoint]") {
+TEST_CASE(
+    "save_state's directory: a trailing slash works; empty, the working directory or above, and a file are "
+    "refused, leaving nothing behind",
+    "[checkpoint]") {
   const auto dir = scratch("save-paths");
   accel::accelerator<> acc{{.cpu = true}};
   auto net = torch::nn::Linear(2, 1);
@@ -371,7 +381,8 @@ TEST_CASE("save_state's directory: a trailing slash works; empty, the working di
 TEST_CASE("automatic naming: names that are not save_state()'s are left alone; the largest number is refused",
           "[checkpoint]") {
   const auto dir = scratch("odd-names");
-  accel::accelerator<> acc{{.cpu = true, .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true}}};
+  accel::accelerator<> acc{
+      {.cpu = true, .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true}}};
   auto net = torch::nn::Linear(2, 1);
   auto model = acc.prepare(net);
   for (const char* name : {"checkpoint_2", "checkpoint_10", "checkpoint_99999999999999999999", "checkpoint_x",

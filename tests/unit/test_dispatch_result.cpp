@@ -37,9 +37,8 @@ TEST_CASE("dispatch returns a value: an int, a string, a type with a destructor"
   CHECK(accel::dispatch<two_configs>(fp32_run, [&](auto&) { return long_text; }, on_cpu) == long_text);
 
   {
-    tracked result = accel::dispatch<two_configs>(fp32_run, [&](auto& acc) {
-      return tracked(long_text + std::to_string(acc.num_processes()));
-    }, on_cpu);
+    tracked result = accel::dispatch<two_configs>(
+        fp32_run, [&](auto& acc) { return tracked(long_text + std::to_string(acc.num_processes())); }, on_cpu);
     CHECK(result.text == long_text + "1");
     CHECK(tracked::alive == 1);  // only the caller's: every temporary inside dispatch is gone
   }
@@ -50,11 +49,11 @@ TEST_CASE("dispatch returns a reference as it is, and void", "[dispatch]") {
   int counter = 0;
   int& same = accel::dispatch<two_configs>(fp32_run, [&](auto&) -> int& { return counter; }, on_cpu);
   CHECK(&same == &counter);
-  static_assert(std::is_same_v<decltype(accel::dispatch<two_configs>(fp32_run, [&](auto&) -> int& { return counter; })),
-                               int&>);
+  static_assert(
+      std::is_same_v<decltype(accel::dispatch<two_configs>(fp32_run, [&](auto&) -> int& { return counter; })), int&>);
   const std::string text = "kept";
-  const std::string& view = accel::dispatch<two_configs>(fp32_run, [&](auto&) -> const std::string& { return text; },
-                                                         on_cpu);
+  const std::string& view =
+      accel::dispatch<two_configs>(fp32_run, [&](auto&) -> const std::string& { return text; }, on_cpu);
   CHECK(&view == &text);
 
   int calls = 0;

@@ -16,12 +16,29 @@
 
 namespace {
 
-const char* const launch_variables[] = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE",
-    "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
-    "MV2_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS",
-    "SLURM_STEP_TASKS_PER_NODE"};
+const char* const launch_variables[] = {"RANK",
+                                        "WORLD_SIZE",
+                                        "LOCAL_RANK",
+                                        "LOCAL_WORLD_SIZE",
+                                        "MASTER_ADDR",
+                                        "MASTER_PORT",
+                                        "OMPI_COMM_WORLD_RANK",
+                                        "OMPI_COMM_WORLD_SIZE",
+                                        "OMPI_COMM_WORLD_LOCAL_RANK",
+                                        "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                        "PMI_RANK",
+                                        "PMI_SIZE",
+                                        "MPI_LOCALRANKID",
+                                        "MPI_LOCALNRANKS",
+                                        "MV2_COMM_WORLD_RANK",
+                                        "MV2_COMM_WORLD_SIZE",
+                                        "MV2_COMM_WORLD_LOCAL_RANK",
+                                        "MV2_COMM_WORLD_LOCAL_SIZE",
+                                        "SLURM_PROCID",
+                                        "SLURM_NTASKS",
+                                        "SLURM_LOCALID",
+                                        "SLURM_STEP_NUM_TASKS",
+                                        "SLURM_STEP_TASKS_PER_NODE"};
 
 /// Sets exactly `variables` among the launch variables for the scope, restoring the previous environment after.
 class scoped_environment {
@@ -53,8 +70,12 @@ TEST_CASE("no launcher: a world of one", "[launch]") {
 }
 
 TEST_CASE("torchrun's and accel launch's variables", "[launch]") {
-  scoped_environment env({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-                          {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "1234"}});
+  scoped_environment env({{"RANK", "5"},
+                          {"WORLD_SIZE", "8"},
+                          {"LOCAL_RANK", "1"},
+                          {"LOCAL_WORLD_SIZE", "4"},
+                          {"MASTER_ADDR", "10.1.2.3"},
+                          {"MASTER_PORT", "1234"}});
   auto e = accel::read_process_environment();
   CHECK(e.rank == 5);
   CHECK(e.world_size == 8);
@@ -67,8 +88,10 @@ TEST_CASE("torchrun's and accel launch's variables", "[launch]") {
 
 TEST_CASE("mpirun's and SLURM's variables", "[launch]") {
   SECTION("Open MPI") {
-    scoped_environment env({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                            {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+    scoped_environment env({{"OMPI_COMM_WORLD_RANK", "2"},
+                            {"OMPI_COMM_WORLD_SIZE", "4"},
+                            {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                            {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
     auto e = accel::read_process_environment();
     CHECK(e.rank == 2);
     CHECK(e.world_size == 4);
@@ -90,8 +113,12 @@ TEST_CASE("mpirun's and SLURM's variables", "[launch]") {
                       Catch::Contains("MASTER_ADDR is not set") && Catch::Contains("MPI_LOCALNRANKS is not set"));
   }
   SECTION("SLURM's srun, uniform layout written as 2(x2)") {
-    scoped_environment env({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_NUM_TASKS", "4"},
-                            {"SLURM_LOCALID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}, {"MASTER_ADDR", "node0"}});
+    scoped_environment env({{"SLURM_PROCID", "3"},
+                            {"SLURM_NTASKS", "4"},
+                            {"SLURM_STEP_NUM_TASKS", "4"},
+                            {"SLURM_LOCALID", "1"},
+                            {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+                            {"MASTER_ADDR", "node0"}});
     auto e = accel::read_process_environment();
     CHECK(e.rank == 3);
     CHECK(e.world_size == 4);
@@ -104,7 +131,10 @@ TEST_CASE("mpirun's and SLURM's variables", "[launch]") {
     CHECK(accel::read_process_environment().world_size == 1);
   }
   SECTION("torchrun's variables win over the surrounding SLURM job's") {
-    scoped_environment env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"},
+    scoped_environment env({{"RANK", "1"},
+                            {"WORLD_SIZE", "2"},
+                            {"LOCAL_WORLD_SIZE", "2"},
+                            {"SLURM_PROCID", "0"},
                             {"SLURM_STEP_NUM_TASKS", "1"}});
     auto e = accel::read_process_environment();
     CHECK(e.rank == 1);
@@ -116,7 +146,8 @@ TEST_CASE("inconsistent environments name the variable and the fix", "[launch]")
   using Catch::Contains;
   SECTION("RANK without WORLD_SIZE") {
     scoped_environment env(std::map<std::string, std::string>{{"RANK", "0"}});
-    CHECK_THROWS_WITH(accel::read_process_environment(), Contains("RANK is set but WORLD_SIZE is not") && Contains("accel launch"));
+    CHECK_THROWS_WITH(accel::read_process_environment(),
+                      Contains("RANK is set but WORLD_SIZE is not") && Contains("accel launch"));
   }
   SECTION("one launcher's variables are never mixed with another's") {
     scoped_environment env({{"OMPI_COMM_WORLD_SIZE", "2"}, {"RANK", "0"}});
@@ -137,7 +168,8 @@ TEST_CASE("inconsistent environments name the variable and the fix", "[launch]")
   }
   SECTION("several machines without MASTER_ADDR") {
     scoped_environment env({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}});
-    CHECK_THROWS_WITH(accel::read_process_environment(), Contains("MASTER_ADDR is not set") && Contains("--master_addr"));
+    CHECK_THROWS_WITH(accel::read_process_environment(),
+                      Contains("MASTER_ADDR is not set") && Contains("--master_addr"));
   }
   SECTION("not a number") {
     scoped_environment env({{"RANK", "zero"}, {"WORLD_SIZE", "2"}});
@@ -203,7 +235,9 @@ TEST_CASE("single process collectives are the identity", "[collectives]") {
   acc.set_trigger();
   CHECK(acc.check_trigger());
   CHECK_FALSE(acc.check_trigger());
-  { auto scope = acc.main_process_first(); }
+  {
+    auto scope = acc.main_process_first();
+  }
   CHECK(acc.on_main_process([] { return 3; }) == std::optional<int>(3));
   auto net = torch::nn::Linear(2, 1);
   auto model = acc.prepare(net);
@@ -244,9 +278,7 @@ std::string picked() {
 namespace {
 /// A config file in a fresh temporary directory, named by ACCEL_CONFIG_FILE for the scope.
 struct scoped_config_file {
-  explicit scoped_config_file(const std::string& text) {
-    std::ofstream(path) << text;
-  }
+  explicit scoped_config_file(const std::string& text) { std::ofstream(path) << text; }
   std::filesystem::path directory = accel_test::scratch_directory("config");
   std::filesystem::path path = directory / "config.yaml";
   scoped_variable named{"ACCEL_CONFIG_FILE", path.c_str()};
@@ -278,10 +310,11 @@ TEST_CASE("dispatch builds the compiled configuration the environment asks for",
 }
 
 TEST_CASE("the config file: parsed, written, checked", "[config]") {
-  const auto values = accel::parse_config("# comment\n---\nmixed_precision: \"bf16\"  # trailing\n\n"
-                                          "num_processes: 4\nnum_machines: 2\nmachine_rank: 1\n"
-                                          "main_process_ip: '10.0.0.1'\nmain_process_port: 0\n",
-                                          "c.yaml");
+  const auto values = accel::parse_config(
+      "# comment\n---\nmixed_precision: \"bf16\"  # trailing\n\n"
+      "num_processes: 4\nnum_machines: 2\nmachine_rank: 1\n"
+      "main_process_ip: '10.0.0.1'\nmain_process_port: 0\n",
+      "c.yaml");
   CHECK(values.mixed_precision == "bf16");
   CHECK_FALSE(values.gradient_accumulation_steps);
   CHECK(values.num_processes == 4);
@@ -297,10 +330,11 @@ TEST_CASE("the config file: parsed, written, checked", "[config]") {
   using Catch::Contains;
   CHECK_THROWS_WITH(accel::parse_config("num_processes: 2\nmixed_precision: bf32\n", "c.yaml"),
                     Contains("c.yaml:2: mixed_precision must be no, bf16 or fp16, not 'bf32'"));
-  CHECK_THROWS_WITH(accel::parse_config("gradient_accumulation: 4\n", "c.yaml"),
-                    Contains("c.yaml:1: unknown key 'gradient_accumulation'") &&
-                        Contains("gradient_accumulation_steps"));
-  CHECK_THROWS_WITH(accel::parse_config("mixed_precision bf16\n", "c.yaml"), Contains("c.yaml:1: expected 'key: value'"));
+  CHECK_THROWS_WITH(
+      accel::parse_config("gradient_accumulation: 4\n", "c.yaml"),
+      Contains("c.yaml:1: unknown key 'gradient_accumulation'") && Contains("gradient_accumulation_steps"));
+  CHECK_THROWS_WITH(accel::parse_config("mixed_precision bf16\n", "c.yaml"),
+                    Contains("c.yaml:1: expected 'key: value'"));
   CHECK_THROWS_WITH(accel::parse_config("gradient_accumulation_steps: 0\n", "c.yaml"),
                     Contains("gradient_accumulation_steps must be a whole number from 1"));
   CHECK_THROWS_WITH(accel::parse_config("num_processes: 3\nnum_machines: 2\n", "c.yaml"),
@@ -332,7 +366,8 @@ TEST_CASE("read_run_config: variables over the config file over the defaults", "
   {
     scoped_variable xdg("XDG_CONFIG_HOME", accel_test::scratch_directory("xdg").c_str());
     scoped_variable unnamed("ACCEL_CONFIG_FILE", nullptr);
-    CHECK(accel::config_file_path() == std::filesystem::path(std::getenv("XDG_CONFIG_HOME")) / "accel" / "default_config.yaml");
+    CHECK(accel::config_file_path() ==
+          std::filesystem::path(std::getenv("XDG_CONFIG_HOME")) / "accel" / "default_config.yaml");
     CHECK(accel::read_run_config().mixed_precision == "no");  // the default file is optional
   }
   scoped_config_file file("mixed_precision: bf16\ngradient_accumulation_steps: 4\n");
@@ -343,8 +378,9 @@ TEST_CASE("read_run_config: variables over the config file over the defaults", "
   }
   {
     scoped_variable precision("ACCELERATE_MIXED_PRECISION", "bf32");
-    CHECK_THROWS_WITH(accel::read_run_config(),
-                      Catch::Contains("ACCELERATE_MIXED_PRECISION: mixed_precision must be no, bf16 or fp16, not 'bf32'"));
+    CHECK_THROWS_WITH(
+        accel::read_run_config(),
+        Catch::Contains("ACCELERATE_MIXED_PRECISION: mixed_precision must be no, bf16 or fp16, not 'bf32'"));
   }
   // accumulate_dynamic takes its N from the config file too.
   using dynamic = accel::configs<accel::accelerator<accel::bf16, accel::single_process, accel::accumulate_dynamic>>;
@@ -380,8 +416,9 @@ TEST_CASE("config file errors: a directory is named, a 60 MB line is cut in the 
 TEST_CASE("options::timeout under 1 s is refused with the reason", "[launch]") {
   using Catch::Contains;
   using gloo_accelerator = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
-  for (const auto timeout : {std::chrono::milliseconds(500), std::chrono::milliseconds(0), std::chrono::milliseconds(-5)})
-    CHECK_THROWS_WITH(gloo_accelerator(accel::options{.timeout = timeout}),
-                      Contains("options::timeout is " + std::to_string(timeout.count()) + " ms") &&
-                          Contains("at least 1 s"));
+  for (const auto timeout :
+       {std::chrono::milliseconds(500), std::chrono::milliseconds(0), std::chrono::milliseconds(-5)})
+    CHECK_THROWS_WITH(
+        gloo_accelerator(accel::options{.timeout = timeout}),
+        Contains("options::timeout is " + std::to_string(timeout.count()) + " ms") && Contains("at least 1 s"));
 }

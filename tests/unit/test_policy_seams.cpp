@@ -57,8 +57,8 @@ TEST_CASE("a parallel policy in one file: the accelerator steps, clips and prepa
 
   const auto& parallel = acc.parallel();
   CHECK(parallel.optimizers_prepared == 1);
-  CHECK(parallel.optimizer_steps == 3);  // one per synchronising micro-step
-  CHECK(parallel.norm_reductions == 6);  // clipped on 3 steps, measured (not clipped) on the 3 others
+  CHECK(parallel.optimizer_steps == 3);        // one per synchronising micro-step
+  CHECK(parallel.norm_reductions == 6);        // clipped on 3 steps, measured (not clipped) on the 3 others
   CHECK(parallel.non_finite_agreements == 0);  // fp32 has no overflow to agree on
   const auto& precision = acc.precision();
   CHECK(precision.parameters_prepared == 4);
@@ -68,8 +68,7 @@ TEST_CASE("a parallel policy in one file: the accelerator steps, clips and prepa
   CHECK(acc.device() == reference.device());
 }
 
-TEST_CASE("fp16's overflow check is agreed through the parallel policy, once per optimizer step",
-          "[policies][seams]") {
+TEST_CASE("fp16's overflow check is agreed through the parallel policy, once per optimizer step", "[policies][seams]") {
   accel::accelerator<scaled_fp32, counting_parallel> acc{{.cpu = true}};
   torch::manual_seed(1);
   mlp net(3, 8, 1);
@@ -85,7 +84,8 @@ TEST_CASE("fp16's overflow check is agreed through the parallel policy, once per
   CHECK(acc.parallel().optimizer_steps == 3);
 }
 
-TEST_CASE("the test-only policies' own state round-trips through save_state / load_state", "[policies][seams][checkpoint]") {
+TEST_CASE("the test-only policies' own state round-trips through save_state / load_state",
+          "[policies][seams][checkpoint]") {
   const auto dir = scratch_directory("policy_seams");
   double largest = 0;
   {
@@ -118,7 +118,8 @@ TEST_CASE("the test-only policies' own state round-trips through save_state / lo
     other.save_state(dir / "without");
   }
   const auto before = net->parameters()[0].clone();
-  CHECK_THROWS_WITH(acc.load_state(dir / "without"), Catch::Contains("random_states_0.bin lacks counting_parallel's counts"));
+  CHECK_THROWS_WITH(acc.load_state(dir / "without"),
+                    Catch::Contains("random_states_0.bin lacks counting_parallel's counts"));
   CHECK(acc.precision().backwards == 6);
   CHECK(acc.parallel().optimizer_steps == 3);
   CHECK(torch::equal(net->parameters()[0], before));
@@ -127,7 +128,8 @@ TEST_CASE("the test-only policies' own state round-trips through save_state / lo
 
 // docs/checkpoint-format.md stays true: a checkpoint written before the policies saved their own state loads, its
 // state continues training exactly, and saving it again writes the same files with the same keys.
-TEST_CASE("a checkpoint written by accel 0.1 loads, resumes, and saves again with the same keys", "[checkpoint][resume]") {
+TEST_CASE("a checkpoint written by accel 0.1 loads, resumes, and saves again with the same keys",
+          "[checkpoint][resume]") {
   const auto data = std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "checkpoint-v0.1";
   const auto dir = scratch_directory("checkpoint_v0_1");
   // The run that wrote the checkpoint, up to its save, and the same run done in one go. The generator is the
@@ -163,19 +165,22 @@ TEST_CASE("a checkpoint written by accel 0.1 loads, resumes, and saves again wit
 
   run.acc.save_state(dir / "again");
   std::set<std::string> old_files, new_files;
-  for (const auto& entry : std::filesystem::directory_iterator(data / "checkpoint")) old_files.insert(entry.path().filename());
-  for (const auto& entry : std::filesystem::directory_iterator(dir / "again")) new_files.insert(entry.path().filename());
+  for (const auto& entry : std::filesystem::directory_iterator(data / "checkpoint"))
+    old_files.insert(entry.path().filename());
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "again"))
+    new_files.insert(entry.path().filename());
   CHECK(old_files == new_files);
-  for (const auto& name : {"accel_state.bin", "optimizer.bin", "scheduler.bin", "custom_checkpoint.bin", "random_states_0.bin"})
+  for (const auto& name :
+       {"accel_state.bin", "optimizer.bin", "scheduler.bin", "custom_checkpoint.bin", "random_states_0.bin"})
     CHECK(keys_of(data / "checkpoint" / name) == keys_of(dir / "again" / name));
 
 #if TORCH_VERSION_MAJOR >= 2  // written with LibTorch 2.13; 1.13's AdamW may differ in the last bits
   run.train_accumulating(reference_steps_after_save);
   CHECK(bitwise_equal(*run.net, *uninterrupted.net));  // resumed == uninterrupted
   std::map<std::string, at::Tensor> after;
-  for (auto& [name, tensor] : accel::safetensors::load(data / "weights-after" / "model.safetensors")) after[name] = tensor;
+  for (auto& [name, tensor] : accel::safetensors::load(data / "weights-after" / "model.safetensors"))
+    after[name] = tensor;
   for (const auto& item : run.net->named_parameters()) CHECK(torch::equal(item.value(), after.at(item.key())));
 #endif
   std::filesystem::remove_all(dir);
 }
-

@@ -118,7 +118,7 @@ TEST_CASE("fp16 on the CPU (LibTorch >= 2.4): float16 matmuls, float32 outputs a
     CHECK(out.scalar_type() == torch::kFloat);
     CHECK(twice.scalar_type() == torch::kFloat);
     CHECK(net->fc->weight.scalar_type() == torch::kFloat);  // float32 master weights
-    CHECK_FALSE(autocast_enabled(c10::DeviceType::CPU));   // nothing left behind
+    CHECK_FALSE(autocast_enabled(c10::DeviceType::CPU));    // nothing left behind
   }
   const double fp32_loss = regression_loss<accel::fp32>(300);
   const double fp16_loss = regression_loss<accel::fp16>(300);
@@ -245,7 +245,8 @@ TEST_CASE("fp16 loss scaling defaults: 65536, x2 after 2000 clean steps", "[prec
                     Catch::Contains("0 < backoff_factor < 1"));
 }
 
-TEST_CASE("clip_grad_norm_ under fp16 + accumulate<4> sees the unscaled gradient, unscaled once", "[precision][scaler]") {
+TEST_CASE("clip_grad_norm_ under fp16 + accumulate<4> sees the unscaled gradient, unscaled once",
+          "[precision][scaler]") {
   constexpr int N = 4;
   accel::accelerator<scaled_fp32, accel::single_process, accel::accumulate<N>> acc{{.cpu = true}};
   torch::manual_seed(6);
@@ -302,7 +303,8 @@ TEST_CASE("clip_grad_norm_ and clip_grad_value_ with fp32 are LibTorch's", "[pre
     CHECK(torch::equal(net->parameters()[i].grad(), reference->parameters()[i].grad()));
 }
 
-TEST_CASE("fp16: an optimizer that did not step starts its next step afresh; fp16 losses are promoted", "[precision][scaler]") {
+TEST_CASE("fp16: an optimizer that did not step starts its next step afresh; fp16 losses are promoted",
+          "[precision][scaler]") {
   accel::accelerator<scaled_fp32> acc{{.cpu = true}};
   auto a = torch::zeros({1}, torch::requires_grad());
   auto b = torch::zeros({1}, torch::requires_grad());

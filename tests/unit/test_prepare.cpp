@@ -380,8 +380,11 @@ TEST_CASE("send_to_device moves every tensor of a nested batch and keeps the res
   const c10::Device meta(c10::kMeta);
   using nested = std::tuple<std::vector<torch::Tensor>, std::pair<torch::Tensor, int>, std::array<torch::Tensor, 2>,
                             std::map<std::string, torch::Tensor>, std::string>;
-  const nested batch{{torch::ones(2), torch::zeros(3)}, {torch::ones(1), 7}, {torch::ones(4), torch::ones(5)},
-                     {{"mask", torch::ones(6)}}, "caption"};
+  const nested batch{{torch::ones(2), torch::zeros(3)},
+                     {torch::ones(1), 7},
+                     {torch::ones(4), torch::ones(5)},
+                     {{"mask", torch::ones(6)}},
+                     "caption"};
   const auto [vec, pair, arr, map, text] = accel::send_to_device(batch, meta);
   CHECK(vec.at(0).device() == meta);
   CHECK(vec.at(1).sizes() == torch::IntArrayRef{3});

@@ -225,8 +225,15 @@ TEST_CASE("postfix: named values after the rate, numbers compact, replaced by th
     auto o = r.options();
     o.total = 2;
     accel::progress_bar bar(o);
-    bar.set_postfix({{"loss", 0.123456}, {"lr", 3e-4}, {"tiny", 1e-5f}, {"big", 123456.7}, {"exact", 1234.5},
-                     {"whole", 2.0}, {"step", 12345}, {"phase", "warmup"}, {"note", std::string("ok")}});
+    bar.set_postfix({{"loss", 0.123456},
+                     {"lr", 3e-4},
+                     {"tiny", 1e-5f},
+                     {"big", 123456.7},
+                     {"exact", 1234.5},
+                     {"whole", 2.0},
+                     {"step", 12345},
+                     {"phase", "warmup"},
+                     {"note", std::string("ok")}});
     r.advance(2s);
     bar.update(2);
     bar.close();

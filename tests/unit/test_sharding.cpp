@@ -54,7 +54,9 @@ index_batch iota(std::int64_t from, std::int64_t to) {
 }  // namespace
 
 TEST_CASE("A1-A6 whole batches round robin, P=2", "[shard]") {
-  auto s = [](std::int64_t n, accel::shard_options o, int r) { return shard_of(batch_sampler(n, 3, o.drop_last), 2, r, o); };
+  auto s = [](std::int64_t n, accel::shard_options o, int r) {
+    return shard_of(batch_sampler(n, 3, o.drop_last), 2, r, o);
+  };
   // A1
   for (bool drop : {false, true}) {
     CHECK(s(24, opts(3, drop), 0) == batches{{0, 1, 2}, {6, 7, 8}, {12, 13, 14}, {18, 19, 20}});
@@ -89,7 +91,9 @@ TEST_CASE("A1-A6 whole batches round robin, P=2", "[shard]") {
 }
 
 TEST_CASE("A7 A8 A11 split_batches, P=2", "[shard]") {
-  auto s = [](std::int64_t n, accel::shard_options o, int r) { return shard_of(batch_sampler(n, 4, o.drop_last), 2, r, o); };
+  auto s = [](std::int64_t n, accel::shard_options o, int r) {
+    return shard_of(batch_sampler(n, 4, o.drop_last), 2, r, o);
+  };
   CHECK(s(24, opts(4, false, true, true), 0) == batches{{0, 1}, {4, 5}, {8, 9}, {12, 13}, {16, 17}, {20, 21}});
   CHECK(s(24, opts(4, false, true, true), 1) == batches{{2, 3}, {6, 7}, {10, 11}, {14, 15}, {18, 19}, {22, 23}});
   CHECK(s(22, opts(4, false, true, true), 1).back() == index_batch{0, 1});
@@ -230,7 +234,7 @@ TEST_CASE("data_loader: batches, shuffling by (seed, epoch), drop_last", "[shard
   accel::data_loader same(samples, {.batch_size = 10, .shuffle = true, .seed = 3});
   auto first = *shuffled.begin();
   auto again = *same.begin();
-  CHECK(first == again);  // every process draws the same permutation
+  CHECK(first == again);              // every process draws the same permutation
   for (auto&& b : shuffled) (void)b;  // finish epoch 0
   auto second = *shuffled.begin();
   CHECK(second != first);  // a new epoch reshuffles
@@ -279,7 +283,8 @@ TEST_CASE("G3 split_between_processes", "[shard]") {
 TEST_CASE("bad input: an empty dataset, batch_size 0, a process index out of range", "[shard]") {
   std::vector<std::int64_t> nothing;
   CHECK_THROWS_WITH(accel::data_loader(nothing, {.batch_size = 2}), Catch::Contains("the dataset is empty"));
-  CHECK_THROWS_WITH(accel::data_loader(iota(0, 3), {.batch_size = 0}), Catch::Contains("batch_size = 0 must be at least 1"));
+  CHECK_THROWS_WITH(accel::data_loader(iota(0, 3), {.batch_size = 0}),
+                    Catch::Contains("batch_size = 0 must be at least 1"));
   CHECK_THROWS_WITH(accel::views::shard({.batch_size = 0}), Catch::Contains("batch_size = 0 must be at least 1"));
   CHECK_THROWS_WITH(accel::views::shard({.num_processes = 2, .process_index = 2}),
                     Catch::Contains("process_index = 2 is not a process of 2"));
@@ -288,9 +293,10 @@ TEST_CASE("bad input: an empty dataset, batch_size 0, a process index out of ran
 
 TEST_CASE("a batch of the wrong size is refused, not silently lost", "[shard]") {
   const batches uneven = {{0, 1, 2}, {3, 4}, {5, 6, 7}};
-  CHECK_THROWS_WITH(shard_of(uneven, 2, 0, opts(3)),
-                    Catch::Contains("batch 1 has 2 samples where 3 are expected") && Catch::Contains("only the last batch may be short"));
-  CHECK_THROWS_WITH(shard_of(batches{{0, 1}, {2, 3, 4}}, 2, 0, opts(2)), Catch::Contains("batch 1 has 3 samples where 2"));
+  CHECK_THROWS_WITH(shard_of(uneven, 2, 0, opts(3)), Catch::Contains("batch 1 has 2 samples where 3 are expected") &&
+                                                         Catch::Contains("only the last batch may be short"));
+  CHECK_THROWS_WITH(shard_of(batches{{0, 1}, {2, 3, 4}}, 2, 0, opts(2)),
+                    Catch::Contains("batch 1 has 3 samples where 2"));
 }
 
 TEST_CASE("a data loader's passes: nested ones are safe, skipped batches are never read", "[shard][loader]") {

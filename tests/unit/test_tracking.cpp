@@ -117,7 +117,10 @@ TEST_CASE("tensorboard: every record checks out and decodes to the scalars logge
     std::int64_t step;
     float value;
   };
-  const std::vector<expected> scalars = {{"loss", 1, 0.5f}, {"lr", 1, 0.01f}, {"loss", 2, 0.25f}, {"epoch", 2, 3.0f},
+  const std::vector<expected> scalars = {{"loss", 1, 0.5f},
+                                         {"lr", 1, 0.01f},
+                                         {"loss", 2, 0.25f},
+                                         {"epoch", 2, 3.0f},
                                          {"loss", 1'000'000'000'000, static_cast<float>(1.0 / 3)},
                                          {std::string(200, 't'), 1'000'000'000'000, -7.5f}};
   for (std::size_t i = 0; i < scalars.size(); ++i) {
@@ -191,9 +194,11 @@ TEST_CASE("json lines: one object per log call, keys escaped, NaN and Infinity a
     acc.log({{"say \"hi\"\\\n\t", not_a_number}, {"up", infinity}, {"down", -infinity}, {"count", 42}}, 4);
   }
   CHECK(without_wall_times(text_of(dir / "run" / "metrics.jsonl"), json_wall_time, before, now()) ==
-        R"({"step": 3, "wall_time": W, "loss": 0.5, "lr": 0.001})" "\n"
+        R"({"step": 3, "wall_time": W, "loss": 0.5, "lr": 0.001})"
+        "\n"
         R"({"step": 4, "wall_time": W, "say \"hi\"\\\u000a\u0009": NaN, )"
-        R"("up": Infinity, "down": -Infinity, "count": 42})" "\n");
+        R"("up": Infinity, "down": -Infinity, "count": 42})"
+        "\n");
   std::filesystem::remove_all(dir);
 }
 
@@ -202,8 +207,12 @@ TEST_CASE("init_trackers writes config.json in the run directory, under logging_
   accel::options opts = logging_to(dir / "project", {accel::tracker::csv, accel::tracker::json_lines});
   opts.project.logging_dir = (dir / "logs").string();
   accel::accelerator<> acc(opts);
-  acc.init_trackers("run 1", {{"lr", 0.01}, {"batch_size", 32}, {"optimizer", "adamw"}, {"nesterov", true},
-                              {"samples", std::size_t{1000}}, {"weight_decay", 1e-5f},
+  acc.init_trackers("run 1", {{"lr", 0.01},
+                              {"batch_size", 32},
+                              {"optimizer", "adamw"},
+                              {"nesterov", true},
+                              {"samples", std::size_t{1000}},
+                              {"weight_decay", 1e-5f},
                               {"note", std::string("a \"b\"")}});
   CHECK(text_of(dir / "logs" / "run 1" / "config.json") ==
         "{\n"
@@ -348,9 +357,8 @@ TEST_CASE("a logging directory that cannot be created names the path and the OS 
   const auto dir = scratch("unwritable");
   std::ofstream(dir / "a_file") << "not a directory";
   accel::accelerator<> acc(logging_to(dir / "a_file", {accel::tracker::csv}));
-  CHECK_THROWS_WITH(acc.init_trackers("run"),
-                    Contains((dir / "a_file" / "run").string()) && Contains("Not a directory") &&
-                        Contains("logging_dir"));
+  CHECK_THROWS_WITH(acc.init_trackers("run"), Contains((dir / "a_file" / "run").string()) &&
+                                                  Contains("Not a directory") && Contains("logging_dir"));
   std::filesystem::remove_all(dir);
 }
 

@@ -54,8 +54,8 @@ mlp train_accel(const std::vector<batch>& data, const run_config& config) {
 
 optimizer_factory sgd(double lr, double momentum = 0, bool nesterov = false) {
   return [=](std::vector<torch::Tensor> params) {
-    return std::make_unique<torch::optim::SGD>(
-        std::move(params), torch::optim::SGDOptions(lr).momentum(momentum).nesterov(nesterov));
+    return std::make_unique<torch::optim::SGD>(std::move(params),
+                                               torch::optim::SGDOptions(lr).momentum(momentum).nesterov(nesterov));
   };
 }
 

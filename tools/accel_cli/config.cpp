@@ -51,9 +51,10 @@ config_values defaults() {
 std::filesystem::path chosen_path(const std::optional<std::string>& given) {
   if (given) return *given;
   if (auto path = config_file_path()) return *path;
-  throw usage_error(std::getenv("ACCEL_CONFIG_FILE") != nullptr
-                        ? "no config file to write: ACCEL_CONFIG_FILE is set empty (no config file); give --config_file F"
-                        : "no config file to write: neither XDG_CONFIG_HOME nor HOME is set; give --config_file F");
+  throw usage_error(
+      std::getenv("ACCEL_CONFIG_FILE") != nullptr
+          ? "no config file to write: ACCEL_CONFIG_FILE is set empty (no config file); give --config_file F"
+          : "no config file to write: neither XDG_CONFIG_HOME nor HOME is set; give --config_file F");
 }
 
 }  // namespace

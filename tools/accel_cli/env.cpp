@@ -157,16 +157,16 @@ void print_config_file() {
   const auto path = config_file_path();
   const bool named = std::getenv("ACCEL_CONFIG_FILE") != nullptr;
   if (!path) {
-    print_fact("config file", named ? "none (ACCEL_CONFIG_FILE is set empty)"
-                                    : "none (neither XDG_CONFIG_HOME nor HOME is set)");
+    print_fact("config file",
+               named ? "none (ACCEL_CONFIG_FILE is set empty)" : "none (neither XDG_CONFIG_HOME nor HOME is set)");
     return;
   }
   std::error_code ignored;
   if (!std::filesystem::exists(*path, ignored)) {
-    print_fact("config file", path->string() +
-                                  (named ? " (MISSING: ACCEL_CONFIG_FILE names it, so programs and accel launch fail; "
-                                           "write it with 'accel config' or unset the variable)"
-                                         : " (none there; 'accel config' writes one)"));
+    print_fact("config file",
+               path->string() + (named ? " (MISSING: ACCEL_CONFIG_FILE names it, so programs and accel launch fail; "
+                                         "write it with 'accel config' or unset the variable)"
+                                       : " (none there; 'accel config' writes one)"));
     return;
   }
   print_fact("config file", path->string());
@@ -181,10 +181,12 @@ void print_config_file() {
 }
 
 bool steers_accel(std::string_view name) {
-  static constexpr std::string_view prefixes[] = {"ACCEL", "TORCH", "NCCL_", "GLOO_", "CUDA_", "OMP_", "MKL_",
-                                                  "OPENBLAS_", "OMPI_COMM_WORLD_", "PMI_", "MV2_COMM_WORLD_",
-                                                  "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_"};
-  static constexpr std::string_view names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+  static constexpr std::string_view prefixes[] = {"ACCEL",        "TORCH",           "NCCL_",
+                                                  "GLOO_",        "CUDA_",           "OMP_",
+                                                  "MKL_",         "OPENBLAS_",       "OMPI_COMM_WORLD_",
+                                                  "PMI_",         "MV2_COMM_WORLD_", "SLURM_PROCID",
+                                                  "SLURM_NTASKS", "SLURM_LOCALID",   "SLURM_STEP_"};
+  static constexpr std::string_view names[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                                "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "NODE_RANK"};
   for (auto prefix : prefixes)
     if (name.starts_with(prefix)) return true;

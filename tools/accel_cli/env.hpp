@@ -11,7 +11,7 @@ namespace accel::cli {
 int env_main(const std::vector<std::string>& args);
 
 inline constexpr command env_command{
-    "env", "print LibTorch, CUDA, NCCL, Gloo, devices, the config file and accel's environment variables",
-    "accel env", env_main};
+    "env", "print LibTorch, CUDA, NCCL, Gloo, devices, the config file and accel's environment variables", "accel env",
+    env_main};
 
 }  // namespace accel::cli

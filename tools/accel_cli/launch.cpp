@@ -50,9 +50,8 @@ constexpr double longest_grace_period_s = 3600;
 // accelerate's names for torchrun's options.
 std::string torchrun_name(const std::string& name) {
   static constexpr std::pair<std::string_view, std::string_view> accelerate_names[] = {
-      {"num_processes", "nproc_per_node"}, {"num_machines", "nnodes"},
-      {"machine_rank", "node_rank"},       {"main_process_ip", "master_addr"},
-      {"main_process_port", "master_port"},
+      {"num_processes", "nproc_per_node"}, {"num_machines", "nnodes"},           {"machine_rank", "node_rank"},
+      {"main_process_ip", "master_addr"},  {"main_process_port", "master_port"},
   };
   for (const auto& [alias, canonical] : accelerate_names) {
     if (name == alias) return std::string(canonical);
@@ -103,13 +102,13 @@ void apply_option(launch_options& options, const given_option& given) {
   } else if (option.name == "config_file") {
     // read before the other options are applied (options_from_config_file)
   } else if (option.name == "nproc_per_node") {
-    options.nproc_per_node = static_cast<int>(
-        parse_whole_number(option, value, 1, most_workers_per_node, "worker processes on this node"));
+    options.nproc_per_node =
+        static_cast<int>(parse_whole_number(option, value, 1, most_workers_per_node, "worker processes on this node"));
   } else if (option.name == "nnodes") {
     options.nnodes = static_cast<int>(parse_whole_number(option, value, 1, most_nodes, "nodes"));
   } else if (option.name == "node_rank") {
-    options.node_rank =
-        static_cast<int>(parse_whole_number(option, value, 0, most_nodes - 1, "this node's index, 0 on the master node"));
+    options.node_rank = static_cast<int>(
+        parse_whole_number(option, value, 0, most_nodes - 1, "this node's index, 0 on the master node"));
   } else if (option.name == "master_addr") {
     if (value.empty()) throw usage_error(option.spelling + " must not be empty; give node 0's host name or IP address");
     options.master_addr = value;
@@ -194,9 +193,10 @@ void apply_job_processes(launch_options& options) {
 // The checks that involve more than one option.
 void check_consistency(const launch_options& options) {
   if (options.nproc_per_node == 0) {
-    throw usage_error("--nproc_per_node is required: how many worker processes to start on this node, given "
-                      "before the program's name, e.g. 'accel launch --nproc_per_node 2 ./train' (or set "
-                      "num_processes in the config file: 'accel config --num_processes 2')");
+    throw usage_error(
+        "--nproc_per_node is required: how many worker processes to start on this node, given "
+        "before the program's name, e.g. 'accel launch --nproc_per_node 2 ./train' (or set "
+        "num_processes in the config file: 'accel config --num_processes 2')");
   }
   if (options.node_rank >= options.nnodes) {
     throw usage_error("--node_rank " + std::to_string(options.node_rank) + " is out of range for --nnodes " +
@@ -209,12 +209,14 @@ void check_consistency(const launch_options& options) {
                       "IP address, the same on every node (e.g. --master_addr 10.0.0.1)");
   }
   if (options.nnodes > 1 && options.master_port == 0) {
-    throw usage_error("--master_port 0 (pick a free port) works only with --nnodes 1, since every node must use the "
-                      "same port; give a fixed port on every node, e.g. --master_port 29500");
+    throw usage_error(
+        "--master_port 0 (pick a free port) works only with --nnodes 1, since every node must use the "
+        "same port; give a fixed port on every node, e.g. --master_port 29500");
   }
   if (options.program.empty()) {
-    throw usage_error("no program given: put the program and its arguments after the options, e.g. 'accel launch "
-                      "--nproc_per_node 2 ./train --epochs 3'");
+    throw usage_error(
+        "no program given: put the program and its arguments after the options, e.g. 'accel launch "
+        "--nproc_per_node 2 ./train --epochs 3'");
   }
 }
 
@@ -225,8 +227,9 @@ void check_consistency(const launch_options& options) {
 // take it before rank 0 binds it (torchrun has the same race); it is unlikely right after the port was free.
 int pick_free_port() {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("cannot open a socket to pick a free port: ") + std::strerror(errno) +
-                                       "; give a port with --master_port");
+  if (fd < 0)
+    throw std::runtime_error(std::string("cannot open a socket to pick a free port: ") + std::strerror(errno) +
+                             "; give a port with --master_port");
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_ANY);

@@ -58,8 +58,8 @@ std::string command_names() {
 }
 
 int unknown_command(const std::string& name) {
-  std::fprintf(stderr, "accel: error: unknown command '%s'; the commands are: %s (see 'accel --help')\n",
-               name.c_str(), command_names().c_str());
+  std::fprintf(stderr, "accel: error: unknown command '%s'; the commands are: %s (see 'accel --help')\n", name.c_str(),
+               command_names().c_str());
   return accel::cli::exit_usage;
 }
 

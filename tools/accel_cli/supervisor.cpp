@@ -106,12 +106,12 @@ class signal_pipe {
   };
 
   void install(int signal_number, int flags, void (*handler)(int) = record_signal) {
-    struct sigaction previous {};
+    struct sigaction previous{};
     sigaction(signal_number, nullptr, &previous);
     // A signal the launcher was started with ignored (SIGHUP under nohup, SIGINT in a background job) stays
     // ignored, for the launcher and its workers.
     if (previous.sa_handler == SIG_IGN && handler != SIG_IGN) return;
-    struct sigaction action {};
+    struct sigaction action{};
     action.sa_handler = handler;
     sigemptyset(&action.sa_mask);
     action.sa_flags = flags | SA_RESTART;
@@ -444,11 +444,16 @@ class supervisor {
 
   static std::string sigabbrev(int signal_number) {
     switch (signal_number) {
-      case SIGINT: return "SIGINT";
-      case SIGTERM: return "SIGTERM";
-      case SIGHUP: return "SIGHUP";
-      case SIGQUIT: return "SIGQUIT";
-      default: return "signal " + std::to_string(signal_number);
+      case SIGINT:
+        return "SIGINT";
+      case SIGTERM:
+        return "SIGTERM";
+      case SIGHUP:
+        return "SIGHUP";
+      case SIGQUIT:
+        return "SIGQUIT";
+      default:
+        return "signal " + std::to_string(signal_number);
     }
   }
 

@@ -19,10 +19,11 @@ int test_main(const std::vector<std::string>& args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const option_token option = split_option(args[i]);
     if (option.name == "help" || option.name == "h") {
-      std::puts("usage: accel test [--nproc_per_node N]\n\n"
-                "Runs accel-selftest in N processes (default 2) with data_parallel<gloo> under accel launch: an\n"
-                "all-reduce, gather_object, N processes x batch B training equal to 1 process x batch N*B, and\n"
-                "save_state/load_state. Ends with \"accel works on this machine\" or says what failed.");
+      std::puts(
+          "usage: accel test [--nproc_per_node N]\n\n"
+          "Runs accel-selftest in N processes (default 2) with data_parallel<gloo> under accel launch: an\n"
+          "all-reduce, gather_object, N processes x batch B training equal to 1 process x batch N*B, and\n"
+          "save_state/load_state. Ends with \"accel works on this machine\" or says what failed.");
       return exit_ok;
     }
     if (option.name != "nproc_per_node") throw usage_error("unknown option '" + option.spelling + "'");
@@ -44,8 +45,10 @@ int test_main(const std::vector<std::string>& args) {
   options.program = {program->string(), "test"};
   const int code = run_launch(options);
   if (code != 0) {
-    std::fprintf(stderr, "accel test: FAILED (exit code %d); the messages above say what went wrong; 'accel env' "
-                 "prints the setup to include in a bug report\n", code);
+    std::fprintf(stderr,
+                 "accel test: FAILED (exit code %d); the messages above say what went wrong; 'accel env' "
+                 "prints the setup to include in a bug report\n",
+                 code);
   }
   return code;
 }

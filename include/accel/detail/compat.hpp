@@ -91,7 +91,8 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 /// to float16 from 2.4 on (1.13 refuses: "AutocastCPU only support Bfloat16").
 inline bool autocast_supports(c10::DeviceType device, c10::ScalarType dtype) {
   if (device == c10::DeviceType::CUDA) return dtype == c10::kHalf || dtype == c10::kBFloat16;
-  if (device == c10::DeviceType::CPU) return dtype == c10::kBFloat16 || (ACCEL_TORCH_VERSION >= 204 && dtype == c10::kHalf);
+  if (device == c10::DeviceType::CPU)
+    return dtype == c10::kBFloat16 || (ACCEL_TORCH_VERSION >= 204 && dtype == c10::kHalf);
   return false;
 }
 

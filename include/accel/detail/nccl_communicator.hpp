@@ -32,14 +32,23 @@ inline void check_nccl(ncclResult_t status, const char* what) {
 
 inline ncclDataType_t nccl_type(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kHalf: return ncclFloat16;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    case at::kChar: return ncclInt8;
-    case at::kByte: case at::kBool: return ncclUint8;
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kChar:
+      return ncclInt8;
+    case at::kByte:
+    case at::kBool:
+      return ncclUint8;
     default:
       throw collective_error(std::string("accel: NCCL cannot reduce tensors of type ") +
                              std::string(c10::toString(tensor.scalar_type())));

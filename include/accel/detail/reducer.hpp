@@ -298,8 +298,7 @@ class gradient_reducer {
       auto& b = buckets_[next_bucket_++];
       std::vector<float> flags;
       for (auto i : b.members) flags.push_back(used_[i] ? 1.0f : 0.0f);
-      b.flat.narrow(0, b.flags_offset, static_cast<std::int64_t>(flags.size()))
-          .copy_(at::tensor(flags, at::kFloat));
+      b.flat.narrow(0, b.flags_offset, static_cast<std::int64_t>(flags.size())).copy_(at::tensor(flags, at::kFloat));
       b.in_flight.emplace(comm_.all_reduce(b.flat, reduction::sum));
       ++all_reduce_count_;
       if (!graph_done_) ++overlapped_count_;
