@@ -36,8 +36,8 @@ struct settings {
 
 // Causal multi-head self-attention: each position attends to itself and to the positions before it.
 struct SelfAttentionImpl : torch::nn::Module {
-  SelfAttentionImpl(int64_t dim, int64_t heads)
-      : heads(heads),
+  SelfAttentionImpl(int64_t dim, int64_t head_count)
+      : heads(head_count),
         qkv(register_module("qkv", torch::nn::Linear(dim, 3 * dim))),
         out(register_module("out", torch::nn::Linear(dim, dim))) {}
 

@@ -147,6 +147,23 @@ void on_every_process_or_none(Parallel& parallel, const std::string& step_name, 
 
 using slot_map = std::map<std::string, std::vector<std::shared_ptr<checkpoint_slot>>>;
 
+/// An optimizer's archive: LibTorch's, plus its groups' learning rates, which LibTorch's `load` does not restore
+/// (a scheduler's work).
+inline void save_optimizer(torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive) {
+  optimizer.save(archive);
+  std::vector<double> lrs;
+  for (auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
+  archive.write("accel_learning_rates", c10::IValue(lrs));
+}
+inline void load_optimizer(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive) {
+  optimizer.load(archive);
+  c10::IValue lrs;
+  if (!archive.try_read("accel_learning_rates", lrs)) return;
+  const auto values = lrs.toDoubleVector();
+  auto& groups = optimizer.param_groups();
+  for (std::size_t g = 0; g < groups.size() && g < values.size(); ++g) groups[g].options().set_lr(values[g]);
+}
+
 /// The main process's part: `accel_state.bin` (how many of each object), the models, optimizers and shared slots.
 inline void save_shared_state(const std::filesystem::path& dir, int num_processes, const prepared_registry& registry,
                               const slot_map& slots) {
@@ -169,12 +186,7 @@ inline void save_shared_state(const std::filesystem::path& dir, int num_processe
     safetensors::save(dir / numbered("model", i, ".safetensors"), state_of(*registry.models()[i]));
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
     torch::serialize::OutputArchive archive;
-    optimizers[i]->save(archive);
-    // LibTorch's optimizer archive does not restore its groups' options; the learning rate (a scheduler's work)
-    // goes alongside.
-    std::vector<double> lrs;
-    for (auto& group : optimizers[i]->param_groups()) lrs.push_back(group.options().get_lr());
-    archive.write("accel_learning_rates", c10::IValue(lrs));
+    save_optimizer(*optimizers[i], archive);
     archive.save_to((dir / numbered("optimizer", i, ".bin")).string());
   }
 }
@@ -234,36 +246,65 @@ void save_state(const std::filesystem::path& directory, Parallel& parallel, cons
   });
 }
 
-/// Loads every stateful policy's state from `archive`, all or none: should one fail, those loaded before it get
-/// back the state they had.
-template <class... Policies>
-void load_policy_states(torch::serialize::InputArchive& archive, const std::string& file, Policies&... policies) {
-  std::vector<std::function<void()>> undo;
-  const auto load_policy = [&](auto& policy) {
-    if constexpr (stateful_policy<std::remove_cvref_t<decltype(policy)>>) {
-      torch::serialize::OutputArchive before;
-      policy.save_state(before);
-      auto bytes = std::make_shared<std::stringstream>();
-      before.save_to(*bytes);
-      policy.load_state(archive);
-      undo.emplace_back([&policy, bytes] {
-        torch::serialize::InputArchive previous;
-        previous.load_from(*bytes);
-        policy.load_state(previous);
-      });
-    }
-  };
-  try {
-    (load_policy(policies), ...);
-  } catch (const checkpoint_error& e) {
-    for (auto it = undo.rbegin(); it != undo.rend(); ++it) (*it)();
-    throw checkpoint_error("accel::load_state: " + file + " " + e.what());
+/// Loads objects that can also save what they hold, all or none: before an object loads, its current state is kept
+/// (serialised in memory); should a later load fail, every object loaded before it gets its state back. Objects
+/// loaded into a freshly built program hold little, so the copies are small.
+class load_transaction {
+ public:
+  load_transaction() = default;
+  load_transaction(const load_transaction&) = delete;
+  load_transaction& operator=(const load_transaction&) = delete;
+  ~load_transaction() {
+    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) try {
+        (*it)();
+      } catch (...) {  // the state kept a moment ago loads; should it not, there is nothing better to do
+      }
   }
+
+  /// Loads `source` with `load`, having kept what `save` writes now; `what` names the object in an error.
+  template <class Save, class Load>
+  void load(const std::string& what, Save save, Load load, torch::serialize::InputArchive& source) {
+    torch::serialize::OutputArchive before;
+    save(before);
+    auto bytes = std::make_shared<std::stringstream>();
+    before.save_to(*bytes);
+    try {
+      load(source);
+    } catch (const checkpoint_error& e) {
+      throw checkpoint_error("accel::load_state: " + what + " " + e.what() + "; nothing was loaded");
+    } catch (const std::exception& e) {
+      throw checkpoint_error("accel::load_state: " + what + " does not fit the object it is loaded into (saved " +
+                             "from another kind of object, or a damaged file?): " + first_line(e.what()) +
+                             "; nothing was loaded");
+    }
+    undo_.emplace_back([bytes, load] {
+      torch::serialize::InputArchive previous;
+      previous.load_from(*bytes);
+      load(previous);
+    });
+  }
+  /// Keeps what was loaded.
+  void commit() noexcept { undo_.clear(); }
+
+ private:
+  std::vector<std::function<void()>> undo_;
+};
+
+/// Every generator state in `states` fits its generator: tried on a copy of it, so that nothing changes.
+inline void check_generator_states(const std::vector<std::pair<at::Generator, at::Tensor>>& states,
+                                   const std::string& file) {
+  for (const auto& [generator, state] : states) try {
+      generator.clone().set_state(state);
+    } catch (const std::exception& e) {
+      throw checkpoint_error("accel::load_state: " + file + " holds a damaged " + generator.device().str() +
+                             " generator state (" + first_line(e.what()) + "); nothing was loaded");
+    }
 }
 
 /// Restores what `save_state` wrote. Everything is read and checked first (the files, the number of processes and
-/// of each kind of object, every weight's name, shape and dtype, the generators, the policies' state); a problem
-/// throws `checkpoint_error` before anything changes.
+/// of each kind of object, every weight's name, shape and dtype, every generator state); then the policies,
+/// optimizers and slots load all or none; the weights and generators, checked, go last. A problem throws
+/// `checkpoint_error`, and the program's state is as it was.
 template <class Parallel, class... Policies>
 void load_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
                 Policies&... policies) {
@@ -327,21 +368,30 @@ void load_state(const std::filesystem::path& directory, Parallel& parallel, cons
     else if (key == "cpu_rng")
       throw lacks("the CPU generator state");
   }
-  // Apply: the policies first (all or none), then what was checked above.
-  load_policy_states(mine, file, policies...);
-  at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < models.size(); ++i) copy_weights(*models[i], weights[i]);
+  check_generator_states(generator_states, file);
+  // Apply: what can fail to load goes first, all or none; then what was checked above.
+  load_transaction transaction;
+  const auto load_policy = [&](auto& policy) {
+    if constexpr (stateful_policy<std::remove_cvref_t<decltype(policy)>>)
+      transaction.load(
+          file, [p = &policy](torch::serialize::OutputArchive& out) { p->save_state(out); },
+          [p = &policy](torch::serialize::InputArchive& in) { p->load_state(in); }, mine);
+  };
+  (load_policy(policies), ...);
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
-    optimizers[i]->load(optimizer_archives[i]);
-    c10::IValue lrs;
-    if (optimizer_archives[i].try_read("accel_learning_rates", lrs)) {
-      const auto values = lrs.toDoubleVector();
-      auto& groups = optimizers[i]->param_groups();
-      for (std::size_t g = 0; g < groups.size() && g < values.size(); ++g) groups[g].options().set_lr(values[g]);
-    }
+    auto* optimizer = optimizers[i];
+    transaction.load(
+        numbered("optimizer", i, ".bin"),
+        [optimizer](torch::serialize::OutputArchive& out) { save_optimizer(*optimizer, out); },
+        [optimizer](torch::serialize::InputArchive& in) { load_optimizer(*optimizer, in); }, optimizer_archives[i]);
   }
   for (const auto& [kind, list] : slots)
-    for (std::size_t i = 0; i < list.size(); ++i) list[i]->load(slot_archives[kind][i]);
+    for (std::size_t i = 0; i < list.size(); ++i)
+      transaction.load(kind + " " + std::to_string(i) + "'s state in the checkpoint", list[i]->save, list[i]->load,
+                       slot_archives[kind][i]);
+  transaction.commit();
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < models.size(); ++i) copy_weights(*models[i], weights[i]);
   for (auto& [generator, state] : generator_states) {
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(state);

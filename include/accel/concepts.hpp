@@ -66,11 +66,13 @@ concept stateful_policy =
       saving.save_state(out);
       loading.load_state(in);
     };
+// clang-format off: the message stays on one line (see below).
 /// A policy that declares either state hook has both, with those signatures (else they would be silently skipped).
 template <class P>
 concept well_formed_state_hooks =
     stateful_policy<P> || (!requires { &P::save_state; } && !requires { &P::load_state; }) ||
     unsatisfied<"this policy declares save_state or load_state, but not as save_state(torch::serialize::OutputArchive&) const and load_state(torch::serialize::InputArchive&): see accel/concepts.hpp", P>();
+// clang-format on
 
 /// What the accelerator calls on its precision policy: the required hooks...
 template <class P>
@@ -139,65 +141,45 @@ concept accumulation_defaulted_hooks = requires(A& a) {
 
 }  // namespace detail
 
+// clang-format off: the compiler quotes the failing constraint's source, so each message stays on one line.
 /// A precision policy: `accel::fp32`, `accel::bf16` or `accel::fp16`.
 template <class P>
 concept precision_policy =
     (detail::has_category<P, precision_tag> ||
-     detail::unsatisfied<
-         "accel::accelerator's 1st argument must be a precision policy: accel::fp32, accel::bf16 or accel::fp16",
-         P>()) &&
+     detail::unsatisfied<"accel::accelerator's 1st argument must be a precision policy: accel::fp32, accel::bf16 or accel::fp16", P>()) &&
     (detail::precision_hooks<P> ||
-     detail::unsatisfied<"this precision policy lacks a constructor from (accel::options, c10::Device), "
-                         "forward_scope(device) or forward_output(output): see accel/concepts.hpp",
-                         P>()) &&
+     detail::unsatisfied<"this precision policy lacks a constructor from (accel::options, c10::Device), forward_scope(device) or forward_output(output): see accel/concepts.hpp", P>()) &&
     (detail::precision_defaulted_hooks<P> ||
-     detail::unsatisfied<"this precision policy lacks name(), mixed_precision(), prepare_model(module), "
-                         "backward(loss), unscale(optimizer, parallel), step(optimizer, parallel), step_was_skipped() "
-                         "or loss_scale(): derive it from accel::precision_defaults",
-                         P>()) &&
+     detail::unsatisfied<"this precision policy lacks name(), mixed_precision(), prepare_model(module), backward(loss), unscale(optimizer, parallel), step(optimizer, parallel), step_was_skipped() or loss_scale(): derive it from accel::precision_defaults", P>()) &&
     detail::well_formed_state_hooks<P>;
 
 /// A parallel policy: `accel::single_process` or `accel::data_parallel<accel::gloo / accel::nccl>`.
 template <class Q>
 concept parallel_policy =
     (detail::has_category<Q, parallel_tag> ||
-     detail::unsatisfied<"accel::accelerator's 2nd argument must be a parallel policy: accel::single_process or "
-                         "accel::data_parallel<accel::gloo or accel::nccl>",
-                         Q>()) &&
+     detail::unsatisfied<"accel::accelerator's 2nd argument must be a parallel policy: accel::single_process or accel::data_parallel<accel::gloo or accel::nccl>", Q>()) &&
     (detail::parallel_hooks<Q> ||
-     detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), "
-                         "local_process_index(), num_processes(), wait_for_everyone(), prepare_model(module), "
-                         "gradient_sync(module), set_gradient_sync(module, bool enabled, bool this_backward), "
-                         "before_forward(module) or communicator(): see accel/concepts.hpp",
-                         Q>()) &&
+     detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone(), prepare_model(module), gradient_sync(module), set_gradient_sync(module, bool enabled, bool this_backward), before_forward(module) or communicator(): see accel/concepts.hpp", Q>()) &&
     (detail::parallel_defaulted_hooks<Q> ||
-     detail::unsatisfied<"this parallel policy lacks name(), prepare_optimizer(optimizer), step_optimizer(optimizer), "
-                         "any_non_finite(bool), gradient_norm(parameters, norm_type), clip_grad_norm(parameters, "
-                         "max_norm, norm_type) or release_models(): derive it from accel::parallel_defaults",
-                         Q>()) &&
+     detail::unsatisfied<"this parallel policy lacks name(), prepare_optimizer(optimizer), step_optimizer(optimizer), any_non_finite(bool), gradient_norm(parameters, norm_type), clip_grad_norm(parameters, max_norm, norm_type) or release_models(): derive it from accel::parallel_defaults", Q>()) &&
     detail::well_formed_state_hooks<Q>;
 
 /// An accumulation policy: `accel::no_accumulation`, `accel::accumulate<N>` or `accel::accumulate_dynamic`.
 template <class A>
 concept accumulation_policy =
     (detail::has_category<A, accumulation_tag> ||
-     detail::unsatisfied<"accel::accelerator's 3rd argument must be an accumulation policy: accel::no_accumulation, "
-                         "accel::accumulate<N> or accel::accumulate_dynamic",
-                         A>()) &&
+     detail::unsatisfied<"accel::accelerator's 3rd argument must be an accumulation policy: accel::no_accumulation, accel::accumulate<N> or accel::accumulate_dynamic", A>()) &&
     (detail::accumulation_hooks<A> ||
-     detail::unsatisfied<"this accumulation policy lacks a constructor from accel::options, steps(), "
-                         "begin_micro_step(bool), step(), sync_gradients() or scale_loss(loss): see accel/concepts.hpp",
-                         A>()) &&
+     detail::unsatisfied<"this accumulation policy lacks a constructor from accel::options, steps(), begin_micro_step(bool), step(), sync_gradients() or scale_loss(loss): see accel/concepts.hpp", A>()) &&
     (detail::accumulation_defaulted_hooks<A> ||
-     detail::unsatisfied<
-         "this accumulation policy lacks name() or restart(): derive it from accel::accumulation_defaults", A>()) &&
+     detail::unsatisfied<"this accumulation policy lacks name() or restart(): derive it from accel::accumulation_defaults", A>()) &&
     detail::well_formed_state_hooks<A>;
 
 /// A communication backend for `accel::data_parallel`: `accel::gloo` or `accel::nccl`.
 template <class B>
 concept communication_backend =
     detail::has_category<B, backend_tag> ||
-    detail::unsatisfied<"accel::data_parallel<Backend> takes accel::gloo (CPU) or accel::nccl (CUDA) as its backend",
-                        B>();
+    detail::unsatisfied<"accel::data_parallel<Backend> takes accel::gloo (CPU) or accel::nccl (CUDA) as its backend", B>();
+// clang-format on
 
 }  // namespace accel

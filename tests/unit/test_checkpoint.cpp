@@ -394,3 +394,63 @@ TEST_CASE("automatic naming: names that are not save_state()'s are left alone; t
                                           Catch::Contains("the largest number a checkpoint can have"));
   std::filesystem::remove_all(dir);
 }
+
+// Issue 22, item 4: an SGD checkpoint loaded into Adam overwrote the weights, then failed inside LibTorch; a damaged
+// generator state did the same. Everything that can fail is tried before the weights change, and undone on failure.
+TEST_CASE("load_state refuses another optimizer's state or a damaged generator state, changing nothing",
+          "[checkpoint][resume]") {
+  const auto dir = scratch("wrong-optimizer");
+  {
+    torch::manual_seed(1);
+    accel_test::mlp net(3, 8, 1);
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    accel::accelerator<> acc{{.cpu = true}};
+    auto [model, opt] = acc.prepare(net, sgd);
+    for (int i = 0; i < 2; ++i) {  // momentum buffers: the SGD state is not empty
+      acc.backward(model(torch::randn({4, 3})).pow(2).mean());
+      opt.step();
+      opt.zero_grad();
+    }
+    acc.save_state(dir / "sgd");
+  }
+  torch::manual_seed(2);
+  accel_test::mlp net(3, 8, 1);
+  torch::optim::Adam adam(net->parameters(), 0.01);
+  accel::accelerator<> acc{{.cpu = true}};
+  auto [model, opt] = acc.prepare(net, adam);
+  acc.backward(model(torch::randn({4, 3})).pow(2).mean());
+  opt.step();  // Adam's state: step, exp_avg, exp_avg_sq
+  opt.zero_grad();
+  std::vector<torch::Tensor> weights;
+  for (const auto& p : net->parameters()) weights.push_back(p.clone());
+  const auto& first_state = static_cast<torch::optim::AdamParamState&>(
+      *adam.state().at(accel::detail::compat::optimizer_state_key(net->parameters()[0])));
+  const auto exp_avg = first_state.exp_avg().clone();
+  const auto step = first_state.step();
+  const auto unchanged = [&] {
+    for (std::size_t i = 0; i < weights.size(); ++i) CHECK(torch::equal(net->parameters()[i], weights[i]));
+    const auto& state = static_cast<torch::optim::AdamParamState&>(
+        *adam.state().at(accel::detail::compat::optimizer_state_key(net->parameters()[0])));
+    CHECK(torch::equal(state.exp_avg(), exp_avg));
+    CHECK(state.step() == step);
+  };
+  CHECK_THROWS_WITH(acc.load_state(dir / "sgd"),
+                    Catch::Contains("optimizer.bin does not fit") && Catch::Contains("nothing was loaded"));
+  unchanged();
+
+  // The same checkpoint saved by Adam, with the CPU generator state cut short.
+  acc.save_state(dir / "adam");
+  {
+    torch::serialize::OutputArchive damaged;
+    damaged.write("cpu_rng", torch::zeros({7}, torch::kByte));
+    damaged.save_to((dir / "adam" / "random_states_0.bin").string());
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& p : net->parameters()) p.add_(1);
+  weights.clear();
+  for (const auto& p : net->parameters()) weights.push_back(p.clone());
+  CHECK_THROWS_WITH(acc.load_state(dir / "adam"),
+                    Catch::Contains("random_states_0.bin holds a damaged cpu generator state"));
+  unchanged();
+  std::filesystem::remove_all(dir);
+}

@@ -174,13 +174,21 @@ TEST_CASE("a checkpoint written by accel 0.1 loads, resumes, and saves again wit
        {"accel_state.bin", "optimizer.bin", "scheduler.bin", "custom_checkpoint.bin", "random_states_0.bin"})
     CHECK(keys_of(data / "checkpoint" / name) == keys_of(dir / "again" / name));
 
-#if TORCH_VERSION_MAJOR >= 2  // written with LibTorch 2.13; 1.13's AdamW may differ in the last bits
+  // The checkpoint was computed on another machine, whose CPU kernels (AVX2 or AVX-512, LibTorch 2.13 or 1.13) may
+  // round differently in the last bits: its run and this machine's are compared within 1e-4. A resume that lost
+  // any state (data order, generator, optimizer moments, loss scale, schedule) differs far more. Resumed ==
+  // uninterrupted bit for bit is checked on runs computed here ("resume: 10 steps == 5, save, load ...").
+  const auto close = [](const at::Tensor& a, const at::Tensor& b) { return torch::allclose(a, b, 1e-4, 1e-6); };
+  for (const auto& item : run.net->named_parameters())
+    CHECK(close(item.value(), live.net->named_parameters()[item.key()]));
   run.train_accumulating(reference_steps_after_save);
-  CHECK(bitwise_equal(*run.net, *uninterrupted.net));  // resumed == uninterrupted
   std::map<std::string, at::Tensor> after;
   for (auto& [name, tensor] : accel::safetensors::load(data / "weights-after" / "model.safetensors"))
     after[name] = tensor;
-  for (const auto& item : run.net->named_parameters()) CHECK(torch::equal(item.value(), after.at(item.key())));
-#endif
+  for (const auto& item : run.net->named_parameters()) {
+    INFO(item.key());
+    CHECK(close(item.value(), uninterrupted.net->named_parameters()[item.key()]));  // resumed == uninterrupted
+    CHECK(close(item.value(), after.at(item.key())));
+  }
   std::filesystem::remove_all(dir);
 }

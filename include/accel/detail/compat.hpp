@@ -11,6 +11,9 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
+#if TORCH_VERSION_MAJOR < 2
+#include <c10/util/string_utils.h>  // c10::guts::to_string, 1.13's optimizer state keys
+#endif
 
 #include <utility>
 
@@ -42,6 +45,16 @@ inline void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
   }
   for (auto& group : optimizer.param_groups())
     for (auto& parameter : group.params()) parameter.mutable_grad().reset();
+#endif
+}
+
+/// The key of a parameter's entry in `Optimizer::state()`: its TensorImpl's address in 2.x, that address as text
+/// in 1.13.
+inline auto optimizer_state_key(const at::Tensor& parameter) {
+#if ACCEL_TORCH_VERSION >= 200
+  return static_cast<void*>(parameter.unsafeGetTensorImpl());
+#else
+  return c10::guts::to_string(parameter.unsafeGetTensorImpl());
 #endif
 }
 
