@@ -15,6 +15,7 @@ packages=(
   libopenblas0-pthread          # without it Debian's LibTorch uses the reference BLAS (~10x slower)
   python3 python3-venv
   openmpi-bin                   # mpirun, to test that accel programs start under Open MPI
+  strace                        # checkpoint.synced_save: which files and directories a save syncs
 )
 
 missing=()

@@ -8,8 +8,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
-#include <fcntl.h>
-#include <stdio.h>  // renameat2 (glibc, _GNU_SOURCE, which g++ defines)
 #include <torch/cuda.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
@@ -22,6 +20,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -32,6 +31,9 @@
 #include "checkpoint_error.hpp"
 #include "collectives.hpp"
 #include "concepts.hpp"
+#include "detail/atomic_file.hpp"
+#include "detail/checkpoint_directory.hpp"
+#include "detail/checkpoint_manifest.hpp"
 #include "detail/registry.hpp"
 #include "detail/scope.hpp"
 #include "model_weights.hpp"
@@ -39,62 +41,6 @@
 #include "safetensors.hpp"
 
 namespace accel::detail {
-
-/// Puts the complete checkpoint at `ready` in place of `target`: an atomic exchange of the two directories where
-/// the system has one (Linux `renameat2`), so that a crash leaves either the old or the new checkpoint, never
-/// none; then the old one is removed.
-inline void replace_directory(const std::filesystem::path& ready, const std::filesystem::path& target) {
-  if (!std::filesystem::exists(target)) return std::filesystem::rename(ready, target);
-#if defined(__linux__) && defined(RENAME_EXCHANGE)
-  if (::renameat2(AT_FDCWD, ready.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0)
-    return void(std::filesystem::remove_all(ready));  // now the old checkpoint
-#endif
-  const auto old = std::filesystem::path(target.string() + ".old");
-  std::filesystem::remove_all(old);
-  std::filesystem::rename(target, old);
-  std::filesystem::rename(ready, target);
-  std::filesystem::remove_all(old);
-}
-
-/// The `checkpoint_{i}` directories under `root`, by i. Other names are not `save_state()`'s and are left out:
-/// anything but decimal digits after the prefix, or a number beyond int64.
-inline std::map<std::int64_t, std::filesystem::path> numbered_checkpoints(const std::filesystem::path& root) {
-  std::map<std::int64_t, std::filesystem::path> found;
-  if (!std::filesystem::is_directory(root)) return found;
-  for (const auto& entry : std::filesystem::directory_iterator(root)) {
-    const auto name = entry.path().filename().string();
-    if (!entry.is_directory() || name.rfind("checkpoint_", 0) != 0) continue;
-    const auto digits = std::string_view(name).substr(11);
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos) continue;
-    std::int64_t number = 0;
-    if (std::from_chars(digits.data(), digits.data() + digits.size(), number).ec == std::errc{})
-      found[number] = entry.path();
-  }
-  return found;
-}
-
-/// The directory `save_state(directory)` replaces: `directory` made absolute and normal, without a trailing
-/// separator (`"ckpt/"` is `ckpt`). The save exchanges that directory whole, so an empty path, a file, and the
-/// working directory or one above it are refused before anything is written.
-inline std::filesystem::path checkpoint_directory(const std::filesystem::path& directory) {
-  if (directory.empty())
-    throw checkpoint_error(
-        "accel::save_state: the directory is an empty path; pass the checkpoint's directory, "
-        "such as \"checkpoints/step_100\"");
-  auto target = std::filesystem::absolute(directory).lexically_normal();
-  if (!target.has_filename()) target = target.parent_path();
-  const auto below = std::filesystem::current_path().lexically_relative(target);
-  if (below.empty() || *below.begin() != "..")
-    throw checkpoint_error("accel::save_state: " + directory.string() +
-                           " is the working directory or one above it; "
-                           "save_state replaces its directory whole, so give it one of its own, such as " +
-                           (directory / "checkpoint").string());
-  if (std::filesystem::exists(target) && !std::filesystem::is_directory(target))
-    throw checkpoint_error("accel::save_state: " + directory.string() +
-                           " is a file, not a directory; nothing was "
-                           "written: give save_state a directory");
-  return target;
-}
 
 /// The generators a checkpoint holds, by key: the CPU's, then each CUDA device's.
 inline std::vector<std::pair<std::string, at::Generator>> generators() {
@@ -114,17 +60,27 @@ inline std::string numbered(const std::string& stem, std::size_t i, const std::s
 }
 inline std::string process_file(int process_index) { return "random_states_" + std::to_string(process_index) + ".bin"; }
 
-inline torch::serialize::InputArchive read_archive(const std::filesystem::path& file) {
-  if (!std::filesystem::exists(file))
-    throw checkpoint_error("accel::load_state: the checkpoint lacks " + file.string() +
-                           " (saved by another configuration, or an incomplete copy)");
+/// The LibTorch archive `directory/name`, its bytes checked against the manifest before LibTorch parses them.
+inline torch::serialize::InputArchive read_archive(const std::filesystem::path& directory, const std::string& name,
+                                                   const std::optional<checkpoint_manifest>& manifest) {
+  const auto bytes = read_checkpoint_file(directory, name, manifest);
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(file.string());
+    archive.load_from(bytes.data(), bytes.size());
   } catch (const std::exception& e) {
-    throw checkpoint_error("accel::load_state: " + file.string() + " is truncated or corrupt: " + first_line(e.what()));
+    throw checkpoint_error("accel::load_state: " + (directory / name).string() +
+                           " is truncated or corrupt: " + first_line(e.what()));
   }
   return archive;
+}
+
+/// Writes `archive` to `directory/name`: serialised in memory first, then written by accel, so that a full disk
+/// is a `checkpoint_error` (LibTorch's own file writer aborts the process then).
+inline written_file write_archive(torch::serialize::OutputArchive& archive, const std::filesystem::path& directory,
+                                  const std::string& name) {
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  return write_atomically<checkpoint_error>(directory / name, [&](auto& out) { out.write(bytes.view()); });
 }
 
 /// Runs `step` here, then agrees with every process on whether it succeeded everywhere (one all-reduce, which is
@@ -135,6 +91,8 @@ void on_every_process_or_none(Parallel& parallel, const std::string& step_name, 
   std::exception_ptr failure;
   try {
     std::forward<Step>(step)();
+  } catch (const std::filesystem::filesystem_error& e) {  // the checkpoint's I/O errors are checkpoint_error
+    failure = std::make_exception_ptr(checkpoint_error("accel::save_state: " + std::string(e.what())));
   } catch (...) {
     failure = std::current_exception();
   }
@@ -142,7 +100,7 @@ void on_every_process_or_none(Parallel& parallel, const std::string& step_name, 
   if (failure) std::rethrow_exception(failure);
   if (failed_somewhere)
     throw checkpoint_error("accel::save_state: another process failed while " + step_name +
-                           " (its own error says why); the previous checkpoint, if any, is left in place");
+                           " (its own error says why)");
 }
 
 using slot_map = std::map<std::string, std::vector<std::shared_ptr<checkpoint_slot>>>;
@@ -166,7 +124,7 @@ inline void load_optimizer(torch::optim::Optimizer& optimizer, torch::serialize:
 
 /// The main process's part: `accel_state.bin` (how many of each object), the models, optimizers and shared slots.
 inline void save_shared_state(const std::filesystem::path& dir, int num_processes, const prepared_registry& registry,
-                              const slot_map& slots) {
+                              const slot_map& slots, checkpoint_manifest& manifest) {
   torch::serialize::OutputArchive shared;
   shared.write("processes", c10::IValue(static_cast<std::int64_t>(num_processes)));
   shared.write("models", c10::IValue(static_cast<std::int64_t>(registry.models().size())));
@@ -178,22 +136,23 @@ inline void save_shared_state(const std::filesystem::path& dir, int num_processe
       if (list[i]->scope != state_scope::shared) continue;
       torch::serialize::OutputArchive archive;
       list[i]->save(archive);
-      archive.save_to((dir / numbered(kind, i, ".bin")).string());
+      manifest.add(write_archive(archive, dir, numbered(kind, i, ".bin")));
     }
   }
-  shared.save_to((dir / "accel_state.bin").string());
+  manifest.add(write_archive(shared, dir, "accel_state.bin"));
   for (std::size_t i = 0; i < registry.models().size(); ++i)
-    safetensors::save(dir / numbered("model", i, ".safetensors"), state_of(*registry.models()[i]));
+    manifest.add(safetensors::save(dir / numbered("model", i, ".safetensors"), state_of(*registry.models()[i])));
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
     torch::serialize::OutputArchive archive;
     save_optimizer(*optimizers[i], archive);
-    archive.save_to((dir / numbered("optimizer", i, ".bin")).string());
+    manifest.add(write_archive(archive, dir, numbered("optimizer", i, ".bin")));
   }
 }
 
 /// Every process's part: its generators, its policies' state and its per-process slots (`{kind}_{i}`).
 template <class... Policies>
-void save_process_state(const std::filesystem::path& file, const slot_map& slots, const Policies&... policies) {
+written_file save_process_state(const std::filesystem::path& dir, const std::string& name, const slot_map& slots,
+                                const Policies&... policies) {
   torch::serialize::OutputArchive mine;
   for (auto& [key, generator] : generators()) {
     std::lock_guard<std::mutex> lock(generator.mutex());
@@ -210,11 +169,27 @@ void save_process_state(const std::filesystem::path& file, const slot_map& slots
       list[i]->save(slot);
       mine.write(kind + "_" + std::to_string(i), slot);
     }
-  mine.save_to(file.string());
+  return write_archive(mine, dir, name);
 }
 
-/// Saves the training state into `directory`, atomically: written into `directory.partial`, then exchanged with
-/// the old checkpoint once every process wrote its part. A collective.
+/// Every process's file (its `random_states_{i}.bin`) into the main process's manifest: sizes and checksums
+/// gathered in one all-reduce, each process filling its own row.
+template <class Parallel>
+void gather_process_files(Parallel& parallel, const written_file& mine, checkpoint_manifest& manifest) {
+  auto rows = at::zeros({parallel.num_processes(), 2}, at::kLong);
+  rows[parallel.process_index()][0] = static_cast<std::int64_t>(mine.size);
+  rows[parallel.process_index()][1] = static_cast<std::int64_t>(mine.crc32c);
+  auto&& comm = parallel.communicator();
+  const auto all = reduce(comm, rows, reduction::sum);
+  for (int process = 0; process < parallel.num_processes(); ++process)
+    manifest.add({process_file(process), static_cast<std::uint64_t>(all[process][0].template item<std::int64_t>()),
+                  static_cast<std::uint32_t>(all[process][1].template item<std::int64_t>())});
+}
+
+/// Saves the training state into `directory`, atomically: every process writes its part into the locked staging
+/// directory `directory.partial` (detail/checkpoint_directory.hpp), the main process adds the manifest of sizes
+/// and checksums, and the staging directory replaces the old checkpoint, keeping what accel did not write. A
+/// failure on any process raises on every process and leaves the previous checkpoint as it was. A collective.
 template <class Parallel, class... Policies>
 void save_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
                 const Policies&... policies) {
@@ -227,22 +202,26 @@ void save_state(const std::filesystem::path& directory, Parallel& parallel, cons
   const bool main = parallel.process_index() == 0;
   const auto target = checkpoint_directory(directory);
   const auto partial = std::filesystem::path(target.string() + ".partial");
-  // A save that failed anywhere leaves the previous checkpoint as it was and nothing beside it.
-  const auto remove_partial_on_failure = scope_fail([&] {
-    std::error_code ignored;
-    if (main) std::filesystem::remove_all(partial, ignored);
+  std::optional<staging_directory> staging;
+  const auto discard_on_failure = scope_fail([&] {
+    if (staging) staging->discard();
   });
   on_every_process_or_none(parallel, "preparing " + partial.string(), [&] {
     if (!main) return;
-    std::filesystem::remove_all(partial);
-    std::filesystem::create_directories(partial);
+    std::filesystem::create_directories(target.parent_path());
+    staging.emplace(target);
   });
+  checkpoint_manifest manifest;
+  written_file mine;
   on_every_process_or_none(parallel, "writing its part of the checkpoint", [&] {
-    if (main) save_shared_state(partial, parallel.num_processes(), registry, slots);
-    save_process_state(partial / process_file(parallel.process_index()), slots, policies...);
+    if (main) save_shared_state(partial, parallel.num_processes(), registry, slots, manifest);
+    mine = save_process_state(partial, process_file(parallel.process_index()), slots, policies...);
   });
+  gather_process_files(parallel, mine, manifest);
   on_every_process_or_none(parallel, "putting " + target.string() + " in place", [&] {
-    if (main) replace_directory(partial, target);
+    if (!main) return;
+    write_atomically<checkpoint_error>(partial / manifest_name, [&](auto& out) { out.write(manifest.text()); });
+    staging->install();
   });
 }
 
@@ -310,7 +289,8 @@ void load_state(const std::filesystem::path& directory, Parallel& parallel, cons
                 Policies&... policies) {
   if (!std::filesystem::is_directory(directory))
     throw checkpoint_error("accel::load_state: no checkpoint at " + directory.string());
-  auto shared = read_archive(directory / "accel_state.bin");
+  const auto manifest = read_manifest(directory);
+  auto shared = read_archive(directory, "accel_state.bin", manifest);
   const auto expect = [&](const std::string& key, std::int64_t mine) {
     c10::IValue value;
     if (!shared.try_read(key, value) || !value.isInt())
@@ -336,16 +316,17 @@ void load_state(const std::filesystem::path& directory, Parallel& parallel, cons
   std::vector<std::map<std::string, at::Tensor>> weights;
   for (std::size_t i = 0; i < models.size(); ++i) {
     const auto file = directory / numbered("model", i, ".safetensors");
-    auto loaded = safetensors::load(file);
+    auto loaded =
+        safetensors::parse(read_checkpoint_file(directory, file.filename().string(), manifest), file.string());
     weights.emplace_back(loaded.begin(), loaded.end());
     check_weights_fit(*models[i], weights.back(),
                       "accel::load_state: the weights in " + file.string() + " do not fit the prepared model");
   }
   std::vector<torch::serialize::InputArchive> optimizer_archives;
   for (std::size_t i = 0; i < optimizers.size(); ++i)
-    optimizer_archives.push_back(read_archive(directory / numbered("optimizer", i, ".bin")));
+    optimizer_archives.push_back(read_archive(directory, numbered("optimizer", i, ".bin"), manifest));
   const auto file = process_file(parallel.process_index());
-  auto mine = read_archive(directory / file);
+  auto mine = read_archive(directory, file, manifest);
   const auto lacks = [&](const std::string& what) {
     return checkpoint_error("accel::load_state: " + file + " lacks " + what + " (saved by another configuration?)");
   };
@@ -353,7 +334,7 @@ void load_state(const std::filesystem::path& directory, Parallel& parallel, cons
   for (const auto& [kind, list] : slots)
     for (std::size_t i = 0; i < list.size(); ++i) {
       if (list[i]->scope == state_scope::shared) {
-        slot_archives[kind].push_back(read_archive(directory / numbered(kind, i, ".bin")));
+        slot_archives[kind].push_back(read_archive(directory, numbered(kind, i, ".bin"), manifest));
       } else {
         slot_archives[kind].emplace_back();
         if (!mine.try_read(kind + "_" + std::to_string(i), slot_archives[kind].back()))
@@ -398,8 +379,8 @@ void load_state(const std::filesystem::path& directory, Parallel& parallel, cons
   }
 }
 
-/// `save_state` into the project's next automatic checkpoint: `{project_dir}/checkpoints/checkpoint_{i}`, removing
-/// the oldest beyond `total_limit` first. Returns the directory written.
+/// `save_state` into the project's next automatic checkpoint: `{project_dir}/checkpoints/checkpoint_{i}`, then
+/// removes the oldest beyond `total_limit`. Returns the directory written.
 template <class Parallel, class... Policies>
 std::filesystem::path save_numbered_state(const project_options& project, Parallel& parallel,
                                           const prepared_registry& registry, const Policies&... policies) {
@@ -413,14 +394,15 @@ std::filesystem::path save_numbered_state(const project_options& project, Parall
     throw checkpoint_error("accel::save_state(): " + existing.rbegin()->second.string() +
                            " has the largest number a checkpoint can have; move the checkpoints away to go on");
   const auto next = existing.empty() ? 0 : existing.rbegin()->first + 1;
-  parallel.wait_for_everyone();  // every process has its number before the main one prunes
-  if (parallel.process_index() == 0 && project.total_limit > 0)
-    while (!existing.empty() && static_cast<int>(existing.size()) + 1 > project.total_limit) {
-      std::filesystem::remove_all(existing.begin()->second);
-      existing.erase(existing.begin());
-    }
   const auto directory = root / ("checkpoint_" + std::to_string(next));
   save_state(directory, parallel, registry, policies...);
+  // Only now that the new checkpoint is complete and synced: a save that fails (a full disk) loses no checkpoint.
+  on_every_process_or_none(parallel, "removing checkpoints beyond total_limit", [&] {
+    if (parallel.process_index() != 0 || project.total_limit <= 0) return;
+    for (; !existing.empty() && static_cast<int>(existing.size()) + 1 > project.total_limit;
+         existing.erase(existing.begin()))
+      remove_checkpoint_files(existing.begin()->second);  // what accel did not write stays
+  });
   return directory;
 }
 

@@ -263,7 +263,7 @@ inline void write_config_file(const std::filesystem::path& path, const config_va
   if (error)
     throw config_error("cannot create the directory " + path.parent_path().string() +
                        " for the config file: " + error.message());
-  detail::write_atomically<config_error>(path, [&](std::ofstream& out) { out << format_config(values); });
+  detail::write_atomically<config_error>(path, [&](auto& out) { out.write(format_config(values)); });
 }
 
 }  // namespace accel

@@ -72,8 +72,7 @@ inline std::string shard_name(std::size_t index, std::size_t count) {
 
 /// The weight map of `model.safetensors.index.json` (only the part this library writes and reads).
 inline std::map<std::string, std::string> read_weight_map(const std::filesystem::path& index) {
-  auto bytes = safetensors::detail::read_file(index);
-  const std::string text(bytes.begin(), bytes.end());
+  const auto text = safetensors::detail::read_file(index);
   const auto map_start = text.find("\"weight_map\"");
   if (map_start == std::string::npos)
     throw checkpoint_error("accel: " + index.string() + " has no \"weight_map\": not a safetensors index");
@@ -119,7 +118,7 @@ inline void save_model(const torch::nn::Module& module, const std::filesystem::p
     shard_bytes += bytes;
     total += bytes;
   }
-  if (shards.size() == 1) return safetensors::save(directory / "model.safetensors", shards.front());
+  if (shards.size() == 1) return void(safetensors::save(directory / "model.safetensors", shards.front()));
   std::ostringstream index;
   index << "{\"metadata\": {\"total_size\": " << total << "}, \"weight_map\": {";
   const char* separator = "";
@@ -132,7 +131,7 @@ inline void save_model(const torch::nn::Module& module, const std::filesystem::p
   }
   index << "}}\n";
   detail::write_atomically<checkpoint_error>(directory / "model.safetensors.index.json",
-                                             [&](std::ofstream& out) { out << index.str(); });
+                                             [&](auto& out) { out.write(index.str()); });
 }
 
 /// Loads what `save_model` wrote (or a Python `save_file(state_dict)`) into `module`: a directory holding

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -178,17 +179,17 @@ class header_parser {
   std::size_t pos_ = 0;
 };
 
-inline std::vector<char> read_file(const std::filesystem::path& path) {
+inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw checkpoint_error("accel: cannot open " + path.string() + " for reading (missing file?)");
-  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 }  // namespace detail
 
 /// Writes `tensors` (any device, dtype among F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL) to `path`, atomically.
-inline void save(const std::filesystem::path& path, const tensor_list& tensors,
-                 const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
+inline ::accel::detail::written_file save(const std::filesystem::path& path, const tensor_list& tensors,
+                                          const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
   std::vector<at::Tensor> contiguous;
   std::string header = "{";
   std::int64_t offset = 0;
@@ -211,19 +212,18 @@ inline void save(const std::filesystem::path& path, const tensor_list& tensors,
   if (header.back() == ',') header.pop_back();
   header += "}}";
   while (header.size() % 8 != 0) header += ' ';  // the data starts 8-byte aligned, as the reference writer does
-  ::accel::detail::write_atomically<checkpoint_error>(path, [&](std::ofstream& out) {
+  return ::accel::detail::write_atomically<checkpoint_error>(path, [&](auto& out) {
     const std::uint64_t length = header.size();
-    out.write(reinterpret_cast<const char*>(&length), sizeof length);
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& t : contiguous)
-      out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+    out.write(&length, sizeof length);
+    out.write(header);
+    for (const auto& t : contiguous) out.write(t.data_ptr(), t.nbytes());
   });
 }
 
-/// Reads every tensor of the file at `path` (on the CPU), validating it first.
-inline tensor_list load(const std::filesystem::path& path, std::map<std::string, std::string>* metadata = nullptr) {
-  const auto file = detail::read_file(path);
-  const auto where = path.string();
+/// Reads every tensor of a safetensors file's bytes, `file` (on the CPU), validating it first; `where` names the
+/// file in errors.
+inline tensor_list parse(std::string_view file, const std::string& where,
+                         std::map<std::string, std::string>* metadata = nullptr) {
   if (file.size() < 8)
     throw checkpoint_error("accel: " + where + " is truncated: shorter than the 8-byte header length");
   std::uint64_t length = 0;
@@ -258,6 +258,11 @@ inline tensor_list load(const std::filesystem::path& path, std::map<std::string,
   }
   if (metadata != nullptr) *metadata = std::move(meta);
   return out;
+}
+
+/// Reads every tensor of the file at `path` (on the CPU), validating it first.
+inline tensor_list load(const std::filesystem::path& path, std::map<std::string, std::string>* metadata = nullptr) {
+  return parse(detail::read_file(path), path.string(), metadata);
 }
 
 }  // namespace safetensors

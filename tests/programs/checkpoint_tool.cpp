@@ -1,44 +1,92 @@
 // For tests/scripts/checkpoint_interop.cmake: `checkpoint_tool write FILE` writes known tensors for Python to check;
 // `checkpoint_tool check DIR` loads the state dict Python wrote there and saves it back (exit code 0 when it matches).
+// For crash_during_save.cmake, concurrent_saves.cmake and synced_save.cmake: `save-loop DIR`, `save-as DIR ID`,
+// `save DIR`, `verify DIR`.
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
 #include "support.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace {
-/// A model large enough (~40 MB) that saving it takes a while: the crash test kills the saver mid-write.
+/// A value in a file of its own (custom_checkpoint.bin), beside the model's: a checkpoint mixed from two saves
+/// shows as a value that differs from the bias.
+struct tag {
+  double value = -1;
+  void save(torch::serialize::OutputArchive& archive) const { archive.write("value", c10::IValue(value)); }
+  void load(torch::serialize::InputArchive& archive) {
+    c10::IValue read;
+    archive.read("value", read);
+    value = read.toDouble();
+  }
+};
+
+/// A model large enough (~40 MB) that saving it takes a while: the crash test kills the saver mid-write, and two
+/// savers into one directory overlap.
 struct saver {
   accel::accelerator<> acc{{.cpu = true}};
   torch::nn::Linear net{2000, 5000};
   accel::prepared_model<torch::nn::Linear, accel::accelerator<>> model = acc.prepare(net);
+  tag written;
+  saver() { acc.register_for_checkpointing(written); }
+  void set(double value) {
+    torch::NoGradGuard no_grad;
+    net->bias.fill_(value);
+    written.value = value;
+  }
 };
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) return 2;
+  if (argc < 3) return 2;
   const std::string mode = argv[1];
   if (mode == "save-loop") {  // saves checkpoint after checkpoint into the same directory until killed
     saver s;
     for (int i = 0;; ++i) {
-      {
-        torch::NoGradGuard no_grad;
-        s.net->bias.fill_(i);
-      }
+      s.set(i);
       s.acc.save_state(argv[2]);
       std::printf("saved %d\n", i);
       std::fflush(stdout);
     }
   }
+  if (mode == "save") {  // one save, for synced_save.cmake (run under strace)
+    saver s;
+    s.set(1);
+    s.acc.save_state(argv[2]);
+    return 0;
+  }
+  if (mode == "save-as" && argc == 4) {  // `save-as DIR ID`: 8 saves while another process saves there too
+    saver s;
+    const int id = std::stoi(argv[3]);
+    int saved = 0, refused = 0;
+    for (int attempt = 0; saved < 8 && attempt < 2000; ++attempt) {
+      s.set(id * 1000 + attempt);
+      try {
+        s.acc.save_state(argv[2]);
+        ++saved;
+      } catch (const accel::checkpoint_error& e) {
+        if (std::string(e.what()).find("another process is saving into") == std::string::npos) throw;
+        ++refused;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // then try again, as a retrying job would
+      }
+    }
+    std::printf("process %d: %d saves, %d refused while the other saved\n", id, saved, refused);
+    return saved == 8 ? 0 : 1;
+  }
   if (mode == "verify") {  // the checkpoint there loads, whole
     saver s;
     s.acc.load_state(argv[2]);
-    const bool whole = torch::all(s.net->bias == s.net->bias[0]).item<bool>();
-    std::printf("checkpoint with bias %g loaded: %s\n", s.net->bias[0].item<double>(), whole ? "whole" : "mixed");
+    const bool whole =
+        torch::all(s.net->bias == s.net->bias[0]).item<bool>() && s.written.value == s.net->bias[0].item<double>();
+    std::printf("checkpoint with bias %g and tag %g loaded: %s\n", s.net->bias[0].item<double>(), s.written.value,
+                whole ? "whole" : "mixed");
     return whole ? 0 : 1;
   }
   if (mode == "reference-state") {  // tests/data/checkpoint-v0.1 (see accel_test::reference_accelerator)

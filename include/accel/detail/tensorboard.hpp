@@ -23,26 +23,11 @@
 #include <string>
 #include <string_view>
 
+#include "crc32c.hpp"
+
 namespace accel::detail {
 
 static_assert(std::endian::native == std::endian::little, "accel writes TensorBoard files as little-endian bytes");
-
-/// CRC-32C (Castagnoli), the checksum TFRecord uses; one table lookup per byte.
-inline constexpr auto crc32c_table = [] {
-  std::array<std::uint32_t, 256> table{};
-  for (std::uint32_t byte = 0; byte < 256; ++byte) {
-    std::uint32_t crc = byte;
-    for (int bit = 0; bit < 8; ++bit) crc = (crc & 1) ? (crc >> 1) ^ 0x82F63B78u : crc >> 1;  // reflected polynomial
-    table[byte] = crc;
-  }
-  return table;
-}();
-
-constexpr std::uint32_t crc32c(std::string_view bytes) noexcept {
-  std::uint32_t crc = 0xFFFFFFFFu;
-  for (const char c : bytes) crc = crc32c_table[(crc ^ static_cast<unsigned char>(c)) & 0xFFu] ^ (crc >> 8);
-  return crc ^ 0xFFFFFFFFu;
-}
 
 /// TFRecord stores checksums masked, so that a CRC computed over data that itself holds CRCs stays meaningful.
 constexpr std::uint32_t masked_crc32c(std::string_view bytes) noexcept {

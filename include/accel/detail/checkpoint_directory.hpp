@@ -1,0 +1,256 @@
+/// \file
+/// The directory a checkpoint lives in, and what `save_state` may do to it. A save writes its files into a staging
+/// directory beside the checkpoint (`DIR.partial`), locked while it is written, then exchanges it with `DIR` in one
+/// atomic rename, so that a reader or a crash sees the old checkpoint or the new one, never a mix. What accel did
+/// not write is never deleted: the user's files in `DIR` are linked into the new checkpoint before the exchange,
+/// their directories moved into it right after, and a symbolic link at `DIR` is kept (its target is replaced).
+// IWYU pragma: private, include <accel/accel.hpp>
+#pragma once
+
+#include <fcntl.h>
+#include <stdio.h>  // renameat2 (glibc, _GNU_SOURCE, which g++ defines)
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "../checkpoint_error.hpp"
+#include "atomic_file.hpp"
+#include "checkpoint_manifest.hpp"
+
+namespace accel::detail {
+
+/// `text` is `prefix` followed by decimal digits only.
+inline bool is_numbered(std::string_view text, std::string_view prefix) {
+  if (text.substr(0, prefix.size()) != prefix || text.size() == prefix.size()) return false;
+  return text.substr(prefix.size()).find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+/// A name `save_state` writes (docs/checkpoint-format.md), or one of its temporary files: only these are ever
+/// removed from a checkpoint directory.
+inline bool is_checkpoint_file(std::string_view name) {
+  if (const auto temporary = name.rfind(".tmp");
+      temporary != std::string_view::npos && is_numbered(name.substr(temporary), ".tmp"))
+    name = name.substr(0, temporary);
+  if (name == "accel_state.bin" || name == manifest_name) return true;
+  const auto dot = name.find('.');
+  if (dot == std::string_view::npos) return false;
+  const auto stem = name.substr(0, dot), extension = name.substr(dot);
+  if (extension == ".bin" && is_numbered(stem, "random_states_")) return true;
+  for (const auto kind : {"model", "optimizer", "scheduler", "custom_checkpoint"}) {
+    const std::string_view k = kind;
+    if (extension != (k == "model" ? ".safetensors" : ".bin")) continue;
+    if (stem == k || is_numbered(stem, std::string(k) + "_")) return true;
+  }
+  return false;
+}
+
+/// The directory `save_state(directory)` writes: `directory` made absolute and normal, without a trailing
+/// separator (`"ckpt/"` is `ckpt`), a symbolic link followed to its target. An empty path, a file, and the
+/// working directory or one above it are refused before anything is written.
+inline std::filesystem::path checkpoint_directory(const std::filesystem::path& directory) {
+  if (directory.empty())
+    throw checkpoint_error(
+        "accel::save_state: the directory is an empty path; pass the checkpoint's directory, "
+        "such as \"checkpoints/step_100\"");
+  auto target = std::filesystem::absolute(directory).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();
+  if (std::filesystem::is_symlink(target)) target = std::filesystem::canonical(target);
+  const auto below = std::filesystem::current_path().lexically_relative(target);
+  if (below.empty() || *below.begin() != "..")
+    throw checkpoint_error("accel::save_state: " + directory.string() +
+                           " is the working directory or one above it; give the checkpoint a directory of its own, "
+                           "such as " +
+                           (directory / "checkpoint").string());
+  if (std::filesystem::exists(target) && !std::filesystem::is_directory(target))
+    throw checkpoint_error("accel::save_state: " + directory.string() +
+                           " is a file, not a directory; nothing was written: give save_state a directory");
+  return target;
+}
+
+/// Removes accel's files from `directory`, then the directory if that left it empty. Returns what it left.
+inline std::vector<std::string> remove_checkpoint_files(const std::filesystem::path& directory) {
+  std::vector<std::string> kept;
+  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
+    const auto name = entry.path().filename().string();
+    if (is_checkpoint_file(name) && entry.is_regular_file() && !entry.is_symlink())
+      std::filesystem::remove(entry.path());
+    else
+      kept.push_back(name);
+  }
+  if (kept.empty()) std::filesystem::remove(directory);
+  return kept;
+}
+
+/// Moves what accel did not write from `from` into `to`, unless `to` holds that name; an entry `to` holds as the
+/// same file (a hard link made by `install`) or as the same symbolic link (a copy `install` made) is only removed
+/// from `from`.
+inline void move_other_entries(const std::filesystem::path& from, const std::filesystem::path& to) {
+  for (const auto& entry : std::filesystem::directory_iterator(from)) {
+    const auto name = entry.path().filename();
+    const bool link = entry.is_symlink(), regular = !link && entry.is_regular_file();
+    if (regular && is_checkpoint_file(name.string())) continue;
+    const auto there = to / name;
+    std::error_code error;
+    if (!std::filesystem::exists(std::filesystem::symlink_status(there)))
+      std::filesystem::rename(entry.path(), there);
+    else if ((regular && std::filesystem::equivalent(entry.path(), there, error)) ||
+             (link && std::filesystem::is_symlink(there) &&
+              std::filesystem::read_symlink(entry.path()) == std::filesystem::read_symlink(there)))
+      std::filesystem::remove(entry.path());
+  }
+}
+
+/// Runs `action` while holding `directory`'s lock, unless another save holds it (then that save tidies it).
+template <class Action>
+void if_unlocked(const std::filesystem::path& directory, Action&& action) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) try {
+      std::forward<Action>(action)();
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+  ::close(fd);
+}
+
+/// The staging directory `DIR.partial` of one save, locked (`flock`) for as long as this object lives, so that a
+/// second process saving into the same directory is refused instead of mixing its files with this one's. Stale
+/// staging directories (a save that crashed) are emptied of accel's files; anything else in one (the user's
+/// entries of a save that crashed while moving them back) goes back into `DIR`.
+class staging_directory {
+ public:
+  explicit staging_directory(const std::filesystem::path& target)
+      : target_(target), path_(target.string() + ".partial") {
+    for (int attempt = 0; attempt < 3 && fd_ < 0; ++attempt) lock();
+    if (fd_ < 0) throw busy();
+    if (std::filesystem::is_directory(target_)) move_other_entries(path_, target_);
+    for (const auto& entry : std::filesystem::directory_iterator(path_))
+      if (is_checkpoint_file(entry.path().filename().string()) && entry.is_regular_file() && !entry.is_symlink())
+        std::filesystem::remove(entry.path());
+    if (!std::filesystem::is_empty(path_))
+      throw checkpoint_error("accel::save_state: " + path_.string() + " holds entries accel did not write (left by " +
+                             "a save that crashed); move them away and save again");
+  }
+  staging_directory(const staging_directory&) = delete;
+  staging_directory& operator=(const staging_directory&) = delete;
+  ~staging_directory() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+
+  /// Removes the staging directory after a failed save (accel's files only).
+  void discard() noexcept {
+    std::error_code ignored;
+    if (std::filesystem::is_directory(path_, ignored)) try {
+        remove_checkpoint_files(path_);
+      } catch (...) {
+      }
+  }
+
+  /// Puts the complete checkpoint in place of the target: the user's files and links in the target are linked into
+  /// it, the two directories exchanged (Linux `renameat2`), the user's directories moved across, the old
+  /// checkpoint's files removed. Without an exchange, two renames through `DIR.old`.
+  void install() {
+    sync_directory<checkpoint_error>(path_);
+    if (!std::filesystem::exists(target_)) {
+      std::filesystem::rename(path_, target_);
+      return sync_directory<checkpoint_error>(target_.parent_path());
+    }
+    carry_files_and_links();
+#if defined(__linux__) && defined(RENAME_EXCHANGE)
+    if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE) == 0) {
+      sync_directory<checkpoint_error>(target_.parent_path());
+      return retire(path_);  // now the old checkpoint
+    }
+#endif
+    const auto old = std::filesystem::path(target_.string() + ".old");
+    std::filesystem::rename(target_, old);
+    std::filesystem::rename(path_, target_);
+    sync_directory<checkpoint_error>(target_.parent_path());
+    retire(old);
+  }
+
+ private:
+  checkpoint_error busy() const {
+    return checkpoint_error("accel::save_state: another process is saving into " + target_.string() + " (it holds " +
+                            path_.string() + "); two jobs must not save into one directory: give each its own");
+  }
+
+  // The old checkpoint: what the user added to it since carry_files_and_links goes to the new one, then accel's
+  // files and the directory go. Locked first: a save that started meanwhile may have taken it as its staging
+  // directory, and then it is that save's to tidy.
+  void retire(const std::filesystem::path& old) const {
+    if_unlocked(old, [&] {
+      move_other_entries(old, target_);
+      remove_checkpoint_files(old);
+    });
+  }
+
+  // Creates and locks the staging directory; leaves fd_ < 0 if it changed under us (then the caller tries again).
+  void lock() {
+    if (::mkdir(path_.c_str(), 0777) != 0 && errno != EEXIST)
+      throw checkpoint_error("accel::save_state: cannot create " + path_.string() + ": " + std::strerror(errno));
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      throw busy();
+    }
+    struct stat locked{}, named{};
+    if (::fstat(fd, &locked) == 0 && ::stat(path_.c_str(), &named) == 0 && locked.st_ino == named.st_ino &&
+        locked.st_dev == named.st_dev)
+      fd_ = fd;
+    else
+      ::close(fd);  // another save renamed or removed it between our open and our lock
+  }
+
+  // Hard links of the user's files (the same file: an open log keeps growing in the new checkpoint) and copies of
+  // their symbolic links.
+  void carry_files_and_links() const {
+    for (const auto& entry : std::filesystem::directory_iterator(target_)) {
+      const auto name = entry.path().filename();
+      if (is_checkpoint_file(name.string()) && entry.is_regular_file() && !entry.is_symlink()) continue;
+      if (entry.is_symlink()) {
+        std::filesystem::copy_symlink(entry.path(), path_ / name);
+      } else if (entry.is_regular_file()) {
+        std::error_code error;
+        std::filesystem::create_hard_link(entry.path(), path_ / name, error);
+        if (error) std::filesystem::copy_file(entry.path(), path_ / name);  // a file system without hard links
+      }
+    }
+  }
+
+  std::filesystem::path target_, path_;
+  int fd_ = -1;
+};
+
+/// The `checkpoint_{i}` directories under `root`, by i. Other names are not `save_state()`'s and are left out:
+/// anything but decimal digits after the prefix, or a number beyond int64.
+inline std::map<std::int64_t, std::filesystem::path> numbered_checkpoints(const std::filesystem::path& root) {
+  std::map<std::int64_t, std::filesystem::path> found;
+  if (!std::filesystem::is_directory(root)) return found;
+  for (const auto& entry : std::filesystem::directory_iterator(root)) {
+    const auto name = entry.path().filename().string();
+    if (!entry.is_directory() || !is_numbered(name, "checkpoint_")) continue;
+    std::int64_t number = 0;
+    if (std::from_chars(name.data() + 11, name.data() + name.size(), number).ec == std::errc{})
+      found[number] = entry.path();
+  }
+  return found;
+}
+
+}  // namespace accel::detail

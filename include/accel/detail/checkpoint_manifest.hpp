@@ -1,0 +1,133 @@
+/// \file
+/// A checkpoint's manifest, `accel_checksums.txt`: the size and CRC-32C of every file `save_state` wrote, checked
+/// before a file is parsed, so that a damaged or mixed checkpoint is an error instead of a crash inside LibTorch's
+/// reader or a silent load. The format (docs/checkpoint-format.md):
+///
+///     accel checkpoint checksums 1
+///     <crc32c, 8 hex digits> <size in bytes> <file name>      (one line per file)
+///     end <crc32c of every byte before this line, 8 hex digits>
+// IWYU pragma: private, include <accel/accel.hpp>
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "../checkpoint_error.hpp"
+#include "atomic_file.hpp"
+#include "crc32c.hpp"
+
+namespace accel::detail {
+
+inline constexpr std::string_view manifest_name = "accel_checksums.txt";
+
+class checkpoint_manifest {
+ public:
+  void add(const written_file& file) { files_[file.name] = file; }
+  [[nodiscard]] const std::map<std::string, written_file>& files() const noexcept { return files_; }
+
+  [[nodiscard]] std::string text() const {
+    std::string text = "accel checkpoint checksums 1\n";
+    for (const auto& [name, file] : files_)
+      text += hex(file.crc32c) + " " + std::to_string(file.size) + " " + name + "\n";
+    return text + "end " + hex(crc32c(text)) + "\n";
+  }
+
+  /// The manifest in `text`; `where` names its file in errors. Its last line checks the others, so a damaged
+  /// manifest is refused as a whole.
+  static checkpoint_manifest parse(std::string_view text, const std::string& where) {
+    const auto damaged = [&where](const std::string& why) {
+      return checkpoint_error("accel::load_state: " + where + " is damaged (" + why +
+                              "); the checkpoint cannot be trusted");
+    };
+    const auto last = text.size() > 1 ? text.rfind('\n', text.size() - 2) : std::string_view::npos;
+    if (text.empty() || text.back() != '\n' || last == std::string_view::npos) throw damaged("it is truncated");
+    const auto body = text.substr(0, last + 1);
+    std::uint32_t stated = 0;
+    if (text.size() - last != 14 || !parse_hex(text.substr(last + 1), "end ", stated))
+      throw damaged("its last line is not \"end <checksum>\"");
+    if (stated != crc32c(body)) throw damaged("its own checksum does not match");
+    checkpoint_manifest manifest;
+    std::size_t begin = body.find('\n') + 1;
+    if (body.substr(0, begin) != "accel checkpoint checksums 1\n") throw damaged("an unknown first line");
+    while (begin < body.size()) {
+      const auto end = body.find('\n', begin);
+      const auto line = body.substr(begin, end - begin);
+      written_file file;
+      const auto size_at = line.find(' ', 9);
+      const auto size = size_at == std::string_view::npos
+                            ? std::from_chars_result{nullptr, std::errc::invalid_argument}
+                            : std::from_chars(line.data() + 9, line.data() + size_at, file.size);
+      if (!parse_hex(line, "", file.crc32c) || size.ec != std::errc{} || size.ptr != line.data() + size_at ||
+          size_at + 1 == line.size() || line.find('/', size_at) != std::string_view::npos)
+        throw damaged("a line is not \"<checksum> <size> <file>\"");
+      file.name = std::string(line.substr(size_at + 1));
+      manifest.add(file);
+      begin = end + 1;
+    }
+    return manifest;
+  }
+
+ private:
+  static std::string hex(std::uint32_t value) {
+    char digits[9];
+    std::snprintf(digits, sizeof digits, "%08x", value);
+    return digits;
+  }
+  // "<prefix><8 hex digits>" followed by a space or a newline.
+  static bool parse_hex(std::string_view text, std::string_view prefix, std::uint32_t& value) {
+    if (text.substr(0, prefix.size()) != prefix || text.size() < prefix.size() + 9) return false;
+    const auto digits = text.substr(prefix.size(), 8);
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + 8, value, 16);
+    const char after = text[prefix.size() + 8];
+    return error == std::errc{} && end == digits.data() + 8 && (after == ' ' || after == '\n');
+  }
+
+  std::map<std::string, written_file> files_;
+};
+
+/// The manifest of the checkpoint in `directory`, or none for one written before accel had checksums (v0.1).
+inline std::optional<checkpoint_manifest> read_manifest(const std::filesystem::path& directory) {
+  const auto path = directory / manifest_name;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (std::filesystem::exists(path))
+      throw checkpoint_error("accel::load_state: cannot read " + path.string() + " (no permission?)");
+    return std::nullopt;
+  }
+  return checkpoint_manifest::parse(std::string(std::istreambuf_iterator<char>(in), {}), path.string());
+}
+
+/// The bytes of `directory/name`, checked against `manifest` (when the checkpoint has one) before anyone parses them.
+inline std::string read_checkpoint_file(const std::filesystem::path& directory, const std::string& name,
+                                        const std::optional<checkpoint_manifest>& manifest) {
+  const auto path = directory / name;
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw checkpoint_error("accel::load_state: the checkpoint lacks " + path.string() +
+                           " (saved by another configuration, or an incomplete copy)");
+  std::string bytes(std::istreambuf_iterator<char>(in), {});
+  if (!manifest) return bytes;
+  const auto listed = manifest->files().find(name);
+  if (listed == manifest->files().end())
+    throw checkpoint_error("accel::load_state: " + std::string(manifest_name) + " in " + directory.string() +
+                           " does not list " + name + ": the directory mixes files of two checkpoints");
+  if (bytes.size() != listed->second.size || crc32c(bytes) != listed->second.crc32c)
+    throw checkpoint_error(
+        "accel::load_state: " + path.string() + " is damaged: its " +
+        (bytes.size() != listed->second.size
+             ? std::to_string(bytes.size()) + " bytes differ from the " + std::to_string(listed->second.size) + " saved"
+             : std::string("checksum differs from the one saved")) +
+        " (a damaged disk or copy, or files of two checkpoints mixed); nothing was loaded");
+  return bytes;
+}
+
+}  // namespace accel::detail

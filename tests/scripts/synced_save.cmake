@@ -1,0 +1,32 @@
+# A save syncs what it wrote before it counts as done: every file of the checkpoint (fsync on its temporary file,
+# before the rename) and the directories holding them (the staging directory, and the parent of the checkpoint
+# after the exchange). Seen from outside with strace's log of fsync calls, each with the path of its descriptor.
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+set(state ${WORK_DIR}/state)
+execute_process(COMMAND ${STRACE} -f -y -e trace=fsync,fdatasync -o ${WORK_DIR}/fsync.log ${TOOL} save ${state}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+if(NOT rc EQUAL 0)
+  if(err MATCHES "ptrace|Operation not permitted")
+    message(STATUS "strace cannot trace here: ${err}")
+    return()  # ctest's SKIP_REGULAR_EXPRESSION reports this as skipped
+  endif()
+  message(FATAL_ERROR "the save failed (${rc}):\n${out}\n${err}")
+endif()
+file(READ ${WORK_DIR}/fsync.log log)
+set(missing "")
+foreach(name accel_state.bin model.safetensors custom_checkpoint.bin random_states_0.bin accel_checksums.txt)
+  if(NOT log MATCHES "fsync\\([0-9]+<${state}.partial/${name}.tmp[0-9]+>\\) = 0")
+    string(APPEND missing "  the file ${name}\n")
+  endif()
+endforeach()
+if(NOT log MATCHES "fsync\\([0-9]+<${state}.partial>\\) = 0")
+  string(APPEND missing "  the staging directory ${state}.partial\n")
+endif()
+if(NOT log MATCHES "fsync\\([0-9]+<${WORK_DIR}>\\) = 0")
+  string(APPEND missing "  the directory holding the checkpoint, ${WORK_DIR}\n")
+endif()
+if(missing)
+  message(FATAL_ERROR "save_state did not sync:\n${missing}strace's log:\n${log}")
+endif()
+message(STATUS "every file and directory of the checkpoint synced")
