@@ -73,6 +73,8 @@ class checkpoint_manifest {
       manifest.add(file);
       begin = end + 1;
     }
+    // from_chars also reads "A" as 10: a flipped case bit in the last line would otherwise pass unnoticed.
+    if (manifest.text() != text) throw damaged("it is not in the form accel writes");
     return manifest;
   }
 
