@@ -8,6 +8,7 @@
 #include "options.hpp"
 #include "precision.hpp"
 #include "parallel.hpp"
+#include "sharded_data_parallel.hpp"
 #include "accumulation.hpp"
 #include "device.hpp"
 #include "batch_range.hpp"

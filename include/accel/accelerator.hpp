@@ -151,7 +151,10 @@ class accelerator {
   /// changing gradients by hand on a step that synchronises.
   void unscale_gradients() {
     if (!sync_gradients()) return;  // partial sums: later micro-steps would add scaled gradients to unscaled ones
-    for (auto* optimizer : registry_.optimizers()) precision_.unscale(*optimizer, parallel_);
+    for (auto* optimizer : registry_.optimizers()) {
+      parallel_.attach_gradients(*optimizer);
+      precision_.unscale(*optimizer, parallel_);
+    }
   }
   /// Unscales the gradients (once per step), then clips their total `norm_type`-norm to `max_norm`; returns the
   /// total norm before clipping. On an accumulation micro-step that does not synchronise, the gradients are
@@ -435,7 +438,9 @@ class accelerator {
   /// Called by `prepared_optimizer::step()`: steps only when gradients are synchronised; the precision policy
   /// decides whether (fp16 may skip), the parallel policy how.
   void step_optimizer(torch::optim::Optimizer& optimizer) {
-    if (sync_gradients()) precision_.step(optimizer, parallel_);
+    if (!sync_gradients()) return;
+    parallel_.attach_gradients(optimizer);
+    precision_.step(optimizer, parallel_);
   }
 
   template <class Model>

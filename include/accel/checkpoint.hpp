@@ -122,9 +122,23 @@ inline void load_optimizer(torch::optim::Optimizer& optimizer, torch::serialize:
   for (std::size_t g = 0; g < groups.size() && g < values.size(); ++g) groups[g].options().set_lr(values[g]);
 }
 
-/// The main process's part: `accel_state.bin` (how many of each object), the models, optimizers and shared slots.
+/// Where `Parallel` keeps optimizer state: the job's (replicated; the main process writes `optimizer_{i}.bin`)
+/// unless the policy says each process's own (`optimizer_state = state_scope::per_process`: a sharded policy, whose
+/// processes each hold a shard, save it as `optimizer_{i}` in their `random_states_{rank}.bin`).
+template <class Parallel>
+consteval state_scope optimizer_state_scope() {
+  if constexpr (requires {
+                  { Parallel::optimizer_state } -> std::convertible_to<state_scope>;
+                })
+    return Parallel::optimizer_state;
+  else
+    return state_scope::shared;
+}
+
+/// The main process's part: `accel_state.bin` (how many of each object), the models, the optimizers (when their
+/// state is the job's) and shared slots.
 inline void save_shared_state(const std::filesystem::path& dir, int num_processes, const prepared_registry& registry,
-                              const slot_map& slots, checkpoint_manifest& manifest) {
+                              const slot_map& slots, state_scope optimizer_scope, checkpoint_manifest& manifest) {
   torch::serialize::OutputArchive shared;
   shared.write("processes", c10::IValue(static_cast<std::int64_t>(num_processes)));
   shared.write("models", c10::IValue(static_cast<std::int64_t>(registry.models().size())));
@@ -142,17 +156,18 @@ inline void save_shared_state(const std::filesystem::path& dir, int num_processe
   manifest.add(write_archive(shared, dir, "accel_state.bin"));
   for (std::size_t i = 0; i < registry.models().size(); ++i)
     manifest.add(safetensors::save(dir / numbered("model", i, ".safetensors"), state_of(*registry.models()[i])));
-  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+  for (std::size_t i = 0; i < optimizers.size() && optimizer_scope == state_scope::shared; ++i) {
     torch::serialize::OutputArchive archive;
     save_optimizer(*optimizers[i], archive);
     manifest.add(write_archive(archive, dir, numbered("optimizer", i, ".bin")));
   }
 }
 
-/// Every process's part: its generators, its policies' state and its per-process slots (`{kind}_{i}`).
+/// Every process's part: its generators, its policies' state, its per-process slots (`{kind}_{i}`) and its shard of
+/// each optimizer's state when that is per process (`optimizer_{i}`).
 template <class... Policies>
 written_file save_process_state(const std::filesystem::path& dir, const std::string& name, const slot_map& slots,
-                                const Policies&... policies) {
+                                const std::vector<torch::optim::Optimizer*>& optimizers, const Policies&... policies) {
   torch::serialize::OutputArchive mine;
   for (auto& [key, generator] : generators()) {
     std::lock_guard<std::mutex> lock(generator.mutex());
@@ -169,6 +184,11 @@ written_file save_process_state(const std::filesystem::path& dir, const std::str
       list[i]->save(slot);
       mine.write(kind + "_" + std::to_string(i), slot);
     }
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    torch::serialize::OutputArchive optimizer;
+    save_optimizer(*optimizers[i], optimizer);
+    mine.write(numbered("optimizer", i, ""), optimizer);
+  }
   return write_archive(mine, dir, name);
 }
 
@@ -214,8 +234,11 @@ void save_state(const std::filesystem::path& directory, Parallel& parallel, cons
   checkpoint_manifest manifest;
   written_file mine;
   on_every_process_or_none(parallel, "writing its part of the checkpoint", [&] {
-    if (main) save_shared_state(partial, parallel.num_processes(), registry, slots, manifest);
-    mine = save_process_state(partial, process_file(parallel.process_index()), slots, policies...);
+    constexpr auto optimizer_scope = optimizer_state_scope<Parallel>();
+    if (main) save_shared_state(partial, parallel.num_processes(), registry, slots, optimizer_scope, manifest);
+    const auto per_process =
+        optimizer_scope == state_scope::per_process ? registry.optimizers() : std::vector<torch::optim::Optimizer*>{};
+    mine = save_process_state(partial, process_file(parallel.process_index()), slots, per_process, policies...);
   });
   gather_process_files(parallel, mine, manifest);
   on_every_process_or_none(parallel, "putting " + target.string() + " in place", [&] {
@@ -322,14 +345,22 @@ void load_state(const std::filesystem::path& directory, Parallel& parallel, cons
     check_weights_fit(*models[i], weights.back(),
                       "accel::load_state: the weights in " + file.string() + " do not fit the prepared model");
   }
-  std::vector<torch::serialize::InputArchive> optimizer_archives;
-  for (std::size_t i = 0; i < optimizers.size(); ++i)
-    optimizer_archives.push_back(read_archive(directory, numbered("optimizer", i, ".bin"), manifest));
   const auto file = process_file(parallel.process_index());
   auto mine = read_archive(directory, file, manifest);
   const auto lacks = [&](const std::string& what) {
     return checkpoint_error("accel::load_state: " + file + " lacks " + what + " (saved by another configuration?)");
   };
+  std::vector<torch::serialize::InputArchive> optimizer_archives;
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    if constexpr (optimizer_state_scope<Parallel>() == state_scope::shared) {
+      optimizer_archives.push_back(read_archive(directory, numbered("optimizer", i, ".bin"), manifest));
+    } else {
+      optimizer_archives.emplace_back();
+      if (!mine.try_read(numbered("optimizer", i, ""), optimizer_archives.back()))
+        throw lacks("optimizer " + std::to_string(i) + "'s shard of state (saved under a policy that does not " +
+                    "shard the optimizer? its state is in " + numbered("optimizer", i, ".bin") + ")");
+    }
+  }
   std::map<std::string, std::vector<torch::serialize::InputArchive>> slot_archives;
   for (const auto& [kind, list] : slots)
     for (std::size_t i = 0; i < list.size(); ++i) {

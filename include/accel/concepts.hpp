@@ -115,7 +115,9 @@ template <class Q>
 concept parallel_defaulted_hooks = requires(Q& q, torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params) {
   { Q::name() } -> std::convertible_to<std::string_view>;
   q.prepare_optimizer(opt);                                 // at prepare (a sharded policy partitions its state)
+  q.attach_gradients(opt);                                  // before unscale, clip and step read the gradients
   q.step_optimizer(opt);                                    // the step itself (a sharded one steps its shard, gathers)
+  q.zero_grad(opt, true);                                   // prepared_optimizer::zero_grad (set_to_none)
   { q.any_non_finite(true) } -> std::convertible_to<bool>;  // every process's verdict on inf/NaN gradients
   { q.gradient_norm(params, 2.0) } -> std::convertible_to<double>;  // the total norm over every process's part
   { q.clip_grad_norm(params, 1.0, 2.0) } -> std::convertible_to<double>;

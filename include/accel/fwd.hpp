@@ -29,6 +29,10 @@ struct gloo;
 struct nccl;
 template <class Backend>
 struct data_parallel;
+// Sharded data parallelism (sharded_data_parallel.hpp).
+enum class shard_stage : int;
+template <class Backend, shard_stage Stage>
+struct sharded_data_parallel;
 
 // Accumulation policies (accumulation.hpp).
 template <int N>

@@ -26,6 +26,7 @@
 
 #include "collectives.hpp"
 #include "concepts.hpp"
+#include "detail/compat.hpp"
 #include "detail/diagnostics.hpp"
 #include "detail/gloo_communicator.hpp"
 #include "detail/reducer.hpp"
@@ -70,8 +71,16 @@ struct parallel_defaults {
   [[nodiscard]] static constexpr std::string_view name() noexcept { return "a custom parallel policy"; }
   /// At `prepare(optimizer)`, before the accelerator registers it.
   static constexpr void prepare_optimizer(torch::optim::Optimizer&) noexcept {}
+  /// Before anything reads `optimizer`'s gradients on a step that synchronises (unscale, clip, step): a sharded
+  /// policy gives each shard its slice of the full gradient here.
+  static constexpr void attach_gradients(torch::optim::Optimizer&) noexcept {}
   /// The step itself, once the precision policy decided to take it.
   static void step_optimizer(torch::optim::Optimizer& optimizer) { optimizer.step(); }
+  /// `prepared_optimizer::zero_grad`: the gradients the optimizer's step reads (a sharded policy clears the full
+  /// gradients its shards are slices of).
+  static void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
+    detail::compat::zero_grad(optimizer, set_to_none);
+  }
   /// Whether any process found an inf/NaN gradient, given this one's finding: the same everywhere after the
   /// all-reduce, so no communication.
   [[nodiscard]] static constexpr bool any_non_finite(bool found_here) noexcept { return found_here; }

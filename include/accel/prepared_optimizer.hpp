@@ -10,7 +10,6 @@
 #include <memory>
 #include <type_traits>
 
-#include "detail/compat.hpp"
 #include "detail/prepared_handle.hpp"
 
 namespace accel {
@@ -41,7 +40,7 @@ class prepared_optimizer : public detail::prepared_handle<Optimizer, Accelerator
 
   /// Clears gradients when they are synchronised. Like Accelerate, defaults to `set_to_none = true`.
   void zero_grad(bool set_to_none = true) {
-    if (this->accelerator_->sync_gradients()) detail::compat::zero_grad(this->unwrap(), set_to_none);
+    if (this->accelerator_->sync_gradients()) base::access::zero_grad(*this->accelerator_, this->unwrap(), set_to_none);
   }
 
   [[nodiscard]] auto& param_groups() const noexcept { return this->unwrap().param_groups(); }

@@ -270,3 +270,37 @@ TEST_CASE("a user-defined precision policy is driven through its hooks", "[polic
   }
   CHECK(policy.live_scopes == 0);
 }
+
+// Issue 16: zero1 under a world of one (no launcher) is data parallelism over one process; what it cannot shard is
+// refused at prepare with the reason. (Its multi-process behaviour: tests/distributed/test_sharded.cpp.)
+TEST_CASE("zero1 on one process trains as data_parallel; a stepped optimizer or an unprepared model is refused",
+          "[policies]") {
+  using Catch::Contains;
+  STATIC_REQUIRE(accel::parallel_policy<accel::zero1<accel::gloo>>);
+  using sharded = accel::accelerator<accel::fp32, accel::zero1<accel::gloo>>;
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  const auto train = []<class Accelerator>(std::type_identity<Accelerator>) {
+    Accelerator acc;
+    torch::manual_seed(2);
+    auto net = torch::nn::Linear(3, 2);
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.1).weight_decay(0.01));
+    auto [model, opt] = acc.prepare(net, adam);
+    for (int step = 0; step < 5; ++step) {
+      acc.backward(model(torch::ones({4, 3}) * step).pow(2).sum());
+      opt.step();
+      opt.zero_grad();
+    }
+    return net->weight.detach().clone();
+  };
+  CHECK(torch::equal(train(std::type_identity<sharded>{}), train(std::type_identity<replicated>{})));
+
+  sharded acc;
+  auto net = torch::nn::Linear(3, 2);
+  torch::optim::SGD stepped(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  net(torch::ones({1, 3})).sum().backward();
+  stepped.step();
+  CHECK_THROWS_WITH(acc.prepare(net, stepped), Contains("has stepped already") && Contains("before its first step"));
+  auto other = torch::nn::Linear(3, 2);
+  torch::optim::SGD fresh(other->parameters(), torch::optim::SGDOptions(0.1));
+  CHECK_THROWS_WITH(acc.prepare(fresh), Contains("belongs to no prepared model") && Contains("the model first"));
+}

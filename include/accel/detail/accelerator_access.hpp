@@ -25,6 +25,11 @@ struct accelerator_access {
   static void step_optimizer(Accelerator& acc, torch::optim::Optimizer& optimizer) {
     acc.step_optimizer(optimizer);
   }
+  /// `prepared_optimizer::zero_grad()`, on steps that synchronise.
+  template <class Accelerator>
+  static void zero_grad(Accelerator& acc, torch::optim::Optimizer& optimizer, bool set_to_none) {
+    acc.parallel_.zero_grad(optimizer, set_to_none);
+  }
   /// `prepared_range`, before it yields each batch: whether it is the last of its pass, and the real samples of
   /// the last global batch (-1: nothing padded).
   template <class Accelerator>

@@ -9,8 +9,14 @@
 namespace accel::detail {
 
 /// A scope with nothing to do (fp32's forward, `accumulate` without accumulation): an empty object the optimiser
-/// removes.
-struct no_scope {};
+/// removes. Its destructor is user-provided so that `auto scope = acc.accumulate(model);` in code generic over the
+/// accumulation policy is not "set but not used" to GCC's -Wall.
+struct no_scope {
+  constexpr no_scope() = default;
+  no_scope(const no_scope&) = default;
+  no_scope& operator=(const no_scope&) = default;
+  constexpr ~no_scope() {}  // NOLINT(modernize-use-equals-default): = default would make it trivial again
+};
 
 /// Runs `action` when the scope ends, however it ends (restoring a flag).
 template <class Action>

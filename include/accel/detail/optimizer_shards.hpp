@@ -1,0 +1,176 @@
+/// \file
+/// An optimizer re-pointed onto this process's shards (ZeRO stage 1): each trainable parameter is split on its
+/// flattened elements into chunks of ceil(n / P), process r owning elements [r * chunk, (r + 1) * chunk) (possibly
+/// none of a small parameter). The optimizer's parameter list holds views of those slices, which share the full
+/// parameter's storage: the state the optimizer allocates is this process's share only, and its in-place update
+/// lands in the full parameter, whose other slices an all-gather then fills in.
+// IWYU pragma: private, include <accel/sharded.hpp>
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../collectives.hpp"
+#include "../options.hpp"
+#include "reducer.hpp"
+
+namespace accel::detail {
+
+/// The elements [begin, begin + length) of a flattened parameter that one process owns.
+struct shard_span {
+  std::int64_t begin = 0;
+  std::int64_t length = 0;
+};
+
+/// Process `rank`'s span of `numel` elements split over `world` processes in chunks of ceil(numel / world).
+inline shard_span shard_span_of(std::int64_t numel, int rank, int world) {
+  const auto chunk = (numel + world - 1) / world;
+  const auto begin = std::min(numel, chunk * rank);
+  return {begin, std::min(numel, begin + chunk) - begin};
+}
+
+/// The shards of one optimizer on this process, and the all-gather that makes the full parameters whole again.
+class optimizer_shards {
+ public:
+  /// Re-points `optimizer`'s trainable parameters onto this process's slices. `is_prepared` tells whether a
+  /// parameter belongs to a model prepared before (so that every process holds process 0's values).
+  template <class IsPrepared>
+  optimizer_shards(torch::optim::Optimizer& optimizer, int rank, int world, const bucket_options& limits,
+                   IsPrepared&& is_prepared)
+      : rank_(rank), world_(world) {
+    if (!optimizer.state().empty())
+      throw std::invalid_argument(
+          "accel::prepare: this optimizer has stepped already (it holds state); a sharded policy splits the state "
+          "across processes at prepare, so prepare the optimizer before its first step");
+    std::unordered_map<const void*, std::size_t> seen;  // a parameter listed twice keeps one shard
+    auto& groups = optimizer.param_groups();
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      for (std::size_t k = 0; k < groups[g].params().size(); ++k) {
+        auto& listed = groups[g].params()[k];
+        if (!listed.requires_grad()) continue;  // frozen: stays whole, replicated
+        const auto where = "parameter " + std::to_string(k) + " of parameter group " + std::to_string(g);
+        if (!is_prepared(listed))
+          throw std::invalid_argument("accel::prepare: " + where +
+                                      " of this optimizer belongs to no prepared model; a sharded policy needs "
+                                      "every process's model prepared (and broadcast) before its optimizer: "
+                                      "acc.prepare(model, optimizer), the model first");
+        if (!listed.is_contiguous())
+          throw std::invalid_argument("accel::prepare: " + where +
+                                      " is not contiguous, so it cannot be split into flat shards; make it "
+                                      "contiguous before building the optimizer");
+        auto [found, added] = seen.try_emplace(listed.unsafeGetTensorImpl(), parameters_.size());
+        if (added) {
+          const auto span = shard_span_of(listed.numel(), rank, world);
+          parameters_.push_back({listed, listed.detach().view({-1}).narrow(0, span.begin, span.length), span});
+        }
+        listed = parameters_[found->second].shard;
+      }
+    build_gather_buckets(limits);
+  }
+
+  /// Gives each shard this process's slice of its full parameter's gradient (none where the full one has none):
+  /// before anything reads the optimizer's gradients (unscale, step).
+  void attach_gradients() {
+    for (auto& p : parameters_) {
+      const auto& full = p.full.grad();
+      p.shard.mutable_grad() = full.defined() ? full.view({-1}).narrow(0, p.span.begin, p.span.length) : at::Tensor();
+    }
+  }
+
+  /// Clears the full gradients (the shards' are views of them).
+  void zero_grad(bool set_to_none) {
+    for (auto& p : parameters_) {
+      p.shard.mutable_grad() = at::Tensor();
+      auto& grad = p.full.mutable_grad();
+      if (!grad.defined()) continue;
+      if (set_to_none) {
+        grad = at::Tensor();
+      } else {
+        at::NoGradGuard no_grad;
+        grad.zero_();
+      }
+    }
+  }
+
+  /// After this process stepped its shards: every process's updated slices, one all-gather per bucket, written into
+  /// the full parameters.
+  template <communicator C>
+  void gather(C& comm) {
+    at::NoGradGuard no_grad;
+    for (auto& bucket : buckets_) {
+      auto mine = at::zeros({bucket.segment}, parameters_[bucket.members.front()].full.options());
+      for (std::size_t k = 0; k < bucket.members.size(); ++k) {
+        const auto& p = parameters_[bucket.members[k]];
+        mine.narrow(0, bucket.offsets[k], p.span.length).copy_(p.shard);
+      }
+      const auto all = comm.all_gather(mine);
+      for (int r = 0; r < world_; ++r) {
+        if (r == rank_) continue;  // stepped in place
+        for (std::size_t k = 0; k < bucket.members.size(); ++k) {
+          auto& p = parameters_[bucket.members[k]];
+          const auto span = shard_span_of(p.full.numel(), r, world_);
+          p.full.detach()
+              .view({-1})
+              .narrow(0, span.begin, span.length)
+              .copy_(all[r].narrow(0, bucket.offsets[k], span.length));
+        }
+      }
+      ++all_gather_count_;
+    }
+  }
+
+  /// This process's span of `parameter` when it is one of the sharded parameters.
+  [[nodiscard]] const shard_span* span_of(const at::Tensor& parameter) const {
+    for (const auto& p : parameters_)
+      if (p.full.is_same(parameter)) return &p.span;
+    return nullptr;
+  }
+  /// All-gathers since construction: one per bucket per step.
+  [[nodiscard]] std::uint64_t all_gather_count() const noexcept { return all_gather_count_; }
+  [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
+
+ private:
+  struct sharded_parameter {
+    at::Tensor full;   // the model's parameter
+    at::Tensor shard;  // this process's slice of it, in the optimizer's list
+    shard_span span;
+  };
+  /// Parameters gathered together: each process sends `segment` elements, parameter k's slice at `offsets[k]`
+  /// (each padded to its chunk, so every process's slices lie at the same offsets).
+  struct gather_bucket {
+    std::vector<std::size_t> members;
+    std::vector<std::int64_t> offsets;
+    std::int64_t segment = 0;
+  };
+
+  void build_gather_buckets(const bucket_options& limits) {
+    std::vector<at::Tensor> fulls;
+    for (const auto& p : parameters_) fulls.push_back(p.full);
+    for (auto& members : assign_buckets(fulls, limits)) {
+      gather_bucket bucket{.members = std::move(members), .offsets = {}, .segment = 0};
+      for (auto i : bucket.members) {
+        bucket.offsets.push_back(bucket.segment);
+        bucket.segment += shard_span_of(parameters_[i].full.numel(), 0, world_).length;  // the chunk
+      }
+      buckets_.push_back(std::move(bucket));
+    }
+  }
+
+  int rank_;
+  int world_;
+  std::vector<sharded_parameter> parameters_;
+  std::vector<gather_bucket> buckets_;
+  std::uint64_t all_gather_count_ = 0;
+};
+
+}  // namespace accel::detail

@@ -1,0 +1,158 @@
+/// \file
+/// Sharded data parallelism (ZeRO): data parallelism whose processes split what every `data_parallel` process holds
+/// whole. `accel::zero1<Backend>` shards the optimizer state: gradients are all-reduced as under `data_parallel`,
+/// each process steps its shard of every parameter (its optimizer allocates state for that shard only), and an
+/// all-gather per bucket makes the parameters whole again. With AdamW that brings the optimizer state from 8 bytes
+/// per parameter per process to 8 / P, with the numerics of `data_parallel` (bit for bit: the update is elementwise).
+///
+///     accel::accelerator<accel::bf16, accel::zero1<accel::gloo>, accel::accumulate<4>> acc;
+///
+/// Stages 2 (gradients) and 3 (parameters) are not implemented yet: naming them is a compile error that says so.
+#pragma once
+
+#include <torch/optim/lbfgs.h>
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+#include <concepts>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "detail/checkpoint_slot.hpp"
+#include "detail/optimizer_shards.hpp"
+#include "parallel.hpp"
+
+namespace accel {
+
+/// What a sharded policy splits across processes, each stage adding to the one before (DeepSpeed's ZeRO stages).
+enum class shard_stage : int { optimizer = 1, gradients = 2, parameters = 3 };
+
+/// Data parallelism over `Backend` with what `Stage` names sharded across the processes. Prepare the model before
+/// its optimizer (`acc.prepare(model, optimizer)`), and the optimizer before its first step; clear gradients with
+/// the prepared optimizer's `zero_grad()` (the optimizer steps slices of the gradients that call clears).
+template <class Backend, shard_stage Stage>
+struct sharded_data_parallel : data_parallel<Backend> {
+  static_assert(Stage == shard_stage::optimizer,
+                "accel::sharded_data_parallel: only shard_stage::optimizer (accel::zero1) is implemented so far; "
+                "zero2 and fully_sharded are not yet: use accel::zero1<Backend> or accel::data_parallel<Backend>");
+  using base = data_parallel<Backend>;
+  [[nodiscard]] static std::string name() { return "zero1<" + std::string(Backend::name) + ">"; }
+
+  /// Checkpoints: each process saves its shard of the optimizers' state in its own `random_states_{rank}.bin`
+  /// (accel/checkpoint.hpp), so a checkpoint resumes under the same number of processes.
+  static constexpr detail::state_scope optimizer_state = detail::state_scope::per_process;
+
+  explicit sharded_data_parallel(const options& opts) : base(opts), buckets_(opts.buckets) {}
+
+  /// As `data_parallel`, and remembers the model's parameters: the optimizer prepared next may only shard those.
+  void prepare_model(torch::nn::Module& module) {
+    base::prepare_model(module);
+    for (const auto& p : module.parameters()) prepared_.insert(p.unsafeGetTensorImpl());
+  }
+
+  /// Re-points `optimizer` onto this process's shards of its trainable parameters.
+  template <class Optimizer>
+  void prepare_optimizer(Optimizer& optimizer) {
+    static_assert(!std::derived_from<Optimizer, torch::optim::LBFGS>,
+                  "accel::zero1: torch::optim::LBFGS cannot be sharded: its step reads every gradient at once (line "
+                  "search, curvature pairs), not element by element; use accel::data_parallel for it");
+    shards_.erase(&optimizer);
+    shards_.try_emplace(&optimizer, optimizer, this->process_index(), this->num_processes(), buckets_,
+                        [this](const at::Tensor& p) { return prepared_.contains(p.unsafeGetTensorImpl()); });
+  }
+
+  void attach_gradients(torch::optim::Optimizer& optimizer) {
+    if (auto* shards = shards_of(optimizer)) shards->attach_gradients();
+  }
+  /// Steps this process's shards, then gathers every process's into the full parameters.
+  void step_optimizer(torch::optim::Optimizer& optimizer) {
+    optimizer.step();
+    if (auto* shards = shards_of(optimizer)) shards->gather(this->communicator());
+  }
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
+    // The shards' gradients are views, which LibTorch's zero_grad cannot detach: they go first.
+    if (auto* shards = shards_of(optimizer)) shards->zero_grad(set_to_none);
+    detail::compat::zero_grad(optimizer, set_to_none);  // frozen and replicated parameters
+  }
+
+  /// Each process checked its own shards: any process's overflow is everyone's, so all skip alike.
+  [[nodiscard]] bool any_non_finite(bool found_here) {
+    auto flag = at::full({1}, found_here ? 1.0f : 0.0f);
+    this->communicator().all_reduce(flag, reduction::max).wait();
+    return flag.template item<float>() > 0;
+  }
+  /// The total norm of the gradients of `parameters`: each process's shards, and the replicated parameters once,
+  /// summed by one all-reduce.
+  [[nodiscard]] double gradient_norm(const std::vector<at::Tensor>& parameters, double norm_type) {
+    at::NoGradGuard no_grad;
+    const bool infinity = std::isinf(norm_type);
+    double local = 0.0;
+    for (const auto& piece : owned_gradients(parameters, infinity)) {
+      const double norm = piece.norm(norm_type).template item<double>();
+      local = infinity ? std::max(local, norm) : local + std::pow(norm, norm_type);
+    }
+    auto total = at::full({1}, local, at::kDouble);
+    this->communicator().all_reduce(total, infinity ? reduction::max : reduction::sum).wait();
+    const double sum = total.template item<double>();
+    return infinity ? sum : std::pow(sum, 1.0 / norm_type);
+  }
+  /// Scales this process's gradient shards (and the replicated gradients) so that the total norm is at most
+  /// `max_norm`, as `clip_grad_norm_` does; returns the total norm before.
+  double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
+    const double total = gradient_norm(parameters, norm_type);
+    const double coefficient = max_norm / (total + 1e-6);
+    if (coefficient < 1.0) {
+      at::NoGradGuard no_grad;
+      for (auto& piece : owned_gradients(parameters, true)) piece.mul_(coefficient);
+    }
+    return total;
+  }
+
+  void release_models() noexcept {
+    base::release_models();
+    prepared_.clear();
+    shards_.clear();
+  }
+
+  /// The shards of a prepared optimizer, for tests and benchmarks (none for an optimizer not prepared here).
+  [[nodiscard]] const detail::optimizer_shards* shards_of(const torch::optim::Optimizer& optimizer) const {
+    auto found = shards_.find(&optimizer);
+    return found == shards_.end() ? nullptr : &found->second;
+  }
+
+ private:
+  detail::optimizer_shards* shards_of(const torch::optim::Optimizer& optimizer) {
+    return const_cast<detail::optimizer_shards*>(std::as_const(*this).shards_of(optimizer));
+  }
+
+  /// The gradients of `parameters` this process accounts for: its slice of each sharded one, and the replicated
+  /// ones whole on process 0 (on every process with `everywhere`: a maximum, or a scaling, counts them once anyway).
+  std::vector<at::Tensor> owned_gradients(const std::vector<at::Tensor>& parameters, bool everywhere) {
+    std::vector<at::Tensor> pieces;
+    for (const auto& p : parameters) {
+      if (!p.grad().defined()) continue;
+      const detail::shard_span* span = nullptr;
+      for (auto& [optimizer, shards] : shards_)
+        if ((span = shards.span_of(p)) != nullptr) break;
+      if (span != nullptr && span->length > 0)  // nothing owned: no piece (an empty one has no inf-norm)
+        pieces.push_back(p.grad().view({-1}).narrow(0, span->begin, span->length));
+      else if (span == nullptr && (everywhere || this->process_index() == 0))
+        pieces.push_back(p.grad());
+    }
+    return pieces;
+  }
+
+  bucket_options buckets_;
+  std::unordered_set<const void*> prepared_;
+  std::map<const torch::optim::Optimizer*, detail::optimizer_shards> shards_;
+};
+
+/// ZeRO stage 1: the optimizer state sharded across processes.
+template <class Backend>
+using zero1 = sharded_data_parallel<Backend, shard_stage::optimizer>;
+
+}  // namespace accel

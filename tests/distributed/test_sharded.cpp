@@ -1,0 +1,295 @@
+// Sharded data parallelism on P = 2, 3 and 4 Gloo processes (tests/CMakeLists.txt): zero1 against data_parallel,
+// trained side by side in the same job from the same start on the same batches.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support.hpp"
+
+namespace {
+
+/// An MLP of uneven widths (13-7-5-3) and a one-element scale, so that at P = 4 some process owns nothing of it;
+/// `extra` is used by every process but process 1 when `skip_extra_on_1`, and `frozen` never trains.
+struct uneven_impl : torch::nn::Module {
+  explicit uneven_impl(bool skip_extra_on_1_) : skip_extra_on_1(skip_extra_on_1_) {
+    l1 = register_module("l1", torch::nn::Linear(13, 7));
+    l2 = register_module("l2", torch::nn::Linear(7, 5));
+    l3 = register_module("l3", torch::nn::Linear(5, 3));
+    scale = register_parameter("scale", torch::full({1}, 1.5));
+    extra = register_parameter("extra", torch::full({3}, 0.25));
+    frozen = register_parameter("frozen", torch::full({3}, 0.5), /*requires_grad=*/false);
+  }
+  torch::Tensor forward(const torch::Tensor& x, int rank) {
+    auto y = l3(torch::tanh(l2(torch::tanh(l1(x))))) * scale + frozen;
+    return skip_extra_on_1 && rank == 1 ? y : y + extra;
+  }
+  bool skip_extra_on_1;
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr};
+  torch::Tensor scale, extra, frozen;
+};
+TORCH_MODULE_IMPL(uneven, uneven_impl);
+
+enum class optimizer_kind { adamw, adam, sgd_nesterov };
+
+/// Two parameter groups with different learning rates and weight decay (the frozen parameter listed too, as users
+/// list `parameters()`).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(optimizer_kind kind, uneven& net) {
+  std::vector<torch::Tensor> first{net->l1->weight, net->l1->bias, net->scale, net->frozen};
+  std::vector<torch::Tensor> second{net->l2->weight, net->l2->bias, net->l3->weight, net->l3->bias, net->extra};
+  const auto groups = [&](auto make_options) {
+    std::vector<torch::optim::OptimizerParamGroup> list;
+    list.emplace_back(first, make_options(1e-2, 0.1));
+    list.emplace_back(second, make_options(3e-3, 0.0));
+    return list;
+  };
+  switch (kind) {
+    case optimizer_kind::adamw:
+      return std::make_unique<torch::optim::AdamW>(groups([](double lr, double wd) {
+        return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(lr).weight_decay(wd));
+      }));
+    case optimizer_kind::adam:
+      return std::make_unique<torch::optim::Adam>(groups([](double lr, double wd) {
+        return std::make_unique<torch::optim::AdamOptions>(torch::optim::AdamOptions(lr).weight_decay(wd));
+      }));
+    case optimizer_kind::sgd_nesterov:
+      return std::make_unique<torch::optim::SGD>(
+          groups([](double lr, double wd) {
+            return std::make_unique<torch::optim::SGDOptions>(
+                torch::optim::SGDOptions(lr).momentum(0.9).nesterov(true).weight_decay(wd));
+          }),
+          torch::optim::SGDOptions(0.1));
+  }
+  return nullptr;
+}
+
+struct run_result {
+  std::vector<torch::Tensor> parameters;
+  std::int64_t state_bytes = 0;  // of the optimizer's state tensors, on this process
+};
+
+/// Bytes of the state tensors `optimizer` holds (Adam's and AdamW's moments, SGD's momentum buffers).
+std::int64_t state_bytes(torch::optim::Optimizer& optimizer) {
+  std::int64_t bytes = 0;
+  const auto add = [&bytes](const torch::Tensor& t) { bytes += t.defined() ? t.numel() * t.element_size() : 0; };
+  for (auto& [key, state] : optimizer.state()) {
+    if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state.get())) {
+      add(adamw->exp_avg());
+      add(adamw->exp_avg_sq());
+      add(adamw->max_exp_avg_sq());
+    } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state.get())) {
+      add(adam->exp_avg());
+      add(adam->exp_avg_sq());
+      add(adam->max_exp_avg_sq());
+    } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
+      add(sgd->momentum_buffer());
+    }
+  }
+  return bytes;
+}
+
+/// 20 optimizer steps of `Accelerator` from the same start on the same global batches, each process on its rows.
+template <class Accelerator>
+run_result train(optimizer_kind kind, bool skip_extra_on_1, int bucket_elements = 0) {
+  const double bucket_mb = bucket_elements == 0 ? 25.0 : bucket_elements * 4.0 / (1024.0 * 1024.0);
+  Accelerator acc(accel::options{.buckets = {.first_bucket_mb = bucket_mb, .bucket_cap_mb = bucket_mb}});
+  const int P = acc.num_processes(), r = acc.process_index();
+  torch::manual_seed(5);
+  uneven net(skip_extra_on_1);
+  auto optimizer = make_optimizer(kind, net);
+  auto [model, opt] = acc.prepare(net, *optimizer);
+  const int micro_steps = acc.gradient_accumulation_steps();
+  torch::manual_seed(11);
+  for (int step = 0; step < 20 * micro_steps; ++step) {
+    const auto x = torch::randn({4 * P, 13});
+    const auto y = torch::randn({4 * P, 3});
+    auto scope = acc.accumulate(model);
+    acc.backward(torch::mse_loss(model(x.narrow(0, 4 * r, 4), r), y.narrow(0, 4 * r, 4)));
+    opt.step();
+    opt.zero_grad();
+  }
+  run_result result;
+  for (const auto& p : net->parameters()) result.parameters.push_back(p.detach().clone());
+  result.state_bytes = state_bytes(*optimizer);
+  return result;
+}
+
+template <class Precision, class Accumulation>
+void check_parity(optimizer_kind kind, bool skip_extra_on_1) {
+  using replicated = accel::accelerator<Precision, accel::data_parallel<accel::gloo>, Accumulation>;
+  using sharded = accel::accelerator<Precision, accel::zero1<accel::gloo>, Accumulation>;
+  const auto expected = train<replicated>(kind, skip_extra_on_1);
+  const auto got = train<sharded>(kind, skip_extra_on_1);
+  REQUIRE(got.parameters.size() == expected.parameters.size());
+  for (std::size_t i = 0; i < got.parameters.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(torch::equal(got.parameters[i], expected.parameters[i]));
+  }
+  torch::manual_seed(5);
+  uneven start(skip_extra_on_1);
+  CHECK_FALSE(torch::equal(got.parameters[0], start->parameters()[0]));  // it trained
+}
+
+const char* name_of(optimizer_kind kind) {
+  return kind == optimizer_kind::adamw ? "AdamW" : kind == optimizer_kind::adam ? "Adam" : "SGD (Nesterov)";
+}
+
+}  // namespace
+
+TEST_CASE("zero1 trains bit for bit as data_parallel: AdamW, Adam, SGD with Nesterov, two groups", "[sharded]") {
+  const auto kind = GENERATE(optimizer_kind::adamw, optimizer_kind::adam, optimizer_kind::sgd_nesterov);
+  INFO(name_of(kind));
+  check_parity<accel::fp32, accel::no_accumulation>(kind, false);
+}
+
+TEST_CASE(
+    "zero1 trains bit for bit as data_parallel with accumulate<4>, with bf16, with a parameter unused on "
+    "process 1",
+    "[sharded]") {
+  check_parity<accel::fp32, accel::accumulate<4>>(optimizer_kind::adamw, false);
+  check_parity<accel::bf16, accel::no_accumulation>(optimizer_kind::adamw, false);
+  check_parity<accel::fp32, accel::no_accumulation>(optimizer_kind::adam, true);
+}
+
+TEST_CASE("zero1: each process's optimizer state is its shard, 8 bytes per owned element with AdamW", "[sharded]") {
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  using sharded = accel::accelerator<accel::fp32, accel::zero1<accel::gloo>>;
+  const auto whole = train<replicated>(optimizer_kind::adamw, false);
+  const auto mine = train<sharded>(optimizer_kind::adamw, false);
+  accel::accelerator<accel::fp32, accel::zero1<accel::gloo>> acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  uneven net(false);
+  std::int64_t trainable = 0, owned = 0, ceiling = 0;
+  for (const auto& p : net->parameters()) {
+    if (!p.requires_grad()) continue;
+    trainable += p.numel();
+    owned += accel::detail::shard_span_of(p.numel(), r, P).length;
+    ceiling += (p.numel() + P - 1) / P;
+  }
+  INFO("process " << r << " of " << P << ": " << mine.state_bytes << " bytes of state, data_parallel "
+                  << whole.state_bytes);
+  CHECK(whole.state_bytes == 8 * trainable);
+  CHECK(mine.state_bytes == 8 * owned);
+  CHECK(mine.state_bytes <= 8 * ceiling);
+  // The shards partition the state: the processes' bytes add up to data_parallel's.
+  auto total = torch::tensor({static_cast<double>(mine.state_bytes)}, torch::kDouble);
+  CHECK(acc.reduce(total, accel::reduction::sum).item<double>() == static_cast<double>(whole.state_bytes));
+}
+
+TEST_CASE("zero1 communicates one all-reduce and one all-gather per bucket per step", "[sharded]") {
+  accel::accelerator<accel::fp32, accel::zero1<accel::gloo>> acc(
+      accel::options{.buckets = {.first_bucket_mb = 0.0001, .bucket_cap_mb = 0.0001}});  // ~26 elements a bucket
+  const int P = acc.num_processes(), r = acc.process_index();
+  torch::manual_seed(5);
+  uneven net(false);
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [model, opt] = acc.prepare(net, adamw);
+  auto* shards = acc.parallel().shards_of(adamw);
+  REQUIRE(shards != nullptr);
+  const auto buckets = acc.parallel().reducer_for(*net)->bucket_layout().size();
+  CHECK(buckets >= 3);
+  CHECK(shards->bucket_count() >= 3);
+  for (int step = 0; step < 5; ++step) {
+    acc.backward(torch::mse_loss(model(torch::randn({4, 13}), r), torch::randn({4, 3})));
+    opt.step();
+    opt.zero_grad();
+  }
+  CHECK(acc.parallel().reducer_for(*net)->all_reduce_count() == 5 * buckets);
+  CHECK(shards->all_gather_count() == 5 * shards->bucket_count());
+  // Every process ends with the same full parameters.
+  for (const auto& p : net->parameters()) {
+    const auto all = acc.gather(p.detach().reshape({1, -1}));
+    for (int other = 1; other < P; ++other) CHECK(torch::equal(all[other], all[0]));
+  }
+}
+
+TEST_CASE("zero1: the global gradient norm on every process, and clipping to it", "[sharded]") {
+  const double norm_type = GENERATE(2.0, 3.0, std::numeric_limits<double>::infinity());
+  INFO("norm type " << norm_type);
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  using sharded = accel::accelerator<accel::fp32, accel::zero1<accel::gloo>>;
+  const auto run = [norm_type]<class Accelerator>(std::type_identity<Accelerator>) {
+    Accelerator acc;
+    const int P = acc.num_processes(), r = acc.process_index();
+    torch::manual_seed(5);
+    uneven net(false);
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd);
+    torch::manual_seed(11);
+    const auto x = torch::randn({4 * P, 13}), y = torch::randn({4 * P, 3});
+    acc.backward(torch::mse_loss(model(x.narrow(0, 4 * r, 4), r), y.narrow(0, 4 * r, 4)) * 100);
+    const double norm = acc.clip_grad_norm_(net->parameters(), 0.5, norm_type);
+    opt.step();
+    std::vector<torch::Tensor> parameters;
+    for (const auto& p : net->parameters()) parameters.push_back(p.detach().clone());
+    return std::pair{norm, parameters};
+  };
+  const auto [expected_norm, expected] = run(std::type_identity<replicated>{});
+  const auto [norm, got] = run(std::type_identity<sharded>{});
+  CHECK(expected_norm > 0.5);  // the clipping acts
+  CHECK(norm == Approx(expected_norm).epsilon(1e-6));
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(torch::allclose(got[i], expected[i], 1e-6, 1e-7));
+}
+
+namespace {
+
+/// Steps [first, last) of a run (each step's batch seeded by its number, so a resumed run sees the same batches),
+/// after loading `load_from` and before saving into `save_to` when they are given.
+template <class Accelerator>
+std::vector<torch::Tensor> run_steps(int first, int last, int init_seed, const std::filesystem::path& load_from = {},
+                                     const std::filesystem::path& save_to = {}) {
+  Accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  torch::manual_seed(init_seed);
+  uneven net(false);
+  auto optimizer = make_optimizer(optimizer_kind::adamw, net);
+  auto [model, opt] = acc.prepare(net, *optimizer);
+  if (!load_from.empty()) acc.load_state(load_from);
+  for (int step = first; step < last; ++step) {
+    torch::manual_seed(1000 + step);
+    const auto x = torch::randn({4 * P, 13}), y = torch::randn({4 * P, 3});
+    acc.backward(torch::mse_loss(model(x.narrow(0, 4 * r, 4), r), y.narrow(0, 4 * r, 4)));
+    opt.step();
+    opt.zero_grad();
+  }
+  if (!save_to.empty()) acc.save_state(save_to);
+  std::vector<torch::Tensor> parameters;
+  for (const auto& p : net->parameters()) parameters.push_back(p.detach().clone());
+  return parameters;
+}
+
+std::filesystem::path job_directory(const std::string& stem) {
+  return std::filesystem::temp_directory_path() /
+         (stem + (std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
+}
+
+}  // namespace
+
+TEST_CASE("zero1 resumes bit for bit: 10 steps == 5, save, load into other objects, 5 more", "[sharded]") {
+  using sharded = accel::accelerator<accel::fp32, accel::zero1<accel::gloo>>;
+  const auto dir = job_directory("accel_zero1_resume_");
+  const auto uninterrupted = run_steps<sharded>(0, 10, 5);
+  run_steps<sharded>(0, 5, 5, {}, dir);
+  const auto resumed = run_steps<sharded>(5, 10, 99, dir);
+  for (std::size_t i = 0; i < resumed.size(); ++i) CHECK(torch::equal(resumed[i], uninterrupted[i]));
+  // Each process's shard of the state is in its own file; there is no job-wide optimizer file.
+  CHECK_FALSE(std::filesystem::exists(dir / "optimizer.bin"));
+  // Another policy cannot take the shards as a whole optimizer state, nor the other way round: refused, named.
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  CHECK_THROWS_WITH(run_steps<replicated>(5, 5, 5, dir), Catch::Contains("optimizer.bin"));
+  const auto replicated_dir = job_directory("accel_replicated_");
+  run_steps<replicated>(0, 1, 5, {}, replicated_dir);
+  CHECK_THROWS_WITH(run_steps<sharded>(1, 1, 5, replicated_dir), Catch::Contains("optimizer 0's shard of state"));
+  accel::accelerator<accel::fp32, accel::zero1<accel::gloo>> acc;
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(replicated_dir);
+  }
+}
