@@ -10,6 +10,8 @@
 #   scripts/bench.sh range    what a prepared range adds to iterating the plain range (bench/range_overhead.cpp) only
 #   scripts/bench.sh accumulation   all-reduces and time per micro-batch with accumulate<4> on 2 processes only
 #   scripts/bench.sh dispatch the loop under accel::dispatch against the same loop on a directly typed accelerator
+#   scripts/bench.sh sharded  data_parallel and zero1 against PyTorch's DDP, ZeroRedundancyOptimizer and FSDP2, AdamW,
+#                             2 Gloo processes (bench/sharded_compare.py)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 which=${1:-all}
@@ -40,6 +42,10 @@ if [[ $which == all || $which == range ]]; then
 fi
 if [[ $which == all || $which == accumulation ]]; then
   "$build/tools/accel" launch --nproc_per_node 2 --master_port 0 "$build/bench/bench_accumulation"
+fi
+if [[ $which == all || $which == sharded ]]; then
+  "$venv_python" "$root/bench/sharded_compare.py" "$build/tools/accel" "$build/bench/bench_sharded_step" \
+    "$venv_python" "${ROUNDS:-5}"
 fi
 if [[ $which == all || $which == ddp ]]; then
   "$venv_python" "$root/bench/ddp_compare.py" "$build/tools/accel" "$build/bench/bench_ddp_step" "$venv_python" \

@@ -53,6 +53,7 @@ concept communicator = requires(C& c, const C& cc, at::Tensor& tensor, const at:
   c.all_reduce(tensor, reduction::sum).wait();
   c.broadcast(tensor, 0);
   { c.all_gather(input) } -> std::same_as<std::vector<at::Tensor>>;
+  c.all_gather_into(tensor, tensor);  // into one flat tensor of size() * n elements, in rank order
   c.barrier();
 };
 
@@ -66,6 +67,7 @@ struct local_communicator {
   [[nodiscard]] static constexpr work all_reduce(at::Tensor&, reduction) noexcept { return {}; }
   static constexpr void broadcast(at::Tensor&, int) noexcept {}
   [[nodiscard]] static std::vector<at::Tensor> all_gather(const at::Tensor& tensor) { return {tensor}; }
+  static void all_gather_into(at::Tensor& output, const at::Tensor& input) { output.copy_(input); }
   static constexpr void barrier() noexcept {}
 };
 

@@ -16,6 +16,7 @@
 #endif
 
 #include <utility>
+#include <vector>
 
 #ifdef ACCEL_WITH_NCCL
 #include <cuda_runtime.h>
@@ -45,6 +46,19 @@ inline void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
   }
   for (auto& group : optimizer.param_groups())
     for (auto& parameter : group.params()) parameter.mutable_grad().reset();
+#endif
+}
+
+/// Starts an all-gather of every process's `input` into the flat `output` (process r's at [r * n, (r + 1) * n)) on
+/// a c10d process group: `_allgather_base` in 2.x; 1.13's Gloo has none, so the list form writes into views of it.
+template <class Group>
+auto all_gather_into(Group& group, at::Tensor& output, at::Tensor& input) {
+#if ACCEL_TORCH_VERSION >= 200
+  return group._allgather_base(output, input);
+#else
+  std::vector<std::vector<at::Tensor> > outputs{output.chunk(group.getSize())};
+  std::vector<at::Tensor> inputs{input};
+  return group.allgather(outputs, inputs);
 #endif
 }
 

@@ -15,6 +15,7 @@
 
 #include "../launch.hpp"
 #include "../collectives.hpp"
+#include "compat.hpp"
 #include "rendezvous.hpp"
 
 namespace accel::detail {
@@ -76,6 +77,11 @@ class gloo_communicator {
     for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(inputs[0]));
     wait_for(*group_->allgather(outputs, inputs), "all_gather", env_.rank);
     return std::move(outputs[0]);
+  }
+
+  /// Every rank's `input` (contiguous, `n` elements) into the flat `output` of `size() * n`, in rank order.
+  void all_gather_into(at::Tensor& output, at::Tensor& input) {
+    wait_for(*compat::all_gather_into(*group_, output, input), "all_gather", env_.rank);
   }
 
   void barrier() { wait_for(*group_->barrier(), "barrier", env_.rank); }

@@ -145,6 +145,14 @@ class nccl_communicator {
     return pieces;
   }
 
+  /// Every rank's `input` (a contiguous CUDA tensor of `n` elements) into the flat `output` of `size() * n`.
+  void all_gather_into(at::Tensor& output, at::Tensor& input) {
+    check_nccl(ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<std::size_t>(input.numel()),
+                             nccl_type(input), comm_, current()),
+               "ncclAllGather");
+    finish("all_gather");
+  }
+
   void barrier() {
     auto token = at::zeros({1}, at::TensorOptions(device_));
     all_reduce(token, reduction::sum).wait();

@@ -108,21 +108,26 @@ class optimizer_shards {
   void gather(C& comm) {
     at::NoGradGuard no_grad;
     for (auto& bucket : buckets_) {
-      auto mine = at::zeros({bucket.segment}, parameters_[bucket.members.front()].full.options());
+      if (!bucket.gathered.defined()) {  // kept from step to step, as the reducer keeps its gradient buckets
+        const auto options = parameters_[bucket.members.front()].full.options();
+        bucket.mine = at::zeros({bucket.segment}, options);
+        bucket.gathered = at::empty({bucket.segment * world_}, options);
+      }
       for (std::size_t k = 0; k < bucket.members.size(); ++k) {
         const auto& p = parameters_[bucket.members[k]];
-        mine.narrow(0, bucket.offsets[k], p.span.length).copy_(p.shard);
+        bucket.mine.narrow(0, bucket.offsets[k], p.span.length).copy_(p.shard);
       }
-      const auto all = comm.all_gather(mine);
+      comm.all_gather_into(bucket.gathered, bucket.mine);
       for (int r = 0; r < world_; ++r) {
         if (r == rank_) continue;  // stepped in place
+        const auto segment = bucket.gathered.narrow(0, r * bucket.segment, bucket.segment);
         for (std::size_t k = 0; k < bucket.members.size(); ++k) {
           auto& p = parameters_[bucket.members[k]];
           const auto span = shard_span_of(p.full.numel(), r, world_);
           p.full.detach()
               .view({-1})
               .narrow(0, span.begin, span.length)
-              .copy_(all[r].narrow(0, bucket.offsets[k], span.length));
+              .copy_(segment.narrow(0, bucket.offsets[k], span.length));
         }
       }
       ++all_gather_count_;
@@ -138,6 +143,12 @@ class optimizer_shards {
   /// All-gathers since construction: one per bucket per step.
   [[nodiscard]] std::uint64_t all_gather_count() const noexcept { return all_gather_count_; }
   [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  /// Elements each step's all-gathers deliver (every process's padded slices): the full parameters plus padding.
+  [[nodiscard]] std::int64_t gather_payload_elements() const noexcept {
+    std::int64_t elements = 0;
+    for (const auto& bucket : buckets_) elements += bucket.segment * world_;
+    return elements;
+  }
 
  private:
   struct sharded_parameter {
@@ -151,13 +162,15 @@ class optimizer_shards {
     std::vector<std::size_t> members;
     std::vector<std::int64_t> offsets;
     std::int64_t segment = 0;
+    at::Tensor mine;      // this process's slices, sent
+    at::Tensor gathered;  // every process's, received
   };
 
   void build_gather_buckets(const bucket_options& limits) {
     std::vector<at::Tensor> fulls;
     for (const auto& p : parameters_) fulls.push_back(p.full);
     for (auto& members : assign_buckets(fulls, limits)) {
-      gather_bucket bucket{.members = std::move(members), .offsets = {}, .segment = 0};
+      gather_bucket bucket{.members = std::move(members), .offsets = {}, .segment = 0, .mine = {}, .gathered = {}};
       for (auto i : bucket.members) {
         bucket.offsets.push_back(bucket.segment);
         bucket.segment += shard_span_of(parameters_[i].full.numel(), 0, world_).length;  // the chunk

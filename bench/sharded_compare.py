@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Sharded-training benchmark, side by side in one run: 2 Gloo processes on this machine, MLP widths 256 and 1024,
+AdamW. accel's data_parallel and zero1 against PyTorch's DDP, DDP + ZeroRedundancyOptimizer and FSDP2
+(`fully_shard`), where this PyTorch runs them on the CPU. Every job is a fresh 2-process run started by
+`accel launch`; each round runs them in an order that rotates. The table reports medians over rounds of ms per step,
+the optimizer-state bytes per process (read from the optimizer's state tensors), accel's payload per step (bytes
+handed to collectives, counted from its buckets), and the median of per-round ratios.
+
+Usage: sharded_compare.py LAUNCHER BENCH_SHARDED_STEP PYTHON_WITH_TORCH [ROUNDS]
+"""
+import os
+import statistics
+import subprocess
+import sys
+
+WIDTHS = {256: (200, 20), 1024: (40, 5)}  # width: (steps, warm-up steps)
+ACCEL = ["data_parallel", "zero1"]
+PYTORCH = ["pytorch_ddp", "pytorch_zero", "pytorch_fsdp2"]
+
+
+def run_job(launcher, command):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    out = subprocess.run([launcher, "launch", "--nproc_per_node", "2", "--master_port", "0", *command],
+                         env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0 or not lines:
+        sys.exit(f"job failed ({out.returncode}): {' '.join(command)}\n{out.stdout}\n{out.stderr}")
+    return lines[-1].split()
+
+
+def main():
+    launcher, bench, python = sys.argv[1:4]
+    rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 5
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sharded_step.py")
+    names = ACCEL + PYTORCH
+    print(f"2 Gloo processes, 1 thread each, AdamW, batch 32 per process, MLP of 4 hidden layers; {rounds} rounds")
+    for width, (steps, warmup) in WIDTHS.items():
+        times, state, payload, unsupported = {n: [] for n in names}, {}, {}, {}
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                if name in unsupported:
+                    continue
+                command = ([bench, name] if name in ACCEL else [python, script, name]) + \
+                    [str(width), str(steps), str(warmup)]
+                fields = run_job(launcher, command)
+                if fields[2] == "unsupported":
+                    unsupported[name] = " ".join(fields[3:])
+                    continue
+                times[name].append(float(fields[2]))
+                state[name] = int(fields[3])
+                if len(fields) > 4:
+                    payload[name] = int(fields[4])
+        params = 4 * (width * width + width) + width + 1
+        print(f"\nwidth {width} ({params} parameters, {4 * params} bytes)")
+        print(f"{'':>15} {'ms/step':>9} {'state B/proc':>13} {'payload B/step':>15} {'/data_parallel':>15} "
+              f"{'/pytorch_zero':>14} {'/pytorch_fsdp2':>15}")
+        for name in names:
+            if name in unsupported:
+                print(f"{name:>15} unsupported here: {unsupported[name]}")
+                continue
+            ratios = []
+            for base in ["data_parallel", "pytorch_zero", "pytorch_fsdp2"]:
+                if base in unsupported or not times[base]:
+                    ratios.append("-")
+                else:
+                    ratios.append(f"{statistics.median(a / b for a, b in zip(times[name], times[base])):.3f}")
+            print(f"{name:>15} {statistics.median(times[name]):>9.3f} {state[name]:>13} "
+                  f"{payload.get(name, '-'):>15} {ratios[0]:>15} {ratios[1]:>14} {ratios[2]:>15}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
