@@ -14,16 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "support.hpp"
+
 namespace {
 
 using accelerator_type = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
-
-torch::nn::Sequential make_mlp(int width) {
-  torch::manual_seed(0);
-  return torch::nn::Sequential(torch::nn::Linear(width, width), torch::nn::ReLU(), torch::nn::Linear(width, width),
-                               torch::nn::ReLU(), torch::nn::Linear(width, width), torch::nn::ReLU(),
-                               torch::nn::Linear(width, width), torch::nn::ReLU(), torch::nn::Linear(width, 1));
-}
 
 /// The accelerator's process group (process-wide: the same object data_parallel uses).
 accel::detail::gloo_communicator& process_group() {
@@ -59,12 +54,10 @@ int main(int argc, char** argv) {
   const int width = std::atoi(argv[2]), steps = std::atoi(argv[3]), warmup = std::atoi(argv[4]);
   torch::set_num_threads(1);
   accelerator_type acc;
-  auto net = make_mlp(width);
+  auto net = bench::wide_mlp(width);
   torch::optim::SGD optimizer(net->parameters(), 0.01);
   auto [model, opt] = acc.prepare(net, optimizer);
-  torch::manual_seed(1 + acc.process_index());
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> data;
-  for (int i = 0; i < 16; ++i) data.emplace_back(torch::randn({32, width}), torch::randn({32, 1}));
+  const auto data = bench::wide_batches(width, acc.process_index());
 
   auto step = [&](int i) {
     const auto& [x, y] = data[i % data.size()];
@@ -84,11 +77,6 @@ int main(int argc, char** argv) {
     opt.step();
     opt.zero_grad();
   };
-  for (int i = 0; i < warmup; ++i) step(i);
-  acc.wait_for_everyone();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) step(i);
-  acc.wait_for_everyone();
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
+  const double ms = bench::seconds_per_step(acc, step, steps, warmup) * 1e3;
   if (acc.is_main_process()) std::printf("%s %d %.4f\n", strategy.c_str(), width, ms);
 }

@@ -17,6 +17,24 @@ def make_mlp(width):
     return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
 
 
+def wide_batches(width, rank):
+    """16 batches of (32 x width, 32 x 1), different on each process (bench/support.hpp's wide_batches)."""
+    torch.manual_seed(1 + rank)
+    return [(torch.randn(32, width), torch.randn(32, 1)) for _ in range(16)]
+
+
+def ms_per_step(step, steps, warmup):
+    """Milliseconds per call of step(i) over `steps` calls after `warmup` untimed ones, all processes together."""
+    for i in range(warmup):
+        step(i)
+    dist.barrier()
+    start = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    dist.barrier()
+    return (time.perf_counter() - start) * 1000 / steps
+
+
 def main():
     width, steps, warmup = (int(a) for a in sys.argv[1:4])
     torch.set_num_threads(1)
@@ -24,8 +42,7 @@ def main():
     rank = dist.get_rank()
     model = torch.nn.parallel.DistributedDataParallel(make_mlp(width))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    torch.manual_seed(1 + rank)
-    data = [(torch.randn(32, width), torch.randn(32, 1)) for _ in range(16)]
+    data = wide_batches(width, rank)
 
     def step(i):
         x, y = data[i % len(data)]
@@ -34,14 +51,7 @@ def main():
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for i in range(warmup):
-        step(i)
-    dist.barrier()
-    start = time.perf_counter()
-    for i in range(steps):
-        step(i)
-    dist.barrier()
-    ms = (time.perf_counter() - start) * 1000 / steps
+    ms = ms_per_step(step, steps, warmup)
     if rank == 0:
         print(f"pytorch_ddp {width} {ms:.4f}", flush=True)
     # Both ranks tear Gloo down together: PyTorch 2.13 sometimes aborts a rank that destroys its group while the

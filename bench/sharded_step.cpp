@@ -7,7 +7,6 @@
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,14 +14,9 @@
 #include <utility>
 #include <vector>
 
-namespace {
+#include "support.hpp"
 
-torch::nn::Sequential make_mlp(int width) {
-  torch::manual_seed(0);
-  return torch::nn::Sequential(torch::nn::Linear(width, width), torch::nn::ReLU(), torch::nn::Linear(width, width),
-                               torch::nn::ReLU(), torch::nn::Linear(width, width), torch::nn::ReLU(),
-                               torch::nn::Linear(width, width), torch::nn::ReLU(), torch::nn::Linear(width, 1));
-}
+namespace {
 
 std::int64_t state_bytes(torch::optim::Optimizer& optimizer) {
   std::int64_t bytes = 0;
@@ -47,24 +41,17 @@ std::int64_t all_reduce_bytes(const Parallel& parallel, torch::nn::Module& net) 
 template <class Parallel>
 int run(const std::string& strategy, int width, int steps, int warmup) {
   accel::accelerator<accel::fp32, Parallel> acc;
-  auto net = make_mlp(width);
+  auto net = bench::wide_mlp(width);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
   auto [model, opt] = acc.prepare(net, optimizer);
-  torch::manual_seed(1 + acc.process_index());
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> data;
-  for (int i = 0; i < 16; ++i) data.emplace_back(torch::randn({32, width}), torch::randn({32, 1}));
+  const auto data = bench::wide_batches(width, acc.process_index());
   const auto step = [&](int i) {
     const auto& [x, y] = data[i % data.size()];
     acc.backward(torch::mse_loss(model(x), y));
     opt.step();
     opt.zero_grad();
   };
-  for (int i = 0; i < warmup; ++i) step(i);
-  acc.wait_for_everyone();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) step(i);
-  acc.wait_for_everyone();
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
+  const double ms = bench::seconds_per_step(acc, step, steps, warmup) * 1e3;
   std::int64_t payload = all_reduce_bytes(acc.parallel(), *net);
   if constexpr (requires { acc.parallel().shards_of(optimizer); }) {
     const auto* shards = acc.parallel().shards_of(optimizer);

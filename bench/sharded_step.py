@@ -7,18 +7,11 @@
 # REASON` when this PyTorch cannot run the strategy on the CPU.
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
-
-def make_mlp(width):
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(4):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
+from ddp_step import make_mlp, ms_per_step, wide_batches
 
 
 def local_bytes(tensor):
@@ -66,8 +59,7 @@ def main():
         dist.barrier()
         dist.destroy_process_group()
         return
-    torch.manual_seed(1 + rank)
-    data = [(torch.randn(32, width), torch.randn(32, 1)) for _ in range(16)]
+    data = wide_batches(width, rank)
 
     def step(i):
         x, y = data[i % len(data)]
@@ -76,20 +68,14 @@ def main():
         optimizer.zero_grad(set_to_none=True)
 
     try:
-        for i in range(warmup):
-            step(i)
-    except Exception as error:  # noqa: BLE001
+        step(0)
+    except Exception as error:  # noqa: BLE001 - reported, not hidden
         if rank == 0:
             print(f"{strategy} {width} unsupported {type(error).__name__}: {str(error).splitlines()[0][:120]}",
                   flush=True)
         dist.destroy_process_group()
         return
-    dist.barrier()
-    start = time.perf_counter()
-    for i in range(steps):
-        step(i)
-    dist.barrier()
-    ms = (time.perf_counter() - start) * 1000 / steps
+    ms = ms_per_step(step, steps, warmup)
     if rank == 0:
         print(f"{strategy} {width} {ms:.4f} {state_bytes(inner or optimizer)}", flush=True)
     # PyTorch 2.13 sometimes aborts a rank while Gloo is torn down ("terminate called without an active

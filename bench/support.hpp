@@ -39,6 +39,35 @@ inline double seconds_since(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();
 }
 
+/// The multi-process benchmarks' model: 4 hidden layers of `width` with ReLU, then 1 output, the same weights every
+/// time (bench/ddp_step.py builds the same one).
+inline torch::nn::Sequential wide_mlp(int width) {
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(width, width), torch::nn::ReLU(), torch::nn::Linear(width, width),
+                               torch::nn::ReLU(), torch::nn::Linear(width, width), torch::nn::ReLU(),
+                               torch::nn::Linear(width, width), torch::nn::ReLU(), torch::nn::Linear(width, 1));
+}
+
+/// 16 batches of (32 x width, 32 x 1), different on each process, cycled by the loops.
+inline std::vector<batch> wide_batches(int width, int process_index) {
+  torch::manual_seed(1 + process_index);
+  std::vector<batch> data;
+  for (int i = 0; i < 16; ++i) data.emplace_back(torch::randn({32, width}), torch::randn({32, 1}));
+  return data;
+}
+
+/// Seconds per call of `step(i)` over `steps` calls after `warmup` untimed ones, every process starting and ending
+/// the timed calls together.
+template <class Accelerator, class Step>
+double seconds_per_step(Accelerator& acc, Step&& step, int steps, int warmup) {
+  for (int i = 0; i < warmup; ++i) step(i);
+  acc.wait_for_everyone();
+  const auto start = clock_type::now();
+  for (int i = 0; i < steps; ++i) step(i);
+  acc.wait_for_everyone();
+  return seconds_since(start) / steps;
+}
+
 /// The median: the figure each benchmark reports over rounds, robust to a round disturbed by the machine.
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
