@@ -108,19 +108,22 @@ class optimizer_shards {
   void gather(C& comm) {
     at::NoGradGuard no_grad;
     for (auto& bucket : buckets_) {
-      if (!bucket.gathered.defined()) {  // kept from step to step, as the reducer keeps its gradient buckets
+      auto& buffers = gather_buffers_[bucket.kind];  // kept from step to step, shared by the buckets of a kind
+      if (!buffers.first.defined()) {
         const auto options = parameters_[bucket.members.front()].full.options();
-        bucket.mine = at::zeros({bucket.segment}, options);
-        bucket.gathered = at::empty({bucket.segment * world_}, options);
+        buffers = {at::empty({max_segment_[bucket.kind]}, options),
+                   at::empty({max_segment_[bucket.kind] * world_}, options)};
       }
+      auto mine = buffers.first.narrow(0, 0, bucket.segment);
+      auto gathered = buffers.second.narrow(0, 0, bucket.segment * world_);
       for (std::size_t k = 0; k < bucket.members.size(); ++k) {
         const auto& p = parameters_[bucket.members[k]];
-        bucket.mine.narrow(0, bucket.offsets[k], p.span.length).copy_(p.shard);
+        mine.narrow(0, bucket.offsets[k], p.span.length).copy_(p.shard);
       }
-      comm.all_gather_into(bucket.gathered, bucket.mine);
+      comm.all_gather_into(gathered, mine);
       for (int r = 0; r < world_; ++r) {
         if (r == rank_) continue;  // stepped in place
-        const auto segment = bucket.gathered.narrow(0, r * bucket.segment, bucket.segment);
+        const auto segment = gathered.narrow(0, r * bucket.segment, bucket.segment);
         for (std::size_t k = 0; k < bucket.members.size(); ++k) {
           auto& p = parameters_[bucket.members[k]];
           const auto span = shard_span_of(p.full.numel(), r, world_);
@@ -143,6 +146,13 @@ class optimizer_shards {
   /// All-gathers since construction: one per bucket per step.
   [[nodiscard]] std::uint64_t all_gather_count() const noexcept { return all_gather_count_; }
   [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  /// Elements of the buffers the all-gathers keep between steps: per dtype and device, the largest bucket's slices
+  /// sent and every process's received.
+  [[nodiscard]] std::int64_t gather_buffer_elements() const noexcept {
+    std::int64_t elements = 0;
+    for (const auto& [kind, segment] : max_segment_) elements += segment * (world_ + 1);
+    return elements;
+  }
   /// Elements each step's all-gathers deliver (every process's padded slices): the full parameters plus padding.
   [[nodiscard]] std::int64_t gather_payload_elements() const noexcept {
     std::int64_t elements = 0;
@@ -162,19 +172,20 @@ class optimizer_shards {
     std::vector<std::size_t> members;
     std::vector<std::int64_t> offsets;
     std::int64_t segment = 0;
-    at::Tensor mine;      // this process's slices, sent
-    at::Tensor gathered;  // every process's, received
+    tensor_kind kind;
   };
 
   void build_gather_buckets(const bucket_options& limits) {
     std::vector<at::Tensor> fulls;
     for (const auto& p : parameters_) fulls.push_back(p.full);
     for (auto& members : assign_buckets(fulls, limits)) {
-      gather_bucket bucket{.members = std::move(members), .offsets = {}, .segment = 0, .mine = {}, .gathered = {}};
+      gather_bucket bucket{.members = std::move(members), .offsets = {}, .segment = 0, .kind = {}};
       for (auto i : bucket.members) {
         bucket.offsets.push_back(bucket.segment);
         bucket.segment += shard_span_of(parameters_[i].full.numel(), 0, world_).length;  // the chunk
       }
+      bucket.kind = kind_of(parameters_[bucket.members.front()].full);
+      max_segment_[bucket.kind] = std::max(max_segment_[bucket.kind], bucket.segment);
       buckets_.push_back(std::move(bucket));
     }
   }
@@ -183,6 +194,8 @@ class optimizer_shards {
   int world_;
   std::vector<sharded_parameter> parameters_;
   std::vector<gather_bucket> buckets_;
+  std::map<tensor_kind, std::int64_t> max_segment_;
+  std::map<tensor_kind, std::pair<at::Tensor, at::Tensor>> gather_buffers_;  // sent, received
   std::uint64_t all_gather_count_ = 0;
 };
 
