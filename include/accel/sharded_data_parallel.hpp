@@ -17,7 +17,6 @@
 #include <concepts>
 #include <map>
 #include <string>
-#include <type_traits>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -90,12 +89,14 @@ struct sharded_data_parallel : data_parallel<Backend> {
   [[nodiscard]] double gradient_norm(const std::vector<at::Tensor>& parameters, double norm_type) {
     at::NoGradGuard no_grad;
     const bool infinity = std::isinf(norm_type);
-    double local = 0.0;
-    for (const auto& piece : owned_gradients(parameters, infinity)) {
-      const double norm = piece.norm(norm_type).template item<double>();
-      local = infinity ? std::max(local, norm) : local + std::pow(norm, norm_type);
+    std::vector<at::Tensor> norms;
+    for (const auto& piece : owned_gradients(parameters, infinity)) norms.push_back(piece.norm(norm_type));
+    // One value read back, not one per parameter: this process's max, or its sum of p-th powers.
+    auto total = at::zeros({1}, at::kDouble);
+    if (!norms.empty()) {
+      const auto stacked = at::stack(norms).to(at::kDouble);
+      total[0] = infinity ? stacked.max() : stacked.pow(norm_type).sum();
     }
-    auto total = at::full({1}, local, at::kDouble);
     this->communicator().all_reduce(total, infinity ? reduction::max : reduction::sum).wait();
     const double sum = total.template item<double>();
     return infinity ? sum : std::pow(sum, 1.0 / norm_type);

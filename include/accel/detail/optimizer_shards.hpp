@@ -4,7 +4,7 @@
 /// none of a small parameter). The optimizer's parameter list holds views of those slices, which share the full
 /// parameter's storage: the state the optimizer allocates is this process's share only, and its in-place update
 /// lands in the full parameter, whose other slices an all-gather then fills in.
-// IWYU pragma: private, include <accel/sharded.hpp>
+// IWYU pragma: private, include <accel/sharded_data_parallel.hpp>
 #pragma once
 
 #include <ATen/ATen.h>
@@ -52,7 +52,6 @@ class optimizer_shards {
       throw std::invalid_argument(
           "accel::prepare: this optimizer has stepped already (it holds state); a sharded policy splits the state "
           "across processes at prepare, so prepare the optimizer before its first step");
-    std::unordered_map<const void*, std::size_t> seen;  // a parameter listed twice keeps one shard
     auto& groups = optimizer.param_groups();
     for (std::size_t g = 0; g < groups.size(); ++g)
       for (std::size_t k = 0; k < groups[g].params().size(); ++k) {
@@ -68,7 +67,7 @@ class optimizer_shards {
           throw std::invalid_argument("accel::prepare: " + where +
                                       " is not contiguous, so it cannot be split into flat shards; make it "
                                       "contiguous before building the optimizer");
-        auto [found, added] = seen.try_emplace(listed.unsafeGetTensorImpl(), parameters_.size());
+        auto [found, added] = index_.try_emplace(listed.unsafeGetTensorImpl(), parameters_.size());
         if (added) {
           const auto span = shard_span_of(listed.numel(), rank, world);
           parameters_.push_back({listed, listed.detach().view({-1}).narrow(0, span.begin, span.length), span});
@@ -139,9 +138,8 @@ class optimizer_shards {
 
   /// This process's span of `parameter` when it is one of the sharded parameters.
   [[nodiscard]] const shard_span* span_of(const at::Tensor& parameter) const {
-    for (const auto& p : parameters_)
-      if (p.full.is_same(parameter)) return &p.span;
-    return nullptr;
+    const auto found = index_.find(parameter.unsafeGetTensorImpl());
+    return found == index_.end() ? nullptr : &parameters_[found->second].span;
   }
   /// All-gathers since construction: one per bucket per step.
   [[nodiscard]] std::uint64_t all_gather_count() const noexcept { return all_gather_count_; }
@@ -193,6 +191,7 @@ class optimizer_shards {
   int rank_;
   int world_;
   std::vector<sharded_parameter> parameters_;
+  std::unordered_map<const void*, std::size_t> index_;  // a parameter's TensorImpl -> its entry (listed twice: one)
   std::vector<gather_bucket> buckets_;
   std::map<tensor_kind, std::int64_t> max_segment_;
   std::map<tensor_kind, std::pair<at::Tensor, at::Tensor>> gather_buffers_;  // sent, received
