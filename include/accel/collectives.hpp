@@ -44,8 +44,8 @@ struct distributed_operation_error : collective_error {
   using collective_error::collective_error;
 };
 
-/// What a backend offers the collectives: in-place asynchronous all-reduce (sum, max), broadcast, all-gather of
-/// equal shapes, barrier.
+/// What a backend offers the collectives: in-place asynchronous all-reduce (sum, max), asynchronous sum
+/// reduce-scatter, broadcast, all-gather of equal shapes, barrier.
 template <class C>
 concept communicator = requires(C& c, const C& cc, at::Tensor& tensor, const at::Tensor& input) {
   { cc.rank() } -> std::convertible_to<int>;
@@ -53,7 +53,8 @@ concept communicator = requires(C& c, const C& cc, at::Tensor& tensor, const at:
   c.all_reduce(tensor, reduction::sum).wait();
   c.broadcast(tensor, 0);
   { c.all_gather(input) } -> std::same_as<std::vector<at::Tensor>>;
-  c.all_gather_into(tensor, tensor);  // into one flat tensor of size() * n elements, in rank order
+  c.all_gather_into(tensor, tensor);             // into one flat tensor of size() * n elements, in rank order
+  c.reduce_scatter_into(tensor, tensor).wait();  // the sum of every process's r-th of size() segments, on process r
   c.barrier();
 };
 
@@ -68,6 +69,10 @@ struct local_communicator {
   static constexpr void broadcast(at::Tensor&, int) noexcept {}
   [[nodiscard]] static std::vector<at::Tensor> all_gather(const at::Tensor& tensor) { return {tensor}; }
   static void all_gather_into(at::Tensor& output, const at::Tensor& input) { output.copy_(input); }
+  static work reduce_scatter_into(at::Tensor& output, const at::Tensor& input) {
+    output.copy_(input);
+    return {};
+  }
   static constexpr void barrier() noexcept {}
 };
 

@@ -169,22 +169,21 @@ inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds timeo
 }
 }  // namespace detail
 
-/// Multi-process data parallelism over `Backend`, as PyTorch's DistributedDataParallel: `prepare` broadcasts
-/// process 0's parameters and buffers, and every backward all-reduces the gradients in buckets, overlapped with
-/// the rest of backward. The processes, ranks and rendezvous come from the launcher's environment
-/// (`accel launch`, torchrun, mpirun, srun; see accel/launch.hpp); a program started alone is a world of one.
-template <class Backend>
-struct data_parallel : parallel_defaults {
+namespace detail {
+/// What every multi-process policy over `Backend` shares (data_parallel, and the sharded policies derived from it):
+/// the process group, the device, broadcasting process 0's model at prepare, and a gradient reducer per prepared
+/// model whose buckets are all-reduced whole or, with the sharded `Layout`, reduce-scattered.
+template <class Backend, gradient_layout Layout>
+struct bucketed_data_parallel : parallel_defaults {
   static_assert(communication_backend<Backend>,
                 "accel::data_parallel<Backend> takes accel::gloo (CPU) or accel::nccl (CUDA) as its backend");
   using policy_category = parallel_tag;
-  [[nodiscard]] static std::string name() { return "data_parallel<" + std::string(Backend::name) + ">"; }
   using backend_type = Backend;
   using communicator_type = typename Backend::communicator_type;
-  using reducer_type = detail::gradient_reducer<communicator_type>;
+  using reducer_type = gradient_reducer<communicator_type, Layout>;
 
-  explicit data_parallel(const options& opts)
-      : communicator_(&detail::process_group<communicator_type>(detail::checked_timeout(opts.timeout))),
+  explicit bucketed_data_parallel(const options& opts)
+      : communicator_(&process_group<communicator_type>(checked_timeout(opts.timeout))),
         device_(Backend::device(communicator_->environment())),
         buckets_(opts.buckets) {}
 
@@ -197,8 +196,8 @@ struct data_parallel : parallel_defaults {
 
   /// Broadcasts process 0's parameters and buffers, then hooks the gradient all-reduce (with several processes).
   void prepare_model(torch::nn::Module& module) {
-    detail::check_same_module(module, *communicator_);
-    detail::broadcast_module_state(module, *communicator_);
+    check_same_module(module, *communicator_);
+    broadcast_module_state(module, *communicator_);
     if (num_processes() > 1) reducers_[&module] = std::make_unique<reducer_type>(module, *communicator_, buckets_);
   }
   /// Whether backward through `module` all-reduces its gradients (no_sync and accumulation turn it off).
@@ -222,12 +221,32 @@ struct data_parallel : parallel_defaults {
     auto found = reducers_.find(&module);
     return found == reducers_.end() ? nullptr : found->second.get();
   }
+  /// Sharded layout: this process's reduced slice of `parameter`'s gradient, kept by the reducer of the prepared
+  /// model that holds it; null when none does (one process, or a parameter of no prepared model).
+  [[nodiscard]] at::Tensor* shard_gradient(const at::Tensor& parameter) const
+    requires(Layout == gradient_layout::sharded)
+  {
+    for (const auto& [module, reducer] : reducers_)
+      if (auto* kept = reducer->shard_gradient(parameter)) return kept;
+    return nullptr;
+  }
 
  private:
   communicator_type* communicator_;
   c10::Device device_;
   bucket_options buckets_;
   std::map<const torch::nn::Module*, std::unique_ptr<reducer_type>> reducers_;
+};
+}  // namespace detail
+
+/// Multi-process data parallelism over `Backend`, as PyTorch's DistributedDataParallel: `prepare` broadcasts
+/// process 0's parameters and buffers, and every backward all-reduces the gradients in buckets, overlapped with
+/// the rest of backward. The processes, ranks and rendezvous come from the launcher's environment
+/// (`accel launch`, torchrun, mpirun, srun; see accel/launch.hpp); a program started alone is a world of one.
+template <class Backend>
+struct data_parallel : detail::bucketed_data_parallel<Backend, detail::gradient_layout::replicated> {
+  using detail::bucketed_data_parallel<Backend, detail::gradient_layout::replicated>::bucketed_data_parallel;
+  [[nodiscard]] static std::string name() { return "data_parallel<" + std::string(Backend::name) + ">"; }
 };
 
 }  // namespace accel

@@ -4,10 +4,12 @@
 /// each process steps its shard of every parameter (its optimizer allocates state for that shard only), and an
 /// all-gather per bucket makes the parameters whole again. With AdamW that brings the optimizer state from 8 bytes
 /// per parameter per process to 8 / P, with the numerics of `data_parallel` (bit for bit: the update is elementwise).
+/// `accel::zero2<Backend>` also shards the gradients: each finished bucket is reduce-scattered while backward goes
+/// on, each process keeps only the averaged slices it steps, and the full gradients are released.
 ///
-///     accel::accelerator<accel::bf16, accel::zero1<accel::gloo>, accel::accumulate<4>> acc;
+///     accel::accelerator<accel::bf16, accel::zero2<accel::gloo>, accel::accumulate<4>> acc;
 ///
-/// Stages 2 (gradients) and 3 (parameters) are not implemented yet: naming them is a compile error that says so.
+/// Stage 3 (parameters, `accel::fully_sharded`) is not implemented yet: naming it is a compile error that says so.
 #pragma once
 
 #include <torch/optim/lbfgs.h>
@@ -16,6 +18,7 @@
 #include <cmath>
 #include <concepts>
 #include <map>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -34,12 +37,18 @@ enum class shard_stage : int { optimizer = 1, gradients = 2, parameters = 3 };
 /// its optimizer (`acc.prepare(model, optimizer)`), and the optimizer before its first step; clear gradients with
 /// the prepared optimizer's `zero_grad()` (the optimizer steps slices of the gradients that call clears).
 template <class Backend, shard_stage Stage>
-struct sharded_data_parallel : data_parallel<Backend> {
-  static_assert(Stage == shard_stage::optimizer,
-                "accel::sharded_data_parallel: only shard_stage::optimizer (accel::zero1) is implemented so far; "
-                "zero2 and fully_sharded are not yet: use accel::zero1<Backend> or accel::data_parallel<Backend>");
-  using base = data_parallel<Backend>;
-  [[nodiscard]] static std::string name() { return "zero1<" + std::string(Backend::name) + ">"; }
+struct sharded_data_parallel
+    : detail::bucketed_data_parallel<Backend, Stage == shard_stage::optimizer ? detail::gradient_layout::replicated
+                                                                              : detail::gradient_layout::sharded> {
+  static_assert(Stage != shard_stage::parameters,
+                "accel::sharded_data_parallel: shard_stage::parameters (accel::fully_sharded) is not implemented "
+                "yet; use accel::zero2<Backend> (optimizer state and gradients sharded) or accel::zero1<Backend>");
+  static constexpr detail::gradient_layout gradients =
+      Stage == shard_stage::optimizer ? detail::gradient_layout::replicated : detail::gradient_layout::sharded;
+  using base = detail::bucketed_data_parallel<Backend, gradients>;
+  [[nodiscard]] static std::string name() {
+    return "zero" + std::to_string(static_cast<int>(Stage)) + "<" + std::string(Backend::name) + ">";
+  }
 
   /// Checkpoints: each process saves its shard of the optimizers' state in its own `random_states_{rank}.bin`
   /// (accel/checkpoint.hpp), so a checkpoint resumes under the same number of processes.
@@ -57,7 +66,8 @@ struct sharded_data_parallel : data_parallel<Backend> {
   template <class Optimizer>
   void prepare_optimizer(Optimizer& optimizer) {
     static_assert(!std::derived_from<Optimizer, torch::optim::LBFGS>,
-                  "accel::zero1: torch::optim::LBFGS cannot be sharded: its step reads every gradient at once (line "
+                  "accel::sharded_data_parallel: torch::optim::LBFGS cannot be sharded: its step reads every gradient "
+                  "at once (line "
                   "search, curvature pairs), not element by element; use accel::data_parallel for it");
     shards_.erase(&optimizer);
     shards_.try_emplace(&optimizer, optimizer, this->process_index(), this->num_processes(), buckets_,
@@ -65,7 +75,7 @@ struct sharded_data_parallel : data_parallel<Backend> {
   }
 
   void attach_gradients(torch::optim::Optimizer& optimizer) {
-    if (auto* shards = shards_of(optimizer)) shards->attach_gradients();
+    if (auto* shards = shards_of(optimizer)) shards->attach_gradients(reduced_gradient());
   }
   /// Steps this process's shards, then gathers every process's into the full parameters.
   void step_optimizer(torch::optim::Optimizer& optimizer) {
@@ -74,7 +84,7 @@ struct sharded_data_parallel : data_parallel<Backend> {
   }
   void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
     // The shards' gradients are views, which LibTorch's zero_grad cannot detach: they go first.
-    if (auto* shards = shards_of(optimizer)) shards->zero_grad(set_to_none);
+    if (auto* shards = shards_of(optimizer)) shards->zero_grad(set_to_none, reduced_gradient());
     detail::compat::zero_grad(optimizer, set_to_none);  // frozen and replicated parameters
   }
 
@@ -130,18 +140,28 @@ struct sharded_data_parallel : data_parallel<Backend> {
     return const_cast<detail::optimizer_shards*>(std::as_const(*this).shards_of(optimizer));
   }
 
+  /// Where a shard's gradient is kept apart from the full one: stage 2's reducers keep each process's reduced
+  /// slices (null: none kept, the shard is a slice of the full gradient).
+  auto reduced_gradient() {
+    return [this](const at::Tensor& full) -> at::Tensor* {
+      if constexpr (gradients == detail::gradient_layout::sharded)
+        return this->shard_gradient(full);
+      else
+        return nullptr;
+    };
+  }
+
   /// The gradients of `parameters` this process accounts for: its slice of each sharded one, and the replicated
   /// ones whole on process 0 (on every process with `everywhere`: a maximum, or a scaling, counts them once anyway).
   std::vector<at::Tensor> owned_gradients(const std::vector<at::Tensor>& parameters, bool everywhere) {
     std::vector<at::Tensor> pieces;
     for (const auto& p : parameters) {
-      if (!p.grad().defined()) continue;
-      const detail::shard_span* span = nullptr;
+      std::optional<at::Tensor> owned;
       for (auto& [optimizer, shards] : shards_)
-        if ((span = shards.span_of(p)) != nullptr) break;
-      if (span != nullptr && span->length > 0)  // nothing owned: no piece (an empty one has no inf-norm)
-        pieces.push_back(p.grad().view({-1}).narrow(0, span->begin, span->length));
-      else if (span == nullptr && (everywhere || this->process_index() == 0))
+        if ((owned = shards.owned_gradient(p))) break;
+      if (owned && owned->defined() && owned->numel() > 0)  // nothing owned: no piece (an empty one has no inf-norm)
+        pieces.push_back(*owned);
+      else if (!owned && p.grad().defined() && (everywhere || this->process_index() == 0))
         pieces.push_back(p.grad());
     }
     return pieces;
@@ -155,5 +175,11 @@ struct sharded_data_parallel : data_parallel<Backend> {
 /// ZeRO stage 1: the optimizer state sharded across processes.
 template <class Backend>
 using zero1 = sharded_data_parallel<Backend, shard_stage::optimizer>;
+/// ZeRO stage 2: the optimizer state and the gradients sharded across processes.
+template <class Backend>
+using zero2 = sharded_data_parallel<Backend, shard_stage::gradients>;
+/// Fully sharded data parallelism (FSDP, ZeRO stage 3): parameters sharded too. Not implemented yet.
+template <class Backend>
+using fully_sharded = sharded_data_parallel<Backend, shard_stage::parameters>;
 
 }  // namespace accel

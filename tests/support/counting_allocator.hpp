@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 
 namespace accel_test {
 
@@ -39,6 +41,22 @@ class counting_allocator final : public c10::Allocator {
 
   /// Bytes of CPU tensor storage allocated through this allocator and not yet freed.
   [[nodiscard]] std::int64_t current() const noexcept { return current_.load(); }
+  /// `current()` once it has stopped changing for `quiet` (waiting `limit` at most): Gloo's worker thread lets go of
+  /// a finished collective's tensors just after the wait for it returns, so their storage may count for a moment.
+  [[nodiscard]] std::int64_t settled(std::chrono::milliseconds quiet = std::chrono::milliseconds(20),
+                                     std::chrono::milliseconds limit = std::chrono::seconds(2)) const {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    auto last = current();
+    auto since = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() < deadline && std::chrono::steady_clock::now() - since < quiet) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (const auto now = current(); now != last) {
+        last = now;
+        since = std::chrono::steady_clock::now();
+      }
+    }
+    return last;
+  }
   /// The largest `current()` since construction or the last `reset_peak()`.
   [[nodiscard]] std::int64_t peak() const noexcept { return peak_.load(); }
   void reset_peak() noexcept { peak_.store(current_.load()); }

@@ -271,13 +271,18 @@ TEST_CASE("a user-defined precision policy is driven through its hooks", "[polic
   CHECK(policy.live_scopes == 0);
 }
 
-// Issue 16: zero1 under a world of one (no launcher) is data parallelism over one process; what it cannot shard is
-// refused at prepare with the reason. (Its multi-process behaviour: tests/distributed/test_sharded.cpp.)
-TEST_CASE("zero1 on one process trains as data_parallel; a stepped optimizer or an unprepared model is refused",
-          "[policies]") {
+// Issue 16: zero1 and zero2 under a world of one (no launcher) are data parallelism over one process; what they
+// cannot shard is refused at prepare with the reason. (Their multi-process behaviour:
+// tests/distributed/test_sharded.cpp.)
+TEST_CASE(
+    "zero1 and zero2 on one process train as data_parallel; a stepped optimizer or an unprepared model is refused",
+    "[policies]") {
   using Catch::Contains;
   STATIC_REQUIRE(accel::parallel_policy<accel::zero1<accel::gloo>>);
+  STATIC_REQUIRE(accel::parallel_policy<accel::zero2<accel::gloo>>);
+  CHECK(accel::zero2<accel::gloo>::name() == "zero2<gloo>");
   using sharded = accel::accelerator<accel::fp32, accel::zero1<accel::gloo>>;
+  using sharded_gradients = accel::accelerator<accel::fp32, accel::zero2<accel::gloo>>;
   using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
   const auto train = []<class Accelerator>(std::type_identity<Accelerator>) {
     Accelerator acc;
@@ -293,8 +298,9 @@ TEST_CASE("zero1 on one process trains as data_parallel; a stepped optimizer or 
     return net->weight.detach().clone();
   };
   CHECK(torch::equal(train(std::type_identity<sharded>{}), train(std::type_identity<replicated>{})));
+  CHECK(torch::equal(train(std::type_identity<sharded_gradients>{}), train(std::type_identity<replicated>{})));
 
-  sharded acc;
+  sharded_gradients acc;
   auto net = torch::nn::Linear(3, 2);
   torch::optim::SGD stepped(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   net(torch::ones({1, 3})).sum().backward();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,15 +33,22 @@ inline std::shared_ptr<::gloo::transport::Device> gloo_device(const process_envi
 /// CPU tensors, any number of processes per machine.
 class gloo_communicator {
  public:
-  /// An all-reduce in flight. `wait()` rethrows a failure (a peer that died, a timeout) naming the operation.
+  /// A collective in flight. `wait()` rethrows a failure (a peer that died, a timeout) naming the operation, then
+  /// runs what completes the result, if anything (1.13's reduce-scatter sums what it received).
   class work {
    public:
-    explicit work(c10::intrusive_ptr<c10d::Work> pending, int rank) : pending_(std::move(pending)), rank_(rank) {}
-    void wait() { wait_for(*pending_, "all_reduce", rank_); }
+    work(c10::intrusive_ptr<c10d::Work> pending, int rank, const char* operation, std::function<void()> finish = {})
+        : pending_(std::move(pending)), finish_(std::move(finish)), rank_(rank), operation_(operation) {}
+    void wait() {
+      wait_for(*pending_, operation_, rank_);
+      if (finish_) std::exchange(finish_, {})();
+    }
 
    private:
     c10::intrusive_ptr<c10d::Work> pending_;
+    std::function<void()> finish_;
     int rank_;
+    const char* operation_;
   };
 
   gloo_communicator(const process_environment& env, std::chrono::milliseconds timeout) : env_(env) {
@@ -60,7 +68,14 @@ class gloo_communicator {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions reduce_options;
     reduce_options.reduceOp = op == reduction::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
-    return work(group_->allreduce(tensors, reduce_options), env_.rank);
+    return work(group_->allreduce(tensors, reduce_options), env_.rank, "all_reduce");
+  }
+
+  /// Starts a sum reduce-scatter: `input` (contiguous) holds size() segments of `output`'s length, the r-th bound
+  /// for process r; `output` receives the sum of every process's segment for this one.
+  [[nodiscard]] work reduce_scatter_into(at::Tensor& output, at::Tensor& input) {
+    auto pending = compat::reduce_scatter_into(*group_, output, input);
+    return work(std::move(pending.work), env_.rank, "reduce_scatter", std::move(pending.finish));
   }
 
   void broadcast(at::Tensor& tensor, int root) {

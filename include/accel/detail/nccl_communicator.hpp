@@ -1,7 +1,8 @@
 /// \file
 /// The NCCL communicator of `data_parallel<nccl>`: NCCL used directly, its communicator bootstrapped through the
-/// same TCPStore rendezvous as Gloo's. All-reduces run on a communication stream of their own, ordered after the
-/// work already queued on LibTorch's current stream, so gradient buckets overlap the rest of backward.
+/// same TCPStore rendezvous as Gloo's. Gradient collectives (data_parallel's all-reduces, zero2's reduce-scatters)
+/// run on a communication stream of their own, ordered after the work already queued on LibTorch's current stream,
+/// so gradient buckets overlap the rest of backward.
 /// Needs the `accel::nccl` CMake target (NCCL and the CUDA runtime).
 // IWYU pragma: private, include <accel/parallel.hpp>
 #pragma once
@@ -114,13 +115,20 @@ class nccl_communicator {
       tensor.copy_(staged);
       return work(record(current()), device_.index());
     }
-    // The communication stream waits for what the current stream has queued (the gradients' computation).
-    cudaEvent_t queued = record(current());
-    check_cuda(cudaStreamWaitEvent(stream_, queued, 0), "cudaStreamWaitEvent");
-    cudaEventDestroy(queued);  // legal while pending: the wait above already holds it
+    after_current_stream();
     check_nccl(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<std::size_t>(tensor.numel()),
                              nccl_type(tensor), op == reduction::max ? ncclMax : ncclSum, comm_, stream_),
                "ncclAllReduce");
+    return work(record(stream_), device_.index());
+  }
+
+  /// Starts a sum reduce-scatter on the communication stream: `input` (a contiguous CUDA tensor) holds size()
+  /// segments of `output`'s length, the r-th bound for process r; `output` receives their sum for this one.
+  [[nodiscard]] work reduce_scatter_into(at::Tensor& output, at::Tensor& input) {
+    after_current_stream();
+    check_nccl(ncclReduceScatter(input.data_ptr(), output.data_ptr(), static_cast<std::size_t>(output.numel()),
+                                 nccl_type(input), ncclSum, comm_, stream_),
+               "ncclReduceScatter");
     return work(record(stream_), device_.index());
   }
 
@@ -164,6 +172,13 @@ class nccl_communicator {
     if (comm_ == nullptr)
       throw collective_error("accel: the NCCL communicator was aborted after a timeout; the job cannot go on");
     return compat::current_cuda_stream(device_.index());
+  }
+
+  /// The communication stream waits for what the current stream has queued (the gradients' computation).
+  void after_current_stream() {
+    cudaEvent_t queued = record(current());
+    check_cuda(cudaStreamWaitEvent(stream_, queued, 0), "cudaStreamWaitEvent");
+    cudaEventDestroy(queued);  // legal while pending: the wait above already holds it
   }
 
   static cudaEvent_t record(cudaStream_t stream) {

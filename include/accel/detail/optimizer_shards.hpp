@@ -1,9 +1,8 @@
 /// \file
-/// An optimizer re-pointed onto this process's shards (ZeRO stage 1): each trainable parameter is split on its
-/// flattened elements into chunks of ceil(n / P), process r owning elements [r * chunk, (r + 1) * chunk) (possibly
-/// none of a small parameter). The optimizer's parameter list holds views of those slices, which share the full
-/// parameter's storage: the state the optimizer allocates is this process's share only, and its in-place update
-/// lands in the full parameter, whose other slices an all-gather then fills in.
+/// An optimizer re-pointed onto this process's shards (ZeRO stages 1 and 2): each trainable parameter is split on
+/// its flattened elements (shard_layout.hpp). The optimizer's parameter list holds views of this process's slices,
+/// which share the full parameter's storage: the state the optimizer allocates is this process's share only, and
+/// its in-place update lands in the full parameter, whose other slices an all-gather then fills in.
 // IWYU pragma: private, include <accel/sharded_data_parallel.hpp>
 #pragma once
 
@@ -14,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -23,21 +23,9 @@
 #include "../collectives.hpp"
 #include "../options.hpp"
 #include "reducer.hpp"
+#include "shard_layout.hpp"
 
 namespace accel::detail {
-
-/// The elements [begin, begin + length) of a flattened parameter that one process owns.
-struct shard_span {
-  std::int64_t begin = 0;
-  std::int64_t length = 0;
-};
-
-/// Process `rank`'s span of `numel` elements split over `world` processes in chunks of ceil(numel / world).
-inline shard_span shard_span_of(std::int64_t numel, int rank, int world) {
-  const auto chunk = (numel + world - 1) / world;
-  const auto begin = std::min(numel, chunk * rank);
-  return {begin, std::min(numel, begin + chunk) - begin};
-}
 
 /// The shards of one optimizer on this process, and the all-gather that makes the full parameters whole again.
 class optimizer_shards {
@@ -77,27 +65,38 @@ class optimizer_shards {
     build_gather_buckets(limits);
   }
 
-  /// Gives each shard this process's slice of its full parameter's gradient (none where the full one has none):
-  /// before anything reads the optimizer's gradients (unscale, step).
-  void attach_gradients() {
+  /// Gives each shard its gradient, before anything reads the optimizer's gradients (unscale, step): the slice a
+  /// reducer kept for it (`reduced(full parameter)`, stage 2), or else this process's slice of the full gradient
+  /// (none where that has none).
+  template <class Reduced>
+  void attach_gradients(Reduced&& reduced) {
     for (auto& p : parameters_) {
+      if (const at::Tensor* kept = reduced(p.full)) {
+        p.shard.mutable_grad() = *kept;
+        continue;
+      }
       const auto& full = p.full.grad();
-      p.shard.mutable_grad() = full.defined() ? full.view({-1}).narrow(0, p.span.begin, p.span.length) : at::Tensor();
+      p.shard.mutable_grad() =
+          full.defined() ? full.reshape({-1}).narrow(0, p.span.begin, p.span.length) : at::Tensor();
     }
   }
 
-  /// Clears the full gradients (the shards' are views of them).
-  void zero_grad(bool set_to_none) {
-    for (auto& p : parameters_) {
-      p.shard.mutable_grad() = at::Tensor();
-      auto& grad = p.full.mutable_grad();
-      if (!grad.defined()) continue;
+  /// Clears the gradients the shards' are (views of): the full ones, and the slices `reduced` kept (stage 2).
+  template <class Reduced>
+  void zero_grad(bool set_to_none, Reduced&& reduced) {
+    const auto clear = [set_to_none](at::Tensor& grad) {
+      if (!grad.defined()) return;
       if (set_to_none) {
         grad = at::Tensor();
       } else {
         at::NoGradGuard no_grad;
         grad.zero_();
       }
+    };
+    for (auto& p : parameters_) {
+      p.shard.mutable_grad() = at::Tensor();
+      clear(p.full.mutable_grad());
+      if (at::Tensor* kept = reduced(p.full)) clear(*kept);
     }
   }
 
@@ -141,6 +140,16 @@ class optimizer_shards {
     const auto found = index_.find(parameter.unsafeGetTensorImpl());
     return found == index_.end() ? nullptr : &parameters_[found->second].span;
   }
+  /// This process's part of `parameter`'s gradient when it is one of the sharded parameters: its shard's attached
+  /// gradient, else its slice of the full gradient (undefined, or empty, when there is none).
+  [[nodiscard]] std::optional<at::Tensor> owned_gradient(const at::Tensor& parameter) const {
+    const auto found = index_.find(parameter.unsafeGetTensorImpl());
+    if (found == index_.end()) return std::nullopt;
+    const auto& p = parameters_[found->second];
+    if (p.shard.grad().defined()) return p.shard.grad();
+    const auto& full = p.full.grad();
+    return full.defined() ? full.reshape({-1}).narrow(0, p.span.begin, p.span.length) : at::Tensor();
+  }
   /// All-gathers since construction: one per bucket per step.
   [[nodiscard]] std::uint64_t all_gather_count() const noexcept { return all_gather_count_; }
   [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
@@ -180,7 +189,7 @@ class optimizer_shards {
       gather_bucket bucket{.members = std::move(members), .offsets = {}, .segment = 0, .kind = {}};
       for (auto i : bucket.members) {
         bucket.offsets.push_back(bucket.segment);
-        bucket.segment += shard_span_of(parameters_[i].full.numel(), 0, world_).length;  // the chunk
+        bucket.segment += shard_chunk(parameters_[i].full.numel(), world_);
       }
       bucket.kind = kind_of(parameters_[bucket.members.front()].full);
       max_segment_[bucket.kind] = std::max(max_segment_[bucket.kind], bucket.segment);

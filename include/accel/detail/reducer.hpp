@@ -4,6 +4,11 @@
 /// gradient into its bucket (pre-divided by the world size), each full bucket is all-reduced asynchronously while
 /// backward goes on, strictly in bucket order so every process issues the same sequence, and the averages are
 /// written back before `backward()` returns.
+///
+/// With the sharded layout (zero2), a bucket holds P segments, the r-th made of process r's slices of its members'
+/// gradients (shard_layout.hpp); each full bucket is reduce-scattered instead, each process keeps the averaged
+/// segment for its own slices as its shard gradients, and the full gradients are released as soon as they are in a
+/// bucket. Buckets are allocated when their first gradient arrives and freed once reduced, at most two in flight.
 // IWYU pragma: private, include <accel/parallel.hpp>
 #pragma once
 
@@ -26,12 +31,14 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "../collectives.hpp"
 #include "../options.hpp"
 #include "compat.hpp"
+#include "shard_layout.hpp"
 #include "text.hpp"
 
 namespace accel::detail {
@@ -141,15 +148,19 @@ inline std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at
 /// As in PyTorch's DDP, whether a backward all-reduces is decided by the forward that built its graph
 /// (`prepare_for_forward`, called by the prepared model): `no_sync` around the forward is what skips the
 /// communication, and `trigger_sync_in_backward` re-arms a graph already built.
-template <communicator C>
+template <communicator C, gradient_layout Layout = gradient_layout::replicated>
 class gradient_reducer {
+  static constexpr bool sharded = Layout == gradient_layout::sharded;
+
  public:
   gradient_reducer(torch::nn::Module& module, C& comm, const bucket_options& limits) : comm_(comm) {
     for (const auto& item : module.named_parameters())
       if (item.value().requires_grad()) {
+        if constexpr (sharded) index_.emplace(item.value().unsafeGetTensorImpl(), parameters_.size());
         names_.push_back(item.key());
         parameters_.push_back(item.value());
       }
+    if constexpr (sharded) shard_gradients_.resize(parameters_.size());
     for (const auto& buffer : module.buffers()) buffers_.push_back(buffer);
     if (parameters_.empty()) return;
     build_buckets(assign_buckets(parameters_, limits));
@@ -187,18 +198,44 @@ class gradient_reducer {
     return layout;
   }
   /// All-reduces launched since construction: one per bucket per synchronised backward.
-  [[nodiscard]] std::uint64_t all_reduce_count() const noexcept { return all_reduce_count_; }
-  /// All-reduces launched while backward was still computing gradients, i.e. overlapped with it.
-  [[nodiscard]] std::uint64_t overlapped_all_reduce_count() const noexcept { return overlapped_count_; }
+  [[nodiscard]] std::uint64_t all_reduce_count() const noexcept
+    requires(!sharded)
+  {
+    return launched_count_;
+  }
+  /// Reduce-scatters launched since construction: one per bucket per synchronised backward.
+  [[nodiscard]] std::uint64_t reduce_scatter_count() const noexcept
+    requires sharded
+  {
+    return launched_count_;
+  }
+  /// Collectives launched while backward was still computing gradients, i.e. overlapped with it.
+  [[nodiscard]] std::uint64_t overlapped_count() const noexcept { return overlapped_count_; }
+  /// Elements the gradient collectives were given since construction (each bucket's flat tensor, padding and
+  /// "used" flags included): what is all-reduced, or what is reduce-scattered.
+  [[nodiscard]] std::uint64_t payload_elements() const noexcept { return payload_elements_; }
+
+  /// This process's averaged slice of `parameter`'s gradient (its span, shard_layout.hpp), kept after backward in
+  /// place of the full gradient; null for a parameter this reducer does not hold. Undefined until a synchronised
+  /// backward gives it one; later ones add to it until it is cleared.
+  [[nodiscard]] at::Tensor* shard_gradient(const at::Tensor& parameter)
+    requires sharded
+  {
+    const auto found = index_.find(parameter.unsafeGetTensorImpl());
+    return found == index_.end() ? nullptr : &shard_gradients_[found->second];
+  }
 
  private:
   struct bucket {
-    at::Tensor flat;   // the members' gradients, then one "used on this process" flag per member
+    at::Tensor flat;   // the members' gradients, then one "used on this process" flag per member (sharded: P
+                       // such segments of each member's chunk; allocated while in use)
     at::Tensor scale;  // 1 / world size, 0-d, in the bucket's dtype
     std::vector<std::size_t> members;
     std::int64_t flags_offset = 0;
+    std::int64_t segment = 0;  // sharded: elements of one process's segment, flags included
     std::size_t pending = 0;
     std::optional<typename C::work> in_flight;
+    at::Tensor reduced;  // sharded: this process's averaged segment, once reduce-scattered
   };
   struct location {
     std::size_t bucket;
@@ -221,6 +258,12 @@ class gradient_reducer {
     std::size_t index_;
   };
 
+  /// Elements parameter `index` takes in its bucket: all of them, or (sharded) its chunk in each segment.
+  std::int64_t stored_elements(std::size_t index) const {
+    const auto numel = parameters_[index].numel();
+    return sharded ? shard_chunk(numel, comm_.size()) : numel;
+  }
+
   void build_buckets(std::vector<std::vector<std::size_t>> layout) {
     locations_.resize(parameters_.size());
     for (auto& members : layout) {
@@ -228,16 +271,18 @@ class gradient_reducer {
       for (std::size_t k = 0; k < members.size(); ++k) {
         const auto i = members[k];
         locations_[i] = {buckets_.size(), numel, k};
-        numel += parameters_[i].numel();
+        numel += stored_elements(i);
       }
       const auto& first = parameters_[members.front()];
       const auto flags = static_cast<std::int64_t>(members.size());
-      buckets_.push_back({.flat = at::zeros({numel + flags}, first.options()),
+      buckets_.push_back({.flat = sharded ? at::Tensor() : at::zeros({numel + flags}, first.options()),
                           .scale = at::scalar_tensor(1.0 / comm_.size(), first.options()),
                           .members = std::move(members),
                           .flags_offset = numel,
+                          .segment = numel + flags,
                           .pending = 0,
-                          .in_flight = std::nullopt});
+                          .in_flight = std::nullopt,
+                          .reduced = {}});
     }
   }
 
@@ -278,18 +323,44 @@ class gradient_reducer {
     if (ready_[index]) return;
     ready_[index] = true;
     const auto& grad = parameters_[index].grad();
-    auto destination = slot(index);
     auto& b = buckets_[locations_[index].bucket];
     used_[index] = grad.defined();
     if (grad.defined() && grad.is_sparse())
       throw std::invalid_argument("accel::data_parallel: parameter " + names_[index] +
                                   " has a sparse gradient, which gradient buckets cannot hold; use a dense layer "
                                   "(for example torch::nn::Embedding without sparse = true)");
-    if (grad.defined())
-      at::mul_out(destination, grad, b.scale);  // divides by the world size while copying, saving a pass
-    else
-      destination.zero_();
+    if constexpr (sharded) {
+      copy_slices_into_bucket(index, b);
+      parameters_[index].mutable_grad() = at::Tensor();  // in the bucket now: only this process's slice is kept
+    } else {
+      auto destination = slot(index);
+      if (grad.defined())
+        at::mul_out(destination, grad, b.scale);  // divides by the world size while copying, saving a pass
+      else
+        destination.zero_();
+    }
     if (--b.pending == 0) launch_ready_buckets();
+  }
+
+  /// Sharded: each process's slice of the gradient (divided by the world size) into that process's segment, padded
+  /// with zeros to the chunk; zeros for a parameter without a gradient here.
+  void copy_slices_into_bucket(std::size_t index, bucket& b) {
+    const auto& p = parameters_[index];
+    if (!b.flat.defined()) b.flat = at::empty({b.segment * comm_.size()}, p.options());
+    const auto chunk = stored_elements(index);
+    const auto& grad = p.grad();
+    const auto flat_grad = grad.defined() ? grad.reshape({-1}) : at::Tensor();
+    for (int r = 0; r < comm_.size(); ++r) {
+      auto destination = b.flat.narrow(0, r * b.segment + locations_[index].offset, chunk);
+      const auto span = shard_span_of(p.numel(), r, comm_.size());
+      if (!grad.defined()) {
+        destination.zero_();
+        continue;
+      }
+      auto owned = destination.narrow(0, 0, span.length);
+      at::mul_out(owned, flat_grad.narrow(0, span.begin, span.length), b.scale);
+      destination.narrow(0, span.length, chunk - span.length).zero_();
+    }
   }
 
   /// Launches, in bucket order, every bucket that is complete: the same sequence on every process.
@@ -298,11 +369,46 @@ class gradient_reducer {
       auto& b = buckets_[next_bucket_++];
       std::vector<float> flags;
       for (auto i : b.members) flags.push_back(used_[i] ? 1.0f : 0.0f);
-      b.flat.narrow(0, b.flags_offset, static_cast<std::int64_t>(flags.size())).copy_(at::tensor(flags, at::kFloat));
-      b.in_flight.emplace(comm_.all_reduce(b.flat, reduction::sum));
-      ++all_reduce_count_;
+      const auto flag_values = at::tensor(flags, at::kFloat);
+      const auto segments = sharded ? comm_.size() : 1;  // sharded: every segment counts the users of its slices
+      for (int r = 0; r < segments; ++r)
+        b.flat.narrow(0, r * b.segment + b.flags_offset, flag_values.numel()).copy_(flag_values);
+      if constexpr (sharded) {
+        b.reduced = at::empty({b.segment}, b.flat.options());
+        b.in_flight.emplace(comm_.reduce_scatter_into(b.reduced, b.flat));
+      } else {
+        b.in_flight.emplace(comm_.all_reduce(b.flat, reduction::sum));
+      }
+      ++launched_count_;
+      payload_elements_ += static_cast<std::uint64_t>(b.flat.numel());
       if (!graph_done_) ++overlapped_count_;
+      // Sharded: bound the buckets held at once (memory is the point): the one before last is finished now.
+      if constexpr (sharded)
+        if (next_bucket_ >= 3) finish_sharded_bucket(buckets_[next_bucket_ - 3]);
     }
+  }
+
+  /// Sharded: waits for a reduce-scattered bucket, adds this process's averaged slices to its shard gradients
+  /// (left undefined where no process had a gradient, as DDP leaves them), and frees the bucket.
+  void finish_sharded_bucket(bucket& b) {
+    if (!b.in_flight) return;
+    auto work = std::move(*b.in_flight);
+    b.in_flight.reset();
+    work.wait();
+    const auto users = b.reduced.narrow(0, b.flags_offset, static_cast<std::int64_t>(b.members.size())).to(at::kCPU);
+    for (std::size_t k = 0; k < b.members.size(); ++k) {
+      if (users[static_cast<std::int64_t>(k)].template item<float>() == 0) continue;
+      const auto i = b.members[k];
+      const auto mine = b.reduced.narrow(0, locations_[i].offset,
+                                         shard_span_of(parameters_[i].numel(), comm_.rank(), comm_.size()).length);
+      auto& kept = shard_gradients_[i];
+      if (kept.defined())
+        kept.add_(mine);  // accumulation with sync_each_batch, or zero_grad(set_to_none = false)
+      else
+        kept = mine;
+    }
+    b.flat = at::Tensor();
+    b.reduced = at::Tensor();  // the shard gradients keep their views of it alive
   }
 
   void finish_backward() {
@@ -310,6 +416,11 @@ class gradient_reducer {
     graph_done_ = true;
     report_unused_parameters();
     for (std::size_t i = 0; i < parameters_.size(); ++i) copy_into_bucket(i);  // unused here: zeros
+    if constexpr (sharded) {
+      for (auto& b : buckets_) finish_sharded_bucket(b);
+      in_backward_ = false;
+      return;
+    }
     for (auto& b : buckets_) {
       auto work = std::move(*b.in_flight);
       b.in_flight.reset();
@@ -338,12 +449,14 @@ class gradient_reducer {
   void abandon_backward() noexcept {
     std::lock_guard lock(mutex_);
     for (auto& b : buckets_) {
-      if (!b.in_flight) continue;
-      try {
-        b.in_flight->wait();
-      } catch (...) {  // the error that interrupted the backward has been reported already
+      if (b.in_flight) {
+        try {
+          b.in_flight->wait();
+        } catch (...) {  // the error that interrupted the backward has been reported already
+        }
+        b.in_flight.reset();
       }
-      b.in_flight.reset();
+      if constexpr (sharded) b.flat = b.reduced = at::Tensor();
     }
     in_backward_ = false;
   }
@@ -367,14 +480,17 @@ class gradient_reducer {
   std::vector<at::Tensor> buffers_;
   std::vector<location> locations_;
   std::vector<bucket> buckets_;
+  std::vector<at::Tensor> shard_gradients_;             // sharded: each parameter's, by index
+  std::unordered_map<const void*, std::size_t> index_;  // sharded: a parameter's TensorImpl -> its index
   std::vector<compat::grad_accumulator_handle> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   std::vector<bool> ready_;
   std::vector<bool> used_;
   std::mutex mutex_;
   std::size_t next_bucket_ = 0;
-  std::uint64_t all_reduce_count_ = 0;
+  std::uint64_t launched_count_ = 0;
   std::uint64_t overlapped_count_ = 0;
+  std::uint64_t payload_elements_ = 0;
   bool sync_ = true;
   bool armed_ = true;
   bool in_backward_ = false;

@@ -1,6 +1,6 @@
 // expect-error: torch::optim::LBFGS cannot be sharded
 #include <accel/accel.hpp>
-void prepare(accel::accelerator<accel::fp32, accel::zero1<accel::gloo>>& acc, torch::nn::Linear net,
+void prepare(accel::accelerator<accel::fp32, accel::zero2<accel::gloo>>& acc, torch::nn::Linear net,
              torch::optim::LBFGS& lbfgs) {
   auto prepared = acc.prepare(net, lbfgs);
 }
