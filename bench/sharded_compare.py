@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Sharded-training benchmark, side by side in one run: 2 Gloo processes on this machine, MLP widths 256 and 1024,
-AdamW. accel's data_parallel and zero1 against PyTorch's DDP, DDP + ZeroRedundancyOptimizer and FSDP2
+AdamW. accel's data_parallel, zero1 and zero2 against PyTorch's DDP, DDP + ZeroRedundancyOptimizer and FSDP2
 (`fully_shard`), where this PyTorch runs them on the CPU. Every job is a fresh 2-process run started by
 `accel launch`; each round runs them in an order that rotates. The table reports medians over rounds of ms per step,
-the optimizer-state bytes per process (read from the optimizer's state tensors), accel's payload per step (bytes
-handed to collectives, counted from its buckets), and the median of per-round ratios.
+the optimizer-state bytes per process (read from the optimizer's state tensors), the bytes each of accel's processes
+sends per step (a ring's share of what one step handed to collectives, counted), and the median of per-round ratios.
 
 Usage: sharded_compare.py LAUNCHER BENCH_SHARDED_STEP PYTHON_WITH_TORCH [ROUNDS]
 """
@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 WIDTHS = {256: (200, 20), 1024: (40, 5)}  # width: (steps, warm-up steps)
-ACCEL = ["data_parallel", "zero1"]
+ACCEL = ["data_parallel", "zero1", "zero2"]
 PYTORCH = ["pytorch_ddp", "pytorch_zero", "pytorch_fsdp2"]
 
 
@@ -49,10 +49,10 @@ def main():
                 times[name].append(float(fields[2]))
                 state[name] = int(fields[3])
                 if len(fields) > 4:
-                    payload[name] = int(fields[4])
+                    payload[name] = int(float(fields[4]))
         params = 4 * (width * width + width) + width + 1
         print(f"\nwidth {width} ({params} parameters, {4 * params} bytes)")
-        print(f"{'':>15} {'ms/step':>9} {'state B/proc':>13} {'payload B/step':>15} {'/data_parallel':>15} "
+        print(f"{'':>15} {'ms/step':>9} {'state B/proc':>13} {'sent B/step':>15} {'/data_parallel':>15} "
               f"{'/pytorch_zero':>14} {'/pytorch_fsdp2':>15}")
         for name in names:
             if name in unsupported:

@@ -2,7 +2,8 @@
 # Sets up the machine (scripts/setup.sh), then builds and runs accel's tests against both supported LibTorch versions:
 #  1. LibTorch 2.13 from the PyTorch wheel in .venv/ (the primary one): the whole suite, in $ACCEL_BUILD_DIR
 #     (default build/).
-#  2. Debian's libtorch-dev 1.13.1: every header compiled on its own, and the unit tests, in $ACCEL_BUILD_DIR-torch1.13.
+#  2. Debian's libtorch-dev 1.13.1: every header compiled on its own, the unit tests, and the flat collectives of the
+#     sharded policies on 3 Gloo processes (1.13's fallbacks), in $ACCEL_BUILD_DIR-torch1.13.
 # Warnings are errors in both (-Wall -Wextra -Wpedantic -Wshadow, cmake/accelDeveloper.cmake). Exits non-zero if
 # anything failed in either.
 set -euo pipefail
@@ -23,12 +24,13 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_T
 cmake --build "$build" -j2
 ctest --test-dir "$build" --output-on-failure -j2 || status=1
 
-echo "== LibTorch 1.13.1 (Debian's libtorch-dev): every header on its own, and the unit tests"
+echo "== LibTorch 1.13.1 (Debian's libtorch-dev): every header on its own, the unit tests, the flat collectives"
 ACCEL_TORCH=debian source "$root/scripts/torch.sh"
 cmake -S "$root" -B "$build$torch_build_suffix" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
   -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_WARNINGS_AS_ERRORS=ON "${torch_cmake_args[@]}"
-cmake --build "$build$torch_build_suffix" -j2 --target accel_tests accel_header_check
-ctest --test-dir "$build$torch_build_suffix" --output-on-failure -j2 -R '^unit\.' || status=1
+cmake --build "$build$torch_build_suffix" -j2 --target accel_tests accel_header_check accel_flat_collectives accel_cli
+ctest --test-dir "$build$torch_build_suffix" --output-on-failure -j2 -R '^(unit\.|dist\.gloo\.P3\.flat_collectives$)' ||
+  status=1
 
 echo "scripts/test.sh: $((SECONDS - started)) s in all; $([[ $status == 0 ]] && echo "every test passed" || echo FAILED)"
 exit $status

@@ -422,6 +422,16 @@ class accelerator {
     return detail::run_if(local_process_index() == index, std::forward<Action>(action));
   }
 
+  /// The model's full weights (Accelerate's `get_state_dict`): each parameter, then each buffer, under its dotted
+  /// name, copied to a CPU tensor of its own, the same on every process. Under the sharded policies too: zero1 and
+  /// zero2 keep every parameter whole on every process (only optimizer state and gradients are sharded).
+  template <class Model>
+  [[nodiscard]] safetensors::tensor_list get_state_dict(const Model& model) const {
+    auto state = detail::state_of(detail::module_of(model));
+    for (auto& [name, tensor] : state) tensor = tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    return state;
+  }
+
   /// The model as the user built it: the handle (ModuleHolder or shared_ptr) of a prepared model; any other
   /// model handle is returned as it is. A handle shares the module, so this never copies parameters.
   template <class Model>

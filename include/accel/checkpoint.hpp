@@ -122,23 +122,32 @@ inline void load_optimizer(torch::optim::Optimizer& optimizer, torch::serialize:
   for (std::size_t g = 0; g < groups.size() && g < values.size(); ++g) groups[g].options().set_lr(values[g]);
 }
 
-/// Where `Parallel` keeps optimizer state: the job's (replicated; the main process writes `optimizer_{i}.bin`)
-/// unless the policy says each process's own (`optimizer_state = state_scope::per_process`: a sharded policy, whose
-/// processes each hold a shard, save it as `optimizer_{i}` in their `random_states_{rank}.bin`).
+/// Each optimizer's whole state, `optimizer_{i}.bin`, written by the main process. Every process takes part: the
+/// parallel policy may gather the state from every process's shard (`with_whole_optimizer`). A failure to write
+/// is raised once every process is past those collectives, so that none is left waiting in one.
 template <class Parallel>
-consteval state_scope optimizer_state_scope() {
-  if constexpr (requires {
-                  { Parallel::optimizer_state } -> std::convertible_to<state_scope>;
-                })
-    return Parallel::optimizer_state;
-  else
-    return state_scope::shared;
+void save_optimizers(const std::filesystem::path& dir, Parallel& parallel, const prepared_registry& registry,
+                     checkpoint_manifest& manifest) {
+  const auto optimizers = registry.optimizers();
+  const bool main = parallel.process_index() == 0;
+  std::exception_ptr failure;
+  for (std::size_t i = 0; i < optimizers.size(); ++i)
+    parallel.with_whole_optimizer(*optimizers[i], [&] {
+      if (!main || failure) return;
+      try {
+        torch::serialize::OutputArchive archive;
+        save_optimizer(*optimizers[i], archive);
+        manifest.add(write_archive(archive, dir, numbered("optimizer", i, ".bin")));
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    });
+  if (failure) std::rethrow_exception(failure);
 }
 
-/// The main process's part: `accel_state.bin` (how many of each object), the models, the optimizers (when their
-/// state is the job's) and shared slots.
+/// The main process's part: `accel_state.bin` (how many of each object), the models and shared slots.
 inline void save_shared_state(const std::filesystem::path& dir, int num_processes, const prepared_registry& registry,
-                              const slot_map& slots, state_scope optimizer_scope, checkpoint_manifest& manifest) {
+                              const slot_map& slots, checkpoint_manifest& manifest) {
   torch::serialize::OutputArchive shared;
   shared.write("processes", c10::IValue(static_cast<std::int64_t>(num_processes)));
   shared.write("models", c10::IValue(static_cast<std::int64_t>(registry.models().size())));
@@ -156,18 +165,12 @@ inline void save_shared_state(const std::filesystem::path& dir, int num_processe
   manifest.add(write_archive(shared, dir, "accel_state.bin"));
   for (std::size_t i = 0; i < registry.models().size(); ++i)
     manifest.add(safetensors::save(dir / numbered("model", i, ".safetensors"), state_of(*registry.models()[i])));
-  for (std::size_t i = 0; i < optimizers.size() && optimizer_scope == state_scope::shared; ++i) {
-    torch::serialize::OutputArchive archive;
-    save_optimizer(*optimizers[i], archive);
-    manifest.add(write_archive(archive, dir, numbered("optimizer", i, ".bin")));
-  }
 }
 
-/// Every process's part: its generators, its policies' state, its per-process slots (`{kind}_{i}`) and its shard of
-/// each optimizer's state when that is per process (`optimizer_{i}`).
+/// Every process's part: its generators, its policies' state and its per-process slots (`{kind}_{i}`).
 template <class... Policies>
 written_file save_process_state(const std::filesystem::path& dir, const std::string& name, const slot_map& slots,
-                                const std::vector<torch::optim::Optimizer*>& optimizers, const Policies&... policies) {
+                                const Policies&... policies) {
   torch::serialize::OutputArchive mine;
   for (auto& [key, generator] : generators()) {
     std::lock_guard<std::mutex> lock(generator.mutex());
@@ -184,11 +187,6 @@ written_file save_process_state(const std::filesystem::path& dir, const std::str
       list[i]->save(slot);
       mine.write(kind + "_" + std::to_string(i), slot);
     }
-  for (std::size_t i = 0; i < optimizers.size(); ++i) {
-    torch::serialize::OutputArchive optimizer;
-    save_optimizer(*optimizers[i], optimizer);
-    mine.write(numbered("optimizer", i, ""), optimizer);
-  }
   return write_archive(mine, dir, name);
 }
 
@@ -234,11 +232,9 @@ void save_state(const std::filesystem::path& directory, Parallel& parallel, cons
   checkpoint_manifest manifest;
   written_file mine;
   on_every_process_or_none(parallel, "writing its part of the checkpoint", [&] {
-    constexpr auto optimizer_scope = optimizer_state_scope<Parallel>();
-    if (main) save_shared_state(partial, parallel.num_processes(), registry, slots, optimizer_scope, manifest);
-    const auto per_process =
-        optimizer_scope == state_scope::per_process ? registry.optimizers() : std::vector<torch::optim::Optimizer*>{};
-    mine = save_process_state(partial, process_file(parallel.process_index()), slots, per_process, policies...);
+    save_optimizers(partial, parallel, registry, manifest);
+    if (main) save_shared_state(partial, parallel.num_processes(), registry, slots, manifest);
+    mine = save_process_state(partial, process_file(parallel.process_index()), slots, policies...);
   });
   gather_process_files(parallel, mine, manifest);
   on_every_process_or_none(parallel, "putting " + target.string() + " in place", [&] {
@@ -263,9 +259,14 @@ class load_transaction {
       }
   }
 
-  /// Loads `source` with `load`, having kept what `save` writes now; `what` names the object in an error.
+  /// Loads `source` with `load`, having kept what `save` writes now, which `restore` (by default `load`) puts back
+  /// should a later load fail; `what` names the object in an error.
   template <class Save, class Load>
   void load(const std::string& what, Save save, Load load, torch::serialize::InputArchive& source) {
+    this->load(what, std::move(save), load, source, load);
+  }
+  template <class Save, class Load, class Restore>
+  void load(const std::string& what, Save save, Load load, torch::serialize::InputArchive& source, Restore restore) {
     torch::serialize::OutputArchive before;
     save(before);
     auto bytes = std::make_shared<std::stringstream>();
@@ -279,10 +280,10 @@ class load_transaction {
                              "from another kind of object, or a damaged file?): " + first_line(e.what()) +
                              "; nothing was loaded");
     }
-    undo_.emplace_back([bytes, load] {
+    undo_.emplace_back([bytes, restore] {
       torch::serialize::InputArchive previous;
       previous.load_from(*bytes);
-      load(previous);
+      restore(previous);
     });
   }
   /// Keeps what was loaded.
@@ -351,16 +352,8 @@ void load_state(const std::filesystem::path& directory, Parallel& parallel, cons
     return checkpoint_error("accel::load_state: " + file + " lacks " + what + " (saved by another configuration?)");
   };
   std::vector<torch::serialize::InputArchive> optimizer_archives;
-  for (std::size_t i = 0; i < optimizers.size(); ++i) {
-    if constexpr (optimizer_state_scope<Parallel>() == state_scope::shared) {
-      optimizer_archives.push_back(read_archive(directory, numbered("optimizer", i, ".bin"), manifest));
-    } else {
-      optimizer_archives.emplace_back();
-      if (!mine.try_read(numbered("optimizer", i, ""), optimizer_archives.back()))
-        throw lacks("optimizer " + std::to_string(i) + "'s shard of state (saved under a policy that does not " +
-                    "shard the optimizer? its state is in " + numbered("optimizer", i, ".bin") + ")");
-    }
-  }
+  for (std::size_t i = 0; i < optimizers.size(); ++i)
+    optimizer_archives.push_back(read_archive(directory, numbered("optimizer", i, ".bin"), manifest));
   std::map<std::string, std::vector<torch::serialize::InputArchive>> slot_archives;
   for (const auto& [kind, list] : slots)
     for (std::size_t i = 0; i < list.size(); ++i) {
@@ -392,10 +385,15 @@ void load_state(const std::filesystem::path& directory, Parallel& parallel, cons
   (load_policy(policies), ...);
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
     auto* optimizer = optimizers[i];
+    // What is loaded is a whole state, which the parallel policy may shard; what is kept to undo is the
+    // optimizer's own state, put back as it is.
     transaction.load(
         numbered("optimizer", i, ".bin"),
         [optimizer](torch::serialize::OutputArchive& out) { save_optimizer(*optimizer, out); },
-        [optimizer](torch::serialize::InputArchive& in) { load_optimizer(*optimizer, in); }, optimizer_archives[i]);
+        [optimizer, &parallel](torch::serialize::InputArchive& in) {
+          parallel.load_whole_optimizer(*optimizer, [&] { load_optimizer(*optimizer, in); });
+        },
+        optimizer_archives[i], [optimizer](torch::serialize::InputArchive& in) { load_optimizer(*optimizer, in); });
   }
   for (const auto& [kind, list] : slots)
     for (std::size_t i = 0; i < list.size(); ++i)

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "collectives.hpp"
@@ -94,6 +95,18 @@ struct parallel_defaults {
   }
   /// Forgets every prepared model (`free_memory`).
   static constexpr void release_models() noexcept {}
+  /// `save_state`, on every process, for each prepared optimizer: `write()` (which the main process uses to write
+  /// `optimizer.bin`) with the optimizer holding the job's whole state. Replicated, it always does; a sharded policy
+  /// gathers it from every process's shard for the while.
+  template <class Write>
+  static void with_whole_optimizer(torch::optim::Optimizer&, Write&& write) {
+    std::forward<Write>(write)();
+  }
+  /// `load_state`: `load()` loads a whole state into the optimizer; a sharded policy then keeps its shard of it.
+  template <class Load>
+  static void load_whole_optimizer(torch::optim::Optimizer&, Load&& load) {
+    std::forward<Load>(load)();
+  }
 };
 
 /// One process, one device. Every collective is the identity and nothing is communicated.

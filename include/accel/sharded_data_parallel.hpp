@@ -24,7 +24,6 @@
 #include <utility>
 #include <vector>
 
-#include "detail/checkpoint_slot.hpp"
 #include "detail/optimizer_shards.hpp"
 #include "parallel.hpp"
 
@@ -49,10 +48,6 @@ struct sharded_data_parallel
   [[nodiscard]] static std::string name() {
     return "zero" + std::to_string(static_cast<int>(Stage)) + "<" + std::string(Backend::name) + ">";
   }
-
-  /// Checkpoints: each process saves its shard of the optimizers' state in its own `random_states_{rank}.bin`
-  /// (accel/checkpoint.hpp), so a checkpoint resumes under the same number of processes.
-  static constexpr detail::state_scope optimizer_state = detail::state_scope::per_process;
 
   explicit sharded_data_parallel(const options& opts) : base(opts), buckets_(opts.buckets) {}
 
@@ -82,6 +77,24 @@ struct sharded_data_parallel
     optimizer.step();
     if (auto* shards = shards_of(optimizer)) shards->gather(this->communicator());
   }
+  /// Checkpoints hold the optimizer's whole state, as under `data_parallel`: `save_state` gathers it from every
+  /// process's shard around `write` (the main process writes it), and `load_state` keeps this process's slice of
+  /// what it loads, so a checkpoint moves between data_parallel, zero1 and zero2.
+  template <class Write>
+  void with_whole_optimizer(torch::optim::Optimizer& optimizer, Write&& write) {
+    if (auto* shards = shards_of(optimizer))
+      shards->with_whole_state(optimizer, this->communicator(), std::forward<Write>(write));
+    else
+      std::forward<Write>(write)();
+  }
+  template <class Load>
+  void load_whole_optimizer(torch::optim::Optimizer& optimizer, Load&& load) {
+    if (auto* shards = shards_of(optimizer))
+      shards->load_whole_state(optimizer, std::forward<Load>(load));
+    else
+      std::forward<Load>(load)();
+  }
+
   void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
     // The shards' gradients are views, which LibTorch's zero_grad cannot detach: they go first.
     if (auto* shards = shards_of(optimizer)) shards->zero_grad(set_to_none, reduced_gradient());

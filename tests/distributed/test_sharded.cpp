@@ -2,7 +2,6 @@
 // data_parallel, trained side by side in the same job from the same start on the same batches.
 #include <catch2/catch.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -198,21 +197,6 @@ TEST_CASE(
   check_parity<accel::fp32, accel::no_accumulation, zero2>(optimizer_kind::adam, true);
 }
 
-TEST_CASE("reduce_scatter_into: process r receives the sum of every process's r-th segment", "[sharded]") {
-  accel::accelerator<accel::fp32, zero2> acc;
-  const int P = acc.num_processes(), r = acc.process_index();
-  const auto n = GENERATE(1, 7, 1000);
-  INFO(n << " elements a segment");
-  auto input = (torch::arange(P * n, torch::kFloat) + 1) * (r + 1);
-  auto output = torch::full({n}, -1.0f);
-  // The process group the accelerator made (and every later one shares).
-  auto& communicator = accel::detail::process_group<accel::detail::gloo_communicator>(std::chrono::minutes(1));
-  communicator.reduce_scatter_into(output, input).wait();
-  // sum over q of (q + 1) * (r n + j + 1) = P (P + 1) / 2 * (r n + j + 1): small integers, exact in float.
-  const auto expected = (torch::arange(r * n, (r + 1) * n, torch::kFloat) + 1) * (P * (P + 1) / 2);
-  CHECK(torch::equal(output, expected));
-}
-
 TEMPLATE_TEST_CASE("each process's optimizer state is its shard, 8 bytes per owned element with AdamW", "[sharded]",
                    zero1, zero2) {
   using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
@@ -322,6 +306,43 @@ TEST_CASE("zero2 communicates one reduce-scatter per bucket per step, carrying w
   CHECK(gathered == all_reduced - flags_all_reduced + 5 * padding);
 }
 
+TEMPLATE_TEST_CASE("get_state_dict: the full weights on every process, those data_parallel trains", "[sharded]", zero1,
+                   zero2) {
+  const auto state_after_training = []<class Policy>(std::type_identity<Policy>) {
+    accel::accelerator<accel::fp32, Policy> acc;
+    const int P = acc.num_processes(), r = acc.process_index();
+    torch::manual_seed(5);
+    uneven net(false);
+    torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-2));
+    auto [model, opt] = acc.prepare(net, adamw);
+    torch::manual_seed(11);
+    for (int step = 0; step < 3; ++step) {
+      const auto x = torch::randn({4 * P, 13}), y = torch::randn({4 * P, 3});
+      acc.backward(torch::mse_loss(model(x.narrow(0, 4 * r, 4), r), y.narrow(0, 4 * r, 4)));
+      opt.step();
+      opt.zero_grad();
+    }
+    auto state = acc.get_state_dict(model);
+    for (const auto& [name, tensor] : state) {  // the same on every process
+      const auto all = acc.gather(tensor.reshape({1, -1}));
+      for (int other = 1; other < P; ++other) CHECK(torch::equal(all[other], all[0]));
+    }
+    return state;
+  };
+  const auto expected = state_after_training(std::type_identity<accel::data_parallel<accel::gloo>>{});
+  const auto got = state_after_training(std::type_identity<TestType>{});
+  REQUIRE(got.size() == expected.size());
+  accel::accelerator<accel::fp32, TestType> acc;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO(got[i].first);
+    CHECK(got[i].first == expected[i].first);
+    if (std::is_same_v<TestType, zero1> || acc.num_processes() == 2)
+      CHECK(torch::equal(got[i].second, expected[i].second));
+    else
+      CHECK(torch::allclose(got[i].second, expected[i].second, 1.3e-6, 1e-5));
+  }
+}
+
 TEMPLATE_TEST_CASE("the global gradient norm on every process, and clipping to it", "[sharded]", zero1, zero2) {
   const double norm_type = GENERATE(2.0, 3.0, std::numeric_limits<double>::infinity());
   INFO("norm type " << norm_type);
@@ -384,23 +405,31 @@ std::filesystem::path job_directory(const std::string& stem) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("resumes bit for bit: 10 steps == 5, save, load into other objects, 5 more", "[sharded]", zero1,
-                   zero2) {
+TEMPLATE_TEST_CASE(
+    "resumes bit for bit: 10 steps == 5, save, load into other objects, 5 more; a checkpoint holds the whole "
+    "optimizer state, so it moves between data_parallel and the sharded policies",
+    "[sharded]", zero1, zero2) {
   using sharded = accel::accelerator<accel::fp32, TestType>;
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
   const auto dir = job_directory("accel_sharded_resume_");
+  const auto replicated_dir = job_directory("accel_replicated_");
   const auto uninterrupted = run_steps<sharded>(0, 10, 5);
   run_steps<sharded>(0, 5, 5, {}, dir);
   const auto resumed = run_steps<sharded>(5, 10, 99, dir);
   for (std::size_t i = 0; i < resumed.size(); ++i) CHECK(torch::equal(resumed[i], uninterrupted[i]));
-  // Each process's shard of the state is in its own file; there is no job-wide optimizer file.
-  CHECK_FALSE(std::filesystem::exists(dir / "optimizer.bin"));
-  // Another policy cannot take the shards as a whole optimizer state, nor the other way round: refused, named.
-  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
-  CHECK_THROWS_WITH(run_steps<replicated>(5, 5, 5, dir), Catch::Contains("optimizer.bin"));
-  const auto replicated_dir = job_directory("accel_replicated_");
-  run_steps<replicated>(0, 1, 5, {}, replicated_dir);
-  CHECK_THROWS_WITH(run_steps<sharded>(1, 1, 5, replicated_dir), Catch::Contains("optimizer 0's shard of state"));
+  // The same files as data_parallel's: the optimizer's whole state in optimizer.bin.
+  CHECK(std::filesystem::exists(dir / "optimizer.bin"));
+  // data_parallel resumes from the sharded checkpoint, and the sharded policy from data_parallel's, each as if the
+  // other had trained all along (bit for bit where the policies train alike: check_same_parameters).
+  const auto replicated_uninterrupted = run_steps<replicated>(0, 10, 5);
+  const auto replicated_from_sharded = run_steps<replicated>(5, 10, 99, dir);
+  run_steps<replicated>(0, 5, 5, {}, replicated_dir);
+  const auto sharded_from_replicated = run_steps<sharded>(5, 10, 99, replicated_dir);
   sharded acc;
+  INFO("data_parallel resumed from " << TestType::name() << "'s checkpoint");
+  check_same_parameters<TestType>(replicated_from_sharded, replicated_uninterrupted, acc.num_processes());
+  INFO(TestType::name() << " resumed from data_parallel's checkpoint");
+  check_same_parameters<TestType>(sharded_from_replicated, uninterrupted, acc.num_processes());
   acc.wait_for_everyone();
   if (acc.is_main_process()) {
     std::filesystem::remove_all(dir);

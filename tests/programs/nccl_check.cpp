@@ -1,20 +1,21 @@
-// data_parallel<nccl> with one process: builds and links wherever NCCL is; on a GPU it trains a few steps and
-// checks NCCL's all-reduce against Gloo's. Without a GPU it exits 77 (CTest: skipped).
+// data_parallel<nccl>, zero1<nccl> and zero2<nccl> with one process: built and linked wherever NCCL is; on a GPU each
+// trains a few steps (the sharded ones to data_parallel's weights), and NCCL's all-reduce and reduce-scatter are
+// checked against Gloo's and against the identity of one process. Without a GPU it exits 77 (CTest: skipped).
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
 #include <cstdlib>
 #include <iostream>
 
-int main() {
-  if (!torch::cuda::is_available()) {
-    std::cout << "no CUDA device: data_parallel<nccl> built and linked, not run\n";
-    return 77;
-  }
-  accel::accelerator<accel::fp32, accel::data_parallel<accel::nccl>> acc;
+namespace {
+
+/// 50 SGD steps under `Policy`; the first and last loss, and the trained weight.
+template <class Policy>
+auto train() {
+  accel::accelerator<accel::fp32, Policy> acc;
   torch::manual_seed(0);
   auto net = torch::nn::Linear(16, 4);
-  torch::optim::SGD opt(net->parameters(), 0.1);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   auto [model, optimizer] = acc.prepare(net, opt);
   float first = 0, last = 0;
   for (int step = 0; step < 50; ++step) {
@@ -23,13 +24,37 @@ int main() {
     acc.backward(loss);
     optimizer.step();
     optimizer.zero_grad();
-    (step == 0 ? first : last) = loss.item<float>();
+    (step == 0 ? first : last) = loss.template item<float>();
   }
+  std::cout << Policy::name() << ": loss " << first << " -> " << last << "\n";
+  return std::tuple{first, last, net->weight.detach().cpu()};
+}
+
+}  // namespace
+
+int main() {
+  if (!torch::cuda::is_available()) {
+    std::cout << "no CUDA device: data_parallel, zero1 and zero2 over NCCL built and linked, not run\n";
+    return 77;
+  }
+  const auto [first, last, weight] = train<accel::data_parallel<accel::nccl>>();
+  const bool zero1_same = torch::equal(std::get<2>(train<accel::zero1<accel::nccl>>()), weight);
+  const bool zero2_same = torch::equal(std::get<2>(train<accel::zero2<accel::nccl>>()), weight);
+
+  accel::accelerator<accel::fp32, accel::data_parallel<accel::nccl>> acc;
   auto values = torch::randn({1000}, acc.device());
   auto nccl_sum = acc.reduce(values).cpu();
   accel::detail::gloo_communicator gloo(accel::process_environment{}, std::chrono::seconds(60));
-  auto expected = accel::detail::reduce(gloo, values.cpu(), accel::reduction::sum);
-  std::cout << "nccl: loss " << first << " -> " << last
-            << ", all-reduce matches: " << torch::allclose(nccl_sum, expected) << "\n";
-  return last < first && torch::allclose(nccl_sum, expected) ? EXIT_SUCCESS : EXIT_FAILURE;
+  const bool all_reduce_matches =
+      torch::allclose(nccl_sum, accel::detail::reduce(gloo, values.cpu(), accel::reduction::sum));
+  auto scattered = torch::empty_like(values);
+  accel::detail::process_group<accel::detail::nccl_communicator>(std::chrono::seconds(60))
+      .reduce_scatter_into(scattered, values)
+      .wait();
+  const bool reduce_scatter_matches = torch::equal(scattered.cpu(), values.cpu());  // one process: the identity
+  std::cout << "all-reduce matches Gloo: " << all_reduce_matches
+            << ", reduce-scatter of one process is the identity: " << reduce_scatter_matches
+            << ", zero1 == data_parallel: " << zero1_same << ", zero2 == data_parallel: " << zero2_same << "\n";
+  return last < first && all_reduce_matches && reduce_scatter_matches && zero1_same && zero2_same ? EXIT_SUCCESS
+                                                                                                  : EXIT_FAILURE;
 }

@@ -452,3 +452,27 @@ TEST_CASE("send_to_device keeps a torch::data::Example without a target", "[devi
   const auto moved = accel::send_to_device(example, c10::Device(c10::kCPU));
   CHECK(torch::equal(moved.data, example.data));
 }
+
+TEST_CASE("get_state_dict: parameters then buffers by name, each a CPU copy of its own", "[prepare][model]") {
+  accel::accelerator<> acc;
+  torch::manual_seed(3);
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4));
+  auto model = acc.prepare(net);
+  model(torch::randn({5, 3}));  // the running statistics move away from their initial values
+  const auto state = acc.get_state_dict(model);
+  std::vector<std::string> names;
+  for (const auto& [name, tensor] : state) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var",
+                                          "1.num_batches_tracked"});
+  std::map<std::string, torch::Tensor> live;
+  for (const auto& item : net->named_parameters()) live[item.key()] = item.value();
+  for (const auto& item : net->named_buffers()) live[item.key()] = item.value();
+  for (const auto& [name, tensor] : state) {
+    INFO(name);
+    CHECK(tensor.device().is_cpu());
+    CHECK_FALSE(tensor.requires_grad());
+    CHECK(torch::equal(tensor, live[name]));
+    CHECK(tensor.data_ptr() != live[name].data_ptr());  // a copy: changing it changes nothing in the model
+  }
+  CHECK(torch::equal(acc.get_state_dict(net)[4].second, net[1]->named_buffers()["running_mean"]));  // unprepared too
+}

@@ -7,12 +7,18 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -26,6 +32,36 @@
 #include "shard_layout.hpp"
 
 namespace accel::detail {
+
+/// Replaces each state tensor of a LibTorch optimizer's parameter state by `transform(tensor)` (Adam, AdamW, SGD,
+/// RMSprop, Adagrad: elementwise optimizers, whose state tensors have their parameter's elements); false for a state
+/// of another type.
+template <class Transform>
+bool transform_state_tensors(torch::optim::OptimizerParamState& state, Transform&& transform) {
+  const auto apply = [&transform](at::Tensor& tensor) {
+    if (tensor.defined()) tensor = transform(tensor);
+  };
+  if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
+    apply(adamw->exp_avg());
+    apply(adamw->exp_avg_sq());
+    apply(adamw->max_exp_avg_sq());
+  } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
+    apply(adam->exp_avg());
+    apply(adam->exp_avg_sq());
+    apply(adam->max_exp_avg_sq());
+  } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
+    apply(sgd->momentum_buffer());
+  } else if (auto* rmsprop = dynamic_cast<torch::optim::RMSpropParamState*>(&state)) {
+    apply(rmsprop->square_avg());
+    apply(rmsprop->momentum_buffer());
+    apply(rmsprop->grad_avg());
+  } else if (auto* adagrad = dynamic_cast<torch::optim::AdagradParamState*>(&state)) {
+    apply(adagrad->sum());
+  } else {
+    return false;
+  }
+  return true;
+}
 
 /// The shards of one optimizer on this process, and the all-gather that makes the full parameters whole again.
 class optimizer_shards {
@@ -60,6 +96,7 @@ class optimizer_shards {
           const auto span = shard_span_of(listed.numel(), rank, world);
           parameters_.push_back({listed, listed.detach().view({-1}).narrow(0, span.begin, span.length), span});
         }
+        listings_.push_back({g, k, found->second});
         listed = parameters_[found->second].shard;
       }
     build_gather_buckets(limits);
@@ -135,6 +172,85 @@ class optimizer_shards {
     }
   }
 
+  /// Runs `action` with `optimizer` (the one these shards were made from) listing the full parameters and holding
+  /// their whole state, gathered from every process's shard: a collective, in which every process takes part and
+  /// holds the whole state for the while. Then the optimizer lists and holds its shards again, as before.
+  template <communicator C, class Action>
+  void with_whole_state(torch::optim::Optimizer& optimizer, C& comm, Action&& action) {
+    at::NoGradGuard no_grad;
+    auto& state = optimizer.state();
+    std::vector<std::pair<std::size_t, std::unique_ptr<torch::optim::OptimizerParamState>>> kept;
+    const auto restore = [&] {
+      for (auto& [entry, shard_state] : kept) {
+        state.erase(compat::optimizer_state_key(parameters_[entry].full));
+        state[compat::optimizer_state_key(parameters_[entry].shard)] = std::move(shard_state);
+      }
+      list(optimizer, &sharded_parameter::shard);
+    };
+    try {
+      // A shard has state once its gradient was defined, which is so on every process alike.
+      for (std::size_t entry = 0; entry < parameters_.size(); ++entry) {
+        const auto& p = parameters_[entry];
+        auto found = state.find(compat::optimizer_state_key(p.shard));
+        if (found == state.end()) continue;
+        auto whole = found->second->clone();
+        if (!transform_state_tensors(*whole, [&](const at::Tensor& piece) { return gather_whole(piece, p, comm); }))
+          throw std::invalid_argument(
+              "accel::save_state: this optimizer's parameter state is not one of LibTorch's elementwise optimizers' "
+              "(Adam, AdamW, SGD, RMSprop, Adagrad), so a sharded policy cannot gather it into a whole state");
+        kept.emplace_back(entry, std::move(found->second));
+        state.erase(found);
+        state[compat::optimizer_state_key(p.full)] = std::move(whole);
+      }
+      list(optimizer, &sharded_parameter::full);
+      action();
+    } catch (...) {
+      restore();
+      throw;
+    }
+    restore();
+  }
+
+  /// Runs `load` with `optimizer` listing the full parameters, so that it loads a whole state (from any number of
+  /// processes, or from `data_parallel`), then keeps this process's slice of each loaded state tensor: the optimizer
+  /// lists and holds its shards again. No communication.
+  template <class Load>
+  void load_whole_state(torch::optim::Optimizer& optimizer, Load&& load) {
+    at::NoGradGuard no_grad;
+    auto& state = optimizer.state();
+    const auto forget_whole = [&] {
+      for (const auto& p : parameters_) state.erase(compat::optimizer_state_key(p.full));
+      list(optimizer, &sharded_parameter::shard);
+    };
+    list(optimizer, &sharded_parameter::full);
+    std::vector<std::pair<const sharded_parameter*, std::unique_ptr<torch::optim::OptimizerParamState>>> loaded;
+    try {
+      load();
+      for (const auto& p : parameters_) {
+        auto found = state.find(compat::optimizer_state_key(p.full));
+        if (found == state.end()) continue;
+        auto shard_state = found->second->clone();
+        const bool known = transform_state_tensors(*shard_state, [&p](const at::Tensor& whole) {
+          if (whole.numel() != p.full.numel())
+            throw std::invalid_argument("a state tensor of " + std::to_string(whole.numel()) +
+                                        " elements for a parameter of " + std::to_string(p.full.numel()));
+          return whole.reshape({-1}).narrow(0, p.span.begin, p.span.length).clone();
+        });
+        if (!known)
+          throw std::invalid_argument(
+              "its parameter state is not one of LibTorch's elementwise optimizers' (Adam, AdamW, SGD, RMSprop, "
+              "Adagrad), so a sharded policy cannot split it");
+        loaded.emplace_back(&p, std::move(shard_state));
+      }
+    } catch (...) {
+      forget_whole();
+      throw;
+    }
+    forget_whole();
+    for (const auto& p : parameters_) state.erase(compat::optimizer_state_key(p.shard));  // replaced as a whole
+    for (auto& [p, shard_state] : loaded) state[compat::optimizer_state_key(p->shard)] = std::move(shard_state);
+  }
+
   /// This process's span of `parameter` when it is one of the sharded parameters.
   [[nodiscard]] const shard_span* span_of(const at::Tensor& parameter) const {
     const auto found = index_.find(parameter.unsafeGetTensorImpl());
@@ -173,6 +289,29 @@ class optimizer_shards {
     at::Tensor shard;  // this process's slice of it, in the optimizer's list
     shard_span span;
   };
+  /// Where the optimizer lists a sharded parameter: group, position, entry of `parameters_`.
+  struct listing {
+    std::size_t group;
+    std::size_t position;
+    std::size_t entry;
+  };
+
+  /// Lists in `optimizer` the full parameters or their shards (`which`), where it listed the parameters.
+  void list(torch::optim::Optimizer& optimizer, at::Tensor sharded_parameter::* which) {
+    auto& groups = optimizer.param_groups();
+    for (const auto& l : listings_) groups[l.group].params()[l.position] = parameters_[l.entry].*which;
+  }
+
+  /// Every process's slice of a state tensor of `p`, gathered into one of `p`'s shape.
+  template <communicator C>
+  at::Tensor gather_whole(const at::Tensor& piece, const sharded_parameter& p, C& comm) const {
+    const auto chunk = shard_chunk(p.full.numel(), world_);
+    auto mine = at::zeros({chunk}, piece.options());
+    mine.narrow(0, 0, piece.numel()).copy_(piece.reshape({-1}));
+    auto all = at::empty({chunk * world_}, piece.options());
+    comm.all_gather_into(all, mine);
+    return all.narrow(0, 0, p.full.numel()).view(p.full.sizes());
+  }
   /// Parameters gathered together: each process sends `segment` elements, parameter k's slice at `offsets[k]`
   /// (each padded to its chunk, so every process's slices lie at the same offsets).
   struct gather_bucket {
@@ -200,6 +339,7 @@ class optimizer_shards {
   int rank_;
   int world_;
   std::vector<sharded_parameter> parameters_;
+  std::vector<listing> listings_;
   std::unordered_map<const void*, std::size_t> index_;  // a parameter's TensorImpl -> its entry (listed twice: one)
   std::vector<gather_bucket> buckets_;
   std::map<tensor_kind, std::int64_t> max_segment_;
