@@ -1,19 +1,24 @@
 // For tests/scripts/checkpoint_interop.cmake: `checkpoint_tool write FILE` writes known tensors for Python to check;
 // `checkpoint_tool check DIR` loads the state dict Python wrote there and saves it back (exit code 0 when it matches).
 // For crash_during_save.cmake, concurrent_saves.cmake and synced_save.cmake: `save-loop DIR`, `save-as DIR ID`,
-// `save DIR`, `verify DIR`.
+// `save DIR`, `verify DIR`. For sharded_crash_during_save.cmake, under `accel launch` (zero2, AdamW):
+// `sharded-save-loop DIR`, `sharded-verify DIR`.
 #include <accel/accel.hpp>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include "support.hpp"
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace {
 /// A value in a file of its own (custom_checkpoint.bin), beside the model's: a checkpoint mixed from two saves
@@ -40,6 +45,38 @@ struct saver {
     torch::NoGradGuard no_grad;
     net->bias.fill_(value);
     written.value = value;
+  }
+};
+/// The same under zero2 with AdamW, whose state (each process's shard, saved whole) is set with the bias: a
+/// checkpoint whose optimizer.bin comes from another save than its weights shows as moments that differ from the bias.
+struct sharded_saver {
+  using accelerator = accel::accelerator<accel::fp32, accel::zero2<accel::gloo>>;
+  accelerator acc;
+  torch::nn::Linear net{1000, 2500};
+  torch::optim::AdamW adamw{net->parameters(), torch::optim::AdamWOptions(1e-3)};
+  decltype(std::declval<accelerator&>().prepare(
+      std::declval<torch::nn::Linear&>(), std::declval<torch::optim::AdamW&>())) prepared = acc.prepare(net, adamw);
+  tag written;
+  sharded_saver() {
+    acc.register_for_checkpointing(written);
+    auto& [model, opt] = prepared;
+    acc.backward(model(torch::ones({1, 1000})).sum());  // one step: AdamW's state exists
+    opt.step();
+    opt.zero_grad();
+  }
+  void set(double value) {
+    torch::NoGradGuard no_grad;
+    net->bias.fill_(value);
+    for (auto& [key, state] : adamw.state()) static_cast<torch::optim::AdamWParamState&>(*state).exp_avg().fill_(value);
+    written.value = value;
+  }
+  /// Whether the bias, the tag and this process's shard of every moment hold one value.
+  [[nodiscard]] bool whole() {
+    const double value = net->bias[0].item<double>();
+    bool same = torch::all(net->bias == value).item<bool>() && written.value == value;
+    for (auto& [key, state] : adamw.state())
+      same = same && torch::all(static_cast<torch::optim::AdamWParamState&>(*state).exp_avg() == value).item<bool>();
+    return same;
   }
 };
 }  // namespace
@@ -89,7 +126,26 @@ int main(int argc, char** argv) {
                 whole ? "whole" : "mixed");
     return whole ? 0 : 1;
   }
-  if (mode == "reference-state") {  // tests/data/checkpoint-v0.1 (see accel_test::reference_accelerator)
+  if (mode == "sharded-save-loop") {  // every process: saves until killed, after writing DIR.pid<RANK>
+    sharded_saver s;
+    std::ofstream(std::string(argv[2]) + ".pid" + std::to_string(s.acc.process_index())) << getpid() << "\n";
+    for (int i = 0;; ++i) {
+      s.set(i);
+      s.acc.save_state(argv[2]);
+      if (s.acc.is_main_process()) std::printf("saved %d\n", i);
+      std::fflush(stdout);
+    }
+  }
+  if (mode == "sharded-verify") {  // the checkpoint there loads, whole, on every process
+    sharded_saver s;
+    s.acc.load_state(argv[2]);
+    const bool whole = s.whole();
+    std::printf("process %d: checkpoint with bias %g loaded: %s\n", s.acc.process_index(),
+                s.net->bias[0].item<double>(), whole ? "whole" : "mixed");
+    return whole ? 0 : 1;
+  }
+  if (mode == "reference-state") {  // tests/data/checkpoint-v0.1 (see accel_test::reference_accelerator)  //
+                                    // tests/data/checkpoint-v0.1 (see accel_test::reference_accelerator)
     const std::filesystem::path dir = argv[2];
     {
       accel_test::resumable_run<accel_test::reference_accelerator> run(7, 40);

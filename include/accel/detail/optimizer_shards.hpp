@@ -41,14 +41,15 @@ bool transform_state_tensors(torch::optim::OptimizerParamState& state, Transform
   const auto apply = [&transform](at::Tensor& tensor) {
     if (tensor.defined()) tensor = transform(tensor);
   };
+  const auto moments = [&apply](auto& adam) {  // Adam's and AdamW's states: the same fields, unrelated types
+    apply(adam.exp_avg());
+    apply(adam.exp_avg_sq());
+    apply(adam.max_exp_avg_sq());
+  };
   if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
-    apply(adamw->exp_avg());
-    apply(adamw->exp_avg_sq());
-    apply(adamw->max_exp_avg_sq());
+    moments(*adamw);
   } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
-    apply(adam->exp_avg());
-    apply(adam->exp_avg_sq());
-    apply(adam->max_exp_avg_sq());
+    moments(*adam);
   } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
     apply(sgd->momentum_buffer());
   } else if (auto* rmsprop = dynamic_cast<torch::optim::RMSpropParamState*>(&state)) {
