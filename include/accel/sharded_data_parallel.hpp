@@ -32,18 +32,22 @@ namespace accel {
 /// What a sharded policy splits across processes, each stage adding to the one before (DeepSpeed's ZeRO stages).
 enum class shard_stage : int { optimizer = 1, gradients = 2, parameters = 3 };
 
+namespace detail {
+/// Stage 1 all-reduces whole gradients as data_parallel does; from stage 2 on they are reduce-scattered.
+constexpr gradient_layout gradient_layout_of(shard_stage stage) {
+  return stage == shard_stage::optimizer ? gradient_layout::replicated : gradient_layout::sharded;
+}
+}  // namespace detail
+
 /// Data parallelism over `Backend` with what `Stage` names sharded across the processes. Prepare the model before
 /// its optimizer (`acc.prepare(model, optimizer)`), and the optimizer before its first step; clear gradients with
 /// the prepared optimizer's `zero_grad()` (the optimizer steps slices of the gradients that call clears).
 template <class Backend, shard_stage Stage>
-struct sharded_data_parallel
-    : detail::bucketed_data_parallel<Backend, Stage == shard_stage::optimizer ? detail::gradient_layout::replicated
-                                                                              : detail::gradient_layout::sharded> {
+struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::gradient_layout_of(Stage)> {
   static_assert(Stage != shard_stage::parameters,
                 "accel::sharded_data_parallel: shard_stage::parameters (accel::fully_sharded) is not implemented "
                 "yet; use accel::zero2<Backend> (optimizer state and gradients sharded) or accel::zero1<Backend>");
-  static constexpr detail::gradient_layout gradients =
-      Stage == shard_stage::optimizer ? detail::gradient_layout::replicated : detail::gradient_layout::sharded;
+  static constexpr detail::gradient_layout gradients = detail::gradient_layout_of(Stage);
   using base = detail::bucketed_data_parallel<Backend, gradients>;
   [[nodiscard]] static std::string name() {
     return "zero" + std::to_string(static_cast<int>(Stage)) + "<" + std::string(Backend::name) + ">";
@@ -62,8 +66,7 @@ struct sharded_data_parallel
   void prepare_optimizer(Optimizer& optimizer) {
     static_assert(!std::derived_from<Optimizer, torch::optim::LBFGS>,
                   "accel::sharded_data_parallel: torch::optim::LBFGS cannot be sharded: its step reads every gradient "
-                  "at once (line "
-                  "search, curvature pairs), not element by element; use accel::data_parallel for it");
+                  "at once (line search, curvature pairs), not element by element; use accel::data_parallel for it");
     shards_.erase(&optimizer);
     shards_.try_emplace(&optimizer, optimizer, this->process_index(), this->num_processes(), buckets_,
                         [this](const at::Tensor& p) { return prepared_.contains(p.unsafeGetTensorImpl()); });
