@@ -424,11 +424,16 @@ class accelerator {
 
   /// The model's full weights (Accelerate's `get_state_dict`): each parameter, then each buffer, under its dotted
   /// name, copied to a CPU tensor of its own, the same on every process. Under the sharded policies too: zero1 and
-  /// zero2 keep every parameter whole on every process (only optimizer state and gradients are sharded).
+  /// zero2 keep every parameter whole; under fully_sharded each parameter is gathered in turn (a collective: every
+  /// process calls it), so that the peak is one parameter.
   template <class Model>
-  [[nodiscard]] safetensors::tensor_list get_state_dict(const Model& model) const {
+  [[nodiscard]] safetensors::tensor_list get_state_dict(const Model& model) {
     auto state = detail::state_of(detail::module_of(model));
-    for (auto& [name, tensor] : state) tensor = tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    const auto parameters = detail::module_of(model).parameters().size();
+    for (std::size_t i = 0; i < state.size(); ++i) {
+      auto whole = i < parameters ? parallel_.whole_parameter(state[i].second) : state[i].second;
+      state[i].second = whole.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    }
     return state;
   }
 

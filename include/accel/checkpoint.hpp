@@ -204,13 +204,19 @@ void gather_process_files(Parallel& parallel, const written_file& mine, checkpoi
                   static_cast<std::uint32_t>(all[process][1].template item<std::int64_t>())});
 }
 
-/// Saves the training state into `directory`, atomically: every process writes its part into the locked staging
-/// directory `directory.partial` (detail/checkpoint_directory.hpp), the main process adds the manifest of sizes
-/// and checksums, and the staging directory replaces the old checkpoint, keeping what accel did not write. A
-/// failure on any process raises on every process and leaves the previous checkpoint as it was. A collective.
+/// Runs `action` with the parameters of `models[first...]` whole (a policy that shards parameters gathers them for
+/// the while, on every process), keeping what it writes into them.
+template <class Parallel, class Action>
+void with_full_weights(Parallel& parallel, const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                       Action&& action, std::size_t first = 0) {
+  if (first == models.size()) return std::forward<Action>(action)();
+  parallel.with_full_parameters(*models[first], [&] { with_full_weights(parallel, models, action, first + 1); });
+}
+
+/// `save_state` with the weights whole.
 template <class Parallel, class... Policies>
-void save_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
-                const Policies&... policies) {
+void save_full_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
+                     const Policies&... policies) {
   const auto slots = registry.slots_by_kind();
   for (const auto& [kind, list] : slots)  // on every process, so that none is left at a barrier
     for (std::size_t i = 0; i < list.size(); ++i)
@@ -242,6 +248,16 @@ void save_state(const std::filesystem::path& directory, Parallel& parallel, cons
     write_atomically<checkpoint_error>(partial / manifest_name, [&](auto& out) { out.write(manifest.text()); });
     staging->install();
   });
+}
+
+/// Saves the training state into `directory`, atomically: every process writes its part into the locked staging
+/// directory `directory.partial` (detail/checkpoint_directory.hpp), the main process adds the manifest of sizes
+/// and checksums, and the staging directory replaces the old checkpoint, keeping what accel did not write. A
+/// failure on any process raises on every process and leaves the previous checkpoint as it was. A collective.
+template <class Parallel, class... Policies>
+void save_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
+                const Policies&... policies) {
+  with_full_weights(parallel, registry.models(), [&] { save_full_state(directory, parallel, registry, policies...); });
 }
 
 /// Loads objects that can also save what they hold, all or none: before an object loads, its current state is kept
@@ -304,13 +320,10 @@ inline void check_generator_states(const std::vector<std::pair<at::Generator, at
     }
 }
 
-/// Restores what `save_state` wrote. Everything is read and checked first (the files, the number of processes and
-/// of each kind of object, every weight's name, shape and dtype, every generator state); then the policies,
-/// optimizers and slots load all or none; the weights and generators, checked, go last. A problem throws
-/// `checkpoint_error`, and the program's state is as it was.
+/// `load_state` with the weights whole.
 template <class Parallel, class... Policies>
-void load_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
-                Policies&... policies) {
+void load_full_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
+                     Policies&... policies) {
   if (!std::filesystem::is_directory(directory))
     throw checkpoint_error("accel::load_state: no checkpoint at " + directory.string());
   const auto manifest = read_manifest(directory);
@@ -406,6 +419,16 @@ void load_state(const std::filesystem::path& directory, Parallel& parallel, cons
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(state);
   }
+}
+
+/// Restores what `save_state` wrote. Everything is read and checked first (the files, the number of processes and
+/// of each kind of object, every weight's name, shape and dtype, every generator state); then the policies,
+/// optimizers and slots load all or none; the weights and generators, checked, go last. A problem throws
+/// `checkpoint_error`, and the program's state is as it was.
+template <class Parallel, class... Policies>
+void load_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
+                Policies&... policies) {
+  with_full_weights(parallel, registry.models(), [&] { load_full_state(directory, parallel, registry, policies...); });
 }
 
 /// `save_state` into the project's next automatic checkpoint: `{project_dir}/checkpoints/checkpoint_{i}`, then

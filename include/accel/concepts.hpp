@@ -112,17 +112,20 @@ concept parallel_hooks = std::constructible_from<Q, const options&> && requires(
 };
 /// ...and those `accel::parallel_defaults` provides (parallel.hpp), which a policy may redefine.
 template <class Q>
-concept parallel_defaulted_hooks = requires(Q& q, torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params) {
-  { Q::name() } -> std::convertible_to<std::string_view>;
-  q.prepare_optimizer(opt);                                 // at prepare (a sharded policy partitions its state)
-  q.attach_gradients(opt);                                  // before unscale, clip and step read the gradients
-  q.step_optimizer(opt);                                    // the step itself (a sharded one steps its shard, gathers)
-  q.zero_grad(opt, true);                                   // prepared_optimizer::zero_grad (set_to_none)
-  { q.any_non_finite(true) } -> std::convertible_to<bool>;  // every process's verdict on inf/NaN gradients
-  { q.gradient_norm(params, 2.0) } -> std::convertible_to<double>;  // the total norm over every process's part
-  { q.clip_grad_norm(params, 1.0, 2.0) } -> std::convertible_to<double>;
-  q.release_models();  // free_memory
-};
+concept parallel_defaulted_hooks =
+    requires(Q& q, torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params, torch::nn::Module& module) {
+      { Q::name() } -> std::convertible_to<std::string_view>;
+      q.prepare_optimizer(opt);  // at prepare (a sharded policy partitions its state)
+      q.attach_gradients(opt);   // before unscale, clip and step read the gradients
+      q.step_optimizer(opt);     // the step itself (a sharded one steps its shard, gathers)
+      q.zero_grad(opt, true);    // prepared_optimizer::zero_grad (set_to_none)
+      { q.any_non_finite(true) } -> std::convertible_to<bool>;          // every process's verdict on inf/NaN gradients
+      { q.gradient_norm(params, 2.0) } -> std::convertible_to<double>;  // the total norm over every process's part
+      { q.clip_grad_norm(params, 1.0, 2.0) } -> std::convertible_to<double>;
+      q.with_full_parameters(module, [] {});  // checkpoints: the weights whole for the while
+      { q.whole_parameter(params.front()) } -> std::convertible_to<at::Tensor>;  // get_state_dict, one at a time
+      q.release_models();                                                        // free_memory
+    };
 
 /// What the accelerator calls on its accumulation policy: the required hooks...
 template <class A>
@@ -163,7 +166,7 @@ concept parallel_policy =
     (detail::parallel_hooks<Q> ||
      detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone(), prepare_model(module), gradient_sync(module), set_gradient_sync(module, bool enabled, bool this_backward), before_forward(module) or communicator(): see accel/concepts.hpp", Q>()) &&
     (detail::parallel_defaulted_hooks<Q> ||
-     detail::unsatisfied<"this parallel policy lacks name(), prepare_optimizer(optimizer), step_optimizer(optimizer), any_non_finite(bool), gradient_norm(parameters, norm_type), clip_grad_norm(parameters, max_norm, norm_type) or release_models(): derive it from accel::parallel_defaults", Q>()) &&
+     detail::unsatisfied<"this parallel policy lacks name(), prepare_optimizer(optimizer), step_optimizer(optimizer), any_non_finite(bool), gradient_norm(parameters, norm_type), clip_grad_norm(parameters, max_norm, norm_type) with_full_parameters(module, action), whole_parameter(parameter) or release_models(): derive it from accel::parallel_defaults", Q>()) &&
     detail::well_formed_state_hooks<Q>;
 
 /// An accumulation policy: `accel::no_accumulation`, `accel::accumulate<N>` or `accel::accumulate_dynamic`.

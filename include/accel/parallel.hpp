@@ -93,6 +93,14 @@ struct parallel_defaults {
   static double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
     return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
   }
+  /// Runs `action` with `module`'s parameters whole, keeping what it writes into them (save_state, load_state):
+  /// replicated, they always are; a policy that shards parameters gathers them for the while.
+  template <class Action>
+  static void with_full_parameters(torch::nn::Module&, Action&& action) {
+    std::forward<Action>(action)();
+  }
+  /// `parameter` with all its elements (get_state_dict): itself, replicated.
+  [[nodiscard]] static at::Tensor whole_parameter(const at::Tensor& parameter) { return parameter; }
   /// Forgets every prepared model (`free_memory`).
   static constexpr void release_models() noexcept {}
   /// `save_state`, on every process, for each prepared optimizer: `write()` (which the main process uses to write

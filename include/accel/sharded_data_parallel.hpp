@@ -9,7 +9,9 @@
 ///
 ///     accel::accelerator<accel::bf16, accel::zero2<accel::gloo>, accel::accumulate<4>> acc;
 ///
-/// Stage 3 (parameters, `accel::fully_sharded`) is not implemented yet: naming it is a compile error that says so.
+/// `accel::fully_sharded<Backend>` (stage 3) also shards the parameters: between a step and the next forward each
+/// process holds only its slices (each model parameter is set to its slice, flat), the full parameters are
+/// all-gathered before the forward and let go after the step, for the whole model at once.
 #pragma once
 
 #include <torch/optim/lbfgs.h>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "detail/optimizer_shards.hpp"
+#include "detail/scope.hpp"
 #include "parallel.hpp"
 
 namespace accel {
@@ -44,13 +47,13 @@ constexpr gradient_layout gradient_layout_of(shard_stage stage) {
 /// the prepared optimizer's `zero_grad()` (the optimizer steps slices of the gradients that call clears).
 template <class Backend, shard_stage Stage>
 struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::gradient_layout_of(Stage)> {
-  static_assert(Stage != shard_stage::parameters,
-                "accel::sharded_data_parallel: shard_stage::parameters (accel::fully_sharded) is not implemented "
-                "yet; use accel::zero2<Backend> (optimizer state and gradients sharded) or accel::zero1<Backend>");
   static constexpr detail::gradient_layout gradients = detail::gradient_layout_of(Stage);
+  static constexpr bool parameters_sharded = Stage == shard_stage::parameters;
   using base = detail::bucketed_data_parallel<Backend, gradients>;
   [[nodiscard]] static std::string name() {
-    return "zero" + std::to_string(static_cast<int>(Stage)) + "<" + std::string(Backend::name) + ">";
+    const auto policy =
+        parameters_sharded ? std::string("fully_sharded") : "zero" + std::to_string(static_cast<int>(Stage));
+    return policy + "<" + std::string(Backend::name) + ">";
   }
 
   explicit sharded_data_parallel(const options& opts) : base(opts), buckets_(opts.buckets) {}
@@ -68,17 +71,55 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
                   "accel::sharded_data_parallel: torch::optim::LBFGS cannot be sharded: its step reads every gradient "
                   "at once (line search, curvature pairs), not element by element; use accel::data_parallel for it");
     shards_.erase(&optimizer);
-    shards_.try_emplace(&optimizer, optimizer, this->process_index(), this->num_processes(), buckets_,
-                        [this](const at::Tensor& p) { return prepared_.contains(p.unsafeGetTensorImpl()); });
+    shards_.try_emplace(
+        &optimizer, optimizer, this->process_index(), this->num_processes(), buckets_,
+        [this](const at::Tensor& p) { return prepared_.contains(p.unsafeGetTensorImpl()); },
+        parameters_sharded ? detail::shard_storage::owned : detail::shard_storage::view);
   }
 
   void attach_gradients(torch::optim::Optimizer& optimizer) {
     if (auto* shards = shards_of(optimizer)) shards->attach_gradients(reduced_gradient());
   }
-  /// Steps this process's shards, then gathers every process's into the full parameters.
+  /// Steps this process's shards, then gathers every process's into the full parameters (stages 1 and 2), or lets
+  /// the full parameters go until the next forward gathers them (stage 3).
   void step_optimizer(torch::optim::Optimizer& optimizer) {
     optimizer.step();
-    if (auto* shards = shards_of(optimizer)) shards->gather(this->communicator());
+    auto* shards = shards_of(optimizer);
+    if (shards == nullptr) return;
+    if constexpr (parameters_sharded)
+      shards->release();
+    else
+      shards->gather(this->communicator());
+  }
+  /// Stage 3: the full parameters, gathered before the forward that uses them.
+  void before_forward(const torch::nn::Module& module) {
+    if constexpr (parameters_sharded) materialize_all();
+    base::before_forward(module);
+  }
+  /// Runs `action` with the parameters whole (stage 3 gathers them for the while; a collective then) and keeps
+  /// what it writes into them: checkpoints save and load full weights through it.
+  template <class Action>
+  void with_full_parameters(torch::nn::Module& module, Action&& action) {
+    if constexpr (parameters_sharded) {
+      std::vector<detail::optimizer_shards*> were_released;
+      for (auto& [optimizer, shards] : shards_)
+        if (shards.released()) were_released.push_back(&shards);
+      materialize_all();
+      const auto back_at_rest = detail::scope_exit([&] {
+        for (auto* shards : were_released) shards->release();
+      });
+      std::forward<Action>(action)();
+      for (auto& [optimizer, shards] : shards_) shards.take_slices_of_full();
+    } else {
+      parallel_defaults::with_full_parameters(module, std::forward<Action>(action));
+    }
+  }
+  /// `parameter` whole: stage 3 gathers a released one (a collective then, one parameter at a time).
+  [[nodiscard]] at::Tensor whole_parameter(const at::Tensor& parameter) {
+    if constexpr (parameters_sharded)
+      for (auto& [optimizer, shards] : shards_)
+        if (auto gathered = shards.gathered_parameter(parameter, this->communicator())) return *gathered;
+    return parameter;
   }
   /// Checkpoints hold the optimizer's whole state, as under `data_parallel`: `save_state` gathers it from every
   /// process's shard around `write` (the main process writes it), and `load_state` keeps this process's slice of
@@ -139,7 +180,9 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     return total;
   }
 
-  void release_models() noexcept {
+  /// Stage 3 first gives the parameters their whole elements back: a collective, as free_memory then is.
+  void release_models() {
+    if constexpr (parameters_sharded) materialize_all();
     base::release_models();
     prepared_.clear();
     shards_.clear();
@@ -154,6 +197,10 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
  private:
   detail::optimizer_shards* shards_of(const torch::optim::Optimizer& optimizer) {
     return const_cast<detail::optimizer_shards*>(std::as_const(*this).shards_of(optimizer));
+  }
+
+  void materialize_all() {
+    for (auto& [optimizer, shards] : shards_) shards.materialize(this->communicator());
   }
 
   /// Where a shard's gradient is kept apart from the full one: stage 2's reducers keep each process's reduced
@@ -194,7 +241,8 @@ using zero1 = sharded_data_parallel<Backend, shard_stage::optimizer>;
 /// ZeRO stage 2: the optimizer state and the gradients sharded across processes.
 template <class Backend>
 using zero2 = sharded_data_parallel<Backend, shard_stage::gradients>;
-/// Fully sharded data parallelism (FSDP, ZeRO stage 3): parameters sharded too. Not implemented yet.
+/// Fully sharded data parallelism (FSDP, ZeRO stage 3): the parameters sharded too, gathered for the whole model
+/// around forward and backward.
 template <class Backend>
 using fully_sharded = sharded_data_parallel<Backend, shard_stage::parameters>;
 

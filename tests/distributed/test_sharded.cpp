@@ -1,5 +1,5 @@
-// Sharded data parallelism on P = 2, 3 and 4 Gloo processes (tests/CMakeLists.txt): zero1 and zero2 against
-// data_parallel, trained side by side in the same job from the same start on the same batches.
+// Sharded data parallelism on P = 2, 3 and 4 Gloo processes (tests/CMakeLists.txt): zero1, zero2 and fully_sharded
+// against data_parallel, trained side by side in the same job from the same start on the same batches.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -20,6 +20,17 @@ namespace {
 
 using zero1 = accel::zero1<accel::gloo>;
 using zero2 = accel::zero2<accel::gloo>;
+using zero3 = accel::fully_sharded<accel::gloo>;
+
+/// The model's full parameters, under any policy (fully_sharded holds slices between steps): get_state_dict's.
+template <class Accelerator, class Model>
+std::vector<torch::Tensor> full_parameters(Accelerator& acc, const Model& model) {
+  std::vector<torch::Tensor> parameters;
+  const auto count = acc.unwrap_model(model)->parameters().size();
+  for (auto& [name, tensor] : acc.get_state_dict(model))
+    if (parameters.size() < count) parameters.push_back(tensor);
+  return parameters;
+}
 
 /// An MLP of uneven widths (13-7-5-3) and a one-element scale, so that at P = 4 some process owns nothing of it;
 /// `extra` is used by every process but process 1 when `skip_extra_on_1`, and `frozen` never trains.
@@ -122,7 +133,7 @@ run_result train(optimizer_kind kind, bool skip_extra_on_1, int bucket_elements 
     opt.zero_grad();
   }
   run_result result;
-  for (const auto& p : net->parameters()) result.parameters.push_back(p.detach().clone());
+  result.parameters = full_parameters(acc, model);
   result.state_bytes = state_bytes(*optimizer);
   return result;
 }
@@ -197,8 +208,25 @@ TEST_CASE(
   check_parity<accel::fp32, accel::no_accumulation, zero2>(optimizer_kind::adam, true);
 }
 
+TEST_CASE("fully_sharded trains as data_parallel (bit for bit at P = 2): AdamW, Adam, SGD with Nesterov, two groups",
+          "[sharded]") {
+  const auto kind = GENERATE(optimizer_kind::adamw, optimizer_kind::adam, optimizer_kind::sgd_nesterov);
+  INFO(name_of(kind));
+  check_parity<accel::fp32, accel::no_accumulation, zero3>(kind, false);
+}
+
+TEST_CASE(
+    "fully_sharded trains as data_parallel with accumulate<4> (also reduce-scattering each batch), with bf16, with a "
+    "parameter unused on process 1",
+    "[sharded]") {
+  check_parity<accel::fp32, accel::accumulate<4>, zero3>(optimizer_kind::adamw, false);
+  check_parity<accel::fp32, accel::accumulate<4>, zero3>(optimizer_kind::adamw, false, /*sync_each_batch=*/true);
+  check_parity<accel::bf16, accel::no_accumulation, zero3>(optimizer_kind::adamw, false);
+  check_parity<accel::fp32, accel::no_accumulation, zero3>(optimizer_kind::adam, true);
+}
+
 TEMPLATE_TEST_CASE("each process's optimizer state is its shard, 8 bytes per owned element with AdamW", "[sharded]",
-                   zero1, zero2) {
+                   zero1, zero2, zero3) {
   using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
   using sharded = accel::accelerator<accel::fp32, TestType>;
   const auto whole = train<replicated>(optimizer_kind::adamw, false);
@@ -250,8 +278,10 @@ TEST_CASE("zero1 communicates one all-reduce and one all-gather per bucket per s
   }
 }
 
-TEST_CASE("zero2 communicates one reduce-scatter per bucket per step, carrying what data_parallel all-reduces",
-          "[sharded]") {
+TEST_CASE(
+    "zero2 and fully_sharded communicate one reduce-scatter and one all-gather per bucket per step, carrying what "
+    "data_parallel all-reduces",
+    "[sharded]") {
   // ~26 elements a bucket, so that there are several
   const accel::bucket_options buckets{.first_bucket_mb = 0.0001, .bucket_cap_mb = 0.0001};
   const auto run = [&buckets]<class Policy>(std::type_identity<Policy>) {
@@ -270,7 +300,7 @@ TEST_CASE("zero2 communicates one reduce-scatter per bucket per step, carrying w
     const auto bucket_count = reducer->bucket_layout().size();
     CHECK(bucket_count >= 3);
     std::uint64_t gathered = 0;
-    if constexpr (std::is_same_v<Policy, zero2>) {
+    if constexpr (!std::is_same_v<Policy, accel::data_parallel<accel::gloo>>) {  // fully_sharded: per forward
       auto* shards = acc.parallel().shards_of(adamw);
       CHECK(reducer->reduce_scatter_count() == 5 * bucket_count);
       CHECK(shards->all_gather_count() == 5 * shards->bucket_count());
@@ -279,14 +309,16 @@ TEST_CASE("zero2 communicates one reduce-scatter per bucket per step, carrying w
       CHECK(reducer->all_reduce_count() == 5 * bucket_count);
     }
     // Every process ends with the same full parameters.
-    for (const auto& p : net->parameters()) {
-      const auto all = acc.gather(p.detach().reshape({1, -1}));
+    for (const auto& p : full_parameters(acc, model)) {
+      const auto all = acc.gather(p.reshape({1, -1}));
       for (int other = 1; other < acc.num_processes(); ++other) CHECK(torch::equal(all[other], all[0]));
     }
     return std::pair{reducer->payload_elements(), gathered};
   };
   const auto [all_reduced, nothing] = run(std::type_identity<accel::data_parallel<accel::gloo>>{});
   const auto [reduce_scattered, gathered] = run(std::type_identity<zero2>{});
+  // fully_sharded gathers before each forward what zero2 gathers after each step: the same collectives.
+  CHECK(run(std::type_identity<zero3>{}) == std::pair{reduce_scattered, gathered});
   // A ring moves (P-1)/P of what a reduce-scatter or an all-gather is given, and twice that for an all-reduce: the
   // same bytes when reduce-scattered + all-gathered == 2 x all-reduced. Here the difference is the padding to equal
   // chunks (and the "used" flags, one per parameter in each of P segments), and nothing more.
@@ -307,7 +339,7 @@ TEST_CASE("zero2 communicates one reduce-scatter per bucket per step, carrying w
 }
 
 TEMPLATE_TEST_CASE("get_state_dict: the full weights on every process, those data_parallel trains", "[sharded]", zero1,
-                   zero2) {
+                   zero2, zero3) {
   const auto state_after_training = []<class Policy>(std::type_identity<Policy>) {
     accel::accelerator<accel::fp32, Policy> acc;
     const int P = acc.num_processes(), r = acc.process_index();
@@ -343,7 +375,7 @@ TEMPLATE_TEST_CASE("get_state_dict: the full weights on every process, those dat
   }
 }
 
-TEMPLATE_TEST_CASE("the global gradient norm on every process, and clipping to it", "[sharded]", zero1, zero2) {
+TEMPLATE_TEST_CASE("the global gradient norm on every process, and clipping to it", "[sharded]", zero1, zero2, zero3) {
   const double norm_type = GENERATE(2.0, 3.0, std::numeric_limits<double>::infinity());
   INFO("norm type " << norm_type);
   using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
@@ -360,9 +392,7 @@ TEMPLATE_TEST_CASE("the global gradient norm on every process, and clipping to i
     acc.backward(torch::mse_loss(model(x.narrow(0, 4 * r, 4), r), y.narrow(0, 4 * r, 4)) * 100);
     const double norm = acc.clip_grad_norm_(net->parameters(), 0.5, norm_type);
     opt.step();
-    std::vector<torch::Tensor> parameters;
-    for (const auto& p : net->parameters()) parameters.push_back(p.detach().clone());
-    return std::pair{norm, parameters};
+    return std::pair{norm, full_parameters(acc, model)};
   };
   const auto [expected_norm, expected] = run(std::type_identity<replicated>{});
   const auto [norm, got] = run(std::type_identity<sharded>{});
@@ -393,9 +423,7 @@ std::vector<torch::Tensor> run_steps(int first, int last, int init_seed, const s
     opt.zero_grad();
   }
   if (!save_to.empty()) acc.save_state(save_to);
-  std::vector<torch::Tensor> parameters;
-  for (const auto& p : net->parameters()) parameters.push_back(p.detach().clone());
-  return parameters;
+  return full_parameters(acc, model);
 }
 
 std::filesystem::path job_directory(const std::string& stem) {
@@ -408,7 +436,7 @@ std::filesystem::path job_directory(const std::string& stem) {
 TEMPLATE_TEST_CASE(
     "resumes bit for bit: 10 steps == 5, save, load into other objects, 5 more; a checkpoint holds the whole "
     "optimizer state, so it moves between data_parallel and the sharded policies",
-    "[sharded]", zero1, zero2) {
+    "[sharded]", zero1, zero2, zero3) {
   using sharded = accel::accelerator<accel::fp32, TestType>;
   using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
   const auto dir = job_directory("accel_sharded_resume_");
@@ -517,6 +545,31 @@ std::vector<std::int64_t> sharded_bucket_elements(accel::accelerator<accel::fp32
   return elements;
 }
 
+/// What zero2 saves against data_parallel at the peak of a step (docs/sharded.md): data_parallel holds 4 n of
+/// persistent buckets and 4 n of gradients that zero2 does not; zero2 holds its segments, the all-gather's buffers
+/// and, during backward, at most three buckets at once (one filling, two reduce-scattering) and the two
+/// reduce-scatters' receive buffers, a bucket each.
+std::int64_t zero2_peak_saving(const accel::bucket_options& buckets) {
+  accel::accelerator<accel::fp32, zero2> acc(accel::options{.buckets = buckets});
+  const int P = acc.num_processes(), r = acc.process_index();
+  auto net = deep_narrow_mlp();
+  std::int64_t n = 0, owned = 0;
+  for (const auto& p : net->parameters()) {
+    n += p.numel();
+    owned += accel::detail::shard_span_of(p.numel(), r, P).length;
+  }
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto prepared = acc.prepare(net, adamw);
+  std::int64_t segments = 0, largest_bucket = 0;
+  for (auto elements : sharded_bucket_elements(acc, *net)) {
+    segments += elements / P;
+    largest_bucket = std::max(largest_bucket, elements);
+  }
+  const auto gather_buffers = acc.parallel().shards_of(adamw)->gather_buffer_elements() * 4;
+  const auto replicated_buckets = 4 * (n + static_cast<std::int64_t>(net->parameters().size()));
+  return replicated_buckets + 4 * n + 8 * n - (8 * owned + gather_buffers + 4 * segments + 5 * 4 * largest_bucket);
+}
+
 }  // namespace
 
 TEST_CASE("zero2 keeps one shard of the gradients after backward, and saves what the memory formula says",
@@ -573,15 +626,110 @@ TEST_CASE("zero2 keeps one shard of the gradients after backward, and saves what
   CHECK(sharded_kept <= 4 * shard + 4 * largest_bucket);  // the issue's bound: one shard plus one bucket
   CHECK(sharded_kept == 4 * segments);                    // exactly: this process's segment of each bucket
 
-  // The peaks. data_parallel holds 4 n of persistent buckets and 4 n of gradients that zero2 does not;
-  // zero2 holds its segments, the all-gather's buffers and, during backward, at most three buckets at once (one
-  // filling, two reduce-scattering) and the two reduce-scatters' receive buffers, a bucket each.
-  const auto gather_buffers = acc.parallel().shards_of(adamw)->gather_buffer_elements() * 4;
-  const auto replicated_buckets = 4 * (n + static_cast<std::int64_t>(net->parameters().size()));
-  const auto predicted =
-      replicated_buckets + 4 * n + 8 * n - (8 * owned + gather_buffers + 4 * segments + 5 * 4 * largest_bucket);
+  const auto predicted = zero2_peak_saving(buckets);
   INFO("peak: data_parallel " << replicated_peak << " B, zero2 " << sharded_peak << " B, saved "
                               << replicated_peak - sharded_peak << " B, predicted " << predicted << " B");
+  CHECK(std::abs(static_cast<double>(replicated_peak - sharded_peak - predicted)) <=
+        0.05 * static_cast<double>(predicted));
+}
+
+TEST_CASE(
+    "fully_sharded: between steps each process holds only its slices of the parameters, whole from forward to step; "
+    "get_state_dict leaves them so, free_memory makes them whole",
+    "[sharded]") {
+  accel::accelerator<accel::fp32, zero3> acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  torch::manual_seed(5);
+  uneven net(false);
+  std::vector<std::vector<std::int64_t>> shapes;
+  for (const auto& p : net->parameters()) shapes.push_back(p.sizes().vec());
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [model, opt] = acc.prepare(net, adamw);
+  std::int64_t shard = 0;
+  for (const auto& shape : shapes) shard += accel::detail::shard_chunk(c10::multiply_integers(shape), P);
+  const auto check_at_rest = [&] {
+    std::int64_t bytes = 0;
+    const auto parameters = net->parameters();
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      const auto& p = parameters[i];
+      if (!p.requires_grad()) {  // frozen: whole, replicated
+        CHECK(p.sizes().vec() == shapes[i]);
+        continue;
+      }
+      const auto numel = c10::multiply_integers(shapes[i]);
+      CHECK(p.dim() == 1);
+      CHECK(p.numel() == accel::detail::shard_span_of(numel, r, P).length);
+      bytes += p.numel() * p.element_size();
+    }
+    INFO("parameter bytes at rest " << bytes << ", one shard " << 4 * shard);
+    CHECK(bytes <= 4 * shard);  // the issue's bound
+  };
+  const auto check_whole = [&] {
+    const auto parameters = net->parameters();
+    for (std::size_t i = 0; i < parameters.size(); ++i) CHECK(parameters[i].sizes().vec() == shapes[i]);
+  };
+  check_at_rest();
+  for (int step = 0; step < 3; ++step) {
+    const auto loss = torch::mse_loss(model(torch::randn({4, 13}), r), torch::randn({4, 3}));
+    check_whole();
+    acc.backward(loss);
+    check_whole();
+    opt.step();
+    opt.zero_grad();
+    check_at_rest();
+  }
+  const auto full = full_parameters(acc, model);
+  check_at_rest();
+  acc.free_memory();
+  check_whole();
+  const auto parameters = net->parameters();
+  for (std::size_t i = 0; i < parameters.size(); ++i) CHECK(torch::equal(parameters[i], full[i]));
+}
+
+TEST_CASE("fully_sharded saves what the memory formula says: bytes between steps and peak bytes of a step, counted",
+          "[sharded]") {
+  const accel::bucket_options buckets{.first_bucket_mb = 0.125, .bucket_cap_mb = 0.125};
+  const auto replicated_peak =
+      peak_step_bytes<accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>>(buckets);
+  const auto sharded_peak = peak_step_bytes<accel::accelerator<accel::fp32, zero3>>(buckets);
+  auto& counter = accel_test::counting_allocator::installed();
+  // Bytes of CPU storage held after the third step, the model included.
+  const auto held_between_steps = [&]<class Policy>(std::type_identity<Policy>) {
+    const auto before = counter.settled();
+    accel::accelerator<accel::fp32, Policy> acc(accel::options{.buckets = buckets});
+    auto net = deep_narrow_mlp();
+    torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
+    auto [model, opt] = acc.prepare(net, adamw);
+    torch::manual_seed(7 + acc.process_index());
+    const auto x = torch::randn({8, 128});
+    for (int step = 0; step < 3; ++step) {
+      acc.backward(model(x).pow(2).mean());
+      opt.step();
+      opt.zero_grad();
+    }
+    return counter.settled() - before;
+  };
+  const auto zero2_held = held_between_steps(std::type_identity<zero2>{});
+  const auto zero3_held = held_between_steps(std::type_identity<zero3>{});
+  const auto zero2_saving = zero2_peak_saving(buckets);
+  accel::accelerator<accel::fp32, zero3> acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  auto net = deep_narrow_mlp();
+  std::int64_t n = 0, owned = 0;
+  for (const auto& p : net->parameters()) {
+    n += p.numel();
+    owned += accel::detail::shard_span_of(p.numel(), r, P).length;
+  }
+  // Between steps, zero2 holds the full parameters (4 n) where fully_sharded holds its slices (4 x owned). At the
+  // peak (backward), both hold the full parameters, and fully_sharded its slices besides: it saves what zero2 saves
+  // less 4 x owned.
+  const auto predicted = zero2_saving - 4 * owned;
+  INFO("process " << r << " of " << P << ": held between steps: zero2 " << zero2_held << " B, fully_sharded "
+                  << zero3_held << " B, saved " << zero2_held - zero3_held << " B, predicted " << 4 * (n - owned)
+                  << " B; peak of a step: data_parallel " << replicated_peak << " B, fully_sharded " << sharded_peak
+                  << " B, saved " << replicated_peak - sharded_peak << " B, predicted " << predicted << " B");
+  CHECK(std::abs(static_cast<double>(zero2_held - zero3_held - 4 * (n - owned))) <= 0.05 * 4.0 * (n - owned));
+  CHECK(predicted > 0);
   CHECK(std::abs(static_cast<double>(replicated_peak - sharded_peak - predicted)) <=
         0.05 * static_cast<double>(predicted));
 }

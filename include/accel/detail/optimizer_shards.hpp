@@ -1,8 +1,12 @@
 /// \file
-/// An optimizer re-pointed onto this process's shards (ZeRO stages 1 and 2): each trainable parameter is split on
-/// its flattened elements (shard_layout.hpp). The optimizer's parameter list holds views of this process's slices,
-/// which share the full parameter's storage: the state the optimizer allocates is this process's share only, and
-/// its in-place update lands in the full parameter, whose other slices an all-gather then fills in.
+/// An optimizer re-pointed onto this process's shards: each trainable parameter is split on its flattened elements
+/// (shard_layout.hpp), and the optimizer's parameter list holds this process's slices, so that the state it
+/// allocates is this process's share only.
+/// - Stages 1 and 2 (`shard_storage::view`): a slice is a view sharing the full parameter's storage; the step's
+///   in-place update lands in the full parameter, whose other slices an all-gather then fills in.
+/// - Stage 3 (`shard_storage::owned`): a slice has storage of its own, and the model's parameter holds nothing more
+///   between a step and the next forward (it is set to its slice, flat); `materialize` all-gathers the full
+///   parameters before use and `release` lets them go after the step.
 // IWYU pragma: private, include <accel/sharded_data_parallel.hpp>
 #pragma once
 
@@ -64,14 +68,19 @@ bool transform_state_tensors(torch::optim::OptimizerParamState& state, Transform
   return true;
 }
 
+/// Whether a shard is a view of its full parameter (stages 1 and 2) or holds its elements itself (stage 3, where the
+/// full parameter is let go between steps).
+enum class shard_storage { view, owned };
+
 /// The shards of one optimizer on this process, and the all-gather that makes the full parameters whole again.
 class optimizer_shards {
  public:
   /// Re-points `optimizer`'s trainable parameters onto this process's slices. `is_prepared` tells whether a
-  /// parameter belongs to a model prepared before (so that every process holds process 0's values).
+  /// parameter belongs to a model prepared before (so that every process holds process 0's values). With
+  /// `shard_storage::owned` the full parameters are released at once: `materialize` before their next use.
   template <class IsPrepared>
   optimizer_shards(torch::optim::Optimizer& optimizer, int rank, int world, const bucket_options& limits,
-                   IsPrepared&& is_prepared)
+                   IsPrepared&& is_prepared, shard_storage storage = shard_storage::view)
       : rank_(rank), world_(world) {
     if (!optimizer.state().empty())
       throw std::invalid_argument(
@@ -95,12 +104,18 @@ class optimizer_shards {
         auto [found, added] = index_.try_emplace(listed.unsafeGetTensorImpl(), parameters_.size());
         if (added) {
           const auto span = shard_span_of(listed.numel(), rank, world);
-          parameters_.push_back({listed, listed.detach().view({-1}).narrow(0, span.begin, span.length), span});
+          auto slice = listed.detach().view({-1}).narrow(0, span.begin, span.length);
+          parameters_.push_back({.full = listed,
+                                 .shard = storage == shard_storage::owned ? slice.clone() : slice,
+                                 .span = span,
+                                 .sizes = listed.sizes().vec(),
+                                 .numel = listed.numel()});
         }
         listings_.push_back({g, k, found->second});
         listed = parameters_[found->second].shard;
       }
     build_gather_buckets(limits);
+    if (storage == shard_storage::owned) release();
   }
 
   /// Gives each shard its gradient, before anything reads the optimizer's gradients (unscale, step): the slice a
@@ -139,38 +154,51 @@ class optimizer_shards {
   }
 
   /// After this process stepped its shards: every process's updated slices, one all-gather per bucket, written into
-  /// the full parameters.
+  /// the full parameters (stages 1 and 2).
   template <communicator C>
   void gather(C& comm) {
+    all_gather_slices(comm, [this](sharded_parameter& p, int r) -> std::optional<at::Tensor> {
+      if (r == rank_) return std::nullopt;  // stepped in place
+      return p.full.detach().view({-1});
+    });
+  }
+
+  /// Stage 3, before the full parameters are used: gives each one its whole elements again, in storage of its own
+  /// gathered from every process's slice (one all-gather per bucket). Nothing when they are whole already.
+  template <communicator C>
+  void materialize(C& comm) {
+    if (!released_) return;
     at::NoGradGuard no_grad;
-    for (auto& bucket : buckets_) {
-      auto& buffers = gather_buffers_[bucket.kind];  // kept from step to step, shared by the buckets of a kind
-      if (!buffers.first.defined()) {
-        const auto options = parameters_[bucket.members.front()].full.options();
-        buffers = {at::empty({max_segment_[bucket.kind]}, options),
-                   at::empty({max_segment_[bucket.kind] * world_}, options)};
-      }
-      auto mine = buffers.first.narrow(0, 0, bucket.segment);
-      auto gathered = buffers.second.narrow(0, 0, bucket.segment * world_);
-      for (std::size_t k = 0; k < bucket.members.size(); ++k) {
-        const auto& p = parameters_[bucket.members[k]];
-        mine.narrow(0, bucket.offsets[k], p.span.length).copy_(p.shard);
-      }
-      comm.all_gather_into(gathered, mine);
-      for (int r = 0; r < world_; ++r) {
-        if (r == rank_) continue;  // stepped in place
-        const auto segment = gathered.narrow(0, r * bucket.segment, bucket.segment);
-        for (std::size_t k = 0; k < bucket.members.size(); ++k) {
-          auto& p = parameters_[bucket.members[k]];
-          const auto span = shard_span_of(p.full.numel(), r, world_);
-          p.full.detach()
-              .view({-1})
-              .narrow(0, span.begin, span.length)
-              .copy_(segment.narrow(0, bucket.offsets[k], span.length));
-        }
-      }
-      ++all_gather_count_;
-    }
+    std::vector<at::Tensor> whole;
+    for (const auto& p : parameters_) whole.push_back(at::empty(p.sizes, p.shard.options()));
+    all_gather_slices(comm, [&](sharded_parameter& p, int) -> std::optional<at::Tensor> {
+      return whole[static_cast<std::size_t>(&p - parameters_.data())].view({-1});
+    });
+    for (std::size_t i = 0; i < parameters_.size(); ++i) parameters_[i].full.set_data(whole[i]);
+    released_ = false;
+  }
+  /// Stage 3, once the full parameters are stale (after the step): each holds its slice only, sharing the shard's
+  /// storage, so that at rest a parameter costs nothing beyond its shard.
+  void release() {
+    for (auto& p : parameters_) p.full.set_data(p.shard);
+    released_ = true;
+  }
+  /// Stage 3: after the full parameters were written (a checkpoint loaded into them), each shard takes its slice.
+  void take_slices_of_full() {
+    if (released_) return;  // the full parameters are the slices
+    at::NoGradGuard no_grad;
+    for (auto& p : parameters_) p.shard.copy_(p.full.detach().reshape({-1}).narrow(0, p.span.begin, p.span.length));
+  }
+  /// Whether the full parameters hold their slices only (stage 3, between a step and the next forward).
+  [[nodiscard]] bool released() const noexcept { return released_; }
+  /// `parameter`'s whole elements, gathered from every process's slice (one all-gather of padded chunks), when it is
+  /// sharded and released; null otherwise. A collective when not null: every process asks for the same parameters.
+  template <communicator C>
+  [[nodiscard]] std::optional<at::Tensor> gathered_parameter(const at::Tensor& parameter, C& comm) const {
+    const auto found = index_.find(parameter.unsafeGetTensorImpl());
+    if (!released_ || found == index_.end()) return std::nullopt;
+    const auto& p = parameters_[found->second];
+    return gather_whole(p.shard, p, comm);
   }
 
   /// Runs `action` with `optimizer` (the one these shards were made from) listing the full parameters and holding
@@ -232,9 +260,9 @@ class optimizer_shards {
         if (found == state.end()) continue;
         auto shard_state = found->second->clone();
         const bool known = transform_state_tensors(*shard_state, [&p](const at::Tensor& whole) {
-          if (whole.numel() != p.full.numel())
+          if (whole.numel() != p.numel)
             throw std::invalid_argument("a state tensor of " + std::to_string(whole.numel()) +
-                                        " elements for a parameter of " + std::to_string(p.full.numel()));
+                                        " elements for a parameter of " + std::to_string(p.numel));
           return whole.reshape({-1}).narrow(0, p.span.begin, p.span.length).clone();
         });
         if (!known)
@@ -289,6 +317,8 @@ class optimizer_shards {
     at::Tensor full;   // the model's parameter
     at::Tensor shard;  // this process's slice of it, in the optimizer's list
     shard_span span;
+    std::vector<std::int64_t> sizes;  // the full parameter's, which holds less while released (stage 3)
+    std::int64_t numel = 0;
   };
   /// Where the optimizer lists a sharded parameter: group, position, entry of `parameters_`.
   struct listing {
@@ -306,12 +336,12 @@ class optimizer_shards {
   /// Every process's slice of a state tensor of `p`, gathered into one of `p`'s shape.
   template <communicator C>
   at::Tensor gather_whole(const at::Tensor& piece, const sharded_parameter& p, C& comm) const {
-    const auto chunk = shard_chunk(p.full.numel(), world_);
+    const auto chunk = shard_chunk(p.numel, world_);
     auto mine = at::zeros({chunk}, piece.options());
     mine.narrow(0, 0, piece.numel()).copy_(piece.reshape({-1}));
     auto all = at::empty({chunk * world_}, piece.options());
     comm.all_gather_into(all, mine);
-    return all.narrow(0, 0, p.full.numel()).view(p.full.sizes());
+    return all.narrow(0, 0, p.numel).view(p.sizes);
   }
   /// Parameters gathered together: each process sends `segment` elements, parameter k's slice at `offsets[k]`
   /// (each padded to its chunk, so every process's slices lie at the same offsets).
@@ -322,6 +352,39 @@ class optimizer_shards {
     tensor_kind kind;
   };
 
+  /// One all-gather per bucket of every process's slices; process r's slice of each member goes into
+  /// `destination(member, r)` (a flat tensor of the member's elements) at its span, unless that gives none.
+  template <communicator C, class Destination>
+  void all_gather_slices(C& comm, Destination&& destination) {
+    at::NoGradGuard no_grad;
+    for (auto& bucket : buckets_) {
+      auto& buffers = gather_buffers_[bucket.kind];  // kept from step to step, shared by the buckets of a kind
+      if (!buffers.first.defined()) {
+        const auto options = parameters_[bucket.members.front()].shard.options();
+        buffers = {at::empty({max_segment_[bucket.kind]}, options),
+                   at::empty({max_segment_[bucket.kind] * world_}, options)};
+      }
+      auto mine = buffers.first.narrow(0, 0, bucket.segment);
+      auto gathered = buffers.second.narrow(0, 0, bucket.segment * world_);
+      for (std::size_t k = 0; k < bucket.members.size(); ++k) {
+        const auto& p = parameters_[bucket.members[k]];
+        mine.narrow(0, bucket.offsets[k], p.span.length).copy_(p.shard);
+      }
+      comm.all_gather_into(gathered, mine);
+      for (int r = 0; r < world_; ++r) {
+        const auto segment = gathered.narrow(0, r * bucket.segment, bucket.segment);
+        for (std::size_t k = 0; k < bucket.members.size(); ++k) {
+          auto& p = parameters_[bucket.members[k]];
+          const auto target = destination(p, r);
+          if (!target) continue;
+          const auto span = shard_span_of(p.numel, r, world_);
+          target->narrow(0, span.begin, span.length).copy_(segment.narrow(0, bucket.offsets[k], span.length));
+        }
+      }
+      ++all_gather_count_;
+    }
+  }
+
   void build_gather_buckets(const bucket_options& limits) {
     std::vector<at::Tensor> fulls;
     for (const auto& p : parameters_) fulls.push_back(p.full);
@@ -329,7 +392,7 @@ class optimizer_shards {
       gather_bucket bucket{.members = std::move(members), .offsets = {}, .segment = 0, .kind = {}};
       for (auto i : bucket.members) {
         bucket.offsets.push_back(bucket.segment);
-        bucket.segment += shard_chunk(parameters_[i].full.numel(), world_);
+        bucket.segment += shard_chunk(parameters_[i].numel, world_);
       }
       bucket.kind = kind_of(parameters_[bucket.members.front()].full);
       max_segment_[bucket.kind] = std::max(max_segment_[bucket.kind], bucket.segment);
@@ -346,6 +409,7 @@ class optimizer_shards {
   std::map<tensor_kind, std::int64_t> max_segment_;
   std::map<tensor_kind, std::pair<at::Tensor, at::Tensor>> gather_buffers_;  // sent, received
   std::uint64_t all_gather_count_ = 0;
+  bool released_ = false;
 };
 
 }  // namespace accel::detail
