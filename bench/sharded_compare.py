@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Sharded-training benchmark, side by side in one run: 2 Gloo processes on this machine, MLP widths 256 and 1024,
-AdamW. accel's data_parallel, zero1 and zero2 against PyTorch's DDP, DDP + ZeroRedundancyOptimizer and FSDP2
-(`fully_shard`), where this PyTorch runs them on the CPU. Every job is a fresh 2-process run started by
+AdamW. accel's data_parallel, zero1, zero2 and fully_sharded against PyTorch's DDP, DDP + ZeroRedundancyOptimizer and
+FSDP2 (`fully_shard` per layer, and on the whole model only, without resharding after forward, as accel's
+fully_sharded gathers), where this PyTorch runs them on the CPU. Every job is a fresh 2-process run started by
 `accel launch`; each round runs them in an order that rotates. The table reports medians over rounds of ms per step,
 the optimizer-state bytes per process (read from the optimizer's state tensors), the bytes each of accel's processes
 sends per step (a ring's share of what one step handed to collectives, counted), and the median of per-round ratios.
@@ -14,8 +15,8 @@ import subprocess
 import sys
 
 WIDTHS = {256: (200, 20), 1024: (40, 5)}  # width: (steps, warm-up steps)
-ACCEL = ["data_parallel", "zero1", "zero2"]
-PYTORCH = ["pytorch_ddp", "pytorch_zero", "pytorch_fsdp2"]
+ACCEL = ["data_parallel", "zero1", "zero2", "fully_sharded"]
+PYTORCH = ["pytorch_ddp", "pytorch_zero", "pytorch_fsdp2", "pytorch_fsdp2_whole"]
 
 
 def run_job(launcher, command):
@@ -52,11 +53,11 @@ def main():
                     payload[name] = int(float(fields[4]))
         params = 4 * (width * width + width) + width + 1
         print(f"\nwidth {width} ({params} parameters, {4 * params} bytes)")
-        print(f"{'':>15} {'ms/step':>9} {'state B/proc':>13} {'sent B/step':>15} {'/data_parallel':>15} "
+        print(f"{'':>19} {'ms/step':>9} {'state B/proc':>13} {'sent B/step':>15} {'/data_parallel':>15} "
               f"{'/pytorch_zero':>14} {'/pytorch_fsdp2':>15}")
         for name in names:
             if name in unsupported:
-                print(f"{name:>15} unsupported here: {unsupported[name]}")
+                print(f"{name:>19} unsupported here: {unsupported[name]}")
                 continue
             ratios = []
             for base in ["data_parallel", "pytorch_zero", "pytorch_fsdp2"]:
@@ -64,7 +65,7 @@ def main():
                     ratios.append("-")
                 else:
                     ratios.append(f"{statistics.median(a / b for a, b in zip(times[name], times[base])):.3f}")
-            print(f"{name:>15} {statistics.median(times[name]):>9.3f} {state[name]:>13} "
+            print(f"{name:>19} {statistics.median(times[name]):>9.3f} {state[name]:>13} "
                   f"{payload.get(name, '-'):>15} {ratios[0]:>15} {ratios[1]:>14} {ratios[2]:>15}", flush=True)
 
 

@@ -1,6 +1,6 @@
 // One job of the sharded benchmark (bench/sharded_compare.py runs it under `accel launch`): the MLP of
 // bench/ddp_step.cpp at the given width on 2 Gloo processes, AdamW, batch 32 per process, one thread per process.
-// Strategies: data_parallel, zero1, zero2. Process 0 prints one line:
+// Strategies: data_parallel, zero1, zero2, fully_sharded. Process 0 prints one line:
 //   `strategy width ms_per_step optimizer_state_bytes_per_process sent_bytes_per_step_per_process`
 // where the bytes sent are what a ring algorithm sends for what one step hands to collectives, counted on a step:
 // 2 (P-1)/P of what is all-reduced (gradient buckets), (P-1)/P of what is reduce-scattered or all-gathered.
@@ -59,7 +59,7 @@ int run(const std::string& strategy, int width, int steps, int warmup) {
 
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: %s data_parallel|zero1|zero2 WIDTH STEPS WARMUP\n", argv[0]);
+    std::fprintf(stderr, "usage: %s data_parallel|zero1|zero2|fully_sharded WIDTH STEPS WARMUP\n", argv[0]);
     return 2;
   }
   const std::string strategy = argv[1];
@@ -67,5 +67,6 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   if (strategy == "zero1") return run<accel::zero1<accel::gloo>>(strategy, width, steps, warmup);
   if (strategy == "zero2") return run<accel::zero2<accel::gloo>>(strategy, width, steps, warmup);
+  if (strategy == "fully_sharded") return run<accel::fully_sharded<accel::gloo>>(strategy, width, steps, warmup);
   return run<accel::data_parallel<accel::gloo>>(strategy, width, steps, warmup);
 }

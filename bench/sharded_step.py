@@ -3,6 +3,8 @@
 #   pytorch_ddp    DistributedDataParallel + AdamW
 #   pytorch_zero   DistributedDataParallel + ZeroRedundancyOptimizer(AdamW)
 #   pytorch_fsdp2  fully_shard (FSDP2) on each Linear and on the root, AdamW
+#   pytorch_fsdp2_whole  fully_shard on the root only, reshard_after_forward=False (the whole model gathered once
+#                  per step, as accel's fully_sharded does), AdamW
 # Process 0 prints `strategy width ms_per_step optimizer_state_bytes_per_process`, or `strategy width unsupported
 # REASON` when this PyTorch cannot run the strategy on the CPU.
 import os
@@ -37,6 +39,9 @@ def build(strategy, width):
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    if strategy == "pytorch_fsdp2_whole":
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3), None
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)

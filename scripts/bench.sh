@@ -10,7 +10,7 @@
 #   scripts/bench.sh range    what a prepared range adds to iterating the plain range (bench/range_overhead.cpp) only
 #   scripts/bench.sh accumulation   all-reduces and time per micro-batch with accumulate<4> on 2 processes only
 #   scripts/bench.sh dispatch the loop under accel::dispatch against the same loop on a directly typed accelerator
-#   scripts/bench.sh sharded  data_parallel, zero1 and zero2 against PyTorch's DDP, ZeroRedundancyOptimizer and FSDP2, AdamW,
+#   scripts/bench.sh sharded  data_parallel, zero1, zero2, fully_sharded against PyTorch's DDP, ZeroRedundancyOptimizer and FSDP2, AdamW,
 #                             2 Gloo processes (bench/sharded_compare.py)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

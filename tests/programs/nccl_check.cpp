@@ -1,6 +1,7 @@
-// data_parallel<nccl>, zero1<nccl> and zero2<nccl> with one process: built and linked wherever NCCL is; on a GPU each
-// trains a few steps (the sharded ones to data_parallel's weights), and NCCL's all-reduce and reduce-scatter are
-// checked against Gloo's and against the identity of one process. Without a GPU it exits 77 (CTest: skipped).
+// data_parallel<nccl>, zero1<nccl>, zero2<nccl> and fully_sharded<nccl> with one process: built and linked wherever
+// NCCL is; on a GPU each trains a few steps (the sharded ones to data_parallel's weights), and NCCL's all-reduce and
+// reduce-scatter are checked against Gloo's and against the identity of one process. Without a GPU it exits 77 (CTest:
+// skipped).
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
@@ -27,19 +28,20 @@ auto train() {
     (step == 0 ? first : last) = loss.template item<float>();
   }
   std::cout << Policy::name() << ": loss " << first << " -> " << last << "\n";
-  return std::tuple{first, last, net->weight.detach().cpu()};
+  return std::tuple{first, last, acc.get_state_dict(model)[0].second};  // fully_sharded: net->weight is a slice
 }
 
 }  // namespace
 
 int main() {
   if (!torch::cuda::is_available()) {
-    std::cout << "no CUDA device: data_parallel, zero1 and zero2 over NCCL built and linked, not run\n";
+    std::cout << "no CUDA device: data_parallel, zero1, zero2 and fully_sharded over NCCL built and linked, not run\n";
     return 77;
   }
   const auto [first, last, weight] = train<accel::data_parallel<accel::nccl>>();
   const bool zero1_same = torch::equal(std::get<2>(train<accel::zero1<accel::nccl>>()), weight);
   const bool zero2_same = torch::equal(std::get<2>(train<accel::zero2<accel::nccl>>()), weight);
+  const bool fully_sharded_same = torch::equal(std::get<2>(train<accel::fully_sharded<accel::nccl>>()), weight);
 
   accel::accelerator<accel::fp32, accel::data_parallel<accel::nccl>> acc;
   auto values = torch::randn({1000}, acc.device());
@@ -54,7 +56,8 @@ int main() {
   const bool reduce_scatter_matches = torch::equal(scattered.cpu(), values.cpu());  // one process: the identity
   std::cout << "all-reduce matches Gloo: " << all_reduce_matches
             << ", reduce-scatter of one process is the identity: " << reduce_scatter_matches
-            << ", zero1 == data_parallel: " << zero1_same << ", zero2 == data_parallel: " << zero2_same << "\n";
-  return last < first && all_reduce_matches && reduce_scatter_matches && zero1_same && zero2_same ? EXIT_SUCCESS
-                                                                                                  : EXIT_FAILURE;
+            << ", zero1 == data_parallel: " << zero1_same << ", zero2 == data_parallel: " << zero2_same
+            << ", fully_sharded == data_parallel: " << fully_sharded_same << "\n";
+  const bool sharded_same = zero1_same && zero2_same && fully_sharded_same;
+  return last < first && all_reduce_matches && reduce_scatter_matches && sharded_same ? EXIT_SUCCESS : EXIT_FAILURE;
 }

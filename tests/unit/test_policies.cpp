@@ -275,14 +275,18 @@ TEST_CASE("a user-defined precision policy is driven through its hooks", "[polic
 // cannot shard is refused at prepare with the reason. (Their multi-process behaviour:
 // tests/distributed/test_sharded.cpp.)
 TEST_CASE(
-    "zero1 and zero2 on one process train as data_parallel; a stepped optimizer or an unprepared model is refused",
+    "zero1, zero2 and fully_sharded on one process train as data_parallel; a stepped optimizer or an unprepared model "
+    "is refused",
     "[policies]") {
   using Catch::Contains;
   STATIC_REQUIRE(accel::parallel_policy<accel::zero1<accel::gloo>>);
   STATIC_REQUIRE(accel::parallel_policy<accel::zero2<accel::gloo>>);
+  STATIC_REQUIRE(accel::parallel_policy<accel::fully_sharded<accel::gloo>>);
   CHECK(accel::zero2<accel::gloo>::name() == "zero2<gloo>");
+  CHECK(accel::fully_sharded<accel::gloo>::name() == "fully_sharded<gloo>");
   using sharded = accel::accelerator<accel::fp32, accel::zero1<accel::gloo>>;
   using sharded_gradients = accel::accelerator<accel::fp32, accel::zero2<accel::gloo>>;
+  using fully_sharded = accel::accelerator<accel::fp32, accel::fully_sharded<accel::gloo>>;
   using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
   const auto train = []<class Accelerator>(std::type_identity<Accelerator>) {
     Accelerator acc;
@@ -295,10 +299,13 @@ TEST_CASE(
       opt.step();
       opt.zero_grad();
     }
-    return net->weight.detach().clone();
+    // fully_sharded: between steps the weight holds its one shard, flat
+    CHECK(net->weight.dim() == (std::is_same_v<Accelerator, fully_sharded> ? 1 : 2));
+    return acc.get_state_dict(model)[0].second;
   };
   CHECK(torch::equal(train(std::type_identity<sharded>{}), train(std::type_identity<replicated>{})));
   CHECK(torch::equal(train(std::type_identity<sharded_gradients>{}), train(std::type_identity<replicated>{})));
+  CHECK(torch::equal(train(std::type_identity<fully_sharded>{}), train(std::type_identity<replicated>{})));
 
   sharded_gradients acc;
   auto net = torch::nn::Linear(3, 2);
