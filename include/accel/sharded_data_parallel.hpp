@@ -17,6 +17,7 @@
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <map>
@@ -91,9 +92,12 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     else
       shards->gather(this->communicator());
   }
-  /// Stage 3: the full parameters, gathered before the forward that uses them.
+  /// Stage 3: the full parameters of `module`, gathered before its forward (those of the optimizers that list any of
+  /// them: another model's stay released).
   void before_forward(const torch::nn::Module& module) {
-    if constexpr (parameters_sharded) materialize_all();
+    if constexpr (parameters_sharded)
+      for (auto& [optimizer, shards] : shards_)
+        if (shards.released() && lists_any_of(shards, module)) shards.materialize(this->communicator());
     base::before_forward(module);
   }
   /// Runs `action` with the parameters whole (stage 3 gathers them for the while; a collective then) and keeps
@@ -199,6 +203,11 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     return const_cast<detail::optimizer_shards*>(std::as_const(*this).shards_of(optimizer));
   }
 
+  static bool lists_any_of(const detail::optimizer_shards& shards, const torch::nn::Module& module) {
+    const auto parameters = module.parameters();
+    return std::any_of(parameters.begin(), parameters.end(),
+                       [&shards](const at::Tensor& p) { return shards.span_of(p) != nullptr; });
+  }
   void materialize_all() {
     for (auto& [optimizer, shards] : shards_) shards.materialize(this->communicator());
   }

@@ -733,3 +733,37 @@ TEST_CASE("fully_sharded saves what the memory formula says: bytes between steps
   CHECK(std::abs(static_cast<double>(replicated_peak - sharded_peak - predicted)) <=
         0.05 * static_cast<double>(predicted));
 }
+
+TEST_CASE("fully_sharded gathers before a model's forward only the parameters of that model's optimizers",
+          "[sharded]") {
+  const auto train_pair = []<class Policy>(std::type_identity<Policy>) {
+    accel::accelerator<accel::fp32, Policy> acc;
+    const int P = acc.num_processes(), r = acc.process_index();
+    torch::manual_seed(5);
+    uneven first_net(false), second_net(false);
+    torch::optim::AdamW first_adamw(first_net->parameters(), torch::optim::AdamWOptions(1e-2));
+    torch::optim::SGD second_sgd(second_net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto [first, second, first_opt, second_opt] = acc.prepare(first_net, second_net, first_adamw, second_sgd);
+    torch::manual_seed(11);
+    for (int step = 0; step < 4; ++step) {
+      const auto x = torch::randn({4 * P, 13}), y = torch::randn({4 * P, 3});
+      const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, 4 * r, 4); };
+      acc.backward(torch::mse_loss(first(mine(x), r), mine(y)));
+      if constexpr (std::is_same_v<Policy, zero3>)  // the second model is still at rest: its slices only
+        CHECK(second_net->l1->weight.dim() == 1);
+      CHECK(first_net->l1->weight.dim() == 2);
+      first_opt.step();
+      first_opt.zero_grad();
+      acc.backward(torch::mse_loss(second(mine(x), r), mine(y)));
+      second_opt.step();
+      second_opt.zero_grad();
+    }
+    auto parameters = full_parameters(acc, first);
+    for (auto& p : full_parameters(acc, second)) parameters.push_back(p);
+    return parameters;
+  };
+  const auto expected = train_pair(std::type_identity<accel::data_parallel<accel::gloo>>{});
+  const auto got = train_pair(std::type_identity<zero3>{});
+  accel::accelerator<accel::fp32, zero3> acc;
+  check_same_parameters<zero3>(got, expected, acc.num_processes());
+}
