@@ -96,24 +96,24 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
   /// them: another model's stay released).
   void before_forward(const torch::nn::Module& module) {
     if constexpr (parameters_sharded)
-      for (auto& [optimizer, shards] : shards_)
-        if (shards.released() && lists_any_of(shards, module)) shards.materialize(this->communicator());
+      for (auto* shards : shards_listing(module)) shards->materialize(this->communicator());
     base::before_forward(module);
   }
-  /// Runs `action` with the parameters whole (stage 3 gathers them for the while; a collective then) and keeps
-  /// what it writes into them: checkpoints save and load full weights through it.
+  /// Runs `action` with `module`'s parameters whole (stage 3 gathers them for the while; a collective then) and
+  /// keeps what it writes into them: checkpoints save and load full weights through it.
   template <class Action>
   void with_full_parameters(torch::nn::Module& module, Action&& action) {
     if constexpr (parameters_sharded) {
+      const auto listing = shards_listing(module);
       std::vector<detail::optimizer_shards*> were_released;
-      for (auto& [optimizer, shards] : shards_)
-        if (shards.released()) were_released.push_back(&shards);
-      materialize_all();
+      for (auto* shards : listing)
+        if (shards->released()) were_released.push_back(shards);
+      for (auto* shards : were_released) shards->materialize(this->communicator());
       const auto back_at_rest = detail::scope_exit([&] {
         for (auto* shards : were_released) shards->release();
       });
       std::forward<Action>(action)();
-      for (auto& [optimizer, shards] : shards_) shards.take_slices_of_full();
+      for (auto* shards : listing) shards->take_slices_of_full();
     } else {
       parallel_defaults::with_full_parameters(module, std::forward<Action>(action));
     }
@@ -186,7 +186,8 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
 
   /// Stage 3 first gives the parameters their whole elements back: a collective, as free_memory then is.
   void release_models() {
-    if constexpr (parameters_sharded) materialize_all();
+    if constexpr (parameters_sharded)
+      for (auto& [optimizer, shards] : shards_) shards.materialize(this->communicator());
     base::release_models();
     prepared_.clear();
     shards_.clear();
@@ -203,13 +204,15 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     return const_cast<detail::optimizer_shards*>(std::as_const(*this).shards_of(optimizer));
   }
 
-  static bool lists_any_of(const detail::optimizer_shards& shards, const torch::nn::Module& module) {
+  /// The shards of the optimizers that list any of `module`'s parameters.
+  std::vector<detail::optimizer_shards*> shards_listing(const torch::nn::Module& module) {
     const auto parameters = module.parameters();
-    return std::any_of(parameters.begin(), parameters.end(),
-                       [&shards](const at::Tensor& p) { return shards.span_of(p) != nullptr; });
-  }
-  void materialize_all() {
-    for (auto& [optimizer, shards] : shards_) shards.materialize(this->communicator());
+    std::vector<detail::optimizer_shards*> listing;
+    for (auto& [optimizer, shards] : shards_)
+      if (std::any_of(parameters.begin(), parameters.end(),
+                      [&shards](const at::Tensor& p) { return shards.span_of(p) != nullptr; }))
+        listing.push_back(&shards);
+    return listing;
   }
 
   /// Where a shard's gradient is kept apart from the full one: stage 2's reducers keep each process's reduced

@@ -191,38 +191,23 @@ TEST_CASE(
   check_parity<accel::fp32, accel::no_accumulation>(optimizer_kind::adam, true);
 }
 
-TEST_CASE("zero2 trains as data_parallel (bit for bit at P = 2): AdamW, Adam, SGD with Nesterov, two groups",
-          "[sharded]") {
+TEMPLATE_TEST_CASE(
+    "zero2 and fully_sharded train as data_parallel (bit for bit at P = 2): AdamW, Adam, SGD with "
+    "Nesterov, two groups",
+    "[sharded]", zero2, zero3) {
   const auto kind = GENERATE(optimizer_kind::adamw, optimizer_kind::adam, optimizer_kind::sgd_nesterov);
-  INFO(name_of(kind));
-  check_parity<accel::fp32, accel::no_accumulation, zero2>(kind, false);
+  INFO(TestType::name() << ", " << name_of(kind));
+  check_parity<accel::fp32, accel::no_accumulation, TestType>(kind, false);
 }
 
-TEST_CASE(
-    "zero2 trains as data_parallel with accumulate<4> (also reduce-scattering each batch), with bf16, with a "
-    "parameter unused on process 1",
-    "[sharded]") {
-  check_parity<accel::fp32, accel::accumulate<4>, zero2>(optimizer_kind::adamw, false);
-  check_parity<accel::fp32, accel::accumulate<4>, zero2>(optimizer_kind::adamw, false, /*sync_each_batch=*/true);
-  check_parity<accel::bf16, accel::no_accumulation, zero2>(optimizer_kind::adamw, false);
-  check_parity<accel::fp32, accel::no_accumulation, zero2>(optimizer_kind::adam, true);
-}
-
-TEST_CASE("fully_sharded trains as data_parallel (bit for bit at P = 2): AdamW, Adam, SGD with Nesterov, two groups",
-          "[sharded]") {
-  const auto kind = GENERATE(optimizer_kind::adamw, optimizer_kind::adam, optimizer_kind::sgd_nesterov);
-  INFO(name_of(kind));
-  check_parity<accel::fp32, accel::no_accumulation, zero3>(kind, false);
-}
-
-TEST_CASE(
-    "fully_sharded trains as data_parallel with accumulate<4> (also reduce-scattering each batch), with bf16, with a "
-    "parameter unused on process 1",
-    "[sharded]") {
-  check_parity<accel::fp32, accel::accumulate<4>, zero3>(optimizer_kind::adamw, false);
-  check_parity<accel::fp32, accel::accumulate<4>, zero3>(optimizer_kind::adamw, false, /*sync_each_batch=*/true);
-  check_parity<accel::bf16, accel::no_accumulation, zero3>(optimizer_kind::adamw, false);
-  check_parity<accel::fp32, accel::no_accumulation, zero3>(optimizer_kind::adam, true);
+TEMPLATE_TEST_CASE(
+    "zero2 and fully_sharded train as data_parallel with accumulate<4> (also reduce-scattering each batch), with "
+    "bf16, with a parameter unused on process 1",
+    "[sharded]", zero2, zero3) {
+  check_parity<accel::fp32, accel::accumulate<4>, TestType>(optimizer_kind::adamw, false);
+  check_parity<accel::fp32, accel::accumulate<4>, TestType>(optimizer_kind::adamw, false, /*sync_each_batch=*/true);
+  check_parity<accel::bf16, accel::no_accumulation, TestType>(optimizer_kind::adamw, false);
+  check_parity<accel::fp32, accel::no_accumulation, TestType>(optimizer_kind::adam, true);
 }
 
 TEMPLATE_TEST_CASE("each process's optimizer state is its shard, 8 bytes per owned element with AdamW", "[sharded]",

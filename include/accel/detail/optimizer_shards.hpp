@@ -157,9 +157,9 @@ class optimizer_shards {
   /// the full parameters (stages 1 and 2).
   template <communicator C>
   void gather(C& comm) {
-    all_gather_slices(comm, [this](sharded_parameter& p, int r) -> std::optional<at::Tensor> {
+    all_gather_slices(comm, [this](std::size_t entry, int r) -> std::optional<at::Tensor> {
       if (r == rank_) return std::nullopt;  // stepped in place
-      return p.full.detach().view({-1});
+      return parameters_[entry].full.detach().view({-1});
     });
   }
 
@@ -171,9 +171,8 @@ class optimizer_shards {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> whole;
     for (const auto& p : parameters_) whole.push_back(at::empty(p.sizes, p.shard.options()));
-    all_gather_slices(comm, [&](sharded_parameter& p, int) -> std::optional<at::Tensor> {
-      return whole[static_cast<std::size_t>(&p - parameters_.data())].view({-1});
-    });
+    all_gather_slices(
+        comm, [&whole](std::size_t entry, int) -> std::optional<at::Tensor> { return whole[entry].view({-1}); });
     for (std::size_t i = 0; i < parameters_.size(); ++i) parameters_[i].full.set_data(whole[i]);
     released_ = false;
   }
@@ -353,7 +352,8 @@ class optimizer_shards {
   };
 
   /// One all-gather per bucket of every process's slices; process r's slice of each member goes into
-  /// `destination(member, r)` (a flat tensor of the member's elements) at its span, unless that gives none.
+  /// `destination(entry, r)` (a flat tensor of the elements of `parameters_[entry]`) at its span, unless that gives
+  /// none.
   template <communicator C, class Destination>
   void all_gather_slices(C& comm, Destination&& destination) {
     at::NoGradGuard no_grad;
@@ -374,8 +374,8 @@ class optimizer_shards {
       for (int r = 0; r < world_; ++r) {
         const auto segment = gathered.narrow(0, r * bucket.segment, bucket.segment);
         for (std::size_t k = 0; k < bucket.members.size(); ++k) {
-          auto& p = parameters_[bucket.members[k]];
-          const auto target = destination(p, r);
+          const auto& p = parameters_[bucket.members[k]];
+          const auto target = destination(bucket.members[k], r);
           if (!target) continue;
           const auto span = shard_span_of(p.numel, r, world_);
           target->narrow(0, span.begin, span.length).copy_(segment.narrow(0, bucket.offsets[k], span.length));
