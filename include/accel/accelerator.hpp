@@ -27,6 +27,7 @@
 #include "checkpoint.hpp"
 #include "data_loader.hpp"
 #include "detail/accelerator_access.hpp"
+#include "detail/checkpoint_schedule.hpp"
 #include "detail/diagnostics.hpp"
 #include "detail/registry.hpp"
 #include "detail/scope.hpp"
@@ -98,6 +99,7 @@ class accelerator {
         precision_(opts, parallel_.device()),
         accumulation_(opts),
         options_(opts),
+        schedule_(opts.project),
         trackers_(opts.log_with, opts.project) {}
 
   accelerator(const accelerator&) = delete;
@@ -350,24 +352,32 @@ class accelerator {
   /// (`scheduler.bin`, ...) and registered object (`custom_checkpoint.bin`, ...) from the main process, and from
   /// every process its RNG state, fp16 loss scale and data positions (`random_states_{rank}.bin`). A collective.
   void save_state(const std::filesystem::path& directory) {
-    detail::save_state(directory, parallel_, registry_, precision_, accumulation_, parallel_);
+    detail::save_state(directory, parallel_, registry_, precision_, accumulation_, parallel_, schedule_);
   }
 
   /// `save_state` into the project's next automatic checkpoint (`options::project`):
   /// `{project_dir}/checkpoints/checkpoint_{i}`, removing the oldest beyond `total_limit` first. Returns the
   /// directory written.
   std::filesystem::path save_state() {
-    return detail::save_numbered_state(options_.project, parallel_, registry_, precision_, accumulation_, parallel_);
+    return detail::save_numbered_state(options_.project, parallel_, registry_, precision_, accumulation_, parallel_,
+                                       schedule_);
   }
-  /// `load_state` from the project's newest automatic checkpoint.
+  /// `load_state` from the project's newest complete automatic checkpoint.
   void load_state() { load_state(detail::newest_checkpoint(options_.project)); }
 
   /// Restores what `save_state` wrote into the prepared objects. Everything is read and checked first (the files,
-  /// the number of processes and of each kind of object, every weight's name, shape and dtype); a problem throws
-  /// `accel::checkpoint_error` before anything changes.
+  /// the number of each kind of object, every weight's name, shape and dtype); a problem throws
+  /// `accel::checkpoint_error` before anything changes. A checkpoint written by another number of processes loads
+  /// too (docs/checkpoint-format.md says what each process gets).
   void load_state(const std::filesystem::path& directory) {
-    detail::load_state(directory, parallel_, registry_, precision_, accumulation_, parallel_);
+    detail::load_state(directory, parallel_, registry_, precision_, accumulation_, parallel_, schedule_);
+    resumed_from_ = directory;
   }
+  /// The checkpoint this run last loaded (by `load_state` or `options::project.resume`); empty when none.
+  [[nodiscard]] const std::optional<std::filesystem::path>& resumed_from() const noexcept { return resumed_from_; }
+  /// Optimizer steps taken (batches on which a prepared optimizer stepped), over the whole run: a checkpoint holds
+  /// the count, so a resumed run goes on from it. What `options::project.save_every_steps` counts.
+  [[nodiscard]] std::int64_t completed_steps() const noexcept { return schedule_.steps(); }
 
   /// Within the returned scope, backward through `model` accumulates gradients locally without communicating
   /// (Accelerate's `no_sync`); the first backward after it all-reduces everything accumulated.
@@ -456,6 +466,16 @@ class accelerator {
     if (!sync_gradients()) return;
     parallel_.attach_gradients(optimizer);
     precision_.step(optimizer, parallel_);
+    schedule_.optimizer_stepped();
+  }
+  /// A prepared range starts a pass: resuming, the newest checkpoint loads first (its data position included).
+  void before_pass() {
+    if (!schedule_.resume_due()) return;
+    if (auto newest = detail::newest_complete_checkpoint(options_.project)) load_state(*newest);
+  }
+  /// A prepared range moves on from a batch: the automatic checkpoint, when one is due.
+  void after_batch(const void* range) {
+    if (schedule_.batch_done(range)) save_state();
   }
 
   template <class Model>
@@ -535,6 +555,8 @@ class accelerator {
   [[no_unique_address]] Accumulation accumulation_;
   accel::options options_;
   accel::gradient_state gradient_state_;
+  detail::checkpoint_schedule schedule_;
+  std::optional<std::filesystem::path> resumed_from_;
   bool trigger_ = false;
   detail::prepared_registry registry_;
   detail::tracker_set trackers_;  // last: finished first when the accelerator is destroyed

@@ -320,6 +320,22 @@ inline void check_generator_states(const std::vector<std::pair<at::Generator, at
     }
 }
 
+/// Which `random_states_{i}.bin` a process reads: its own, when the checkpoint was written by as many processes.
+/// Written by another number, the data positions and the policies' state (the same on every process, so the main
+/// process's is everyone's, each range converting its position: prepared_range.hpp) come from process 0's file,
+/// and each process that had a counterpart takes that one's generators; the others keep their own.
+struct process_files {
+  int state = 0;
+  std::optional<int> generators;
+};
+inline process_files process_files_to_read(std::int64_t saved_processes, int process, int processes) {
+  if (saved_processes < 1)
+    throw checkpoint_error("accel::load_state: accel_state.bin says " + std::to_string(saved_processes) +
+                           " processes wrote the checkpoint (a damaged file?)");
+  if (saved_processes == processes) return {process, process};
+  return {0, process < saved_processes ? std::optional<int>(process) : std::nullopt};
+}
+
 /// `load_state` with the weights whole.
 template <class Parallel, class... Policies>
 void load_full_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
@@ -328,21 +344,23 @@ void load_full_state(const std::filesystem::path& directory, Parallel& parallel,
     throw checkpoint_error("accel::load_state: no checkpoint at " + directory.string());
   const auto manifest = read_manifest(directory);
   auto shared = read_archive(directory, "accel_state.bin", manifest);
-  const auto expect = [&](const std::string& key, std::int64_t mine) {
+  const auto count = [&](const std::string& key) {
     c10::IValue value;
     if (!shared.try_read(key, value) || !value.isInt())
       throw checkpoint_error("accel::load_state: " + (directory / "accel_state.bin").string() + " lacks \"" + key +
                              "\"");
-    if (value.toInt() != mine)
+    return value.toInt();
+  };
+  const auto expect = [&](const std::string& key, std::int64_t mine) {
+    if (count(key) != mine)
       throw checkpoint_error("accel::load_state: the checkpoint in " + directory.string() + " has " +
-                             std::to_string(value.toInt()) + " " + key + ", this program " + std::to_string(mine) +
-                             (key == "processes" ? "; resume with the same number of processes"
-                                                 : "; prepare the same objects, in the same order, as when saving"));
+                             std::to_string(count(key)) + " " + key + ", this program " + std::to_string(mine) +
+                             "; prepare the same objects, in the same order, as when saving");
   };
   const auto& models = registry.models();
   const auto optimizers = registry.optimizers();
   const auto slots = registry.slots_by_kind();
-  expect("processes", parallel.num_processes());
+  const auto files = process_files_to_read(count("processes"), parallel.process_index(), parallel.num_processes());
   expect("models", static_cast<std::int64_t>(models.size()));
   expect("optimizers", static_cast<std::int64_t>(optimizers.size()));
   for (const auto& [kind, list] : slots) expect(kind, static_cast<std::int64_t>(list.size()));
@@ -359,7 +377,7 @@ void load_full_state(const std::filesystem::path& directory, Parallel& parallel,
     check_weights_fit(*models[i], weights.back(),
                       "accel::load_state: the weights in " + file.string() + " do not fit the prepared model");
   }
-  const auto file = process_file(parallel.process_index());
+  const auto file = process_file(files.state);
   auto mine = read_archive(directory, file, manifest);
   const auto lacks = [&](const std::string& what) {
     return checkpoint_error("accel::load_state: " + file + " lacks " + what + " (saved by another configuration?)");
@@ -379,14 +397,20 @@ void load_full_state(const std::filesystem::path& directory, Parallel& parallel,
       }
     }
   std::vector<std::pair<at::Generator, at::Tensor>> generator_states;
-  for (auto& [key, generator] : generators()) {
-    at::Tensor state;
-    if (mine.try_read(key, state))
-      generator_states.emplace_back(generator, state);
-    else if (key == "cpu_rng")
-      throw lacks("the CPU generator state");
+  if (files.generators) {
+    const auto generators_file = process_file(*files.generators);
+    std::optional<torch::serialize::InputArchive> other;
+    auto& own =
+        *files.generators == files.state ? mine : other.emplace(read_archive(directory, generators_file, manifest));
+    for (auto& [key, generator] : generators()) {
+      at::Tensor state;
+      if (own.try_read(key, state))
+        generator_states.emplace_back(generator, state);
+      else if (key == "cpu_rng")
+        throw checkpoint_error("accel::load_state: " + generators_file + " lacks the CPU generator state");
+    }
+    check_generator_states(generator_states, generators_file);
   }
-  check_generator_states(generator_states, file);
   // Apply: what can fail to load goes first, all or none; then what was checked above.
   load_transaction transaction;
   const auto load_policy = [&](auto& policy) {
@@ -458,12 +482,18 @@ std::filesystem::path save_numbered_state(const project_options& project, Parall
   return directory;
 }
 
-/// The project's newest automatic checkpoint.
+/// The project's newest complete automatic checkpoint (one with its manifest: a directory whose removal beyond
+/// `total_limit` was cut short is passed over), if any.
+inline std::optional<std::filesystem::path> newest_complete_checkpoint(const project_options& project) {
+  const auto existing = numbered_checkpoints(std::filesystem::path(project.project_dir) / "checkpoints");
+  for (auto it = existing.rbegin(); it != existing.rend(); ++it)
+    if (std::filesystem::is_regular_file(it->second / manifest_name)) return it->second;
+  return std::nullopt;
+}
 inline std::filesystem::path newest_checkpoint(const project_options& project) {
-  const auto root = std::filesystem::path(project.project_dir) / "checkpoints";
-  const auto existing = numbered_checkpoints(root);
-  if (existing.empty()) throw checkpoint_error("accel::load_state(): no checkpoint_{i} under " + root.string());
-  return existing.rbegin()->second;
+  if (auto newest = newest_complete_checkpoint(project)) return *newest;
+  throw checkpoint_error("accel::load_state(): no complete checkpoint_{i} under " +
+                         (std::filesystem::path(project.project_dir) / "checkpoints").string());
 }
 
 }  // namespace accel::detail

@@ -258,9 +258,14 @@ class sharded_loader {
   }
   [[nodiscard]] auto begin() const {
     const auto& loader = loader_.get();
-    current_ = std::make_shared<pass_type>(loader, index_shards(loader.index_batches(loader.next_epoch()), options_));
+    index_shards shards(loader.index_batches(loader.next_epoch()), options_);
+    shards.skip_input_batches(std::exchange(skip_input_, 0));
+    current_ = std::make_shared<pass_type>(loader, std::move(shards));
     return loader_type::start(current_);
   }
+  /// See `shard_view::skip_input_batches` (the index batches passed over are never loaded).
+  void skip_input_batches(std::size_t n) const noexcept { skip_input_ = n; }
+  [[nodiscard]] const shard_options& options() const noexcept { return options_; }
   /// This process's number of batches in a pass.
   [[nodiscard]] std::size_t size() const {
     return index_shards(std::vector<std::vector<std::int64_t>>(loader_.get().size()), options_).size();
@@ -276,6 +281,7 @@ class sharded_loader {
   mutable detail::stored<Loader> loader_;
   shard_options options_;
   mutable std::shared_ptr<pass_type> current_;
+  mutable std::size_t skip_input_ = 0;
 };
 
 namespace detail {

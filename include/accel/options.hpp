@@ -32,6 +32,15 @@ struct grad_scaler_options {
   int growth_interval = 2000;
 };
 
+/// Whether a program picks up where an earlier run of it stopped (`project_options::resume`).
+enum class resume {
+  /// Start afresh; `load_state()` loads by hand.
+  none,
+  /// Load the project's newest complete automatic checkpoint, if there is one, when the first pass over a prepared
+  /// range starts: a program restarted by `accel launch --max_restarts` continues mid-epoch.
+  latest,
+};
+
 /// Where `save_state()` without a path writes (Accelerate's `ProjectConfiguration`): with
 /// `automatic_checkpoint_naming`, `{project_dir}/checkpoints/checkpoint_{i}` for i = 0, 1, ..., keeping at most
 /// `total_limit` of them (the oldest are removed first; 0: keep all). `load_state()` without a path loads the
@@ -41,6 +50,12 @@ struct project_options {
   bool automatic_checkpoint_naming = false;
   int total_limit = 0;
   std::string logging_dir = {};
+  /// `resume::latest`: load the newest automatic checkpoint when the first pass over a prepared range starts.
+  accel::resume resume = accel::resume::none;
+  /// When positive, `save_state()` every that many optimizer steps, once the step's batch is done (when the
+  /// prepared range moves on from it): how much work a failure can cost. Counted over the whole run, a resumed
+  /// one included (the count is in the checkpoint).
+  std::int64_t save_every_steps = 0;
 };
 
 /// The experiment trackers built into accel (see accel/tracking.hpp), for `options::log_with`.

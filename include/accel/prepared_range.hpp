@@ -14,18 +14,20 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 
-#include <memory>
-
 #include "batch_range.hpp"
+#include "checkpoint_error.hpp"
 #include "detail/accelerator_access.hpp"
 #include "detail/checkpoint_slot.hpp"
 #include "detail/prepared_handle.hpp"
 #include "detail/stored.hpp"
 #include "device.hpp"
+#include "shard.hpp"
 
 namespace accel {
 namespace detail {
@@ -41,6 +43,16 @@ auto* loader_of(R& range) {
     return &range;
   else
     return static_cast<no_loader*>(nullptr);
+}
+/// How the range behind a prepared range shares its input between processes (one process: as it is).
+template <class R>
+shard_options sharding_of(const R& range) {
+  if constexpr (requires {
+                  { range.options() } -> std::convertible_to<shard_options>;
+                })
+    return range.options();
+  else
+    return {};
 }
 }  // namespace detail
 
@@ -72,6 +84,7 @@ class prepared_range : detail::prepared_tag {
     /// The current batch, already on the device.
     batch_type& operator*() const noexcept { return *batch_; }
     iterator& operator++() {
+      detail::accelerator_access::after_batch(*range_->accelerator_, range_->pass_.get());
       advance();
       return *this;
     }
@@ -96,6 +109,7 @@ class prepared_range : detail::prepared_tag {
       if (batch_) {
         prefetch();
         ++pass.position.batch;
+        detail::accelerator_access::batch_yielded(*range_->accelerator_, &pass);
       } else {
         pass.finish();
       }
@@ -126,11 +140,16 @@ class prepared_range : detail::prepared_tag {
         device_(accelerator.device_placement() ? std::optional<c10::Device>(accelerator.device()) : std::nullopt),
         registration_(detail::accelerator_access::register_state(accelerator, slot())) {}
 
-  /// Starts a pass over the underlying range (a LibTorch loader starts a new epoch here).
+  /// Starts a pass over the underlying range (a LibTorch loader starts a new epoch here). With
+  /// `options::project.resume`, the first pass loads the newest checkpoint first.
   [[nodiscard]] iterator begin() const {
+    detail::accelerator_access::before_pass(*accelerator_);
     auto& range = range_.get();
     const auto skip = std::exchange(pass_->skip, 0);
     pass_->position.batch = -1 + static_cast<std::int64_t>(skip);
+    pass_->input_offset = std::exchange(pass_->input_skip, 0);
+    if constexpr (requires { range.skip_input_batches(std::size_t{}); })
+      range.skip_input_batches(static_cast<std::size_t>(pass_->input_offset));
     return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), *this, skip);
   }
 
@@ -167,12 +186,15 @@ class prepared_range : detail::prepared_tag {
 
   struct pass_state {
     position_type position;
-    std::size_t skip = 0;
-    bool on_last_batch = false;  // the current batch is its pass's last
+    std::size_t skip = 0;           // batches of this process the next pass passes over
+    std::int64_t input_skip = 0;    // batches of the input the next pass passes over, before sharing it out
+    std::int64_t input_offset = 0;  // the same for the current pass
+    bool on_last_batch = false;     // the current batch is its pass's last
 
     void finish() noexcept {
-      if (position.batch >= 0) ++position.epoch;
+      if (position.batch >= 0 || input_offset > 0) ++position.epoch;
       position.batch = -1;
+      input_offset = 0;
       on_last_batch = false;
     }
     /// Where a resumed run starts: after the current batch, which is done when a checkpoint is taken. On a pass's
@@ -180,26 +202,61 @@ class prepared_range : detail::prepared_tag {
     [[nodiscard]] position_type resume_position() const noexcept {
       return on_last_batch ? position_type{position.epoch + 1, -1} : position;
     }
+    /// The same position counted in batches of the input, whatever the number of processes: what converts it.
+    [[nodiscard]] std::int64_t resume_input_batches(std::int64_t input_per_batch) const noexcept {
+      if (on_last_batch) return 0;
+      return input_offset + input_skip + (position.batch + 1) * input_per_batch;
+    }
   };
 
-  /// A checkpoint holds the resume position; loading it makes the next pass resume after the last batch done,
-  /// drawing that epoch's order from a data loader.
+  /// A checkpoint holds the resume position, also as batches of the input; loading it makes the next pass resume
+  /// after the last batch done, drawing that epoch's order from a data loader. Saved by another number of
+  /// processes, the position converts: the next pass shares out the rest of the input between this run's
+  /// processes, so that each sample of the epoch is seen once (docs/checkpoint-format.md).
   detail::checkpoint_slot slot() {
     detail::checkpoint_slot slot{.kind = "range", .scope = detail::state_scope::per_process};
-    slot.save = [pass = pass_.get()](torch::serialize::OutputArchive& out) {
+    slot.save = [pass = pass_.get(), range = &range_.get()](torch::serialize::OutputArchive& out) {
       const auto resume = pass->resume_position();
+      const auto sharing = detail::sharding_of(*range);
       out.write("epoch", c10::IValue(resume.epoch));
       out.write("batch", c10::IValue(resume.batch));
+      out.write("input_batches", c10::IValue(pass->resume_input_batches(detail::input_batches_per_batch(sharing))));
+      out.write("processes", c10::IValue(static_cast<std::int64_t>(sharing.num_processes)));
     };
     slot.load = [pass = pass_.get(), range = &range_.get()](torch::serialize::InputArchive& in) {
-      c10::IValue epoch, batch;
+      c10::IValue epoch, batch, input;
       in.read("epoch", epoch);
       in.read("batch", batch);
-      pass->position = {epoch.toInt(), batch.toInt()};
-      pass->skip = static_cast<std::size_t>(pass->position.batch + 1);
+      const auto per_batch = detail::input_batches_per_batch(detail::sharding_of(*range));
+      // Checkpoints older than "input_batches" were loaded by as many processes as wrote them.
+      const auto input_batches = in.try_read("input_batches", input) ? input.toInt() : (batch.toInt() + 1) * per_batch;
+      resume_at(*pass, *range, epoch.toInt(), input_batches, per_batch);
       if (auto* loader = detail::loader_of(*range)) loader->set_epoch(pass->position.epoch);
     };
     return slot;
+  }
+  /// The next pass resumes epoch `epoch` after `input_batches` batches of the input: whole batches of this process
+  /// when they divide evenly (as an uninterrupted run under this number of processes would go on), else the rest
+  /// of the input shared out afresh.
+  static void resume_at(pass_state& pass, base_range& range, std::int64_t epoch, std::int64_t input_batches,
+                        std::int64_t per_batch) {
+    if (input_batches % per_batch == 0) {
+      pass.position = {epoch, input_batches / per_batch - 1};
+      pass.skip = static_cast<std::size_t>(input_batches / per_batch);
+      pass.input_skip = 0;
+      return;
+    }
+    if constexpr (requires { range.skip_input_batches(std::size_t{}); }) {
+      pass.position = {epoch, -1};
+      pass.skip = 0;
+      pass.input_skip = input_batches;
+    } else {
+      throw checkpoint_error("cannot resume under this number of processes: its data position, " +
+                             std::to_string(input_batches) +
+                             " batches of the input into the epoch, is not a whole number of this run's batches, "
+                             "and the range cannot pass over batches of its input; resume with the number of "
+                             "processes that saved it");
+    }
   }
 
   detail::pinned<Range> range_;

@@ -170,8 +170,9 @@ class shard_view {
     using difference_type = std::ptrdiff_t;
     using iterator_concept = std::input_iterator_tag;
 
-    iterator(base_iterator base, base_sentinel end, const shard_view& view)
+    iterator(base_iterator base, base_sentinel end, const shard_view& view, std::size_t skip = 0)
         : base_(std::move(base)), end_(std::move(end)), options_(view.options_), view_(&view) {
+      for (; skip > 0 && base_ != end_; --skip) ++base_;  // resumed under another number of processes
       fill();
     }
     batch_type& operator*() const noexcept { return out_.front(); }
@@ -340,8 +341,12 @@ class shard_view {
   [[nodiscard]] iterator begin() const {
     samples_ = -1;
     auto& range = range_.get();
-    return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), *this);
+    return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), *this,
+                    std::exchange(skip_input_, 0));
   }
+  /// The next pass shares out the input from its `n`-th batch on (the first `n` are passed over, not shared):
+  /// resuming a pass begun under another number of processes. Later passes are whole.
+  void skip_input_batches(std::size_t n) const noexcept { skip_input_ = n; }
   [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
 
   /// This process's number of batches, when the input knows its own (Accelerate's `BatchSamplerShard.__len__`).
@@ -359,7 +364,8 @@ class shard_view {
   }
 
   [[nodiscard]] const shard_options& options() const noexcept { return options_; }
-  /// Samples in the whole input (every process's), once a pass has read all of it; -1 before.
+  /// Samples in the whole input (every process's; after the batches `skip_input_batches` passed over), once a pass
+  /// has read all of it; -1 before.
   [[nodiscard]] std::int64_t input_samples() const noexcept { return samples_; }
   /// Samples of the last global batch that are real (Accelerate's `remainder`, what `gather_for_metrics` keeps on
   /// the last batch); -1 when nothing is padded (drop_last) or the input has not been read to its end.
@@ -375,9 +381,16 @@ class shard_view {
   bool infer_batch_size_ = false;
   mutable std::int64_t samples_ = -1;
   mutable std::optional<std::int64_t> batch_size_;
+  mutable std::size_t skip_input_ = 0;
 };
 
 namespace detail {
+
+/// Batches of the input that make one batch of each process: P whole batches shared round robin, or one batch
+/// split in P (and one batch as it is for one process). What converts a data position between numbers of processes.
+inline std::int64_t input_batches_per_batch(const shard_options& o) noexcept {
+  return o.split_batches ? 1 : o.num_processes;
+}
 
 /// Accelerate's `split_between_processes`: contiguous parts, the first `size % P` one element longer; with
 /// padding, every part as long as the longest, completed with its last element.

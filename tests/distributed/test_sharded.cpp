@@ -451,6 +451,55 @@ TEMPLATE_TEST_CASE(
 }
 
 namespace {
+/// Where the jobs of the resume-elsewhere cases meet (tests/CMakeLists.txt sets it).
+std::filesystem::path cross_job_directory(const std::string& policy) {
+  const char* dir = std::getenv("ACCEL_TEST_CROSS_JOB_DIR");
+  REQUIRE(dir != nullptr);
+  return std::filesystem::path(dir) / policy;
+}
+/// The AdamW state a checkpoint holds for the uneven MLP.
+std::vector<torch::Tensor> saved_adamw_state(const std::filesystem::path& checkpoint) {
+  uneven net(false);
+  auto optimizer = make_optimizer(optimizer_kind::adamw, net);
+  return accel_test::adamw_state(*optimizer, checkpoint / "optimizer.bin");
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("saved by 2 processes under a sharded policy, for jobs of another number of processes to load",
+                   "[resume_elsewhere_save]", zero1, zero2, zero3) {
+  using sharded = accel::accelerator<accel::fp32, TestType>;
+  const auto dir = cross_job_directory(TestType::name());
+  run_steps<sharded>(0, 5, 5, {}, dir);
+  sharded acc;
+  REQUIRE(acc.num_processes() == 2);
+}
+
+TEMPLATE_TEST_CASE(
+    "loaded by another number of processes, a sharded policy holds the saved parameters and optimizer state, bit for "
+    "bit, and trains on as data_parallel does from the same checkpoint",
+    "[resume_elsewhere_load]", zero1, zero2, zero3) {
+  using sharded = accel::accelerator<accel::fp32, TestType>;
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  const auto dir = cross_job_directory(TestType::name());
+  const auto again = job_directory("accel_saved_again_");
+  // Loaded and saved again at once: each process's shard, gathered whole, is what the 2 processes saved.
+  const auto loaded = run_steps<sharded>(5, 5, 99, dir, again);
+  const auto copied = run_steps<replicated>(5, 5, 99, dir);
+  for (std::size_t i = 0; i < loaded.size(); ++i) CHECK(torch::equal(loaded[i], copied[i]));
+  const auto saved_state = saved_adamw_state(dir);
+  CHECK_FALSE(saved_state.empty());
+  CHECK(accel_test::all_equal(saved_adamw_state(again), saved_state));
+  // Steps 5 to 8 under this number of processes, sharded and replicated.
+  const auto trained = run_steps<sharded>(5, 8, 99, dir);
+  const auto expected = run_steps<replicated>(5, 8, 99, dir);
+  sharded acc;
+  check_same_parameters<TestType>(trained, expected, acc.num_processes());
+  CHECK_FALSE(torch::equal(trained[0], loaded[0]));  // it trained
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(again);
+}
+
+namespace {
 
 /// 64 layers of 128 x 128: 1,056,768 parameters, none larger than 16,384 elements, so that the optimizer's state
 /// dominates and what scales with one parameter or one bucket (the step's temporaries, the collective's own

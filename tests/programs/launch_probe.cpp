@@ -10,20 +10,28 @@
 //                          sleeps: the launcher's signal to the worker's process group must reach it too
 //   sleep DIR              write DIR/pid.<RANK> and sleep 60 s
 //   sleep_ignoring_sigterm DIR  the same, with SIGTERM ignored
+//   flaky RANK CODE ATTEMPTS DIR  for restarts: each start appends "restart=K rank=R pid=P earlier_alive=A" to
+//                          DIR/starts (K: ACCEL_RESTART_COUNT; A: how many workers of earlier attempts are still
+//                          alive) after writing the variables to DIR/vars.K.<RANK>. While K < ATTEMPTS, rank RANK waits
+//                          until every local worker has started, then exits with CODE (or dies of signal -CODE when
+//                          CODE is negative), and the others sleep 60 s; from attempt ATTEMPTS on, every worker exits 0
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -67,7 +75,8 @@ int write_environment(const std::string& prefix) {
   for (const char* name :
        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE",
         "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "ACCELERATE_MIXED_PRECISION",
-        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCEL_CONFIG_FILE"}) {
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCEL_CONFIG_FILE", "ACCEL_RESTART_COUNT",
+        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"}) {
     content += std::string(name) + "=" + variable(name) + "\n";
   }
   write_file(prefix + "." + variable("RANK"), content);
@@ -112,6 +121,63 @@ int fail_one(const std::string& mode, int failing_rank, int code, const std::str
   return code;
 }
 
+// Whether a process exists and is not a zombie.
+bool alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::size_t end_of_name = content.rfind(')');
+  return end_of_name != std::string::npos && content.find(" Z ", end_of_name) != end_of_name + 1;
+}
+
+struct start_record {
+  int restart = 0;
+  pid_t pid = 0;
+};
+
+std::vector<start_record> read_starts(const std::string& path) {
+  std::vector<start_record> starts;
+  std::ifstream file(path);
+  for (std::string line; std::getline(file, line);) {
+    start_record start;
+    if (std::sscanf(line.c_str(), "restart=%d rank=%*d pid=%d", &start.restart, &start.pid) == 2)
+      starts.push_back(start);
+  }
+  return starts;
+}
+
+// One write with O_APPEND, so that the lines of workers starting together do not mix.
+void log_start(const std::string& path, int restart) {
+  int earlier_alive = 0;
+  for (const start_record& start : read_starts(path)) {
+    if (start.restart < restart && alive(start.pid)) ++earlier_alive;
+  }
+  const std::string line = "restart=" + std::to_string(restart) + " rank=" + std::to_string(rank()) +
+                           " pid=" + std::to_string(getpid()) + " earlier_alive=" + std::to_string(earlier_alive) +
+                           "\n";
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd < 0 || write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) std::exit(70);
+  close(fd);
+}
+
+int flaky(int failing_rank, int code, int failing_attempts, const std::string& directory) {
+  const int restart = std::atoi(variable("ACCEL_RESTART_COUNT").c_str());
+  const std::string starts_path = directory + "/starts";
+  write_environment(directory + "/vars." + std::to_string(restart));  // before the start counts, see below
+  log_start(starts_path, restart);
+  if (restart >= failing_attempts) return 0;
+  if (rank() != failing_rank) sleep_then_exit();
+  const auto started_here = [&] {
+    const std::vector<start_record> starts = read_starts(starts_path);
+    return std::count_if(starts.begin(), starts.end(), [&](const start_record& s) { return s.restart == restart; });
+  };
+  for (int waited_ms = 0; started_here() < std::atoi(variable("LOCAL_WORLD_SIZE").c_str()) && waited_ms < 20'000;
+       waited_ms += 10) {
+    sleep_ms(10);
+  }
+  if (code < 0) raise(-code);
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,6 +190,9 @@ int main(int argc, char** argv) {
     return fail_one(mode, std::atoi(arg(2).c_str()), std::atoi(arg(3).c_str()), arg(4));
   }
   if (mode == "crash") return fail_one(mode, std::atoi(arg(2).c_str()), 0, arg(3));
+  if (mode == "flaky") {
+    return flaky(std::atoi(arg(2).c_str()), std::atoi(arg(3).c_str()), std::atoi(arg(4).c_str()), arg(5));
+  }
   if (mode == "sleep" || mode == "sleep_ignoring_sigterm") {
     if (mode == "sleep_ignoring_sigterm") signal(SIGTERM, SIG_IGN);
     write_pid(arg(2), "pid");

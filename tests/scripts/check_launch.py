@@ -109,7 +109,8 @@ def case_env():
         v = read_variables(os.path.join(WORK, f"vars.{rank}"))
         expected = {"RANK": rank, "WORLD_SIZE": 3, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": 3, "GROUP_RANK": 0,
                     "NODE_RANK": 0, "GROUP_WORLD_SIZE": 1, "ROLE_RANK": rank, "ROLE_WORLD_SIZE": 3,
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500, "OMP_NUM_THREADS": 1}
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500, "OMP_NUM_THREADS": 1, "ACCEL_RESTART_COUNT": 0,
+                    "TORCHELASTIC_RESTART_COUNT": 0, "TORCHELASTIC_MAX_RESTARTS": 0}
         for name, value in expected.items():
             check(v.get(name) == str(value), f"rank {rank}: {name}={v.get(name)}, expected {value}")
     check("OMP_NUM_THREADS=1" in err, "the launcher does not say it set OMP_NUM_THREADS")
@@ -200,17 +201,21 @@ def case_process_group():
     check_all_gone({**{f"rank {r}": p for r, p in workers.items()}, **{f"child of rank {r}": p for r, p in children.items()}})
 
 
-def launch_and_signal(args, signals, probe_mode="sleep"):
-    """Starts `accel launch ARGS... launch_probe PROBE_MODE`, sends it `signals` (0.2 s apart) once every worker has
-    started; returns (exit code, stderr, seconds, worker pids)."""
-    command = [ACCEL, "launch", *args, PROBE, probe_mode, WORK]
+def start_launcher(command):
+    """Starts COMMAND (an accel launch) with its stderr on a pipe, to be signalled by the caller."""
     print("$", " ".join(command), flush=True)
-    nproc = int(args[args.index("--nproc_per_node") + 1])
     # The launcher must see the signals' default dispositions, even where this script was started with SIGINT
     # ignored (a background job of a non-interactive shell).
     restore = lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)]
+    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=WORK, preexec_fn=restore)
+
+
+def launch_and_signal(args, signals, probe_mode="sleep"):
+    """Starts `accel launch ARGS... launch_probe PROBE_MODE`, sends it `signals` (0.2 s apart) once every worker has
+    started; returns (exit code, stderr, seconds, worker pids)."""
+    nproc = int(args[args.index("--nproc_per_node") + 1])
     start = time.monotonic()
-    launcher = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=WORK, preexec_fn=restore)
+    launcher = start_launcher([ACCEL, "launch", *args, PROBE, probe_mode, WORK])
     try:
         while not all(os.path.exists(os.path.join(WORK, f"pid.{r}")) for r in range(nproc)):
             check(time.monotonic() - start < 20, "the workers did not start within 20 s")
@@ -264,6 +269,150 @@ def case_launcher_killed():
     while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
     check_all_gone(pids)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Restarts (the probe's flaky mode logs every start in WORK/starts and its variables in WORK/vars.RESTART.RANK)
+
+
+def read_starts():
+    """The workers started, in order: one dict per start with restart, rank, pid and earlier_alive (how many workers
+    of earlier attempts were still alive when it started)."""
+    path = os.path.join(WORK, "starts")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [{name: int(value) for name, value in (field.split("=") for field in line.split())} for line in f]
+
+
+def start_pid(starts, restart, rank):
+    pids = [s["pid"] for s in starts if s["restart"] == restart and s["rank"] == rank]
+    check(len(pids) == 1, f"expected one start of rank {rank} in attempt {restart}, got {len(pids)}")
+    return pids[0]
+
+
+def check_attempts(starts, attempts, nproc):
+    got = sorted((s["restart"], s["rank"]) for s in starts)
+    expected = [(restart, rank) for restart in range(attempts) for rank in range(nproc)]
+    check(got == expected, f"expected {attempts} attempts of {nproc} workers, got the starts {got}")
+
+
+def restart_lines(err):
+    return [line for line in err.splitlines() if "restarting the job" in line]
+
+
+def case_restart_then_succeed():
+    code, _, err, _ = launch("--nproc_per_node", "2", "--max_restarts", "2", "--restart_delay", "0", PROBE, "flaky",
+                             "1", "3", "1", WORK)
+    check(code == 0, f"expected exit code 0 after the restart succeeded, got {code}")
+    starts = read_starts()
+    check_attempts(starts, 2, 2)
+    failed = start_pid(starts, 0, 1)
+    expected = f"accel launch: worker rank 1 (pid {failed}) exited with code 3; restarting the job (restart 1 of 2)"
+    check(restart_lines(err) == [expected], f"expected the one restart line {expected!r}")
+    check("giving up" not in err, "the launcher gave up although the restart succeeded")
+    for restart in range(2):
+        for rank in range(2):
+            v = read_variables(os.path.join(WORK, f"vars.{restart}.{rank}"))
+            for name, value in {"ACCEL_RESTART_COUNT": restart, "TORCHELASTIC_RESTART_COUNT": restart,
+                                "TORCHELASTIC_MAX_RESTARTS": 2}.items():
+                check(v.get(name) == str(value),
+                      f"attempt {restart}, rank {rank}: {name}={v.get(name)}, expected {value}")
+
+
+def case_restart_gives_up():
+    # Also: dashes in the option names, and a delay before each restart.
+    code, _, err, seconds = launch("--nproc_per_node", "2", "--max-restarts=2", "--restart-delay", "0.3", PROBE,
+                                   "flaky", "0", "3", "1000", WORK)
+    check(code == 3, f"expected the failing worker's exit code 3, got {code}")
+    starts = read_starts()
+    check_attempts(starts, 3, 2)
+    lines = restart_lines(err)
+    check(len(lines) == 2, f"expected two restart lines, got {len(lines)}")
+    for k, line in zip((1, 2), lines):
+        check(line.endswith(f"exited with code 3; restarting the job in 0.3 s (restart {k} of 2)"),
+              f"unexpected restart line {line!r}")
+    last = start_pid(starts, 2, 0)
+    check(f"accel launch: worker rank 0 (pid {last}) exited with code 3; giving up after 2 restarts" in err,
+          "the launcher did not say it gave up after the last attempt")
+    check(seconds >= 0.6, f"took {seconds:.2f} s: the two restarts did not wait 0.3 s each")
+
+
+def case_restart_sigkill():
+    code, _, err, _ = launch("--nproc_per_node", "2", "--max_restarts", "1", "--restart_delay", "0", PROBE, "flaky",
+                             "1", str(-int(signal.SIGKILL)), "1", WORK)
+    check(code == 0, f"expected exit code 0 after the restart, got {code}")
+    starts = read_starts()
+    check_attempts(starts, 2, 2)
+    killed = start_pid(starts, 0, 1)
+    expected = (f"accel launch: worker rank 1 (pid {killed}) was killed by signal {int(signal.SIGKILL)} "
+                f"({signal.strsignal(signal.SIGKILL)}); restarting the job (restart 1 of 1)")
+    check(restart_lines(err) == [expected], f"expected the one restart line {expected!r}")
+
+
+def case_restart_other_workers_stopped():
+    # Every worker of the failed attempt is gone (SIGTERM, reaped) before any worker of the next one starts.
+    code, _, _, _ = launch("--nproc_per_node", "3", "--max_restarts", "1", "--restart_delay", "0", PROBE, "flaky",
+                           "1", "3", "1", WORK)
+    check(code == 0, f"expected exit code 0 after the restart, got {code}")
+    starts = read_starts()
+    check_attempts(starts, 2, 3)
+    for rank in (0, 2):
+        check(not alive(start_pid(starts, 0, rank)), f"rank {rank} of the failed attempt is still alive")
+    for start in starts:
+        if start["restart"] == 1:
+            check(start["earlier_alive"] == 0, f"rank {start['rank']} of the restart started while "
+                                               f"{start['earlier_alive']} workers of the failed attempt were alive")
+
+
+def case_restart_free_port():
+    # With --master_port 0 each attempt gets a port of its own: the last attempt's may still be in TIME_WAIT.
+    code, _, _, _ = launch("--nproc_per_node", "2", "--master_port", "0", "--max_restarts", "1", "--restart_delay",
+                           "0", PROBE, "flaky", "0", "3", "1", WORK)
+    check(code == 0, f"expected exit code 0 after the restart, got {code}")
+    ports = []
+    for restart in range(2):
+        attempt_ports = {read_variables(os.path.join(WORK, f"vars.{restart}.{rank}"))["MASTER_PORT"]
+                         for rank in range(2)}
+        check(len(attempt_ports) == 1, f"the workers of attempt {restart} got different ports: {attempt_ports}")
+        ports.append(attempt_ports.pop())
+    # Each attempt asks the kernel for a free port; the kernel may hand out the same one again, so the two ports are
+    # not required to differ, only to be real ports.
+    check(all(1 <= int(port) <= 65535 for port in ports), f"not TCP ports: {ports}")
+
+
+def case_no_restart_on_signal():
+    code, err, seconds, pids = launch_and_signal(["--nproc_per_node", "2", "--max_restarts", "3"], [signal.SIGTERM])
+    check(code == 128 + signal.SIGTERM, f"expected {128 + signal.SIGTERM}, got {code}")
+    check("received SIGTERM; passing it on to the 2 running workers" in err, "the launcher did not report the signal")
+    check("restart" not in err, "a signal to the launcher must not restart the job")
+    check(pids_written("pid", range(2)) == pids, "the workers were started again")
+    check(seconds < 10, f"took {seconds:.1f} s, expected well under 10 s")
+    check_all_gone(pids)
+
+
+def case_no_restart_on_signal_during_delay():
+    start = time.monotonic()
+    launcher = start_launcher([ACCEL, "launch", "--nproc_per_node", "2", "--max_restarts", "1", "--restart_delay", "30",
+                               PROBE, "flaky", "0", "3", "1", WORK])
+    err = ""
+    try:
+        for line in launcher.stderr:  # the workers' stderr shares the pipe; the launcher's line says it waits
+            err += line
+            if "restarting the job in 30 s" in line:
+                launcher.send_signal(signal.SIGTERM)
+                break
+        launcher.wait(timeout=20)
+        err += launcher.stderr.read()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    seconds = time.monotonic() - start
+    print(f"exit code {launcher.returncode} after {seconds:.2f} s\n--- stderr\n{err}---", flush=True)
+    check(launcher.returncode == 128 + signal.SIGTERM, f"expected {128 + signal.SIGTERM}, got {launcher.returncode}")
+    check("received SIGTERM before the restart; not restarting" in err, "the launcher did not report the signal")
+    check(seconds < 20, f"took {seconds:.1f} s: the launcher waited out the 30 s delay")
+    check_attempts(read_starts(), 1, 2)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -343,6 +492,19 @@ def case_usage_unknown_option():
     check_usage_error(["--nproc_per_node", "2", "--prefix_output=yes", PROBE], "--prefix_output takes no value")
 
 
+def case_usage_restarts():
+    check_usage_error(["--nproc_per_node", "1", "--max_restarts", "-1", PROBE], "--max_restarts", "0 to 1000", "'-1'")
+    check_usage_error(["--nproc_per_node", "1", "--max-restarts=abc", PROBE], "--max-restarts", "'abc'")
+    check_usage_error(["--nproc_per_node", "1", "--max_restarts", "1001", PROBE], "--max_restarts", "'1001'")
+    check_usage_error(["--nproc_per_node", "1", "--restart_delay", "-1", PROBE], "--restart_delay", "'-1'")
+    check_usage_error(["--nproc_per_node", "1", "--restart_delay", "soon", PROBE], "--restart_delay", "'soon'")
+
+
+def case_usage_restarts_multinode():
+    check_usage_error(["--nproc_per_node", "1", "--nnodes", "2", "--master_addr", "10.0.0.1", "--max_restarts", "1",
+                       PROBE], "--max_restarts works only with --nnodes 1", "torchrun with a rendezvous")
+
+
 def case_program_not_found():
     code, _, err, seconds = launch("--nproc_per_node", "2", "accel-no-such-program")
     check(code == 127, f"expected 127 (the worker could not exec the program), got {code}")
@@ -354,6 +516,8 @@ def case_launch_help():
     code, out, _, _ = launch("--help")
     check(code == 0, f"expected exit code 0, got {code}")
     check(out.startswith("usage: accel launch --nproc_per_node N"), "accel launch --help does not print the usage")
+    for option in ("--max_restarts R", "--restart_delay S"):
+        check(f"\n  {option} " in out, f"accel launch --help does not list {option}")
 
 
 def run_accel(*args, env_changes=None, timeout=30):

@@ -102,6 +102,34 @@ inline std::vector<const void*> parameter_identities(torch::nn::Module& m) {
   return ids;
 }
 
+/// AdamW's state, parameter by parameter in group order (exp_avg, exp_avg_sq and the step as a tensor; nothing for a
+/// parameter that never stepped).
+inline std::vector<torch::Tensor> adamw_state(torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> tensors;
+  for (auto& group : optimizer.param_groups())
+    for (auto& p : group.params()) {
+      const auto found = optimizer.state().find(accel::detail::compat::optimizer_state_key(p));
+      if (found == optimizer.state().end()) continue;
+      auto& state = static_cast<torch::optim::AdamWParamState&>(*found->second);
+      tensors.insert(tensors.end(), {state.exp_avg(), state.exp_avg_sq(), torch::tensor(state.step())});
+    }
+  return tensors;
+}
+/// The same of an optimizer whose state is loaded from `file` (an `optimizer.bin` of a checkpoint).
+inline std::vector<torch::Tensor> adamw_state(torch::optim::Optimizer& optimizer, const std::filesystem::path& file) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(file.string());
+  optimizer.load(archive);
+  return adamw_state(optimizer);
+}
+/// True when two lists of tensors are equal bit for bit.
+inline bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
 /// Sets lr = base * f(n) after its n-th step, as PyTorch's LambdaLR (LibTorch has none).
 class lambda_lr {
  public:
@@ -159,8 +187,9 @@ struct resumable_run {
     for (int i = 0; i < count; ++i) samples.emplace_back(torch::randn({3}), torch::randn({1}));
     return samples;
   }
-  resumable_run(std::uint64_t seed, int samples_count)
-      : net(seeded_mlp(seed)),
+  resumable_run(std::uint64_t seed, int samples_count, const accel::options& options = {.cpu = true})
+      : acc(options),
+        net(seeded_mlp(seed)),
         optimizer(net->parameters(), torch::optim::AdamWOptions(1e-2)),
         schedule(optimizer, [](int n) { return 1.0 / (1 + 0.1 * n); }),
         samples(make_samples(samples_count)),
@@ -195,7 +224,19 @@ struct resumable_run {
         if (++done == steps) return;
       }
   }
-  Accelerator acc{accel::options{.cpu = true}};
+  /// Trains until the accelerator has completed `total` optimizer steps, however many it had when it started (a
+  /// run resumed from a checkpoint: its count). The epoch loop of a program that resumes by itself.
+  void train_until(std::int64_t total) {
+    while (acc.completed_steps() < total)
+      for (auto&& [x, y] : batches) {
+        acc.backward(torch::mse_loss(model(x), y));
+        opt.step();
+        sched.step();
+        opt.zero_grad();
+        if (acc.completed_steps() == total) return;
+      }
+  }
+  Accelerator acc;
   mlp net;
   torch::optim::AdamW optimizer;
   lambda_lr schedule;

@@ -254,20 +254,106 @@ TEST_CASE("I2 I3 automatic checkpoint naming: total_limit keeps the newest; load
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("load_state refuses a checkpoint saved by another number of processes", "[checkpoint][resume]") {
+TEST_CASE(
+    "save_every_steps saves after every N-th step; restarted with resume::latest, a run ends where an uninterrupted "
+    "one does, bit for bit",
+    "[checkpoint][resume]") {
+  const auto dir = scratch("auto-resume");
+  const accel::options options{.cpu = true,
+                               .project = {.project_dir = dir.string(),
+                                           .automatic_checkpoint_naming = true,
+                                           .total_limit = 2,
+                                           .resume = accel::resume::latest,
+                                           .save_every_steps = 3}};
+  const auto checkpoints = [&] {
+    std::vector<std::string> names;
+    for (const auto& [number, path] : accel::detail::numbered_checkpoints(dir / "checkpoints"))
+      names.push_back(path.filename().string());
+    return names;
+  };
+  training_run uninterrupted(1, 32);  // 8 batches per epoch, dropout: 20 steps cross two epochs' ends
+  uninterrupted.train(20);
+  {
+    training_run killed(1, 32, options);
+    killed.train_until(10);  // saves after steps 3, 6 and 9, then stops (is killed) after step 10
+    CHECK(killed.acc.completed_steps() == 10);
+    CHECK_FALSE(killed.acc.resumed_from().has_value());  // nothing to resume from at first
+  }
+  CHECK(checkpoints() == std::vector<std::string>{"checkpoint_1", "checkpoint_2"});
+  training_run restarted(99, 32, options);  // other weights, another RNG state: all from the checkpoint
+  restarted.train_until(20);
+  REQUIRE(restarted.acc.resumed_from().has_value());
+  CHECK(restarted.acc.resumed_from()->filename() == "checkpoint_2");
+  CHECK(accel_test::bitwise_equal(*restarted.net, *uninterrupted.net));
+  CHECK(restarted.schedule.steps() == uninterrupted.schedule.steps());
+  CHECK(checkpoints() == std::vector<std::string>{"checkpoint_4", "checkpoint_5"});  // after steps 15 and 18
+  training_run counted(7, 32,
+                       {.cpu = true, .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true}});
+  counted.acc.load_state();
+  CHECK(counted.acc.completed_steps() == 18);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("save_every_steps counts the training range's steps: an evaluation loop inside it neither counts nor saves",
+          "[checkpoint][resume]") {
+  const auto dir = scratch("auto-save-eval");
+  accel::accelerator<> acc{
+      {.cpu = true,
+       .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true, .save_every_steps = 2}}};
+  torch::nn::Linear net(3, 1);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, opt, train, evaluation] =
+      acc.prepare(net, sgd, accel_test::regression_batches(6, 4, 3, 1), accel_test::regression_batches(3, 4, 3, 1, 9));
+  for (auto&& [x, y] : train) {
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+    opt.zero_grad();
+    for (auto&& [ex, ey] : evaluation) (void)torch::mse_loss(model(ex), ey);
+  }
+  CHECK(acc.completed_steps() == 6);
+  CHECK(accel::detail::numbered_checkpoints(dir / "checkpoints").size() == 3);  // after steps 2, 4 and 6
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("save_every_steps and resume::latest need automatic checkpoint naming", "[checkpoint][resume]") {
+  CHECK_THROWS_WITH(accel::accelerator<>({.cpu = true, .project = {.save_every_steps = 5}}),
+                    Catch::Contains("project.save_every_steps works with the numbered checkpoints of "
+                                    "project.automatic_checkpoint_naming; set it to true"));
+  CHECK_THROWS_WITH(accel::accelerator<>({.cpu = true, .project = {.resume = accel::resume::latest}}),
+                    Catch::Contains("resume = resume::latest works with"));
+  CHECK_THROWS_WITH(
+      accel::accelerator<>({.cpu = true, .project = {.automatic_checkpoint_naming = true, .save_every_steps = -1}}),
+      Catch::Contains("must be 0 (no automatic saves) or a number of optimizer steps"));
+}
+
+TEST_CASE("load_state takes a checkpoint saved by another number of processes; a damaged count is refused",
+          "[checkpoint][resume]") {
   const auto dir = scratch("world");
   accel::accelerator<> acc{{.cpu = true}};
   auto net = torch::nn::Linear(2, 1);
   auto model = acc.prepare(net);
+  {
+    torch::NoGradGuard no_grad;
+    net->bias.fill_(3.0f);
+  }
   acc.save_state(dir / "state");
-  torch::serialize::OutputArchive forged;  // as a 2-process job writes it
-  forged.write("processes", c10::IValue(std::int64_t{2}));
-  forged.write("models", c10::IValue(std::int64_t{1}));
-  forged.write("optimizers", c10::IValue(std::int64_t{0}));
-  forged.save_to((dir / "state" / "accel_state.bin").string());
-  std::filesystem::remove(dir / "state" / "accel_checksums.txt");  // unverified, as accel 0.1 wrote checkpoints
-  CHECK_THROWS_WITH(acc.load_state(dir / "state"),
-                    Catch::Contains("has 2 processes, this program 1; resume with the same number of processes"));
+  const auto forge = [&](std::int64_t processes) {  // as a job of that many processes writes it
+    torch::serialize::OutputArchive forged;
+    forged.write("processes", c10::IValue(processes));
+    forged.write("models", c10::IValue(std::int64_t{1}));
+    forged.write("optimizers", c10::IValue(std::int64_t{0}));
+    forged.save_to((dir / "state" / "accel_state.bin").string());
+    std::filesystem::remove(dir / "state" / "accel_checksums.txt");  // unverified, as accel 0.1 wrote checkpoints
+  };
+  forge(2);
+  {
+    torch::NoGradGuard no_grad;
+    net->bias.fill_(0.0f);
+  }
+  acc.load_state(dir / "state");  // process 0's state and generators (tests/distributed: 2 processes -> 1, 3, 4)
+  CHECK(net->bias.item<float>() == 3.0f);
+  forge(0);
+  CHECK_THROWS_WITH(acc.load_state(dir / "state"), Catch::Contains("says 0 processes wrote the checkpoint"));
   std::filesystem::remove_all(dir);
 }
 

@@ -122,6 +122,8 @@ TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accel
     accel::single_process parallel;
     accel::options options;
     accel::gradient_state gradient_state;
+    accel::detail::checkpoint_schedule schedule;
+    std::optional<std::filesystem::path> resumed_from;
     bool trigger;
     accel::detail::prepared_registry registry;
     accel::detail::tracker_set trackers;

@@ -2,15 +2,19 @@
 //
 // Design. The command line becomes a `launch_options` (parse_launch_options), the options become one
 // `worker_spec` per local worker holding the environment variables torchrun would set (worker_specs), and
-// supervise_workers (supervisor.cpp) runs them:
+// supervise_job (supervisor.cpp) runs them, one attempt at a time (supervise_workers):
 // - each worker is fork()ed, put in its own process group, given its variables and exec'd with execvp, so the
 //   program is found on PATH and a signal sent to the group also reaches the worker's own children;
 // - one poll() loop waits for everything: SIGCHLD, SIGINT, SIGTERM, SIGHUP and SIGQUIT arrive as bytes on a
 //   self-pipe, and with --prefix_output each worker's stdout and stderr arrive on pipes, copied out line by line
 //   as "[rank R] line". Nothing spins: without a deadline poll() sleeps until something happens;
 // - the first worker to fail (non-zero exit or death by signal) decides the exit code; the others get SIGTERM and,
-//   after --grace_period seconds, SIGKILL. A signal sent to the launcher is passed on the same way.
-// Static launch only: no rendezvous, restarts or elasticity (torchrun's --rdzv_* and --max_restarts).
+//   after --grace_period seconds, SIGKILL. A signal sent to the launcher is passed on the same way;
+// - with --max_restarts N, a failed attempt is followed, after --restart_delay seconds, by a new one that starts
+//   every local worker again (with --master_port 0 on a fresh port), up to N times, as torchrun's --max_restarts
+//   does. Each worker gets ACCEL_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (0 on the first attempt) and
+//   TORCHELASTIC_MAX_RESTARTS. A signal sent to the launcher ends the job without a restart.
+// Static launch only: no rendezvous or elasticity (torchrun's --rdzv_*), so restarts need a single node.
 #include "launch.hpp"
 
 #include <arpa/inet.h>
@@ -42,7 +46,8 @@ namespace {
 constexpr int default_master_port = 29500;
 constexpr int most_workers_per_node = 1024;  // a typo such as 10000 would otherwise fork that many processes
 constexpr int most_nodes = 65536;
-constexpr double longest_grace_period_s = 3600;
+constexpr int most_restarts = 1000;
+constexpr double longest_wait_s = 3600;  // --grace_period and --restart_delay
 
 // ---------------------------------------------------------------------------------------------------------------
 // Command line
@@ -64,10 +69,9 @@ std::chrono::milliseconds parse_seconds(const option_token& option, const std::s
   errno = 0;
   const double seconds = text.empty() ? -1 : std::strtod(text.c_str(), &end);
   if (text.empty() || errno != 0 || *end != '\0' || !std::isfinite(seconds) || seconds < 0 ||
-      seconds > longest_grace_period_s) {
+      seconds > longest_wait_s) {
     throw usage_error(option.spelling + " must be a number of seconds from 0 to " +
-                      std::to_string(static_cast<int>(longest_grace_period_s)) + " (e.g. 3 or 0.5), not '" + text +
-                      "'");
+                      std::to_string(static_cast<int>(longest_wait_s)) + " (e.g. 3 or 0.5), not '" + text + "'");
   }
   return std::chrono::milliseconds(std::llround(seconds * 1000));
 }
@@ -116,6 +120,11 @@ void apply_option(launch_options& options, const given_option& given) {
   } else if (option.name == "master_port") {
     options.master_port =
         static_cast<int>(parse_whole_number(option, value, 0, 65535, "a TCP port; 0 picks a free one"));
+  } else if (option.name == "max_restarts") {
+    options.max_restarts = static_cast<int>(
+        parse_whole_number(option, value, 0, most_restarts, "how many times a failed job is started again"));
+  } else if (option.name == "restart_delay") {
+    options.restart_delay = parse_seconds(option, value);
   } else {
     options.grace_period = parse_seconds(option, value);
   }
@@ -132,7 +141,8 @@ given_option read_option(const std::string& argument, const std::string* next, b
   }
   static constexpr std::string_view valued[] = {"nproc_per_node", "nnodes",          "node_rank",
                                                 "master_addr",    "master_port",     "grace_period",
-                                                "config_file",    "mixed_precision", "gradient_accumulation_steps"};
+                                                "config_file",    "mixed_precision", "gradient_accumulation_steps",
+                                                "max_restarts",   "restart_delay"};
   if (std::find(std::begin(valued), std::end(valued), option.name) == std::end(valued)) {
     throw usage_error("unknown option '" + option.spelling +
                       "'; 'accel launch --help' lists the options (an option meant for the program goes after the "
@@ -213,6 +223,12 @@ void check_consistency(const launch_options& options) {
         "--master_port 0 (pick a free port) works only with --nnodes 1, since every node must use the "
         "same port; give a fixed port on every node, e.g. --master_port 29500");
   }
+  if (options.nnodes > 1 && options.max_restarts > 0) {
+    throw usage_error(
+        "--max_restarts works only with --nnodes 1: a restart must start every node's workers again "
+        "together, which a static launch cannot coordinate, so run it on one node, or use torchrun "
+        "with a rendezvous (--rdzv_backend c10d) for several");
+  }
   if (options.program.empty()) {
     throw usage_error(
         "no program given: put the program and its arguments after the options, e.g. 'accel launch "
@@ -257,8 +273,10 @@ void append_run_settings(std::vector<std::pair<std::string, std::string>>& varia
   if (options.config_file) variables.emplace_back("ACCEL_CONFIG_FILE", options.config_file->string());
 }
 
-// The variables torchrun sets for a static launch (ROLE_* equal the global values: accel has one role).
-std::vector<worker_spec> worker_specs(const launch_options& options, int master_port, bool set_omp_num_threads) {
+// The variables torchrun sets for a static launch (ROLE_* equal the global values: accel has one role), for the
+// attempt after `restart_count` restarts.
+std::vector<worker_spec> worker_specs(const launch_options& options, int master_port, int restart_count,
+                                      bool set_omp_num_threads) {
   const int world_size = options.nnodes * options.nproc_per_node;
   std::vector<worker_spec> specs;
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
@@ -277,6 +295,9 @@ std::vector<worker_spec> worker_specs(const launch_options& options, int master_
         {"ROLE_WORLD_SIZE", std::to_string(world_size)},
         {"MASTER_ADDR", options.master_addr},
         {"MASTER_PORT", std::to_string(master_port)},
+        {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
+        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)},
+        {"ACCEL_RESTART_COUNT", std::to_string(restart_count)},
     };
     if (set_omp_num_threads) spec.variables.emplace_back("OMP_NUM_THREADS", "1");
     append_run_settings(spec.variables, options);
@@ -318,8 +339,10 @@ const char* launch_usage() {
          "\n"
          "Starts N processes of program on this node, each with torchrun's environment variables, and waits\n"
          "for them. When a worker fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
-         "accel launch exits with the failing worker's exit code (128 + S for a death by signal S).\n"
-         "SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to accel launch are passed on to every worker.\n"
+         "accel launch exits with the failing worker's exit code (128 + S for a death by signal S), or,\n"
+         "with --max_restarts R, starts all N workers again, up to R times.\n"
+         "SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to accel launch are passed on to every worker, and no\n"
+         "restart follows.\n"
          "\n"
          "options (--name value or --name=value; dashes work as well as underscores):\n"
          "  --nproc_per_node N  worker processes on this node (required, at least 1)\n"
@@ -329,6 +352,9 @@ const char* launch_usage() {
          "  --master_port P     TCP port on node 0 (default 29500; 0 picks a free port, with one node only)\n"
          "  --prefix_output     prefix every line a worker prints with \"[rank R] \"\n"
          "  --grace_period S    seconds from SIGTERM to SIGKILL when stopping the workers (default 3)\n"
+         "  --max_restarts R    after a worker fails, start all the workers again, up to R times (0 to 1000,\n"
+         "                      default 0; with --nnodes 1 only)\n"
+         "  --restart_delay S   seconds to wait before each restart (default 1)\n"
          "  --mixed_precision M no, bf16 or fp16: sets ACCELERATE_MIXED_PRECISION for the workers\n"
          "  --gradient_accumulation_steps N  sets ACCELERATE_GRADIENT_ACCUMULATION_STEPS for the workers\n"
          "  --config_file F     the config file to read (default: $ACCEL_CONFIG_FILE, or\n"
@@ -342,15 +368,16 @@ const char* launch_usage() {
          "\n"
          "Worker l (0 <= l < N) gets RANK=I*N+l, WORLD_SIZE=K*N, LOCAL_RANK=l, LOCAL_WORLD_SIZE=N,\n"
          "GROUP_RANK=NODE_RANK=I, GROUP_WORLD_SIZE=K, ROLE_RANK=RANK, ROLE_WORLD_SIZE=WORLD_SIZE, MASTER_ADDR,\n"
-         "MASTER_PORT, and OMP_NUM_THREADS=1 when N > 1 and OMP_NUM_THREADS is not set.\n"
+         "MASTER_PORT, ACCEL_RESTART_COUNT=TORCHELASTIC_RESTART_COUNT=k on the k-th restart (0 at first),\n"
+         "TORCHELASTIC_MAX_RESTARTS=R, and OMP_NUM_THREADS=1 when N > 1 and OMP_NUM_THREADS is not set.\n"
          "\n"
          "examples:\n"
          "  accel launch --nproc_per_node 2 ./train --epochs 3\n"
+         "  accel launch --nproc_per_node 2 --max_restarts 3 ./train --resume\n"
          "  accel launch --nnodes 2 --node_rank 0 --master_addr 10.0.0.1 --nproc_per_node 4 ./train\n";
 }
 
 int run_launch(const launch_options& options) {
-  const int master_port = options.master_port == 0 ? pick_free_port() : options.master_port;
   // torchrun does the same: N workers each starting one OpenMP thread per core would oversubscribe the cores.
   const bool set_omp_num_threads = options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr;
   if (set_omp_num_threads) {
@@ -361,10 +388,15 @@ int run_launch(const launch_options& options) {
   }
   supervision_options supervision;
   supervision.program = options.program;
-  supervision.workers = worker_specs(options, master_port, set_omp_num_threads);
   supervision.prefix_output = options.prefix_output;
   supervision.grace_period = options.grace_period;
-  return supervise_workers(supervision);
+  supervision.max_restarts = options.max_restarts;
+  supervision.restart_delay = options.restart_delay;
+  return supervise_job(supervision, [&](int restart_count) {
+    // A fresh free port per attempt: the previous attempt's may still be held (TIME_WAIT).
+    const int master_port = options.master_port == 0 ? pick_free_port() : options.master_port;
+    return worker_specs(options, master_port, restart_count, set_omp_num_threads);
+  });
 }
 
 int launch_main(const std::vector<std::string>& args) {

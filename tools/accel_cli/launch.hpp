@@ -22,8 +22,10 @@ struct launch_options {
   int master_port = 29500;  // 0: pick a free port (single node only)
   bool prefix_output = false;
   std::chrono::milliseconds grace_period{3000};
-  std::optional<int> job_processes;  // the config file's num_processes: the whole job, over every node
-  config_values run;                 // mixed_precision and gradient_accumulation_steps, passed on to the workers
+  int max_restarts = 0;                           // how many times a failed job is started again (0 to 1000)
+  std::chrono::milliseconds restart_delay{1000};  // the wait before each restart
+  std::optional<int> job_processes;               // the config file's num_processes: the whole job, over every node
+  config_values run;  // mixed_precision and gradient_accumulation_steps, passed on to the workers
   std::optional<std::filesystem::path> config_file;  // the config file read, if any (passed on to the workers)
   std::vector<std::string> program;                  // the program and its arguments
   bool show_help = false;                            // -h or --help: print the usage, start nothing

@@ -30,6 +30,21 @@ using steady_clock = std::chrono::steady_clock;
 // The signals the launcher passes on to its workers, as torchrun does.
 constexpr std::array forwarded_signals{SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
+std::string sigabbrev(int signal_number) {
+  switch (signal_number) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGQUIT:
+      return "SIGQUIT";
+    default:
+      return "signal " + std::to_string(signal_number);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Signals become bytes on a pipe (the self-pipe trick): the main loop then waits for worker exits (SIGCHLD), the
 // user's Ctrl-C and worker output with one poll(), and no real work runs inside a signal handler.
@@ -70,6 +85,21 @@ class signal_pipe {
   }
 
   int read_end() const { return read_end_; }
+
+  // Sleeps for `delay` unless the launcher gets SIGINT, SIGTERM, SIGHUP or SIGQUIT first (or got one since the last
+  // take_signals()): returns that signal.
+  std::optional<int> sleep_unless_signalled(std::chrono::milliseconds delay) {
+    const auto deadline = steady_clock::now() + delay;
+    for (;;) {
+      for (const int signal_number : take_signals()) {
+        if (signal_number != SIGCHLD) return signal_number;
+      }
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - steady_clock::now()).count();
+      if (left <= 0) return std::nullopt;
+      pollfd readable{read_end_, POLLIN, 0};
+      poll(&readable, 1, static_cast<int>(std::min<long long>(left, 60'000)));
+    }
+  }
 
   // The signals received since the last call, in order (SIGCHLD included).
   std::vector<int> take_signals() {
@@ -239,19 +269,28 @@ void make_pipe(int (&fds)[2]) {
   if (pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
 }
 
+// How one attempt ended.
+struct attempt_result {
+  int exit_code = 0;                   // as supervise_job() returns it
+  std::optional<int> launcher_signal;  // the first SIGINT/SIGTERM/SIGHUP/SIGQUIT sent to the launcher: no restart
+  std::string failure;                 // the first failing worker and how, e.g. "worker rank 1 (pid 42) exited ..."
+};
+
+// Supervises one attempt: its workers, from their start to the last one's exit.
 class supervisor {
  public:
-  explicit supervisor(const supervision_options& options) : options_(options) {
+  supervisor(const supervision_options& options, const std::vector<worker_spec>& specs, signal_pipe& signals)
+      : options_(options), signals_(signals) {
     for (const std::string& argument : options_.program) argv_.push_back(const_cast<char*>(argument.c_str()));
     argv_.push_back(nullptr);
-    workers_.resize(options_.workers.size());
+    workers_.resize(specs.size());
     for (std::size_t i = 0; i < workers_.size(); ++i) {
-      workers_[i].spec = &options_.workers[i];
-      workers_[i].prefix = "[rank " + std::to_string(options_.workers[i].rank) + "] ";
+      workers_[i].spec = &specs[i];
+      workers_[i].prefix = "[rank " + std::to_string(specs[i].rank) + "] ";
     }
   }
 
-  int run() {
+  attempt_result run() {
     start_workers();
     while (any_running()) {
       wait_for_events(poll_timeout_ms());
@@ -259,7 +298,7 @@ class supervisor {
       enforce_deadline();
     }
     drain_output();
-    return exit_code_.value_or(0);
+    return {exit_code_.value_or(0), launcher_signal_, failure_};
   }
 
  private:
@@ -277,6 +316,7 @@ class supervisor {
                      "descriptors; try a smaller --nproc_per_node)\n",
                      w.spec->rank, e.what());
         exit_code_ = 1;
+        failure_ = "worker rank " + std::to_string(w.spec->rank) + " could not be started";
         begin_stopping(SIGTERM);
         break;
       }
@@ -417,9 +457,10 @@ class supervisor {
     const int code = exit_code_of(status);
     if (code == 0 || stopping_) return;  // while stopping, exits are what the launcher asked for
     exit_code_ = code;
+    failure_ =
+        "worker rank " + std::to_string(w.spec->rank) + " (pid " + std::to_string(w.pid) + ") " + describe_exit(status);
     const std::size_t others = count_running();
-    std::string message = "accel launch: worker rank " + std::to_string(w.spec->rank) + " (pid " +
-                          std::to_string(w.pid) + ") " + describe_exit(status);
+    std::string message = "accel launch: " + failure_;
     if (others == 1) message += "; terminating the other worker";
     if (others > 1) message += "; terminating the other " + std::to_string(others) + " workers";
     std::fprintf(stderr, "%s\n", message.c_str());
@@ -427,8 +468,9 @@ class supervisor {
   }
 
   // SIGINT, SIGTERM, SIGHUP or SIGQUIT sent to the launcher goes to every worker; a second one while the workers
-  // are stopping kills them at once (an impatient second Ctrl-C).
+  // are stopping kills them at once (an impatient second Ctrl-C). Whenever it comes, the job is not restarted.
   void on_launcher_signal(int signal_number) {
+    if (!launcher_signal_) launcher_signal_ = signal_number;
     if (!any_running()) return;  // only output is left to copy
     if (!stopping_) {
       if (!exit_code_) exit_code_ = 128 + signal_number;
@@ -439,21 +481,6 @@ class supervisor {
       std::fprintf(stderr, "accel launch: received %s while the workers are stopping; killing them now\n",
                    sigabbrev(signal_number).c_str());
       kill_remaining();
-    }
-  }
-
-  static std::string sigabbrev(int signal_number) {
-    switch (signal_number) {
-      case SIGINT:
-        return "SIGINT";
-      case SIGTERM:
-        return "SIGTERM";
-      case SIGHUP:
-        return "SIGHUP";
-      case SIGQUIT:
-        return "SIGQUIT";
-      default:
-        return "signal " + std::to_string(signal_number);
     }
   }
 
@@ -502,21 +529,64 @@ class supervisor {
   }
 
   const supervision_options& options_;
+  signal_pipe& signals_;
   std::vector<char*> argv_;
   std::vector<worker> workers_;
-  signal_pipe signals_;
   std::optional<int> exit_code_;
+  std::optional<int> launcher_signal_;
+  std::string failure_;
   pid_t launcher_pid_ = getpid();
   bool stopping_ = false;
   bool killed_ = false;
   steady_clock::time_point deadline_{};
 };
 
+// ---------------------------------------------------------------------------------------------------------------
+// Attempts
+
+// Runs one attempt of the job and waits for it to end.
+attempt_result supervise_workers(const supervision_options& options, const std::vector<worker_spec>& workers,
+                                 signal_pipe& signals) {
+  return supervisor(options, workers, signals).run();
+}
+
+void announce_restart(const attempt_result& result, int restart, const supervision_options& options) {
+  std::string delay;
+  if (options.restart_delay.count() > 0) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, " in %g s", std::chrono::duration<double>(options.restart_delay).count());
+    delay = seconds;
+  }
+  std::fprintf(stderr, "accel launch: %s; restarting the job%s (restart %d of %d)\n", result.failure.c_str(),
+               delay.c_str(), restart, options.max_restarts);
+}
+
+void announce_giving_up(const attempt_result& result, const supervision_options& options) {
+  std::fprintf(stderr, "accel launch: %s; giving up after %d %s\n", result.failure.c_str(), options.max_restarts,
+               options.max_restarts == 1 ? "restart" : "restarts");
+}
+
 }  // namespace
 
-int supervise_workers(const supervision_options& options) {
-  supervisor s(options);
-  return s.run();
+int supervise_job(const supervision_options& options, const workers_for_attempt& workers) {
+  signal_pipe signals;  // one for every attempt, so that a signal between two attempts is not lost
+  for (int restart_count = 0;; ++restart_count) {
+    const std::vector<worker_spec> specs = workers(restart_count);
+    const attempt_result result = supervise_workers(options, specs, signals);
+    if (result.exit_code == 0 || result.launcher_signal) return result.exit_code;  // done, or stopped by the user
+    if (restart_count == options.max_restarts) {
+      if (options.max_restarts > 0) announce_giving_up(result, options);
+      return result.exit_code;
+    }
+    announce_restart(result, restart_count + 1, options);
+    // Waiting lets the ended workers' ports and devices be released, and keeps a job that fails at once from
+    // restarting in a tight loop.
+    if (const std::optional<int> signal_number = signals.sleep_unless_signalled(options.restart_delay)) {
+      std::fprintf(stderr, "accel launch: received %s before the restart; not restarting\n",
+                   sigabbrev(*signal_number).c_str());
+      return 128 + *signal_number;
+    }
+  }
 }
 
 }  // namespace accel::cli

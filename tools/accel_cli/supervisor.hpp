@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,15 +16,21 @@ struct worker_spec {
 
 struct supervision_options {
   std::vector<std::string> program;  // program and arguments, run with execvp (PATH lookup)
-  std::vector<worker_spec> workers;
-  bool prefix_output = false;  // pipe each worker's stdout/stderr and prefix every line with "[rank R] "
-  std::chrono::milliseconds grace_period{3000};  // from SIGTERM to SIGKILL when stopping the workers
+  bool prefix_output = false;        // pipe each worker's stdout/stderr and prefix every line with "[rank R] "
+  std::chrono::milliseconds grace_period{3000};   // from SIGTERM to SIGKILL when stopping the workers
+  int max_restarts = 0;                           // how many times a failed job is started again
+  std::chrono::milliseconds restart_delay{1000};  // from the end of a failed attempt to the next one's start
 };
 
-// Starts every worker in its own process group and waits for all of them. When one fails or the launcher gets
-// SIGINT/SIGTERM/SIGHUP/SIGQUIT, stops the others (the signal, then SIGKILL after the grace period). Returns the
-// first failing worker's exit code (128 + signal number for a death by signal), 128 + the signal number when the
-// launcher was signalled first, 0 when every worker exited 0, or 1 when a worker could not be started.
-int supervise_workers(const supervision_options& options);
+// The workers of one attempt: restart_count is 0 for the first, k for the k-th restart.
+using workers_for_attempt = std::function<std::vector<worker_spec>(int restart_count)>;
+
+// Runs the job: starts every worker of an attempt in its own process group and waits for all of them. When one fails
+// or the launcher gets SIGINT/SIGTERM/SIGHUP/SIGQUIT, stops the others (the signal, then SIGKILL after the grace
+// period). A failed attempt is followed by a new one, with every worker started again, up to max_restarts times;
+// a signal to the launcher is never followed by a restart. Returns the last attempt's first failing worker's exit
+// code (128 + signal number for a death by signal), 128 + the signal number when the launcher was signalled first,
+// 0 when every worker of an attempt exited 0, or 1 when a worker could not be started.
+int supervise_job(const supervision_options& options, const workers_for_attempt& workers);
 
 }  // namespace accel::cli

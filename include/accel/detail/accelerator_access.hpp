@@ -37,6 +37,20 @@ struct accelerator_access {
     acc.gradient_state_.end_of_dataloader = last;
     acc.gradient_state_.remainder = remainder;
   }
+  /// `prepared_range`, when a pass starts (resuming from the newest checkpoint), when it yields a batch and when it
+  /// moves on from one (an automatic checkpoint); `range` identifies it.
+  template <class Accelerator>
+  static void before_pass(Accelerator& acc) {
+    acc.before_pass();
+  }
+  template <class Accelerator>
+  static void batch_yielded(Accelerator& acc, const void* range) noexcept {
+    acc.schedule_.batch_yielded(range);
+  }
+  template <class Accelerator>
+  static void after_batch(Accelerator& acc, const void* range) {
+    acc.after_batch(range);
+  }
   /// `prepared_model`, before each forward (data parallel: arm the gradient hooks, sync buffers).
   template <class Accelerator>
   static void before_forward(Accelerator& acc, const torch::nn::Module& module) {
