@@ -416,7 +416,11 @@ TEST_CASE("a process that throws brings the job down", "[crash]") {
   gloo_accelerator acc;
   auto net = mlp(2, 4, 1);
   auto model = acc.prepare(net);
-  if (acc.process_index() == 1) throw std::runtime_error("process 1 fails on purpose");
+  if (acc.process_index() == 1) {
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    throw std::runtime_error("process 1 fails on purpose at " +
+                             std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now).count()) + " s");
+  }
   for (int i = 0; i < 1000; ++i) torch::mse_loss(model(torch::randn({2, 2})), torch::randn({2, 1})).backward();
 }
 

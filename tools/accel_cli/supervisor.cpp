@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 namespace accel::cli {
@@ -51,10 +52,20 @@ std::string sigabbrev(int signal_number) {
 
 int signal_pipe_write_end = -1;
 
-void record_signal(int signal_number) {
+// A signal as the pipe carries it. `sender` is the child whose exit raised SIGCHLD: when several workers die at
+// once (one killed, the others failing in a collective because of it), the pending SIGCHLD keeps the first one's
+// pid (a standard signal is not queued twice), so the launcher names the worker that failed first, not the one
+// waitpid() happens to return first.
+struct received_signal {
+  int number;
+  pid_t sender;
+};
+
+void record_signal(int signal_number, siginfo_t* info, void*) {
   const int saved_errno = errno;
-  const auto byte = static_cast<unsigned char>(signal_number);
-  [[maybe_unused]] const ssize_t ignored = write(signal_pipe_write_end, &byte, 1);  // full pipe: a byte is there
+  const received_signal record{signal_number, signal_number == SIGCHLD && info != nullptr ? info->si_pid : 0};
+  // One write of a few bytes is atomic on a pipe; a full pipe drops the record (the loop reaps every exit anyway).
+  [[maybe_unused]] const ssize_t ignored = write(signal_pipe_write_end, &record, sizeof record);
   errno = saved_errno;
 }
 
@@ -71,7 +82,7 @@ class signal_pipe {
     for (const int signal_number : forwarded_signals) install(signal_number, 0);
     // A closed stdout (`accel launch ... | head`) must not kill the launcher and orphan the workers; the write
     // fails with EPIPE instead.
-    install(SIGPIPE, 0, SIG_IGN);
+    install(SIGPIPE, 0, /*ignore=*/true);
   }
 
   signal_pipe(const signal_pipe&) = delete;
@@ -91,8 +102,8 @@ class signal_pipe {
   std::optional<int> sleep_unless_signalled(std::chrono::milliseconds delay) {
     const auto deadline = steady_clock::now() + delay;
     for (;;) {
-      for (const int signal_number : take_signals()) {
-        if (signal_number != SIGCHLD) return signal_number;
+      for (const received_signal& s : take_signals()) {
+        if (s.number != SIGCHLD) return s.number;
       }
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - steady_clock::now()).count();
       if (left <= 0) return std::nullopt;
@@ -102,13 +113,13 @@ class signal_pipe {
   }
 
   // The signals received since the last call, in order (SIGCHLD included).
-  std::vector<int> take_signals() {
-    std::vector<int> signals;
-    unsigned char buffer[64];
+  std::vector<received_signal> take_signals() {
+    std::vector<received_signal> signals;
+    received_signal buffer[16];
     for (;;) {
-      const ssize_t n = read(read_end_, buffer, sizeof buffer);
+      const ssize_t n = read(read_end_, buffer, sizeof buffer);  // whole records: each was written at once
       if (n > 0) {
-        signals.insert(signals.end(), buffer, buffer + n);
+        signals.insert(signals.end(), buffer, buffer + n / static_cast<ssize_t>(sizeof(received_signal)));
       } else if (n < 0 && errno == EINTR) {
         continue;
       } else {
@@ -135,19 +146,23 @@ class signal_pipe {
     struct sigaction action;
   };
 
-  void install(int signal_number, int flags, void (*handler)(int) = record_signal) {
+  // Records `signal_number` on the pipe, or with `ignore`, ignores it.
+  void install(int signal_number, int flags, bool ignore = false) {
     struct sigaction previous{};
     sigaction(signal_number, nullptr, &previous);
     // A signal the launcher was started with ignored (SIGHUP under nohup, SIGINT in a background job) stays
     // ignored, for the launcher and its workers.
-    if (previous.sa_handler == SIG_IGN && handler != SIG_IGN) return;
+    if (previous.sa_handler == SIG_IGN && !ignore) return;
     struct sigaction action{};
-    action.sa_handler = handler;
+    if (ignore)
+      action.sa_handler = SIG_IGN;
+    else
+      action.sa_sigaction = record_signal;
     sigemptyset(&action.sa_mask);
-    action.sa_flags = flags | SA_RESTART;
+    action.sa_flags = flags | SA_RESTART | (ignore ? 0 : SA_SIGINFO);
     sigaction(signal_number, &action, nullptr);
     saved_.push_back({signal_number, previous});
-    if (handler == record_signal) sigaddset(&handled_, signal_number);
+    if (!ignore) sigaddset(&handled_, signal_number);
   }
 
   void restore_dispositions() {
@@ -425,8 +440,11 @@ class supervisor {
     if (ready < 0) return true;  // EINTR: the handler's byte is read on the next call
     if (ready == 0) return false;
     if (fds[0].revents != 0) {
-      for (const int signal_number : signals_.take_signals()) {
-        if (signal_number != SIGCHLD) on_launcher_signal(signal_number);
+      for (const received_signal& s : signals_.take_signals()) {
+        if (s.number != SIGCHLD)
+          on_launcher_signal(s.number);
+        else if (s.sender > 0)
+          exited_first_.push_back(s.sender);
       }
     }
     for (const pollfd& fd : fds) {
@@ -443,13 +461,17 @@ class supervisor {
     }
   }
 
+  // The workers SIGCHLD named first, in that order (the first failure is the one reported), then any other.
   void reap_exited_workers() {
     int status = 0;
-    pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    const auto reap = [&](pid_t pid) {
       const auto w = std::find_if(workers_.begin(), workers_.end(), [pid](const worker& x) { return x.pid == pid; });
       if (w != workers_.end()) on_worker_exit(*w, status);
-    }
+    };
+    for (const pid_t named : std::exchange(exited_first_, {}))
+      if (waitpid(named, &status, WNOHANG) == named) reap(named);
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) reap(pid);
   }
 
   void on_worker_exit(worker& w, int status) {
@@ -535,6 +557,7 @@ class supervisor {
   std::optional<int> exit_code_;
   std::optional<int> launcher_signal_;
   std::string failure_;
+  std::vector<pid_t> exited_first_;  // workers in the order SIGCHLD named them, not yet reaped
   pid_t launcher_pid_ = getpid();
   bool stopping_ = false;
   bool killed_ = false;
