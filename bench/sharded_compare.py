@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Sharded-training benchmark, side by side in one run: 2 Gloo processes on this machine, MLP widths 256 and 1024,
-AdamW. accel's data_parallel, zero1, zero2 and fully_sharded against PyTorch's DDP, DDP + ZeroRedundancyOptimizer and
-FSDP2 (`fully_shard` per layer, and on the whole model only, without resharding after forward, as accel's
-fully_sharded gathers), where this PyTorch runs them on the CPU. Every job is a fresh 2-process run started by
+AdamW. accel's data_parallel, zero1, zero2 and fully_sharded (the whole model gathered at once, and a shard unit per
+Linear resharded after forward) against PyTorch's DDP, DDP + ZeroRedundancyOptimizer and FSDP2 (`fully_shard` per
+layer, the peer of the units, and on the whole model only, without resharding after forward, the peer of the whole
+model gathered at once), where this PyTorch runs them on the CPU. Every job is a fresh 2-process run started by
 `accel launch`; each round runs them in an order that rotates. The table reports medians over rounds of ms per step,
 the optimizer-state bytes per process (read from the optimizer's state tensors), the bytes each of accel's processes
 sends per step (a ring's share of what one step handed to collectives, counted), and the median of per-round ratios.
@@ -15,7 +16,7 @@ import subprocess
 import sys
 
 WIDTHS = {256: (200, 20), 1024: (40, 5)}  # width: (steps, warm-up steps)
-ACCEL = ["data_parallel", "zero1", "zero2", "fully_sharded"]
+ACCEL = ["data_parallel", "zero1", "zero2", "fully_sharded", "fully_sharded_units"]
 PYTORCH = ["pytorch_ddp", "pytorch_zero", "pytorch_fsdp2", "pytorch_fsdp2_whole"]
 
 

@@ -1,6 +1,7 @@
 // One job of the sharded benchmark (bench/sharded_compare.py runs it under `accel launch`): the MLP of
 // bench/ddp_step.cpp at the given width on 2 Gloo processes, AdamW, batch 32 per process, one thread per process.
-// Strategies: data_parallel, zero1, zero2, fully_sharded. Process 0 prints one line:
+// Strategies: data_parallel, zero1, zero2, fully_sharded (the whole model gathered at once), fully_sharded_units (each
+// Linear an accel::shard_unit, resharded after forward: FSDP2's default per layer). Process 0 prints one line:
 //   `strategy width ms_per_step optimizer_state_bytes_per_process sent_bytes_per_step_per_process`
 // where the bytes sent are what a ring algorithm sends for what one step hands to collectives, counted on a step:
 // 2 (P-1)/P of what is all-reduced (gradient buckets), (P-1)/P of what is reduce-scattered or all-gathered.
@@ -27,9 +28,9 @@ std::int64_t state_bytes(torch::optim::Optimizer& optimizer) {
 }
 
 template <class Parallel>
-int run(const std::string& strategy, int width, int steps, int warmup) {
+int run(const std::string& strategy, int width, int steps, int warmup, bool units = false) {
   accel::accelerator<accel::fp32, Parallel> acc;
-  auto net = bench::wide_mlp(width);
+  auto net = bench::wide_mlp(width, units);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
   auto [model, opt] = acc.prepare(net, optimizer);
   const auto data = bench::wide_batches(width, acc.process_index());
@@ -42,13 +43,19 @@ int run(const std::string& strategy, int width, int steps, int warmup) {
   const double ms = bench::seconds_per_step(acc, step, steps, warmup) * 1e3;
   // One more step, its gradient collective counted.
   const auto* reducer = acc.parallel().reducer_for(*net);
-  const auto before = reducer->payload_elements();
+  const auto gathered = [&]() -> double {
+    if constexpr (requires { acc.parallel().shards_of(optimizer); })
+      return static_cast<double>(acc.parallel().shards_of(optimizer)->all_gathered_elements());
+    else
+      return 0.0;
+  };
+  const auto reduced_before = reducer->payload_elements();
+  const auto gathered_before = gathered();
   step(0);
   const double P = acc.num_processes(), ring = (P - 1) / P;
-  const double gradients = static_cast<double>(reducer->payload_elements() - before) * 4;
+  const double gradients = static_cast<double>(reducer->payload_elements() - reduced_before) * 4;
   double sent = gradients * (requires { reducer->all_reduce_count(); } ? 2 * ring : ring);
-  if constexpr (requires { acc.parallel().shards_of(optimizer); })
-    sent += static_cast<double>(acc.parallel().shards_of(optimizer)->gather_payload_elements()) * 4 * ring;
+  sent += (gathered() - gathered_before) * 4 * ring;
   if (acc.is_main_process())
     std::printf("%s %d %.4f %lld %.0f\n", strategy.c_str(), width, ms, static_cast<long long>(state_bytes(optimizer)),
                 sent);
@@ -59,7 +66,8 @@ int run(const std::string& strategy, int width, int steps, int warmup) {
 
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: %s data_parallel|zero1|zero2|fully_sharded WIDTH STEPS WARMUP\n", argv[0]);
+    std::fprintf(stderr, "usage: %s data_parallel|zero1|zero2|fully_sharded|fully_sharded_units WIDTH STEPS WARMUP\n",
+                 argv[0]);
     return 2;
   }
   const std::string strategy = argv[1];
@@ -68,5 +76,7 @@ int main(int argc, char** argv) {
   if (strategy == "zero1") return run<accel::zero1<accel::gloo>>(strategy, width, steps, warmup);
   if (strategy == "zero2") return run<accel::zero2<accel::gloo>>(strategy, width, steps, warmup);
   if (strategy == "fully_sharded") return run<accel::fully_sharded<accel::gloo>>(strategy, width, steps, warmup);
+  if (strategy == "fully_sharded_units")
+    return run<accel::fully_sharded<accel::gloo>>(strategy, width, steps, warmup, /*units=*/true);
   return run<accel::data_parallel<accel::gloo>>(strategy, width, steps, warmup);
 }

@@ -2,6 +2,7 @@
 // the table rows.
 #pragma once
 
+#include <accel/shard_unit.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -40,12 +41,19 @@ inline double seconds_since(clock_type::time_point start) {
 }
 
 /// The multi-process benchmarks' model: 4 hidden layers of `width` with ReLU, then 1 output, the same weights every
-/// time (bench/ddp_step.py builds the same one).
-inline torch::nn::Sequential wide_mlp(int width) {
+/// time (bench/ddp_step.py builds the same one). With `units`, each Linear is an accel::shard_unit.
+inline torch::nn::Sequential wide_mlp(int width, bool units = false) {
   torch::manual_seed(0);
-  return torch::nn::Sequential(torch::nn::Linear(width, width), torch::nn::ReLU(), torch::nn::Linear(width, width),
-                               torch::nn::ReLU(), torch::nn::Linear(width, width), torch::nn::ReLU(),
-                               torch::nn::Linear(width, width), torch::nn::ReLU(), torch::nn::Linear(width, 1));
+  torch::nn::Sequential net;
+  for (int i = 0; i < 5; ++i) {
+    torch::nn::Linear layer(width, i < 4 ? width : 1);
+    if (units)
+      net->push_back(accel::shard_unit(layer));
+    else
+      net->push_back(layer);
+    if (i < 4) net->push_back(torch::nn::ReLU());
+  }
+  return net;
 }
 
 /// 16 batches of (32 x width, 32 x 1), different on each process, cycled by the loops.

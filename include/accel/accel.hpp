@@ -9,6 +9,7 @@
 #include "precision.hpp"
 #include "parallel.hpp"
 #include "sharded_data_parallel.hpp"
+#include "shard_unit.hpp"
 #include "accumulation.hpp"
 #include "device.hpp"
 #include "batch_range.hpp"

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -45,7 +46,7 @@ struct distributed_operation_error : collective_error {
 };
 
 /// What a backend offers the collectives: in-place asynchronous all-reduce (sum, max), asynchronous sum
-/// reduce-scatter, broadcast, all-gather of equal shapes, barrier.
+/// reduce-scatter and flat all-gather, broadcast, all-gather of equal shapes, barrier.
 template <class C>
 concept communicator = requires(C& c, const C& cc, at::Tensor& tensor, const at::Tensor& input) {
   { cc.rank() } -> std::convertible_to<int>;
@@ -53,7 +54,7 @@ concept communicator = requires(C& c, const C& cc, at::Tensor& tensor, const at:
   c.all_reduce(tensor, reduction::sum).wait();
   c.broadcast(tensor, 0);
   { c.all_gather(input) } -> std::same_as<std::vector<at::Tensor>>;
-  c.all_gather_into(tensor, tensor);             // into one flat tensor of size() * n elements, in rank order
+  c.all_gather_into(tensor, tensor).wait();      // into one flat tensor of size() * n elements, in rank order
   c.reduce_scatter_into(tensor, tensor).wait();  // the sum of every process's r-th of size() segments, on process r
   c.barrier();
 };
@@ -68,12 +69,19 @@ struct local_communicator {
   [[nodiscard]] static constexpr work all_reduce(at::Tensor&, reduction) noexcept { return {}; }
   static constexpr void broadcast(at::Tensor&, int) noexcept {}
   [[nodiscard]] static std::vector<at::Tensor> all_gather(const at::Tensor& tensor) { return {tensor}; }
-  static void all_gather_into(at::Tensor& output, const at::Tensor& input) { output.copy_(input); }
+  static work all_gather_into(at::Tensor& output, const at::Tensor& input) {
+    output.copy_(input);
+    return {};
+  }
   static work reduce_scatter_into(at::Tensor& output, const at::Tensor& input) {
     output.copy_(input);
     return {};
   }
   static constexpr void barrier() noexcept {}
+  /// Another communicator of this one process (what `separate` gives on a real backend: collectives ordered apart).
+  [[nodiscard]] static std::unique_ptr<local_communicator> separate(const std::string&) {
+    return std::make_unique<local_communicator>();
+  }
 };
 
 namespace detail {

@@ -21,6 +21,17 @@ struct bucket_options {
   double bucket_cap_mb = 25.0;
 };
 
+/// How `accel::fully_sharded` treats the parameters of each `accel::shard_unit` (Accelerate's FSDP plugin).
+struct sharding_options {
+  /// Free a unit's full parameters after its forward and gather them again before its backward (Accelerate's
+  /// FULL_SHARD, the default): a process holds at most two units' parameters at once. False keeps them from the
+  /// forward until the unit's backward is over (SHARD_GRAD_OP): one all-gather per unit and step instead of two.
+  bool reshard_after_forward = true;
+  /// Start gathering the next unit's parameters (in the order of the last forward; the one before in backward)
+  /// while this one computes.
+  bool prefetch = true;
+};
+
 /// fp16's dynamic loss scaling, PyTorch's GradScaler algorithm (Accelerate's `GradScalerKwargs`, same defaults):
 /// the loss is multiplied by `scale` before backward; a step whose gradients hold inf/NaN is skipped and the scale
 /// multiplied by `backoff_factor`; after `growth_interval` clean steps in a row it is multiplied by
@@ -74,6 +85,8 @@ struct options {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   /// Gradient bucketing of `data_parallel` (Accelerate's `DistributedDataParallelKwargs`).
   bucket_options buckets = {};
+  /// What `fully_sharded` does with the parameters of its shard units (accel/shard_unit.hpp).
+  sharding_options sharding = {};
   /// Loss scaling of `accel::fp16`.
   grad_scaler_options grad_scaler = {};
   /// Where checkpoints go (`save_state()` / `load_state()` without a path).

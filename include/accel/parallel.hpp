@@ -17,6 +17,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -179,6 +181,15 @@ Communicator& process_group(std::chrono::milliseconds timeout) {
   return *group;
 }
 
+/// A second process group over the same processes, created from the first once, when first needed (at a prepare,
+/// on every process alike), for collectives that must be ordered apart from the first group's: fully_sharded's
+/// shard units gather parameters on it during backward, while the gradient reducer reduce-scatters on the first.
+template <class Communicator>
+auto& separate_process_group(std::chrono::milliseconds timeout) {
+  static auto* const group = process_group<Communicator>(timeout).separate("accel/separate").release();
+  return *group;
+}
+
 /// `options::timeout`, checked: it bounds the rendezvous and every collective, and c10d's store cannot even connect
 /// within less than a second (it failed with a misleading "another job may hold the port" message).
 inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds timeout) {
@@ -215,11 +226,13 @@ struct bucketed_data_parallel : parallel_defaults {
   void wait_for_everyone() { communicator_->barrier(); }
   [[nodiscard]] communicator_type& communicator() noexcept { return *communicator_; }
 
-  /// Broadcasts process 0's parameters and buffers, then hooks the gradient all-reduce (with several processes).
-  void prepare_model(torch::nn::Module& module) {
+  /// Broadcasts process 0's parameters and buffers, then hooks the gradient all-reduce (with several processes);
+  /// `group_of` keeps each gradient bucket within a group of parameters (fully_sharded's units).
+  void prepare_model(torch::nn::Module& module, const std::function<std::size_t(const at::Tensor&)>& group_of = {}) {
     check_same_module(module, *communicator_);
     broadcast_module_state(module, *communicator_);
-    if (num_processes() > 1) reducers_[&module] = std::make_unique<reducer_type>(module, *communicator_, buckets_);
+    if (num_processes() > 1)
+      reducers_[&module] = std::make_unique<reducer_type>(module, *communicator_, buckets_, group_of);
   }
   /// Whether backward through `module` all-reduces its gradients (no_sync and accumulation turn it off).
   [[nodiscard]] bool gradient_sync(const torch::nn::Module& module) const {

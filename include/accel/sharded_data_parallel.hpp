@@ -10,8 +10,9 @@
 ///     accel::accelerator<accel::bf16, accel::zero2<accel::gloo>, accel::accumulate<4>> acc;
 ///
 /// `accel::fully_sharded<Backend>` (stage 3) also shards the parameters: between a step and the next forward each
-/// process holds only its slices (each model parameter is set to its slice, flat), the full parameters are
-/// all-gathered before the forward and let go after the step, for the whole model at once.
+/// process holds only its slices (each model parameter is set to its slice, flat). The full parameters of the model
+/// are all-gathered before its forward and let go after the step, except those of each `accel::shard_unit`
+/// (shard_unit.hpp), gathered around the unit's forward and again around its backward (detail/unit_schedule.hpp).
 #pragma once
 
 #include <torch/optim/lbfgs.h>
@@ -20,8 +21,13 @@
 #include <algorithm>
 #include <cmath>
 #include <concepts>
-#include <map>
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
 #include <optional>
+#include <tuple>
+#include <unordered_map>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -29,7 +35,9 @@
 
 #include "detail/optimizer_shards.hpp"
 #include "detail/scope.hpp"
+#include "detail/unit_schedule.hpp"
 #include "parallel.hpp"
+#include "shard_unit.hpp"
 
 namespace accel {
 
@@ -57,11 +65,14 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     return policy + "<" + std::string(Backend::name) + ">";
   }
 
-  explicit sharded_data_parallel(const options& opts) : base(opts), buckets_(opts.buckets) {}
+  explicit sharded_data_parallel(const options& opts)
+      : base(opts), buckets_(opts.buckets), sharding_(opts.sharding), timeout_(opts.timeout) {}
 
   /// As `data_parallel`, and remembers the model's parameters: the optimizer prepared next may only shard those.
+  /// Stage 3 also finds the model's shard units, whose gradient buckets stay within the unit.
   void prepare_model(torch::nn::Module& module) {
-    base::prepare_model(module);
+    if constexpr (parameters_sharded) find_units(module);
+    base::prepare_model(module, unit_group_of());
     for (const auto& p : module.parameters()) prepared_.insert(p.unsafeGetTensorImpl());
   }
 
@@ -71,11 +82,14 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     static_assert(!std::derived_from<Optimizer, torch::optim::LBFGS>,
                   "accel::sharded_data_parallel: torch::optim::LBFGS cannot be sharded: its step reads every gradient "
                   "at once (line search, curvature pairs), not element by element; use accel::data_parallel for it");
-    shards_.erase(&optimizer);
-    shards_.try_emplace(
-        &optimizer, optimizer, this->process_index(), this->num_processes(), buckets_,
-        [this](const at::Tensor& p) { return prepared_.contains(p.unsafeGetTensorImpl()); },
-        parameters_sharded ? detail::shard_storage::owned : detail::shard_storage::view);
+    std::erase_if(shards_, [&optimizer](const auto& entry) { return entry.first == &optimizer; });
+    shards_.emplace_back(
+        &optimizer,
+        std::make_unique<detail::optimizer_shards>(
+            optimizer, this->process_index(), this->num_processes(), buckets_,
+            [this](const at::Tensor& p) { return prepared_.contains(p.unsafeGetTensorImpl()); },
+            parameters_sharded ? detail::shard_storage::owned : detail::shard_storage::view, unit_group_of()));
+    if constexpr (parameters_sharded) schedule_units();
   }
 
   void attach_gradients(torch::optim::Optimizer& optimizer) {
@@ -92,11 +106,13 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     else
       shards->gather(this->communicator());
   }
-  /// Stage 3: the full parameters of `module`, gathered before its forward (those of the optimizers that list any of
-  /// them: another model's stay released).
+  /// Stage 3: the full parameters of `module` outside its shard units, gathered before its forward (those of the
+  /// optimizers that list any of its parameters: another model's stay released); the units gather their own.
   void before_forward(const torch::nn::Module& module) {
-    if constexpr (parameters_sharded)
-      for (auto* shards : shards_listing(module)) shards->materialize(this->communicator());
+    if constexpr (parameters_sharded) {
+      for (auto* shards : shards_listing(module)) shards->gather_group(0, this->communicator());
+      if (schedule_) schedule_->begin_forward();
+    }
     base::before_forward(module);
   }
   /// Runs `action` with `module`'s parameters whole (stage 3 gathers them for the while; a collective then) and
@@ -105,12 +121,19 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
   void with_full_parameters(torch::nn::Module& module, Action&& action) {
     if constexpr (parameters_sharded) {
       const auto listing = shards_listing(module);
-      std::vector<detail::optimizer_shards*> were_released;
+      std::vector<std::tuple<detail::optimizer_shards*, std::size_t, detail::parameter_state>> before;
       for (auto* shards : listing)
-        if (shards->released()) were_released.push_back(shards);
-      for (auto* shards : were_released) shards->materialize(this->communicator());
-      const auto back_at_rest = detail::scope_exit([&] {
-        for (auto* shards : were_released) shards->release();
+        for (const auto group : shards->groups()) {
+          shards->finish_gather_group(group);  // a prefetch on its way lands first
+          before.emplace_back(shards, group, shards->state(group));
+        }
+      for (auto& [shards, group, state] : before) shards->gather_group(group, this->communicator());
+      const auto back_as_before = detail::scope_exit([&] {
+        for (auto& [shards, group, state] : before)
+          if (state == detail::parameter_state::at_rest)
+            shards->rest_group(group);
+          else if (state == detail::parameter_state::freed)
+            shards->free_group(group);
       });
       std::forward<Action>(action)();
       for (auto* shards : listing) shards->take_slices_of_full();
@@ -122,7 +145,7 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
   [[nodiscard]] at::Tensor whole_parameter(const at::Tensor& parameter) {
     if constexpr (parameters_sharded)
       for (auto& [optimizer, shards] : shards_)
-        if (auto gathered = shards.gathered_parameter(parameter, this->communicator())) return *gathered;
+        if (auto gathered = shards->gathered_parameter(parameter, this->communicator())) return *gathered;
     return parameter;
   }
   /// Checkpoints hold the optimizer's whole state, as under `data_parallel`: `save_state` gathers it from every
@@ -184,10 +207,15 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     return total;
   }
 
-  /// Stage 3 first gives the parameters their whole elements back: a collective, as free_memory then is.
+  /// Stage 3 first gives the parameters their whole elements back: a collective, as free_memory then is. The shard
+  /// units forget the policy and only forward.
   void release_models() {
     if constexpr (parameters_sharded)
-      for (auto& [optimizer, shards] : shards_) shards.materialize(this->communicator());
+      for (auto& [optimizer, shards] : shards_) shards->materialize(this->communicator());
+    schedule_.reset();
+    units_.clear();
+    unit_of_.clear();
+    unit_accumulators_.clear();
     base::release_models();
     prepared_.clear();
     shards_.clear();
@@ -195,24 +223,70 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
 
   /// The shards of a prepared optimizer, for tests and benchmarks (none for an optimizer not prepared here).
   [[nodiscard]] const detail::optimizer_shards* shards_of(const torch::optim::Optimizer& optimizer) const {
-    auto found = shards_.find(&optimizer);
-    return found == shards_.end() ? nullptr : &found->second;
+    const auto found = std::find_if(shards_.begin(), shards_.end(),
+                                    [&optimizer](const auto& entry) { return entry.first == &optimizer; });
+    return found == shards_.end() ? nullptr : found->second.get();
   }
+  /// Stage 3: when the shard units gather and let go (none without units), for tests.
+  [[nodiscard]] const auto* unit_schedule() const noexcept { return schedule_.get(); }
 
  private:
   detail::optimizer_shards* shards_of(const torch::optim::Optimizer& optimizer) {
     return const_cast<detail::optimizer_shards*>(std::as_const(*this).shards_of(optimizer));
   }
 
-  /// The shards of the optimizers that list any of `module`'s parameters.
+  /// The shards of the optimizers that list any of `module`'s parameters, in the order they were prepared (the
+  /// same on every process: they gather in that order).
   std::vector<detail::optimizer_shards*> shards_listing(const torch::nn::Module& module) {
     const auto parameters = module.parameters();
     std::vector<detail::optimizer_shards*> listing;
     for (auto& [optimizer, shards] : shards_)
       if (std::any_of(parameters.begin(), parameters.end(),
-                      [&shards](const at::Tensor& p) { return shards.span_of(p) != nullptr; }))
-        listing.push_back(&shards);
+                      [&shards](const at::Tensor& p) { return shards->span_of(p) != nullptr; }))
+        listing.push_back(shards.get());
     return listing;
+  }
+
+  /// Stage 3: the shard units of `module`, numbered from 1 on in the order of its modules (0: a parameter of no
+  /// unit); a parameter belongs to the innermost unit that holds it.
+  void find_units(torch::nn::Module& module) {
+    for (const auto& submodule : module.modules()) {  // each module before its own submodules
+      auto* unit = dynamic_cast<detail::shard_unit_base*>(submodule.get());
+      if (unit == nullptr) continue;
+      units_.push_back(unit);
+      for (const auto& p : submodule->parameters()) {
+        unit_of_[p.unsafeGetTensorImpl()] = units_.size();
+        // Taken now, while the parameter has its full shape, which the node records: one made at rest would
+        // expect gradients of the slice's shape (the unit schedule hooks these same nodes).
+        if (p.requires_grad()) unit_accumulators_.push_back(torch::autograd::impl::grad_accumulator(p));
+      }
+    }
+  }
+  /// A parameter's group, for the buckets of the reducer and of the shards: its unit's number, or 0. None without
+  /// units, which leaves the buckets as data_parallel's.
+  std::function<std::size_t(const at::Tensor&)> unit_group_of() const {
+    if (unit_of_.empty()) return {};
+    return [this](const at::Tensor& p) {
+      const auto found = unit_of_.find(p.unsafeGetTensorImpl());
+      return found == unit_of_.end() ? std::size_t{0} : found->second;
+    };
+  }
+  /// Stage 3: (re)builds what gathers and lets go the units' parameters from the shards prepared so far, and
+  /// attaches it to the units. Its gathers have a communicator of their own (unit_schedule.hpp).
+  void schedule_units() {
+    if (units_.empty()) return;
+    std::vector<detail::unit_parameters> units(units_.size());
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      units[u].group = u + 1;
+      for (auto& [optimizer, shards] : shards_) {
+        if (!shards->holds_group(u + 1)) continue;
+        units[u].shards.push_back(shards.get());
+        for (auto& p : shards->parameters_of(u + 1)) units[u].parameters.push_back(std::move(p));
+      }
+    }
+    auto& gathers = detail::separate_process_group<typename base::communicator_type>(timeout_);
+    schedule_ = std::make_shared<detail::unit_schedule<gather_communicator>>(gathers, sharding_, std::move(units));
+    for (std::size_t u = 0; u < units_.size(); ++u) units_[u]->attach(schedule_, u);
   }
 
   /// Where a shard's gradient is kept apart from the full one: stage 2's reducers keep each process's reduced
@@ -233,7 +307,7 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     for (const auto& p : parameters) {
       std::optional<at::Tensor> owned;
       for (auto& [optimizer, shards] : shards_)
-        if ((owned = shards.owned_gradient(p))) break;
+        if ((owned = shards->owned_gradient(p))) break;
       if (owned && owned->defined() && owned->numel() > 0)  // nothing owned: no piece (an empty one has no inf-norm)
         pieces.push_back(*owned);
       else if (!owned && p.grad().defined() && (everywhere || this->process_index() == 0))
@@ -242,9 +316,18 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     return pieces;
   }
 
+  using gather_communicator =
+      std::remove_reference_t<decltype(*std::declval<typename base::communicator_type&>().separate(std::string()))>;
+
   bucket_options buckets_;
+  sharding_options sharding_;
+  std::chrono::milliseconds timeout_;
   std::unordered_set<const void*> prepared_;
-  std::map<const torch::optim::Optimizer*, detail::optimizer_shards> shards_;
+  std::vector<std::pair<const torch::optim::Optimizer*, std::unique_ptr<detail::optimizer_shards>>> shards_;
+  std::vector<detail::shard_unit_base*> units_;           // stage 3: the prepared models' units, in order
+  std::unordered_map<const void*, std::size_t> unit_of_;  // stage 3: a parameter's TensorImpl -> its unit + 1
+  std::vector<detail::compat::grad_accumulator_handle> unit_accumulators_;
+  std::shared_ptr<detail::unit_schedule<gather_communicator>> schedule_;
 };
 
 /// ZeRO stage 1: the optimizer state sharded across processes.
@@ -254,7 +337,7 @@ using zero1 = sharded_data_parallel<Backend, shard_stage::optimizer>;
 template <class Backend>
 using zero2 = sharded_data_parallel<Backend, shard_stage::gradients>;
 /// Fully sharded data parallelism (FSDP, ZeRO stage 3): the parameters sharded too, gathered for the whole model
-/// around forward and backward.
+/// around forward and backward, or per `accel::shard_unit`.
 template <class Backend>
 using fully_sharded = sharded_data_parallel<Backend, shard_stage::parameters>;
 

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -53,13 +55,41 @@ struct uneven_impl : torch::nn::Module {
 };
 TORCH_MODULE_IMPL(uneven, uneven_impl);
 
+/// `uneven` with l1 and l2 as shard units of fully_sharded (l3, scale, extra and frozen outside any): the same
+/// parameters under the same names, initialised alike.
+struct uneven_units_impl : torch::nn::Module {
+  explicit uneven_units_impl(bool skip_extra_on_1_) : skip_extra_on_1(skip_extra_on_1_) {
+    l1 = register_module("l1", accel::shard_unit(torch::nn::Linear(13, 7)));
+    l2 = register_module("l2", accel::shard_unit(torch::nn::Linear(7, 5)));
+    l3 = register_module("l3", torch::nn::Linear(5, 3));
+    scale = register_parameter("scale", torch::full({1}, 1.5));
+    extra = register_parameter("extra", torch::full({3}, 0.25));
+    frozen = register_parameter("frozen", torch::full({3}, 0.5), /*requires_grad=*/false);
+  }
+  torch::Tensor forward(const torch::Tensor& x, int rank) {
+    auto y = l3(torch::tanh(l2(torch::tanh(l1(x))))) * scale + frozen;
+    return skip_extra_on_1 && rank == 1 ? y : y + extra;
+  }
+  bool skip_extra_on_1;
+  accel::shard_unit<torch::nn::Linear> l1{nullptr}, l2{nullptr};
+  torch::nn::Linear l3{nullptr};
+  torch::Tensor scale, extra, frozen;
+};
+TORCH_MODULE_IMPL(uneven_units, uneven_units_impl);
+
 enum class optimizer_kind { adamw, adam, sgd_nesterov };
 
 /// Two parameter groups with different learning rates and weight decay (the frozen parameter listed too, as users
-/// list `parameters()`).
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(optimizer_kind kind, uneven& net) {
-  std::vector<torch::Tensor> first{net->l1->weight, net->l1->bias, net->scale, net->frozen};
-  std::vector<torch::Tensor> second{net->l2->weight, net->l2->bias, net->l3->weight, net->l3->bias, net->extra};
+/// list `parameters()`), picked by name (uneven's and uneven_units' are the same).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(optimizer_kind kind, torch::nn::Module& net) {
+  const auto named = net.named_parameters();
+  const auto pick = [&named](std::initializer_list<const char*> names) {
+    std::vector<torch::Tensor> list;
+    for (const auto* name : names) list.push_back(named[name]);
+    return list;
+  };
+  const auto first = pick({"l1.weight", "l1.bias", "scale", "frozen"});
+  const auto second = pick({"l2.weight", "l2.bias", "l3.weight", "l3.bias", "extra"});
   const auto groups = [&](auto make_options) {
     std::vector<torch::optim::OptimizerParamGroup> list;
     list.emplace_back(first, make_options(1e-2, 0.1));
@@ -112,15 +142,17 @@ std::int64_t state_bytes(torch::optim::Optimizer& optimizer) {
 }
 
 /// 20 optimizer steps of `Accelerator` from the same start on the same global batches, each process on its rows.
-template <class Accelerator>
-run_result train(optimizer_kind kind, bool skip_extra_on_1, int bucket_elements = 0, bool sync_each_batch = false) {
+template <class Accelerator, class Model = uneven>
+run_result train(optimizer_kind kind, bool skip_extra_on_1, int bucket_elements = 0, bool sync_each_batch = false,
+                 const accel::sharding_options& sharding = {}) {
   const double bucket_mb = bucket_elements == 0 ? 25.0 : bucket_elements * 4.0 / (1024.0 * 1024.0);
   Accelerator acc(accel::options{.buckets = {.first_bucket_mb = bucket_mb, .bucket_cap_mb = bucket_mb},
+                                 .sharding = sharding,
                                  .sync_each_batch = sync_each_batch});
   const int P = acc.num_processes(), r = acc.process_index();
   torch::manual_seed(5);
-  uneven net(skip_extra_on_1);
-  auto optimizer = make_optimizer(kind, net);
+  Model net(skip_extra_on_1);
+  auto optimizer = make_optimizer(kind, *net);
   auto [model, opt] = acc.prepare(net, *optimizer);
   const int micro_steps = acc.gradient_accumulation_steps();
   torch::manual_seed(11);
@@ -155,12 +187,14 @@ void check_same_parameters(const std::vector<torch::Tensor>& got, const std::vec
   }
 }
 
-template <class Precision, class Accumulation, class Sharded = zero1>
-void check_parity(optimizer_kind kind, bool skip_extra_on_1, bool sync_each_batch = false) {
+/// With `Model` = uneven_units, data_parallel trains the units as plain modules and fully_sharded per unit.
+template <class Precision, class Accumulation, class Sharded = zero1, class Model = uneven>
+void check_parity(optimizer_kind kind, bool skip_extra_on_1, bool sync_each_batch = false,
+                  const accel::sharding_options& sharding = {}) {
   using replicated = accel::accelerator<Precision, accel::data_parallel<accel::gloo>, Accumulation>;
   using sharded = accel::accelerator<Precision, Sharded, Accumulation>;
-  const auto expected = train<replicated>(kind, skip_extra_on_1, 0, sync_each_batch);
-  const auto got = train<sharded>(kind, skip_extra_on_1, 0, sync_each_batch);
+  const auto expected = train<replicated, Model>(kind, skip_extra_on_1, 0, sync_each_batch);
+  const auto got = train<sharded, Model>(kind, skip_extra_on_1, 0, sync_each_batch, sharding);
   accel::accelerator<accel::fp32, Sharded> acc;
   // With sync_each_batch, data_parallel all-reduces the running sum (average so far + this micro-step's local
   // gradient) where zero2 adds each micro-step's reduced slice to its shard: equal sums, rounded differently.
@@ -390,14 +424,14 @@ namespace {
 
 /// Steps [first, last) of a run (each step's batch seeded by its number, so a resumed run sees the same batches),
 /// after loading `load_from` and before saving into `save_to` when they are given.
-template <class Accelerator>
+template <class Accelerator, class Model = uneven>
 std::vector<torch::Tensor> run_steps(int first, int last, int init_seed, const std::filesystem::path& load_from = {},
                                      const std::filesystem::path& save_to = {}) {
   Accelerator acc;
   const int P = acc.num_processes(), r = acc.process_index();
   torch::manual_seed(init_seed);
-  uneven net(false);
-  auto optimizer = make_optimizer(optimizer_kind::adamw, net);
+  Model net(false);
+  auto optimizer = make_optimizer(optimizer_kind::adamw, *net);
   auto [model, opt] = acc.prepare(net, *optimizer);
   if (!load_from.empty()) acc.load_state(load_from);
   for (int step = first; step < last; ++step) {
@@ -460,7 +494,7 @@ std::filesystem::path cross_job_directory(const std::string& policy) {
 /// The AdamW state a checkpoint holds for the uneven MLP.
 std::vector<torch::Tensor> saved_adamw_state(const std::filesystem::path& checkpoint) {
   uneven net(false);
-  auto optimizer = make_optimizer(optimizer_kind::adamw, net);
+  auto optimizer = make_optimizer(optimizer_kind::adamw, *net);
   return accel_test::adamw_state(*optimizer, checkpoint / "optimizer.bin");
 }
 }  // namespace
@@ -503,24 +537,28 @@ namespace {
 
 /// 64 layers of 128 x 128: 1,056,768 parameters, none larger than 16,384 elements, so that the optimizer's state
 /// dominates and what scales with one parameter or one bucket (the step's temporaries, the collective's own
-/// staging) stays within a few percent of it.
-torch::nn::Sequential deep_narrow_mlp() {
+/// staging) stays within a few percent of it. With `units`, each layer is a shard unit.
+torch::nn::Sequential deep_narrow_mlp(bool units = false) {
   torch::manual_seed(4);
   torch::nn::Sequential net;
-  for (int i = 0; i < 64; ++i) net->push_back(torch::nn::Linear(128, 128));
+  for (int i = 0; i < 64; ++i)
+    if (units)
+      net->push_back(accel::shard_unit(torch::nn::Linear(128, 128)));
+    else
+      net->push_back(torch::nn::Linear(128, 128));
   return net;
 }
 
 /// The peak bytes of CPU storage allocated during the third AdamW step of `Accelerator`, above what was allocated
 /// before the run began (the first two steps allocate the optimizer state and the buffers kept between steps).
 template <class Accelerator>
-std::int64_t peak_step_bytes(const accel::bucket_options& buckets) {
+std::int64_t peak_step_bytes(const accel::bucket_options& buckets, bool units = false) {
   auto& counter = accel_test::counting_allocator::installed();
   const auto before = counter.settled();  // not counting what an earlier test's collective is just letting go of
   std::int64_t peak = 0;
   {
     Accelerator acc(accel::options{.buckets = buckets});
-    auto net = deep_narrow_mlp();
+    auto net = deep_narrow_mlp(units);
     torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
     auto [model, opt] = acc.prepare(net, adamw);
     torch::manual_seed(7 + acc.process_index());
@@ -800,4 +838,183 @@ TEST_CASE("fully_sharded gathers before a model's forward only the parameters of
   const auto got = train_pair(std::type_identity<zero3>{});
   accel::accelerator<accel::fp32, zero3> acc;
   check_same_parameters<zero3>(got, expected, acc.num_processes());
+}
+
+TEST_CASE(
+    "fully_sharded with shard units trains as data_parallel (bit for bit at P = 2), resharding after forward or not: "
+    "AdamW, Adam, SGD with Nesterov, accumulate<4> (also reduce-scattering each batch), bf16, a parameter unused on "
+    "process 1",
+    "[sharded]") {
+  const bool reshard = GENERATE(true, false);
+  const accel::sharding_options sharding{.reshard_after_forward = reshard};
+  INFO("reshard_after_forward " << reshard);
+  for (const auto kind : {optimizer_kind::adamw, optimizer_kind::adam, optimizer_kind::sgd_nesterov}) {
+    INFO(name_of(kind));
+    check_parity<accel::fp32, accel::no_accumulation, zero3, uneven_units>(kind, false, false, sharding);
+  }
+  check_parity<accel::fp32, accel::accumulate<4>, zero3, uneven_units>(optimizer_kind::adamw, false, false, sharding);
+  check_parity<accel::fp32, accel::accumulate<4>, zero3, uneven_units>(optimizer_kind::adamw, false, true, sharding);
+  check_parity<accel::bf16, accel::no_accumulation, zero3, uneven_units>(optimizer_kind::adamw, false, false, sharding);
+  check_parity<accel::fp32, accel::no_accumulation, zero3, uneven_units>(optimizer_kind::adam, true, false, sharding);
+  // Units are plain modules elsewhere: data_parallel trains uneven_units as uneven, bit for bit.
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  const auto plain = train<replicated, uneven>(optimizer_kind::adamw, false);
+  const auto wrapped = train<replicated, uneven_units>(optimizer_kind::adamw, false);
+  for (std::size_t i = 0; i < plain.parameters.size(); ++i)
+    CHECK(torch::equal(wrapped.parameters[i], plain.parameters[i]));
+}
+
+namespace {
+
+/// `units` shard units of 32 x 32 (a tanh after each), then a head outside any unit.
+struct stack_impl : torch::nn::Module {
+  explicit stack_impl(int units) {
+    for (int i = 0; i < units; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i), accel::shard_unit(torch::nn::Linear(32, 32))));
+    head = register_module("head", torch::nn::Linear(32, 1));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& block : blocks) {
+      x = torch::tanh(block(x));
+      observe(x);
+    }
+    return head(x);
+  }
+  /// Called after each unit's forward and, hooked on its output, before its backward (once the unit's own hook
+  /// gathered it).
+  void observe(const torch::Tensor& output) {
+    if (!probe) return;
+    probe();
+    if (output.requires_grad()) output.register_hook([this](const torch::Tensor&) { probe(); });
+  }
+  std::vector<accel::shard_unit<torch::nn::Linear>> blocks;
+  torch::nn::Linear head{nullptr};
+  std::function<void()> probe;
+};
+TORCH_MODULE_IMPL(unit_stack, stack_impl);
+
+/// Bytes of the storage the model's parameters hold (each storage once): their slices at rest, their full
+/// elements when gathered, nothing when freed.
+std::int64_t parameter_bytes(torch::nn::Module& net) {
+  std::set<const void*> seen;
+  std::int64_t bytes = 0;
+  for (const auto& p : net.parameters())
+    if (seen.insert(p.storage().unsafeGetStorageImpl()).second)
+      bytes += static_cast<std::int64_t>(p.storage().nbytes());
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "fully_sharded with shard units: at most two units whole at once when resharding after forward (their bytes "
+    "counted), each unit's gradients in buckets of its own, two all-gathers per unit and step (one without "
+    "resharding); the parameters keep their names",
+    "[sharded]") {
+  constexpr int units = 6;
+  const bool reshard = GENERATE(true, false);
+  INFO("reshard_after_forward " << reshard);
+  accel::accelerator<accel::fp32, zero3> acc(accel::options{.sharding = {.reshard_after_forward = reshard}});
+  const int P = acc.num_processes(), r = acc.process_index();
+  torch::manual_seed(3);
+  unit_stack net(units);
+  std::vector<std::string> names;
+  for (const auto& item : net->named_parameters()) names.push_back(item.key());
+  CHECK(names.front() == "block0.weight");
+  CHECK(names.back() == "head.bias");
+  const std::int64_t block_bytes = 4 * (32 * 32 + 32), head_bytes = 4 * (32 + 1);
+  std::int64_t shards = 0;
+  for (const auto& p : net->parameters()) shards += 4 * accel::detail::shard_span_of(p.numel(), r, P).length;
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [model, opt] = acc.prepare(net, adamw);
+  std::int64_t most = 0;
+  net->probe = [&] { most = std::max(most, parameter_bytes(*net)); };
+  torch::manual_seed(11 + r);
+  constexpr int steps = 3;
+  for (int step = 0; step < steps; ++step) {
+    acc.backward(model(torch::randn({4, 32})).pow(2).mean());
+    opt.step();
+    opt.zero_grad();
+    CHECK(parameter_bytes(*net) == shards);  // at rest: the slices only
+  }
+  const auto* schedule = acc.parallel().unit_schedule();
+  REQUIRE(schedule != nullptr);
+  CHECK(schedule->size() == std::size_t{units});
+  INFO("most parameter bytes held " << most << ": the head " << head_bytes << ", a unit " << block_bytes
+                                    << ", this process's slices " << shards);
+  if (reshard) {
+    CHECK(schedule->most_units_gathered() == std::size_t{2});  // this one, and the next one's gather on its way
+    CHECK(most <= head_bytes + 2 * block_bytes + shards);
+  } else {
+    CHECK(schedule->most_units_gathered() == std::size_t{units});
+    CHECK(most >= units * block_bytes + head_bytes);
+  }
+  // Each gradient bucket holds one unit's parameters, or the head's.
+  for (const auto& bucket : acc.parallel().reducer_for(*net)->bucket_layout()) {
+    const auto unit_of = [](std::size_t parameter) { return parameter / 2; };  // weight and bias of each Linear
+    for (auto parameter : bucket) CHECK(unit_of(parameter) == unit_of(bucket.front()));
+  }
+  // One all-gather per unit for its forward, one more for its backward when resharding, one for the head.
+  const auto* shards_of = acc.parallel().shards_of(adamw);
+  CHECK(shards_of->all_gather_count() == static_cast<std::uint64_t>(steps * ((reshard ? 2 : 1) * units + 1)));
+  // The trained parameters equal data_parallel's.
+  const auto trained = full_parameters(acc, model);
+  accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>> replicated_acc;
+  torch::manual_seed(3);
+  unit_stack replicated_net(units);
+  torch::optim::AdamW replicated_adamw(replicated_net->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [replicated_model, replicated_opt] = replicated_acc.prepare(replicated_net, replicated_adamw);
+  torch::manual_seed(11 + r);
+  for (int step = 0; step < steps; ++step) {
+    replicated_acc.backward(replicated_model(torch::randn({4, 32})).pow(2).mean());
+    replicated_opt.step();
+    replicated_opt.zero_grad();
+  }
+  check_same_parameters<zero3>(trained, replicated_net->parameters(), P);
+}
+
+TEST_CASE(
+    "fully_sharded with shard units resumes bit for bit (10 steps == 5, save, load, 5 more), and its checkpoint "
+    "loads into the model without units under data_parallel, and back",
+    "[sharded]") {
+  using sharded = accel::accelerator<accel::fp32, zero3>;
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  const auto dir = job_directory("accel_units_resume_");
+  const auto replicated_dir = job_directory("accel_units_replicated_");
+  const auto uninterrupted = run_steps<sharded, uneven_units>(0, 10, 5);
+  run_steps<sharded, uneven_units>(0, 5, 5, {}, dir);
+  const auto resumed = run_steps<sharded, uneven_units>(5, 10, 99, dir);
+  for (std::size_t i = 0; i < resumed.size(); ++i) CHECK(torch::equal(resumed[i], uninterrupted[i]));
+  const auto replicated_uninterrupted = run_steps<replicated, uneven>(0, 10, 5);
+  const auto replicated_from_units = run_steps<replicated, uneven>(5, 10, 99, dir);
+  run_steps<replicated, uneven>(0, 5, 5, {}, replicated_dir);
+  const auto units_from_replicated = run_steps<sharded, uneven_units>(5, 10, 99, replicated_dir);
+  sharded acc;
+  check_same_parameters<zero3>(replicated_from_units, replicated_uninterrupted, acc.num_processes());
+  check_same_parameters<zero3>(units_from_replicated, uninterrupted, acc.num_processes());
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(replicated_dir);
+  }
+}
+
+TEST_CASE(
+    "fully_sharded with a shard unit per layer: the peak bytes of a step fall by at least the full parameters less "
+    "two units and one unit's gather buffers",
+    "[sharded]") {
+  const accel::bucket_options buckets{.first_bucket_mb = 0.125, .bucket_cap_mb = 0.125};
+  const auto whole_model = peak_step_bytes<accel::accelerator<accel::fp32, zero3>>(buckets);
+  const auto per_unit = peak_step_bytes<accel::accelerator<accel::fp32, zero3>>(buckets, /*units=*/true);
+  accel::accelerator<accel::fp32, zero3> acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  // The whole model holds its 4 n bytes of full parameters at its peak (backward); a unit at a time, at most two
+  // units' (one computing, the next one's gather on its way) and that gather's send and receive buffers.
+  const std::int64_t n = 64 * (128 * 128 + 128), unit = 128 * 128 + 128;
+  const auto unit_segment = accel::detail::shard_chunk(128 * 128, P) + accel::detail::shard_chunk(128, P);
+  const auto at_least = 4 * n - 2 * 4 * unit - 4 * (P + 1) * unit_segment;
+  INFO("process " << r << " of " << P << ": peak of a step, the whole model gathered " << whole_model
+                  << " B, a unit at a time " << per_unit << " B, saved " << whole_model - per_unit << " B, at least "
+                  << at_least << " B");
+  CHECK(whole_model - per_unit >= at_least);
 }

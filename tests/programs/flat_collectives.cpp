@@ -25,7 +25,7 @@ int main() {
       // all_gather_into: process q sends q * n + 1 ... q * n + n, so the gathered whole is 1 ... P n.
       auto mine = at::arange(r * n + 1, (r + 1) * n + 1, options);
       auto gathered = at::full({P * n}, -1, options);
-      comm.all_gather_into(gathered, mine);
+      comm.all_gather_into(gathered, mine).wait();
       check(at::equal(gathered, at::arange(1, P * n + 1, options)), "all_gather_into", dtype, n);
       // reduce_scatter_into: process q sends (q + 1) x (1 ... P n); segment r sums to P (P + 1) / 2 x (r n + 1 ...).
       auto input = at::arange(1, P * n + 1, options) * (r + 1);

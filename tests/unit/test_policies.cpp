@@ -319,3 +319,55 @@ TEST_CASE(
   torch::optim::SGD fresh(other->parameters(), torch::optim::SGDOptions(0.1));
   CHECK_THROWS_WITH(acc.prepare(fresh), Contains("belongs to no prepared model") && Contains("the model first"));
 }
+
+// Issue 16: accel::shard_unit is a plain module under every policy but fully_sharded, which gathers and frees its
+// parameters around it (on several processes: tests/distributed/test_sharded.cpp).
+TEST_CASE(
+    "shard_unit keeps the wrapped module's names, forward and training mode, fits in a Sequential, and trains under "
+    "fully_sharded on one process as data_parallel",
+    "[policies]") {
+  torch::manual_seed(3);
+  torch::nn::Sequential plain(torch::nn::Linear(4, 6), torch::nn::Dropout(0.5), torch::nn::Linear(6, 2));
+  torch::manual_seed(3);
+  torch::nn::Sequential units(accel::shard_unit(torch::nn::Linear(4, 6)), accel::shard_unit(torch::nn::Dropout(0.5)),
+                              accel::shard_unit(torch::nn::Linear(6, 2)));
+  std::vector<std::string> plain_names, unit_names;
+  for (const auto& item : plain->named_parameters()) plain_names.push_back(item.key());
+  for (const auto& item : units->named_parameters()) unit_names.push_back(item.key());
+  CHECK(unit_names == plain_names);                                 // "0.weight", not "0.module.weight"
+  CHECK(units->parameters().size() == plain->parameters().size());  // each parameter once
+  const auto x = torch::randn({3, 4});
+  plain->eval();
+  units->eval();  // reaches the wrapped Dropout
+  CHECK(torch::equal(units->forward(x), plain->forward(x)));
+  units->train();
+  torch::manual_seed(8);
+  const auto dropped = units->forward(x);
+  plain->train();
+  torch::manual_seed(8);
+  CHECK(torch::equal(dropped, plain->forward(x)));
+  std::ostringstream printed;
+  printed << *units;
+  CHECK_THAT(printed.str(), Catch::Contains("accel::shard_unit(torch::nn::Linear(in_features=4"));
+
+  const auto train = []<class Policy>(std::type_identity<Policy>) {
+    accel::accelerator<accel::fp32, Policy> acc;
+    torch::manual_seed(2);
+    torch::nn::Sequential net(accel::shard_unit(torch::nn::Linear(3, 5)), torch::nn::Tanh(),
+                              accel::shard_unit(torch::nn::Linear(5, 2)));
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.1));
+    auto [model, opt] = acc.prepare(net, adam);
+    for (int step = 0; step < 5; ++step) {
+      acc.backward(model(torch::ones({4, 3}) * step).pow(2).sum());
+      opt.step();
+      opt.zero_grad();
+    }
+    std::vector<torch::Tensor> weights;
+    for (auto& [name, tensor] : acc.get_state_dict(model)) weights.push_back(tensor);
+    return weights;
+  };
+  const auto sharded = train(std::type_identity<accel::fully_sharded<accel::gloo>>{});
+  const auto replicated = train(std::type_identity<accel::data_parallel<accel::gloo>>{});
+  REQUIRE(sharded.size() == replicated.size());
+  for (std::size_t i = 0; i < sharded.size(); ++i) CHECK(torch::equal(sharded[i], replicated[i]));
+}

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,12 +54,14 @@ class gloo_communicator {
     const char* operation_;
   };
 
-  gloo_communicator(const process_environment& env, std::chrono::milliseconds timeout) : env_(env) {
-    auto group_options = c10d::ProcessGroupGloo::Options::create(timeout);
-    group_options->devices.push_back(gloo_device(env));
-    group_options->threads = 2;  // as PyTorch: two per device, enough to overlap buckets with backward
-    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(rendezvous_store(env, timeout), env.rank, env.world_size,
-                                                         group_options);
+  gloo_communicator(const process_environment& env, std::chrono::milliseconds timeout)
+      : gloo_communicator(env, rendezvous_store(env, timeout), timeout) {}
+
+  /// A communicator of the same processes whose collectives are ordered apart from this one's: a process group of
+  /// its own, connected through this one's rendezvous under `name`. Every process creates it, at the same point.
+  [[nodiscard]] std::unique_ptr<gloo_communicator> separate(const std::string& name) const {
+    return std::unique_ptr<gloo_communicator>(
+        new gloo_communicator(env_, c10::make_intrusive<c10d::PrefixStore>(name, store_), timeout_));
   }
 
   [[nodiscard]] int rank() const noexcept { return env_.rank; }
@@ -105,14 +108,24 @@ class gloo_communicator {
     return std::move(outputs[0]);
   }
 
-  /// Every rank's `input` (contiguous, `n` elements) into the flat `output` of `size() * n`, in rank order.
-  void all_gather_into(at::Tensor& output, at::Tensor& input) {
-    wait_for(*compat::all_gather_into(*group_, output, input), "all_gather", env_.rank);
+  /// Starts gathering every rank's `input` (contiguous, `n` elements) into the flat `output` of `size() * n`, in
+  /// rank order; `output` holds them once `wait()` returns.
+  [[nodiscard]] work all_gather_into(at::Tensor& output, at::Tensor& input) {
+    return work(compat::all_gather_into(*group_, output, input), env_.rank, "all_gather");
   }
 
   void barrier() { wait_for(*group_->barrier(), "barrier", env_.rank); }
 
  private:
+  gloo_communicator(const process_environment& env, c10::intrusive_ptr<c10d::Store> store,
+                    std::chrono::milliseconds timeout)
+      : env_(env), store_(std::move(store)), timeout_(timeout) {
+    auto group_options = c10d::ProcessGroupGloo::Options::create(timeout);
+    group_options->devices.push_back(gloo_device(env));
+    group_options->threads = 2;  // as PyTorch: two per device, enough to overlap buckets with backward
+    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, env.rank, env.world_size, group_options);
+  }
+
   static void wait_for(c10d::Work& pending, const char* operation, int rank) {
     try {
       pending.wait();
@@ -125,6 +138,8 @@ class gloo_communicator {
   }
 
   process_environment env_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
 };
 

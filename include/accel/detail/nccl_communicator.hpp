@@ -11,8 +11,12 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -81,23 +85,14 @@ class nccl_communicator {
   };
 
   nccl_communicator(const process_environment& env, std::chrono::milliseconds timeout)
-      : env_(env), device_(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank)), timeout_(timeout) {
-    check_cuda(cudaSetDevice(env.local_rank), "cudaSetDevice(LOCAL_RANK)");
-    auto store = rendezvous_store(env, timeout);
-    ncclUniqueId id;
-    if (env.rank == 0) {
-      check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-      store->set("nccl_unique_id", std::vector<std::uint8_t>(id.internal, id.internal + sizeof(id.internal)));
-    } else {
-      auto bytes = store->get("nccl_unique_id");  // waits for rank 0, up to the timeout
-      if (bytes.size() != sizeof(id.internal))
-        throw collective_error("accel: the NCCL id in the rendezvous store has " + std::to_string(bytes.size()) +
-                               " bytes instead of " + std::to_string(sizeof(id.internal)) +
-                               ": another job shares MASTER_ADDR:MASTER_PORT");
-      std::copy(bytes.begin(), bytes.end(), id.internal);
-    }
-    check_nccl(ncclCommInitRank(&comm_, env.world_size, id, env.rank), "ncclCommInitRank");
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+      : nccl_communicator(env, rendezvous_store(env, timeout), timeout) {}
+
+  /// A communicator of the same processes whose collectives are ordered apart from this one's: an NCCL communicator
+  /// and a stream of its own, bootstrapped through this one's rendezvous under `name`. Every process creates it, at
+  /// the same point.
+  [[nodiscard]] std::unique_ptr<nccl_communicator> separate(const std::string& name) const {
+    return std::unique_ptr<nccl_communicator>(
+        new nccl_communicator(env_, c10::make_intrusive<c10d::PrefixStore>(name, store_), timeout_));
   }
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
@@ -153,12 +148,14 @@ class nccl_communicator {
     return pieces;
   }
 
-  /// Every rank's `input` (a contiguous CUDA tensor of `n` elements) into the flat `output` of `size() * n`.
-  void all_gather_into(at::Tensor& output, at::Tensor& input) {
+  /// Starts gathering every rank's `input` (a contiguous CUDA tensor of `n` elements) into the flat `output` of
+  /// `size() * n` on the communication stream.
+  [[nodiscard]] work all_gather_into(at::Tensor& output, at::Tensor& input) {
+    after_current_stream();
     check_nccl(ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<std::size_t>(input.numel()),
-                             nccl_type(input), comm_, current()),
+                             nccl_type(input), comm_, stream_),
                "ncclAllGather");
-    finish("all_gather");
+    return work(record(stream_), device_.index());
   }
 
   void barrier() {
@@ -168,6 +165,29 @@ class nccl_communicator {
   }
 
  private:
+  nccl_communicator(const process_environment& env, c10::intrusive_ptr<c10d::Store> store,
+                    std::chrono::milliseconds timeout)
+      : env_(env),
+        device_(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank)),
+        timeout_(timeout),
+        store_(std::move(store)) {
+    check_cuda(cudaSetDevice(env.local_rank), "cudaSetDevice(LOCAL_RANK)");
+    ncclUniqueId id;
+    if (env.rank == 0) {
+      check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      store_->set("nccl_unique_id", std::vector<std::uint8_t>(id.internal, id.internal + sizeof(id.internal)));
+    } else {
+      auto bytes = store_->get("nccl_unique_id");  // waits for rank 0, up to the timeout
+      if (bytes.size() != sizeof(id.internal))
+        throw collective_error("accel: the NCCL id in the rendezvous store has " + std::to_string(bytes.size()) +
+                               " bytes instead of " + std::to_string(sizeof(id.internal)) +
+                               ": another job shares MASTER_ADDR:MASTER_PORT");
+      std::copy(bytes.begin(), bytes.end(), id.internal);
+    }
+    check_nccl(ncclCommInitRank(&comm_, env.world_size, id, env.rank), "ncclCommInitRank");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+
   [[nodiscard]] cudaStream_t current() const {
     if (comm_ == nullptr)
       throw collective_error("accel: the NCCL communicator was aborted after a timeout; the job cannot go on");
@@ -211,6 +231,7 @@ class nccl_communicator {
   process_environment env_;
   c10::Device device_;
   std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
 };

@@ -5,8 +5,9 @@
 /// - Stages 1 and 2 (`shard_storage::view`): a slice is a view sharing the full parameter's storage; the step's
 ///   in-place update lands in the full parameter, whose other slices an all-gather then fills in.
 /// - Stage 3 (`shard_storage::owned`): a slice has storage of its own, and the model's parameter holds nothing more
-///   between a step and the next forward (it is set to its slice, flat); `materialize` all-gathers the full
-///   parameters before use and `release` lets them go after the step.
+///   between a step and the next forward (it is set to its slice, flat). The parameters are gathered and let go in
+///   groups: group 0 holds those of no `accel::shard_unit`, gathered before the model's forward and let go after the
+///   step; group u + 1 the u-th unit's, gathered around its forward and its backward (detail/unit_schedule.hpp).
 // IWYU pragma: private, include <accel/sharded_data_parallel.hpp>
 #pragma once
 
@@ -21,6 +22,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -72,15 +74,43 @@ bool transform_state_tensors(torch::optim::OptimizerParamState& state, Transform
 /// full parameter is let go between steps).
 enum class shard_storage { view, owned };
 
+/// Stage 3: what a group's parameters hold.
+enum class parameter_state {
+  /// Their slices only, flat (between a step and the next forward).
+  at_rest,
+  /// Their full elements.
+  whole,
+  /// Their full shape, over storage of 0 bytes: a unit after its forward, or after its backward. What autograd saved
+  /// of them (views of that storage) sees their elements again once the group is gathered into the same storage.
+  freed,
+};
+
+/// Frees `tensor`'s storage, keeping the storage object, so that the tensor and its views stay valid handles (FSDP's
+/// way of letting go of parameters that autograd saved for backward).
+inline void free_storage(const at::Tensor& tensor) {
+  auto* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, tensor.device()));
+  storage->set_nbytes(0);
+}
+/// Gives a contiguous `tensor` whose storage `free_storage` freed its bytes again (uninitialised).
+inline void reallocate_storage(const at::Tensor& tensor) {
+  auto* storage = tensor.storage().unsafeGetStorageImpl();
+  const auto bytes = static_cast<std::size_t>(tensor.numel()) * tensor.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
 /// The shards of one optimizer on this process, and the all-gather that makes the full parameters whole again.
 class optimizer_shards {
  public:
   /// Re-points `optimizer`'s trainable parameters onto this process's slices. `is_prepared` tells whether a
   /// parameter belongs to a model prepared before (so that every process holds process 0's values). With
-  /// `shard_storage::owned` the full parameters are released at once: `materialize` before their next use.
+  /// `shard_storage::owned` the full parameters are let go at once: `gather_group` before their next use, each in the
+  /// group `group_of` gives it (none: all in group 0).
   template <class IsPrepared>
   optimizer_shards(torch::optim::Optimizer& optimizer, int rank, int world, const bucket_options& limits,
-                   IsPrepared&& is_prepared, shard_storage storage = shard_storage::view)
+                   IsPrepared&& is_prepared, shard_storage storage = shard_storage::view,
+                   const std::function<std::size_t(const at::Tensor&)>& group_of = {})
       : rank_(rank), world_(world) {
     if (!optimizer.state().empty())
       throw std::invalid_argument(
@@ -109,13 +139,23 @@ class optimizer_shards {
                                  .shard = storage == shard_storage::owned ? slice.clone() : slice,
                                  .span = span,
                                  .sizes = listed.sizes().vec(),
-                                 .numel = listed.numel()});
+                                 .numel = listed.numel(),
+                                 .group = group_of ? group_of(listed) : 0,
+                                 .whole = {}});
+          const auto group = parameters_.back().group;
+          if (groups_.size() <= group) groups_.resize(group + 1);
+          groups_[group].present = true;
         }
         listings_.push_back({g, k, found->second});
         listed = parameters_[found->second].shard;
       }
     build_gather_buckets(limits);
     if (storage == shard_storage::owned) release();
+  }
+  optimizer_shards(const optimizer_shards&) = delete;
+  optimizer_shards& operator=(const optimizer_shards&) = delete;
+  ~optimizer_shards() {
+    for (auto& group : groups_) wait_quietly(group);
   }
 
   /// Gives each shard its gradient, before anything reads the optimizer's gradients (unscale, step): the slice a
@@ -157,46 +197,132 @@ class optimizer_shards {
   /// the full parameters (stages 1 and 2).
   template <communicator C>
   void gather(C& comm) {
-    all_gather_slices(comm, [this](std::size_t entry, int r) -> std::optional<at::Tensor> {
-      if (r == rank_) return std::nullopt;  // stepped in place
-      return parameters_[entry].full.detach().view({-1});
-    });
+    for (const auto& bucket : buckets_)
+      launch_gather(bucket, comm, kept_buffers(bucket), [this](std::size_t entry, int r) -> std::optional<at::Tensor> {
+        if (r == rank_) return std::nullopt;  // stepped in place
+        return parameters_[entry].full.detach().view({-1});
+      })();
   }
 
-  /// Stage 3, before the full parameters are used: gives each one its whole elements again, in storage of its own
-  /// gathered from every process's slice (one all-gather per bucket). Nothing when they are whole already.
+  /// Stage 3: the groups these shards hold parameters of, and where those parameters are.
+  [[nodiscard]] std::vector<std::size_t> groups() const {
+    std::vector<std::size_t> held;
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      if (groups_[g].present) held.push_back(g);
+    return held;
+  }
+  [[nodiscard]] bool holds_group(std::size_t group) const noexcept {
+    return group < groups_.size() && groups_[group].present;
+  }
+  [[nodiscard]] parameter_state state(std::size_t group) const { return groups_.at(group).state; }
+  /// Stage 3: the model parameters of `group` these shards hold.
+  [[nodiscard]] std::vector<at::Tensor> parameters_of(std::size_t group) const {
+    std::vector<at::Tensor> members;
+    for (const auto& p : parameters_)
+      if (p.group == group) members.push_back(p.full);
+    return members;
+  }
+  /// Whether `group`'s gather was started and not finished (a prefetch).
+  [[nodiscard]] bool gathering(std::size_t group) const { return groups_.at(group).gathering; }
+
+  /// Stage 3: starts all-gathering the full parameters of `group` from every process's slices, into storage of
+  /// their own; nothing when they are whole, or on their way. Group 0 goes through the buffers kept between steps,
+  /// a bucket at a time, and is whole on return; a unit's gather gets buffers of its own and stays in flight until
+  /// `finish_gather_group` (so that it overlaps another unit's computation).
+  template <communicator C>
+  void start_gather_group(std::size_t group, C& comm) {
+    if (!holds_group(group)) return;
+    auto& g = groups_[group];
+    if (g.state == parameter_state::whole || g.gathering) return;
+    at::NoGradGuard no_grad;
+    for (auto& p : parameters_) {
+      if (p.group != group) continue;
+      if (!p.whole.defined())
+        p.whole = at::empty(p.sizes, p.shard.options());
+      else
+        reallocate_storage(p.whole);
+    }
+    const auto into_whole = [this](std::size_t entry, int) -> std::optional<at::Tensor> {
+      return parameters_[entry].whole.view({-1});
+    };
+    g.gathering = true;
+    for (const auto& bucket : buckets_) {
+      if (bucket.group != group) continue;
+      if (group == 0)  // the kept buffers serve one bucket at a time
+        launch_gather(bucket, comm, kept_buffers(bucket), into_whole)();
+      else
+        g.landing.push_back(launch_gather(bucket, comm, own_buffers(bucket), into_whole));
+    }
+    if (group == 0) finish_gather_group(group);
+  }
+  /// Stage 3: waits for `group`'s gathers, if started; then each of its parameters holds its full elements.
+  void finish_gather_group(std::size_t group) {
+    if (!holds_group(group)) return;
+    auto& g = groups_[group];
+    if (!g.gathering) return;
+    g.gathering = false;
+    for (auto& land : std::exchange(g.landing, {})) land();
+    if (g.state == parameter_state::at_rest)
+      for (auto& p : parameters_)
+        if (p.group == group) p.full.set_data(p.whole);
+    g.state = parameter_state::whole;
+  }
+  template <communicator C>
+  void gather_group(std::size_t group, C& comm) {
+    start_gather_group(group, comm);
+    finish_gather_group(group);
+  }
+  /// Stage 3: every group gathered.
   template <communicator C>
   void materialize(C& comm) {
-    if (!released_) return;
-    at::NoGradGuard no_grad;
-    std::vector<at::Tensor> whole;
-    for (const auto& p : parameters_) whole.push_back(at::empty(p.sizes, p.shard.options()));
-    all_gather_slices(
-        comm, [&whole](std::size_t entry, int) -> std::optional<at::Tensor> { return whole[entry].view({-1}); });
-    for (std::size_t i = 0; i < parameters_.size(); ++i) parameters_[i].full.set_data(whole[i]);
-    released_ = false;
+    for (const auto group : groups()) gather_group(group, comm);
   }
-  /// Stage 3, once the full parameters are stale (after the step): each holds its slice only, sharing the shard's
-  /// storage, so that at rest a parameter costs nothing beyond its shard.
+  /// Stage 3: frees the storage of `group`'s full parameters, which keep their shape (a unit after its forward, or
+  /// its backward), once a gather in flight has landed.
+  void free_group(std::size_t group) {
+    finish_gather_group(group);
+    if (!holds_group(group)) return;
+    auto& g = groups_[group];
+    if (g.state != parameter_state::whole) return;
+    for (auto& p : parameters_)
+      if (p.group == group) free_storage(p.whole);
+    g.state = parameter_state::freed;
+  }
+  /// Stage 3, once the full parameters are stale (after the step): each parameter of `group` holds its slice only,
+  /// sharing the shard's storage, so that at rest a parameter costs nothing beyond its shard.
+  void rest_group(std::size_t group) {
+    finish_gather_group(group);
+    if (!holds_group(group)) return;
+    auto& g = groups_[group];
+    if (g.state == parameter_state::at_rest) return;
+    for (auto& p : parameters_) {
+      if (p.group != group) continue;
+      p.full.set_data(p.shard);
+      if (p.whole.defined()) free_storage(p.whole);
+    }
+    g.state = parameter_state::at_rest;
+  }
+  /// Stage 3: every group at rest.
   void release() {
-    for (auto& p : parameters_) p.full.set_data(p.shard);
-    released_ = true;
+    for (const auto group : groups()) rest_group(group);
   }
-  /// Stage 3: after the full parameters were written (a checkpoint loaded into them), each shard takes its slice.
+  /// Stage 3: after the full parameters were written (a checkpoint loaded into them), each shard of a whole group
+  /// takes its slice (an at_rest group's parameters are the slices).
   void take_slices_of_full() {
-    if (released_) return;  // the full parameters are the slices
     at::NoGradGuard no_grad;
-    for (auto& p : parameters_) p.shard.copy_(p.full.detach().reshape({-1}).narrow(0, p.span.begin, p.span.length));
+    for (auto& p : parameters_)
+      if (groups_[p.group].state == parameter_state::whole && p.whole.defined())
+        p.shard.copy_(p.whole.reshape({-1}).narrow(0, p.span.begin, p.span.length));
   }
-  /// Whether the full parameters hold their slices only (stage 3, between a step and the next forward).
-  [[nodiscard]] bool released() const noexcept { return released_; }
   /// `parameter`'s whole elements, gathered from every process's slice (one all-gather of padded chunks), when it is
-  /// sharded and released; null otherwise. A collective when not null: every process asks for the same parameters.
+  /// sharded and not whole (stage 3); null otherwise. A collective when not null: every process asks for the same
+  /// parameters.
   template <communicator C>
   [[nodiscard]] std::optional<at::Tensor> gathered_parameter(const at::Tensor& parameter, C& comm) const {
     const auto found = index_.find(parameter.unsafeGetTensorImpl());
-    if (!released_ || found == index_.end()) return std::nullopt;
+    if (found == index_.end()) return std::nullopt;
     const auto& p = parameters_[found->second];
+    if (groups_[p.group].state == parameter_state::whole) return std::nullopt;
     return gather_whole(p.shard, p, comm);
   }
 
@@ -294,8 +420,10 @@ class optimizer_shards {
     const auto& full = p.full.grad();
     return full.defined() ? full.reshape({-1}).narrow(0, p.span.begin, p.span.length) : at::Tensor();
   }
-  /// All-gathers since construction: one per bucket per step.
+  /// All-gathers since construction: one per bucket per step (stage 3: per gather of a unit).
   [[nodiscard]] std::uint64_t all_gather_count() const noexcept { return all_gather_count_; }
+  /// Elements the all-gathers since construction delivered (every process's padded slices).
+  [[nodiscard]] std::uint64_t all_gathered_elements() const noexcept { return all_gathered_elements_; }
   [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
   /// Elements of the buffers the all-gathers keep between steps: per dtype and device, the largest bucket's slices
   /// sent and every process's received.
@@ -304,7 +432,8 @@ class optimizer_shards {
     for (const auto& [kind, segment] : max_segment_) elements += segment * (world_ + 1);
     return elements;
   }
-  /// Elements each step's all-gathers deliver (every process's padded slices): the full parameters plus padding.
+  /// Elements one all-gather of every bucket delivers (every process's padded slices): the full parameters plus
+  /// padding; a step's, but for stage 3's units, gathered twice when resharded after forward.
   [[nodiscard]] std::int64_t gather_payload_elements() const noexcept {
     std::int64_t elements = 0;
     for (const auto& bucket : buckets_) elements += bucket.segment * world_;
@@ -318,6 +447,15 @@ class optimizer_shards {
     shard_span span;
     std::vector<std::int64_t> sizes;  // the full parameter's, which holds less while released (stage 3)
     std::int64_t numel = 0;
+    std::size_t group = 0;  // stage 3: gathered and let go with the other parameters of its group
+    at::Tensor whole;       // stage 3: its full elements while gathered (the parameter shares its storage)
+  };
+  /// Stage 3: a group's parameters, where they are and the gathers on their way.
+  struct group_state {
+    bool present = false;
+    parameter_state state = parameter_state::whole;
+    bool gathering = false;                      // started, not finished
+    std::vector<std::function<void()>> landing;  // each waits for a bucket's all-gather, then copies it out
   };
   /// Where the optimizer lists a sharded parameter: group, position, entry of `parameters_`.
   struct listing {
@@ -339,7 +477,7 @@ class optimizer_shards {
     auto mine = at::zeros({chunk}, piece.options());
     mine.narrow(0, 0, piece.numel()).copy_(piece.reshape({-1}));
     auto all = at::empty({chunk * world_}, piece.options());
-    comm.all_gather_into(all, mine);
+    comm.all_gather_into(all, mine).wait();
     return all.narrow(0, 0, p.numel).view(p.sizes);
   }
   /// Parameters gathered together: each process sends `segment` elements, parameter k's slice at `offsets[k]`
@@ -349,30 +487,47 @@ class optimizer_shards {
     std::vector<std::int64_t> offsets;
     std::int64_t segment = 0;
     tensor_kind kind;
+    std::size_t group = 0;
   };
 
-  /// One all-gather per bucket of every process's slices; process r's slice of each member goes into
-  /// `destination(entry, r)` (a flat tensor of the elements of `parameters_[entry]`) at its span, unless that gives
-  /// none.
+  /// The send and receive buffers of `bucket` among those kept from step to step: one pair per dtype and device,
+  /// sized for the largest bucket kept, shared by the buckets (one all-gather at a time).
+  std::pair<at::Tensor, at::Tensor> kept_buffers(const gather_bucket& bucket) {
+    auto& buffers = gather_buffers_[bucket.kind];
+    if (!buffers.first.defined()) {
+      const auto options = parameters_[bucket.members.front()].shard.options();
+      buffers = {at::empty({max_segment_[bucket.kind]}, options),
+                 at::empty({max_segment_[bucket.kind] * world_}, options)};
+    }
+    return {buffers.first.narrow(0, 0, bucket.segment), buffers.second.narrow(0, 0, bucket.segment * world_)};
+  }
+  /// Buffers of `bucket`'s own, let go once its gather has landed (a unit's, which may be in flight beside another).
+  std::pair<at::Tensor, at::Tensor> own_buffers(const gather_bucket& bucket) const {
+    const auto options = parameters_[bucket.members.front()].shard.options();
+    return {at::empty({bucket.segment}, options), at::empty({bucket.segment * world_}, options)};
+  }
+
+  /// Starts the all-gather of every process's slices of `bucket`'s members through `buffers` (sent, received); what
+  /// it returns waits for it and writes process r's slice of each member into `destination(entry, r)` (a flat
+  /// tensor of the elements of `parameters_[entry]`) at its span, unless that gives none.
   template <communicator C, class Destination>
-  void all_gather_slices(C& comm, Destination&& destination) {
+  std::function<void()> launch_gather(const gather_bucket& bucket, C& comm, std::pair<at::Tensor, at::Tensor> buffers,
+                                      Destination destination) {
     at::NoGradGuard no_grad;
-    for (auto& bucket : buckets_) {
-      auto& buffers = gather_buffers_[bucket.kind];  // kept from step to step, shared by the buckets of a kind
-      if (!buffers.first.defined()) {
-        const auto options = parameters_[bucket.members.front()].shard.options();
-        buffers = {at::empty({max_segment_[bucket.kind]}, options),
-                   at::empty({max_segment_[bucket.kind] * world_}, options)};
-      }
-      auto mine = buffers.first.narrow(0, 0, bucket.segment);
-      auto gathered = buffers.second.narrow(0, 0, bucket.segment * world_);
-      for (std::size_t k = 0; k < bucket.members.size(); ++k) {
-        const auto& p = parameters_[bucket.members[k]];
-        mine.narrow(0, bucket.offsets[k], p.span.length).copy_(p.shard);
-      }
-      comm.all_gather_into(gathered, mine);
+    auto& [mine, gathered] = buffers;
+    for (std::size_t k = 0; k < bucket.members.size(); ++k) {
+      const auto& p = parameters_[bucket.members[k]];
+      mine.narrow(0, bucket.offsets[k], p.span.length).copy_(p.shard);
+    }
+    auto work = std::make_shared<decltype(comm.all_gather_into(gathered, mine))>(comm.all_gather_into(gathered, mine));
+    ++all_gather_count_;
+    all_gathered_elements_ += static_cast<std::uint64_t>(gathered.numel());
+    return [this, &bucket, work, buffers = std::move(buffers), destination = std::move(destination)] {
+      work->wait();
+      at::NoGradGuard copying_out;
+      const auto& received = buffers.second;
       for (int r = 0; r < world_; ++r) {
-        const auto segment = gathered.narrow(0, r * bucket.segment, bucket.segment);
+        const auto segment = received.narrow(0, r * bucket.segment, bucket.segment);
         for (std::size_t k = 0; k < bucket.members.size(); ++k) {
           const auto& p = parameters_[bucket.members[k]];
           const auto target = destination(bucket.members[k], r);
@@ -381,22 +536,40 @@ class optimizer_shards {
           target->narrow(0, span.begin, span.length).copy_(segment.narrow(0, bucket.offsets[k], span.length));
         }
       }
-      ++all_gather_count_;
-    }
+    };
+  }
+  /// Waits for what `group` has in flight, ignoring its outcome (a collective that failed raised already).
+  static void wait_quietly(group_state& group) noexcept {
+    for (auto& land : std::exchange(group.landing, {})) try {
+        land();
+      } catch (...) {
+      }
+    group.gathering = false;
   }
 
+  /// Group 0's parameters in buckets capped as `limits` says, through the buffers kept between steps; each unit's
+  /// (stage 3) in one bucket per dtype and device, gathered at once.
   void build_gather_buckets(const bucket_options& limits) {
-    std::vector<at::Tensor> fulls;
-    for (const auto& p : parameters_) fulls.push_back(p.full);
-    for (auto& members : assign_buckets(fulls, limits)) {
-      gather_bucket bucket{.members = std::move(members), .offsets = {}, .segment = 0, .kind = {}};
-      for (auto i : bucket.members) {
-        bucket.offsets.push_back(bucket.segment);
-        bucket.segment += shard_chunk(parameters_[i].numel, world_);
+    const bucket_options whole_unit{.first_bucket_mb = 1e12, .bucket_cap_mb = 1e12};
+    for (std::size_t group = 0; group < groups_.size(); ++group) {
+      std::vector<std::size_t> entries;
+      std::vector<at::Tensor> fulls;
+      for (std::size_t i = 0; i < parameters_.size(); ++i)
+        if (parameters_[i].group == group) {
+          entries.push_back(i);
+          fulls.push_back(parameters_[i].full);
+        }
+      for (auto& members : assign_buckets(fulls, group == 0 ? limits : whole_unit)) {
+        gather_bucket bucket{.members = {}, .offsets = {}, .segment = 0, .kind = {}, .group = group};
+        for (auto i : members) {
+          bucket.members.push_back(entries[i]);
+          bucket.offsets.push_back(bucket.segment);
+          bucket.segment += shard_chunk(parameters_[entries[i]].numel, world_);
+        }
+        bucket.kind = kind_of(parameters_[bucket.members.front()].full);
+        if (group == 0) max_segment_[bucket.kind] = std::max(max_segment_[bucket.kind], bucket.segment);
+        buckets_.push_back(std::move(bucket));
       }
-      bucket.kind = kind_of(parameters_[bucket.members.front()].full);
-      max_segment_[bucket.kind] = std::max(max_segment_[bucket.kind], bucket.segment);
-      buckets_.push_back(std::move(bucket));
     }
   }
 
@@ -408,8 +581,9 @@ class optimizer_shards {
   std::vector<gather_bucket> buckets_;
   std::map<tensor_kind, std::int64_t> max_segment_;
   std::map<tensor_kind, std::pair<at::Tensor, at::Tensor>> gather_buffers_;  // sent, received
+  std::vector<group_state> groups_;
   std::uint64_t all_gather_count_ = 0;
-  bool released_ = false;
+  std::uint64_t all_gathered_elements_ = 0;
 };
 
 }  // namespace accel::detail

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -117,9 +118,11 @@ void broadcast_module_state(torch::nn::Module& module, C& comm) {
 
 /// Which parameters share a bucket: parameters in reverse registration order (the order backward usually
 /// produces their gradients), a bucket per dtype and device closed once it reaches its byte limit (the first
-/// limit for a type's first bucket, then the cap).
+/// limit for a type's first bucket, then the cap). With `groups` (one per parameter), a bucket holds parameters of
+/// one group only: fully_sharded's units reduce-scatter and gather their own buckets.
 inline std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at::Tensor>& parameters,
-                                                            const bucket_options& limits) {
+                                                            const bucket_options& limits,
+                                                            const std::vector<std::size_t>& groups = {}) {
   const auto to_bytes = [](double mb) { return static_cast<std::size_t>(mb * 1024.0 * 1024.0); };
   struct open_bucket {
     std::vector<std::size_t> members;
@@ -131,6 +134,10 @@ inline std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at
   for (std::size_t i = parameters.size(); i-- > 0;) {
     const auto& p = parameters[i];
     auto& bucket = open[kind_of(p)];
+    if (!groups.empty() && !bucket.members.empty() && groups[bucket.members.back()] != groups[i]) {
+      buckets.push_back(std::move(bucket.members));
+      bucket = open_bucket{.members = {}, .bytes = 0, .first = false};
+    }
     bucket.members.push_back(i);
     bucket.bytes += p.numel() * p.element_size();
     if (bucket.bytes >= to_bytes(bucket.first ? limits.first_bucket_mb : limits.bucket_cap_mb)) {
@@ -154,17 +161,22 @@ class gradient_reducer {
   static constexpr bool sharded = Layout == gradient_layout::sharded;
 
  public:
-  gradient_reducer(torch::nn::Module& module, C& comm, const bucket_options& limits) : comm_(comm) {
+  /// `group_of` (a parameter's group, or none) keeps each bucket within a group (assign_buckets).
+  gradient_reducer(torch::nn::Module& module, C& comm, const bucket_options& limits,
+                   const std::function<std::size_t(const at::Tensor&)>& group_of = {})
+      : comm_(comm) {
+    std::vector<std::size_t> groups;
     for (const auto& item : module.named_parameters())
       if (item.value().requires_grad()) {
         if constexpr (sharded) index_.emplace(item.value().unsafeGetTensorImpl(), parameters_.size());
         names_.push_back(item.key());
         parameters_.push_back(item.value());
+        if (group_of) groups.push_back(group_of(item.value()));
       }
     if constexpr (sharded) shard_gradients_.resize(parameters_.size());
     for (const auto& buffer : module.buffers()) buffers_.push_back(buffer);
     if (parameters_.empty()) return;
-    build_buckets(assign_buckets(parameters_, limits));
+    build_buckets(assign_buckets(parameters_, limits, groups));
     register_hooks();
   }
   gradient_reducer(const gradient_reducer&) = delete;
