@@ -35,11 +35,15 @@ std::vector<torch::Tensor> full_parameters(Accelerator& acc, const Model& model)
 }
 
 /// An MLP of uneven widths (13-7-5-3) and a one-element scale, so that at P = 4 some process owns nothing of it;
-/// `extra` is used by every process but process 1 when `skip_extra_on_1`, and `frozen` never trains.
-struct uneven_impl : torch::nn::Module {
-  explicit uneven_impl(bool skip_extra_on_1_) : skip_extra_on_1(skip_extra_on_1_) {
-    l1 = register_module("l1", torch::nn::Linear(13, 7));
-    l2 = register_module("l2", torch::nn::Linear(7, 5));
+/// `extra` is used by every process but process 1 when `skip_extra_on_1`, and `frozen` never trains. With `Units`,
+/// l1 and l2 are shard units of fully_sharded (l3, scale, extra and frozen outside any): the same parameters under
+/// the same names, initialised alike.
+template <bool Units>
+struct uneven_impl_of : torch::nn::Module {
+  using layer = std::conditional_t<Units, accel::shard_unit<torch::nn::Linear>, torch::nn::Linear>;
+  explicit uneven_impl_of(bool skip_extra_on_1_) : skip_extra_on_1(skip_extra_on_1_) {
+    l1 = register_module("l1", layer(torch::nn::Linear(13, 7)));
+    l2 = register_module("l2", layer(torch::nn::Linear(7, 5)));
     l3 = register_module("l3", torch::nn::Linear(5, 3));
     scale = register_parameter("scale", torch::full({1}, 1.5));
     extra = register_parameter("extra", torch::full({3}, 0.25));
@@ -50,32 +54,12 @@ struct uneven_impl : torch::nn::Module {
     return skip_extra_on_1 && rank == 1 ? y : y + extra;
   }
   bool skip_extra_on_1;
-  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr};
-  torch::Tensor scale, extra, frozen;
-};
-TORCH_MODULE_IMPL(uneven, uneven_impl);
-
-/// `uneven` with l1 and l2 as shard units of fully_sharded (l3, scale, extra and frozen outside any): the same
-/// parameters under the same names, initialised alike.
-struct uneven_units_impl : torch::nn::Module {
-  explicit uneven_units_impl(bool skip_extra_on_1_) : skip_extra_on_1(skip_extra_on_1_) {
-    l1 = register_module("l1", accel::shard_unit(torch::nn::Linear(13, 7)));
-    l2 = register_module("l2", accel::shard_unit(torch::nn::Linear(7, 5)));
-    l3 = register_module("l3", torch::nn::Linear(5, 3));
-    scale = register_parameter("scale", torch::full({1}, 1.5));
-    extra = register_parameter("extra", torch::full({3}, 0.25));
-    frozen = register_parameter("frozen", torch::full({3}, 0.5), /*requires_grad=*/false);
-  }
-  torch::Tensor forward(const torch::Tensor& x, int rank) {
-    auto y = l3(torch::tanh(l2(torch::tanh(l1(x))))) * scale + frozen;
-    return skip_extra_on_1 && rank == 1 ? y : y + extra;
-  }
-  bool skip_extra_on_1;
-  accel::shard_unit<torch::nn::Linear> l1{nullptr}, l2{nullptr};
+  layer l1{nullptr}, l2{nullptr};
   torch::nn::Linear l3{nullptr};
   torch::Tensor scale, extra, frozen;
 };
-TORCH_MODULE_IMPL(uneven_units, uneven_units_impl);
+TORCH_MODULE_IMPL(uneven, uneven_impl_of<false>);
+TORCH_MODULE_IMPL(uneven_units, uneven_impl_of<true>);
 
 enum class optimizer_kind { adamw, adam, sgd_nesterov };
 

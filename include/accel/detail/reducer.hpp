@@ -150,6 +150,45 @@ inline std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at
   return buckets;
 }
 
+/// Calls to make after leaves' gradients were accumulated into `.grad` (post hooks of their accumulator nodes),
+/// removed on destruction. Neither copied nor moved: the calls usually point at the owner.
+class after_accumulation {
+ public:
+  after_accumulation() = default;
+  after_accumulation(const after_accumulation&) = delete;
+  after_accumulation& operator=(const after_accumulation&) = delete;
+  ~after_accumulation() {
+    for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(keys_[i]);
+  }
+
+  /// Calls `on_accumulated()` each time `leaf`'s gradient has been accumulated.
+  template <class OnAccumulated>
+  void add(const at::Tensor& leaf, OnAccumulated on_accumulated) {
+    // The leaf only holds a weak reference to its accumulator: keep it alive for as long as the hook.
+    accumulators_.push_back(torch::autograd::impl::grad_accumulator(leaf));
+    keys_.push_back(
+        accumulators_.back()->add_post_hook(std::make_unique<hook<OnAccumulated>>(std::move(on_accumulated))));
+  }
+
+ private:
+  template <class OnAccumulated>
+  class hook final : public torch::autograd::FunctionPostHook {
+   public:
+    explicit hook(OnAccumulated on_accumulated) : on_accumulated_(std::move(on_accumulated)) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list& /*inputs*/) override {
+      on_accumulated_();
+      return outputs;
+    }
+
+   private:
+    OnAccumulated on_accumulated_;
+  };
+
+  std::vector<compat::grad_accumulator_handle> accumulators_;
+  std::vector<std::uintptr_t> keys_;
+};
+
 /// The reducer of one prepared model. Registered on construction, unregistered on destruction; neither copied
 /// nor moved, because the hooks point at it.
 ///
@@ -181,10 +220,7 @@ class gradient_reducer {
   }
   gradient_reducer(const gradient_reducer&) = delete;
   gradient_reducer& operator=(const gradient_reducer&) = delete;
-  ~gradient_reducer() {
-    abandon_backward();
-    for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
-  }
+  ~gradient_reducer() { abandon_backward(); }
 
   /// Whether backward through graphs built from now on all-reduces (false under `no_sync` and on accumulation
   /// micro-steps). With `this_backward`, the graph already built follows too (`trigger_sync_in_backward`).
@@ -256,21 +292,6 @@ class gradient_reducer {
     std::size_t member;
   };
 
-  /// Runs after a parameter's gradient has been accumulated into `.grad`.
-  class ready_hook final : public torch::autograd::FunctionPostHook {
-   public:
-    ready_hook(gradient_reducer& reducer, std::size_t index) : reducer_(reducer), index_(index) {}
-    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                              const torch::autograd::variable_list& /*inputs*/) override {
-      reducer_.on_gradient_ready(index_);
-      return outputs;
-    }
-
-   private:
-    gradient_reducer& reducer_;
-    std::size_t index_;
-  };
-
   /// Elements parameter `index` takes in its bucket: all of them, or (sharded) its chunk in each segment.
   std::int64_t stored_elements(std::size_t index) const {
     const auto numel = parameters_[index].numel();
@@ -300,11 +321,8 @@ class gradient_reducer {
   }
 
   void register_hooks() {
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
-      // The variable only holds a weak reference to its accumulator: keep it alive for as long as the hook.
-      accumulators_.push_back(torch::autograd::impl::grad_accumulator(parameters_[i]));
-      hook_keys_.push_back(accumulators_.back()->add_post_hook(std::make_unique<ready_hook>(*this, i)));
-    }
+    for (std::size_t i = 0; i < parameters_.size(); ++i)
+      hooks_.add(parameters_[i], [this, i] { on_gradient_ready(i); });
   }
 
   void on_gradient_ready(std::size_t index) {
@@ -495,8 +513,6 @@ class gradient_reducer {
   std::vector<bucket> buckets_;
   std::vector<at::Tensor> shard_gradients_;             // sharded: each parameter's, by index
   std::unordered_map<const void*, std::size_t> index_;  // sharded: a parameter's TensorImpl -> its index
-  std::vector<compat::grad_accumulator_handle> accumulators_;
-  std::vector<std::uintptr_t> hook_keys_;
   std::vector<bool> ready_;
   std::vector<bool> used_;
   std::mutex mutex_;
@@ -509,6 +525,7 @@ class gradient_reducer {
   bool in_backward_ = false;
   bool graph_done_ = false;
   bool warned_unused_ = false;
+  after_accumulation hooks_;  // last: removed first, before what they call goes
 };
 
 }  // namespace accel::detail

@@ -10,12 +10,9 @@
 #pragma once
 
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdint>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -25,8 +22,8 @@
 #include "../collectives.hpp"
 #include "../options.hpp"
 #include "../shard_unit.hpp"
-#include "compat.hpp"
 #include "optimizer_shards.hpp"
+#include "reducer.hpp"
 
 namespace accel::detail {
 
@@ -50,17 +47,10 @@ class unit_schedule final : public unit_hooks, public std::enable_shared_from_th
         previous_(units_.size(), none),
         ready_(units_.size(), 0) {
     for (std::size_t u = 0; u < units_.size(); ++u)
-      for (const auto& p : units_[u].parameters) {
-        // The parameter only holds a weak reference to its accumulator: keep it alive for as long as the hook.
-        accumulators_.push_back(torch::autograd::impl::grad_accumulator(p));
-        hook_keys_.push_back(accumulators_.back()->add_post_hook(std::make_unique<gradient_ready>(*this, u)));
-      }
+      for (const auto& p : units_[u].parameters) hooks_.add(p, [this, u] { on_gradient_ready(u); });
   }
   unit_schedule(const unit_schedule&) = delete;
   unit_schedule& operator=(const unit_schedule&) = delete;
-  ~unit_schedule() {
-    for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
-  }
 
   /// Before each forward of a prepared model: the units' order is recorded afresh (the last one's says what to
   /// prefetch).
@@ -102,21 +92,7 @@ class unit_schedule final : public unit_hooks, public std::enable_shared_from_th
   [[nodiscard]] std::size_t size() const noexcept { return units_.size(); }
 
  private:
-  /// Runs after a unit parameter's gradient was accumulated: the last one lets the unit go.
-  class gradient_ready final : public torch::autograd::FunctionPostHook {
-   public:
-    gradient_ready(unit_schedule& schedule, std::size_t unit) : schedule_(schedule), unit_(unit) {}
-    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                              const torch::autograd::variable_list& /*inputs*/) override {
-      schedule_.on_gradient_ready(unit_);
-      return outputs;
-    }
-
-   private:
-    unit_schedule& schedule_;
-    std::size_t unit_;
-  };
-
+  /// After a unit parameter's gradient was accumulated: the last one lets the unit go.
   void on_gradient_ready(std::size_t unit) {
     std::lock_guard lock(mutex_);
     if (++ready_[unit] == units_[unit].parameters.size()) let_go(unit);
@@ -157,11 +133,10 @@ class unit_schedule final : public unit_hooks, public std::enable_shared_from_th
   std::vector<std::size_t> next_;      // the unit after each in the last forward (prefetched in forward)
   std::vector<std::size_t> previous_;  // the unit before each (prefetched in backward)
   std::vector<std::size_t> ready_;     // parameters with their gradient in this backward, per unit
-  std::vector<compat::grad_accumulator_handle> accumulators_;
-  std::vector<std::uintptr_t> hook_keys_;
   std::recursive_mutex mutex_;  // backward's hooks may run on the engine's threads (CUDA); gathers are collectives
   bool in_backward_ = false;
   std::size_t most_units_gathered_ = 0;
+  after_accumulation hooks_;  // last: removed first, before what they call goes
 };
 
 }  // namespace accel::detail
