@@ -1,7 +1,7 @@
-// data_parallel<nccl>, zero1<nccl>, zero2<nccl> and fully_sharded<nccl> with one process: built and linked wherever
-// NCCL is; on a GPU each trains a few steps (the sharded ones to data_parallel's weights), and NCCL's all-reduce and
-// reduce-scatter are checked against Gloo's and against the identity of one process. Without a GPU it exits 77 (CTest:
-// skipped).
+// data_parallel<nccl>, zero1<nccl>, zero2<nccl> and fully_sharded<nccl> (also with its layer as a shard unit, gathered
+// on the separate NCCL communicator) with one process: built and linked wherever NCCL is; on a GPU each trains a few
+// steps (the sharded ones to data_parallel's weights), and NCCL's all-reduce and reduce-scatter are checked against
+// Gloo's and against the identity of one process. Without a GPU it exits 77 (CTest: skipped).
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
@@ -10,12 +10,17 @@
 
 namespace {
 
-/// 50 SGD steps under `Policy`; the first and last loss, and the trained weight.
+/// 50 SGD steps under `Policy` of a Linear (with `unit`, as a shard unit); the first and last loss, and the trained
+/// weight.
 template <class Policy>
-auto train() {
+auto train(bool unit = false) {
   accel::accelerator<accel::fp32, Policy> acc;
   torch::manual_seed(0);
-  auto net = torch::nn::Linear(16, 4);
+  torch::nn::Sequential net;
+  if (unit)
+    net->push_back(accel::shard_unit(torch::nn::Linear(16, 4)));
+  else
+    net->push_back(torch::nn::Linear(16, 4));
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   auto [model, optimizer] = acc.prepare(net, opt);
   float first = 0, last = 0;
@@ -41,7 +46,8 @@ int main() {
   const auto [first, last, weight] = train<accel::data_parallel<accel::nccl>>();
   const bool zero1_same = torch::equal(std::get<2>(train<accel::zero1<accel::nccl>>()), weight);
   const bool zero2_same = torch::equal(std::get<2>(train<accel::zero2<accel::nccl>>()), weight);
-  const bool fully_sharded_same = torch::equal(std::get<2>(train<accel::fully_sharded<accel::nccl>>()), weight);
+  const bool fully_sharded_same = torch::equal(std::get<2>(train<accel::fully_sharded<accel::nccl>>()), weight) &&
+                                  torch::equal(std::get<2>(train<accel::fully_sharded<accel::nccl>>(true)), weight);
 
   accel::accelerator<accel::fp32, accel::data_parallel<accel::nccl>> acc;
   auto values = torch::randn({1000}, acc.device());

@@ -184,7 +184,9 @@ def killed_job(accel, program, directory, case, step, during_save):
 
 def check_killed_job(case, job, pid, target, reference):
     job.check_ended(case)
-    restarts = [line for line in job.stderr.splitlines() if "restarting the job" in line]
+    # The launcher's line, even where a dying worker's unfinished line ("terminate called after ...") precedes it
+    # on the stderr they share.
+    restarts = [line[line.find("accel launch: "):] for line in job.stderr.splitlines() if "restarting the job" in line]
     # The cause the launcher names is the first exit it sees: process 1's SIGKILL, or, when process 0 fails on the
     # broken connection and the kernel reports that exit first (both within milliseconds), process 0's.
     killed = (f"accel launch: worker rank 1 (pid {pid}) was killed by signal {int(signal.SIGKILL)} "
