@@ -1,5 +1,6 @@
 // accel-selftest: the LibTorch half of the `accel` tool, built from the installed headers like a user's program.
 //   accel-selftest env    LibTorch's facts for `accel env`, one "name: value" line each
+//   accel-selftest merge-weights CHECKPOINT OUT   `accel merge-weights`: accel::merge_weights
 //   accel-selftest test   `accel test`'s checks, in every process of a job under `accel launch`; the main process
 //                         reports each check and ends with "accel works on this machine"
 #include <accel/accel.hpp>
@@ -137,6 +138,13 @@ int run_checks() {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "merge-weights" && argc == 4) try {
+      for (const auto& file : accel::merge_weights(argv[2], argv[3])) std::printf("wrote %s\n", file.c_str());
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "accel merge-weights: error: %s\n", e.what());
+      return 1;
+    }
   try {
     if (mode == "env") return print_environment();
     if (mode == "test") return run_checks();
@@ -144,6 +152,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "accel test: FAILED: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: accel-selftest env|test (run by 'accel env' and 'accel test')\n");
+  std::fprintf(stderr,
+               "usage: accel-selftest env|test|merge-weights CHECKPOINT OUT (run by 'accel env', 'accel test' and "
+               "'accel merge-weights')\n");
   return 2;
 }

@@ -36,6 +36,7 @@
 #include "detail/checkpoint_manifest.hpp"
 #include "detail/registry.hpp"
 #include "detail/scope.hpp"
+#include "detail/shard_files.hpp"
 #include "model_weights.hpp"
 #include "options.hpp"
 #include "safetensors.hpp"
@@ -145,9 +146,10 @@ void save_optimizers(const std::filesystem::path& dir, Parallel& parallel, const
   if (failure) std::rethrow_exception(failure);
 }
 
-/// The main process's part: `accel_state.bin` (how many of each object), the models and shared slots.
+/// The main process's part: `accel_state.bin` (how many of each object), the shared slots and, `with_models`, the
+/// models' full weights.
 inline void save_shared_state(const std::filesystem::path& dir, int num_processes, const prepared_registry& registry,
-                              const slot_map& slots, checkpoint_manifest& manifest) {
+                              const slot_map& slots, checkpoint_manifest& manifest, bool with_models = true) {
   torch::serialize::OutputArchive shared;
   shared.write("processes", c10::IValue(static_cast<std::int64_t>(num_processes)));
   shared.write("models", c10::IValue(static_cast<std::int64_t>(registry.models().size())));
@@ -163,8 +165,55 @@ inline void save_shared_state(const std::filesystem::path& dir, int num_processe
     }
   }
   manifest.add(write_archive(shared, dir, "accel_state.bin"));
-  for (std::size_t i = 0; i < registry.models().size(); ++i)
-    manifest.add(safetensors::save(dir / numbered("model", i, ".safetensors"), state_of(*registry.models()[i])));
+  if (with_models)
+    for (std::size_t i = 0; i < registry.models().size(); ++i)
+      manifest.add(safetensors::save(dir / numbered("model", i, ".safetensors"), state_of(*registry.models()[i])));
+}
+
+/// The files each process writes of its own, in order: its `random_states_{rank}.bin`, then in a sharded checkpoint
+/// its shard of each model and of each optimizer.
+inline std::vector<std::string> process_file_names(int process, const prepared_registry& registry, bool sharded) {
+  std::vector<std::string> names{process_file(process)};
+  if (!sharded) return names;
+  for (std::size_t i = 0; i < registry.models().size(); ++i) names.push_back(shard_file("model", i, process));
+  for (std::size_t i = 0; i < registry.optimizers().size(); ++i) names.push_back(shard_file("optimizer", i, process));
+  return names;
+}
+
+/// A sharded checkpoint's part of every process (shard_files.hpp): its slices of the models and of the optimizers'
+/// state, returned to be gathered into the manifest; the main process also writes the layout table, each
+/// optimizer's groups and options (`optimizer.bin`, without state), `accel_state.bin` and the shared slots.
+template <class Parallel>
+std::vector<written_file> save_shards(const std::filesystem::path& dir, Parallel& parallel,
+                                      const prepared_registry& registry, const slot_map& slots,
+                                      checkpoint_manifest& manifest) {
+  const bool main = parallel.process_index() == 0;
+  const int process = parallel.process_index();
+  const auto shard_of = [&parallel](const at::Tensor& tensor) { return parallel.shard_of(tensor); };
+  const auto& models = registry.models();
+  const auto optimizers = registry.optimizers();
+  std::vector<written_file> mine;
+  shard_layout_table table{.processes = parallel.num_processes(), .models = {}};
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    auto [layout, tensors] = model_shards(*models[i], shard_of, main);
+    table.models.push_back(std::move(layout));
+    mine.push_back(safetensors::save(dir / shard_file("model", i, process), tensors));
+  }
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    mine.push_back(safetensors::save(dir / shard_file("optimizer", i, process),
+                                     optimizer_shards_of(*optimizers[i], models, shard_of, main)));
+    if (main)
+      without_state(*optimizers[i], [&] {
+        torch::serialize::OutputArchive archive;
+        save_optimizer(*optimizers[i], archive);
+        manifest.add(write_archive(archive, dir, numbered("optimizer", i, ".bin")));
+      });
+  }
+  if (main) {
+    save_shared_state(dir, parallel.num_processes(), registry, slots, manifest, /*with_models=*/false);
+    manifest.add(table.save(dir));
+  }
+  return mine;
 }
 
 /// Every process's part: its generators, its policies' state and its per-process slots (`{kind}_{i}`).
@@ -190,18 +239,23 @@ written_file save_process_state(const std::filesystem::path& dir, const std::str
   return write_archive(mine, dir, name);
 }
 
-/// Every process's file (its `random_states_{i}.bin`) into the main process's manifest: sizes and checksums
-/// gathered in one all-reduce, each process filling its own row.
+/// Every process's own files (`process_file_names`, the same number on each) into the main process's manifest:
+/// sizes and checksums gathered in one all-reduce, each process filling its own rows.
 template <class Parallel>
-void gather_process_files(Parallel& parallel, const written_file& mine, checkpoint_manifest& manifest) {
-  auto rows = at::zeros({parallel.num_processes(), 2}, at::kLong);
-  rows[parallel.process_index()][0] = static_cast<std::int64_t>(mine.size);
-  rows[parallel.process_index()][1] = static_cast<std::int64_t>(mine.crc32c);
+void gather_process_files(Parallel& parallel, const std::vector<written_file>& mine,
+                          const std::vector<std::vector<std::string>>& names, checkpoint_manifest& manifest) {
+  const auto files = static_cast<std::int64_t>(mine.size());
+  auto rows = at::zeros({parallel.num_processes(), files, 2}, at::kLong);
+  for (std::int64_t k = 0; k < files; ++k) {
+    rows[parallel.process_index()][k][0] = static_cast<std::int64_t>(mine[k].size);
+    rows[parallel.process_index()][k][1] = static_cast<std::int64_t>(mine[k].crc32c);
+  }
   auto&& comm = parallel.communicator();
   const auto all = reduce(comm, rows, reduction::sum);
   for (int process = 0; process < parallel.num_processes(); ++process)
-    manifest.add({process_file(process), static_cast<std::uint64_t>(all[process][0].template item<std::int64_t>()),
-                  static_cast<std::uint32_t>(all[process][1].template item<std::int64_t>())});
+    for (std::int64_t k = 0; k < files; ++k)
+      manifest.add({names[process][k], static_cast<std::uint64_t>(all[process][k][0].template item<std::int64_t>()),
+                    static_cast<std::uint32_t>(all[process][k][1].template item<std::int64_t>())});
 }
 
 /// Runs `action` with the parameters of `models[first...]` whole (a policy that shards parameters gathers them for
@@ -213,10 +267,11 @@ void with_full_weights(Parallel& parallel, const std::vector<std::shared_ptr<tor
   parallel.with_full_parameters(*models[first], [&] { with_full_weights(parallel, models, action, first + 1); });
 }
 
-/// `save_state` with the weights whole.
+/// Writes a checkpoint into `directory`, atomically; in the sharded format (`sharded`), or in the full one, the
+/// weights whole (with_full_weights).
 template <class Parallel, class... Policies>
-void save_full_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
-                     const Policies&... policies) {
+void save_checkpoint(const std::filesystem::path& directory, bool sharded, Parallel& parallel,
+                     const prepared_registry& registry, const Policies&... policies) {
   const auto slots = registry.slots_by_kind();
   for (const auto& [kind, list] : slots)  // on every process, so that none is left at a barrier
     for (std::size_t i = 0; i < list.size(); ++i)
@@ -236,13 +291,20 @@ void save_full_state(const std::filesystem::path& directory, Parallel& parallel,
     staging.emplace(target);
   });
   checkpoint_manifest manifest;
-  written_file mine;
+  std::vector<written_file> mine;
   on_every_process_or_none(parallel, "writing its part of the checkpoint", [&] {
-    save_optimizers(partial, parallel, registry, manifest);
-    if (main) save_shared_state(partial, parallel.num_processes(), registry, slots, manifest);
-    mine = save_process_state(partial, process_file(parallel.process_index()), slots, policies...);
+    mine.push_back(save_process_state(partial, process_file(parallel.process_index()), slots, policies...));
+    if (sharded) {
+      for (auto& file : save_shards(partial, parallel, registry, slots, manifest)) mine.push_back(std::move(file));
+    } else {
+      save_optimizers(partial, parallel, registry, manifest);
+      if (main) save_shared_state(partial, parallel.num_processes(), registry, slots, manifest);
+    }
   });
-  gather_process_files(parallel, mine, manifest);
+  std::vector<std::vector<std::string>> names;
+  for (int process = 0; process < parallel.num_processes(); ++process)
+    names.push_back(process_file_names(process, registry, sharded));
+  gather_process_files(parallel, mine, names, manifest);
   on_every_process_or_none(parallel, "putting " + target.string() + " in place", [&] {
     if (!main) return;
     write_atomically<checkpoint_error>(partial / manifest_name, [&](auto& out) { out.write(manifest.text()); });
@@ -257,7 +319,10 @@ void save_full_state(const std::filesystem::path& directory, Parallel& parallel,
 template <class Parallel, class... Policies>
 void save_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
                 const Policies&... policies) {
-  with_full_weights(parallel, registry.models(), [&] { save_full_state(directory, parallel, registry, policies...); });
+  if (parallel.checkpoint_format() == state_dict_type::sharded)  // nothing gathered
+    return save_checkpoint(directory, true, parallel, registry, policies...);
+  with_full_weights(parallel, registry.models(),
+                    [&] { save_checkpoint(directory, false, parallel, registry, policies...); });
 }
 
 /// Loads objects that can also save what they hold, all or none: before an object loads, its current state is kept
@@ -367,16 +432,25 @@ void load_full_state(const std::filesystem::path& directory, Parallel& parallel,
   for (const auto& key : shared.keys())
     if (key != "processes" && key != "models" && key != "optimizers" && !slots.contains(key))
       expect(key, 0);  // the checkpoint holds objects of a kind this program did not prepare
-  // Read and check everything before changing anything.
+  // Read and check everything before changing anything. A sharded checkpoint's weights and optimizer states are
+  // assembled whole from every process's files (shard_files.hpp), then load as a full checkpoint's.
+  const auto sharded = shard_layout_table::load(directory, manifest);
+  if (sharded && (sharded->processes != count("processes") || sharded->models.size() != models.size()))
+    throw checkpoint_error("accel::load_state: " + (directory / shard_layout_name).string() +
+                           " does not match accel_state.bin (a damaged checkpoint?)");
   std::vector<std::map<std::string, at::Tensor>> weights;
   for (std::size_t i = 0; i < models.size(); ++i) {
-    const auto file = directory / numbered("model", i, ".safetensors");
-    auto loaded =
-        safetensors::parse(read_checkpoint_file(directory, file.filename().string(), manifest), file.string());
+    const auto file = directory / (sharded ? shard_file("model", i, 0) : numbered("model", i, ".safetensors"));
+    auto loaded = sharded ? assemble_model(directory, manifest, *sharded, i)
+                          : safetensors::parse(read_checkpoint_file(directory, file.filename().string(), manifest),
+                                               file.string());
     weights.emplace_back(loaded.begin(), loaded.end());
     check_weights_fit(*models[i], weights.back(),
                       "accel::load_state: the weights in " + file.string() + " do not fit the prepared model");
   }
+  std::vector<std::map<std::string, at::Tensor>> optimizer_states;
+  for (std::size_t i = 0; sharded && i < optimizers.size(); ++i)
+    optimizer_states.push_back(assemble_optimizer_state(directory, manifest, *sharded, i));
   const auto file = process_file(files.state);
   auto mine = read_archive(directory, file, manifest);
   const auto lacks = [&](const std::string& what) {
@@ -420,6 +494,15 @@ void load_full_state(const std::filesystem::path& directory, Parallel& parallel,
           [p = &policy](torch::serialize::InputArchive& in) { p->load_state(in); }, mine);
   };
   (load_policy(policies), ...);
+  // A sharded checkpoint names each state by its parameter's name in its model.
+  std::map<const void*, std::string> state_names;
+  for (std::size_t m = 0; sharded && m < models.size(); ++m)
+    for (const auto& item : models[m]->named_parameters())
+      state_names.emplace(item.value().unsafeGetTensorImpl(), state_field_name(m, item.key(), ""));
+  const auto state_name = [&state_names](const at::Tensor& parameter) {
+    const auto found = state_names.find(parameter.unsafeGetTensorImpl());
+    return found == state_names.end() ? std::string() : found->second;
+  };
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
     auto* optimizer = optimizers[i];
     // What is loaded is a whole state, which the parallel policy may shard; what is kept to undo is the
@@ -427,8 +510,11 @@ void load_full_state(const std::filesystem::path& directory, Parallel& parallel,
     transaction.load(
         numbered("optimizer", i, ".bin"),
         [optimizer](torch::serialize::OutputArchive& out) { save_optimizer(*optimizer, out); },
-        [optimizer, &parallel](torch::serialize::InputArchive& in) {
-          parallel.load_whole_optimizer(*optimizer, [&] { load_optimizer(*optimizer, in); });
+        [&, optimizer, i](torch::serialize::InputArchive& in) {
+          parallel.load_whole_optimizer(*optimizer, [&] {
+            load_optimizer(*optimizer, in);
+            if (sharded) set_whole_state(*optimizer, optimizer_states[i], state_name);
+          });
         },
         optimizer_archives[i], [optimizer](torch::serialize::InputArchive& in) { load_optimizer(*optimizer, in); });
   }
@@ -497,3 +583,36 @@ inline std::filesystem::path newest_checkpoint(const project_options& project) {
 }
 
 }  // namespace accel::detail
+
+namespace accel {
+
+/// Writes the full weights of the checkpoint in `checkpoint` into the directory `out` (made if need be):
+/// `model.safetensors`, and `model_{i}.safetensors` for each further model, as a full checkpoint names them. From a
+/// sharded checkpoint (`state_dict_type::sharded`) they are assembled from every process's shard files; a full
+/// checkpoint's are read and written again. Every file read is checked against the checkpoint's manifest first.
+/// Returns the files written. `accel merge-weights CHECKPOINT OUT` runs it (Accelerate's `merge-weights`).
+inline std::vector<std::filesystem::path> merge_weights(const std::filesystem::path& checkpoint,
+                                                        const std::filesystem::path& out) {
+  if (!std::filesystem::is_directory(checkpoint))
+    throw checkpoint_error("accel::merge_weights: no checkpoint at " + checkpoint.string());
+  const auto manifest = detail::read_manifest(checkpoint);
+  auto shared = detail::read_archive(checkpoint, "accel_state.bin", manifest);
+  c10::IValue models;
+  if (!shared.try_read("models", models) || !models.isInt() || models.toInt() < 0)
+    throw checkpoint_error("accel::merge_weights: " + (checkpoint / "accel_state.bin").string() +
+                           " lacks the number of models (a damaged file?)");
+  const auto sharded = detail::shard_layout_table::load(checkpoint, manifest);
+  std::filesystem::create_directories(out);
+  std::vector<std::filesystem::path> written;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(models.toInt()); ++i) {
+    const auto name = detail::numbered("model", i, ".safetensors");
+    const auto tensors = sharded ? detail::assemble_model(checkpoint, manifest, *sharded, i)
+                                 : safetensors::parse(detail::read_checkpoint_file(checkpoint, name, manifest),
+                                                      (checkpoint / name).string());
+    safetensors::save(out / name, tensors);
+    written.push_back(out / name);
+  }
+  return written;
+}
+
+}  // namespace accel

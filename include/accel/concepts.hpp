@@ -125,6 +125,8 @@ concept parallel_defaulted_hooks =
       q.with_full_parameters(module, [] {});  // checkpoints: the weights whole for the while
       { q.whole_parameter(params.front()) } -> std::convertible_to<at::Tensor>;  // get_state_dict, one at a time
       q.release_models();                                                        // free_memory
+      { q.checkpoint_format() } -> std::convertible_to<state_dict_type>;         // what save_state writes
+      q.shard_of(params.front());                                                // a sharded checkpoint's part
     };
 
 /// What the accelerator calls on its accumulation policy: the required hooks...
@@ -166,7 +168,7 @@ concept parallel_policy =
     (detail::parallel_hooks<Q> ||
      detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone(), prepare_model(module), gradient_sync(module), set_gradient_sync(module, bool enabled, bool this_backward), before_forward(module) or communicator(): see accel/concepts.hpp", Q>()) &&
     (detail::parallel_defaulted_hooks<Q> ||
-     detail::unsatisfied<"this parallel policy lacks name(), prepare_optimizer(optimizer), step_optimizer(optimizer), any_non_finite(bool), gradient_norm(parameters, norm_type), clip_grad_norm(parameters, max_norm, norm_type), with_full_parameters(module, action), whole_parameter(parameter) or release_models(): derive it from accel::parallel_defaults", Q>()) &&
+     detail::unsatisfied<"this parallel policy lacks name(), prepare_optimizer(optimizer), step_optimizer(optimizer), any_non_finite(bool), gradient_norm(parameters, norm_type), clip_grad_norm(parameters, max_norm, norm_type), with_full_parameters(module, action), whole_parameter(parameter), release_models(), checkpoint_format() or shard_of(parameter): derive it from accel::parallel_defaults", Q>()) &&
     detail::well_formed_state_hooks<Q>;
 
 /// An accumulation policy: `accel::no_accumulation`, `accel::accumulate<N>` or `accel::accumulate_dynamic`.

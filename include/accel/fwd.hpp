@@ -41,5 +41,6 @@ using no_accumulation = accumulate<1>;
 struct accumulate_dynamic;
 
 struct options;
+enum class state_dict_type;
 
 }  // namespace accel

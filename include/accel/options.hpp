@@ -21,8 +21,20 @@ struct bucket_options {
   double bucket_cap_mb = 25.0;
 };
 
-/// How `accel::fully_sharded` treats the parameters of each `accel::shard_unit` (Accelerate's FSDP plugin).
+/// What `save_state` writes under a sharded policy (Accelerate's FSDP `state_dict_type`).
+enum class state_dict_type {
+  /// The full weights and the whole optimizer state, gathered: the same files as `data_parallel`'s.
+  full,
+  /// Each process its own slices, in files of its own, and a layout table: nothing gathered. Loads under any number
+  /// of processes and any parallel policy; `accel merge-weights` writes the full weights.
+  sharded,
+};
+
+/// How the sharded policies checkpoint, and how `accel::fully_sharded` treats the parameters of each
+/// `accel::shard_unit` (Accelerate's FSDP plugin).
 struct sharding_options {
+  /// What `save_state` writes under zero1, zero2 and fully_sharded (data_parallel always writes the full state).
+  accel::state_dict_type state_dict = accel::state_dict_type::full;
   /// Free a unit's full parameters after its forward and gather them again before its backward (Accelerate's
   /// FULL_SHARD, the default): a process holds at most two units' parameters at once. False keeps them from the
   /// forward until the unit's backward is over (SHARD_GRAD_OP): one all-gather per unit and step instead of two.

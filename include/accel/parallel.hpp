@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -105,6 +106,11 @@ struct parallel_defaults {
   [[nodiscard]] static at::Tensor whole_parameter(const at::Tensor& parameter) { return parameter; }
   /// Forgets every prepared model (`free_memory`).
   static constexpr void release_models() noexcept {}
+  /// What `save_state` writes: the full state (replicated, it is what every process holds).
+  [[nodiscard]] static constexpr state_dict_type checkpoint_format() noexcept { return state_dict_type::full; }
+  /// This process's slice of `parameter` and its full shape, where the policy shards it; none where it is
+  /// replicated (a sharded checkpoint then holds it whole, from the main process).
+  [[nodiscard]] static std::optional<parameter_shard> shard_of(const at::Tensor&) { return std::nullopt; }
   /// `save_state`, on every process, for each prepared optimizer: `write()` (which the main process uses to write
   /// `optimizer.bin`) with the optimizer holding the job's whole state. Replicated, it always does; a sharded policy
   /// gathers it from every process's shard for the while.

@@ -221,6 +221,15 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     shards_.clear();
   }
 
+  /// What `save_state` writes: `options::sharding.state_dict`.
+  [[nodiscard]] state_dict_type checkpoint_format() const noexcept { return sharding_.state_dict; }
+  /// This process's slice of `parameter` (flat) and its full shape, when an optimizer's shards hold it.
+  [[nodiscard]] std::optional<parameter_shard> shard_of(const at::Tensor& parameter) const {
+    for (const auto& [optimizer, shards] : shards_)
+      if (auto shard = shards->shard_of(parameter)) return shard;
+    return std::nullopt;
+  }
+
   /// The shards of a prepared optimizer, for tests and benchmarks (none for an optimizer not prepared here).
   [[nodiscard]] const detail::optimizer_shards* shards_of(const torch::optim::Optimizer& optimizer) const {
     const auto found = std::find_if(shards_.begin(), shards_.end(),

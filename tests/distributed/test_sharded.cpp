@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -410,8 +411,8 @@ namespace {
 /// after loading `load_from` and before saving into `save_to` when they are given.
 template <class Accelerator, class Model = uneven>
 std::vector<torch::Tensor> run_steps(int first, int last, int init_seed, const std::filesystem::path& load_from = {},
-                                     const std::filesystem::path& save_to = {}) {
-  Accelerator acc;
+                                     const std::filesystem::path& save_to = {}, const accel::options& opts = {}) {
+  Accelerator acc(opts);
   const int P = acc.num_processes(), r = acc.process_index();
   torch::manual_seed(init_seed);
   Model net(false);
@@ -428,6 +429,9 @@ std::vector<torch::Tensor> run_steps(int first, int last, int init_seed, const s
   if (!save_to.empty()) acc.save_state(save_to);
   return full_parameters(acc, model);
 }
+
+/// Options that make the sharded policies write sharded checkpoints.
+const accel::options sharded_files{.sharding = {.state_dict = accel::state_dict_type::sharded}};
 
 std::filesystem::path job_directory(const std::string& stem) {
   return std::filesystem::temp_directory_path() /
@@ -468,6 +472,79 @@ TEMPLATE_TEST_CASE(
   }
 }
 
+TEMPLATE_TEST_CASE(
+    "a sharded checkpoint: each process writes its own slices and nothing is gathered; it resumes bit for bit, "
+    "loads under data_parallel, and merge_weights gives the full weights",
+    "[sharded]", zero1, zero2, zero3) {
+  using sharded = accel::accelerator<accel::fp32, TestType>;
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  const auto dir = job_directory("accel_sharded_files_");
+  const auto merged = job_directory("accel_merged_");
+  const auto uninterrupted = run_steps<sharded>(0, 10, 5);
+  const auto saved = run_steps<sharded>(0, 5, 5, {}, dir, sharded_files);
+  const auto resumed = run_steps<sharded>(5, 10, 99, dir, {}, sharded_files);
+  for (std::size_t i = 0; i < resumed.size(); ++i) CHECK(torch::equal(resumed[i], uninterrupted[i]));
+  sharded acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  CHECK(std::filesystem::exists(dir / "shard_layout.bin"));
+  CHECK_FALSE(std::filesystem::exists(dir / "model.safetensors"));
+  for (int q = 0; q < P; ++q) {
+    CHECK(std::filesystem::exists(dir / ("model_shard_" + std::to_string(q) + ".safetensors")));
+    CHECK(std::filesystem::exists(dir / ("optimizer_shard_" + std::to_string(q) + ".safetensors")));
+  }
+  // This process's file holds its slice of each trainable parameter, and process 0's the frozen one whole.
+  std::map<std::string, torch::Tensor> mine;
+  for (auto& [name, tensor] : accel::safetensors::load(dir / ("model_shard_" + std::to_string(r) + ".safetensors")))
+    mine.emplace(name, tensor);
+  uneven net(false);
+  for (const auto& item : net->named_parameters()) {
+    INFO(item.key());
+    if (item.value().requires_grad()) {
+      REQUIRE(mine.contains(item.key()));
+      CHECK(mine[item.key()].numel() == accel::detail::shard_span_of(item.value().numel(), r, P).length);
+    } else {
+      CHECK(mine.contains(item.key()) == (r == 0));
+    }
+  }
+  // data_parallel resumes from it as if it had trained all along.
+  const auto replicated_from_sharded = run_steps<replicated>(5, 10, 99, dir);
+  check_same_parameters<TestType>(replicated_from_sharded, run_steps<replicated>(0, 10, 5), P);
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) {
+    const auto files = accel::merge_weights(dir, merged);
+    REQUIRE(files.size() == 1);
+    const auto weights = accel::safetensors::load(files.front());
+    REQUIRE(weights.size() == saved.size());
+    for (std::size_t i = 0; i < saved.size(); ++i) CHECK(torch::equal(weights[i].second, saved[i]));
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(merged);
+  }
+}
+
+TEST_CASE("fully_sharded writes a sharded checkpoint without gathering anything, a full one by gathering",
+          "[sharded]") {
+  const auto gathers_of_a_save = [](const accel::options& opts) {
+    accel::accelerator<accel::fp32, zero3> acc(opts);
+    torch::manual_seed(5);
+    uneven net(false);
+    torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-2));
+    auto [model, opt] = acc.prepare(net, adamw);
+    acc.backward(torch::mse_loss(model(torch::randn({4, 13}), acc.process_index()), torch::randn({4, 3})));
+    opt.step();
+    opt.zero_grad();
+    const auto* shards = acc.parallel().shards_of(adamw);
+    const auto before = shards->all_gather_count();
+    const auto dir = job_directory("accel_gathers_of_a_save_");
+    acc.save_state(dir);
+    const auto gathers = shards->all_gather_count() - before;
+    acc.wait_for_everyone();
+    if (acc.is_main_process()) std::filesystem::remove_all(dir);
+    return gathers;
+  };
+  CHECK(gathers_of_a_save(sharded_files) == 0u);
+  CHECK(gathers_of_a_save({}) > 0u);  // the full format gathers the parameters (and the state)
+}
+
 namespace {
 /// Where the jobs of the resume-elsewhere cases meet (tests/CMakeLists.txt sets it).
 std::filesystem::path cross_job_directory(const std::string& policy) {
@@ -488,8 +565,32 @@ TEMPLATE_TEST_CASE("saved by 2 processes under a sharded policy, for jobs of ano
   using sharded = accel::accelerator<accel::fp32, TestType>;
   const auto dir = cross_job_directory(TestType::name());
   run_steps<sharded>(0, 5, 5, {}, dir);
+  // The same training, saved in the sharded format: each process's slices.
+  run_steps<sharded>(0, 5, 5, {}, cross_job_directory(TestType::name() + "_sharded"), sharded_files);
   sharded acc;
   REQUIRE(acc.num_processes() == 2);
+}
+
+TEMPLATE_TEST_CASE(
+    "a sharded checkpoint saved by 2 processes loads under another number of processes: the saved parameters and "
+    "optimizer state, bit for bit, and training goes on as data_parallel's from it",
+    "[resume_elsewhere_load]", zero1, zero2, zero3) {
+  using sharded = accel::accelerator<accel::fp32, TestType>;
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  const auto dir = cross_job_directory(TestType::name() + "_sharded");
+  const auto full = cross_job_directory(TestType::name());  // the same state, saved whole
+  const auto again = job_directory("accel_sharded_saved_again_");
+  // Loaded from the shard files of 2 processes, saved again whole: the state the 2 processes saved whole.
+  const auto loaded = run_steps<sharded>(5, 5, 99, dir, again);
+  const auto copied = run_steps<replicated>(5, 5, 99, full);
+  for (std::size_t i = 0; i < loaded.size(); ++i) CHECK(torch::equal(loaded[i], copied[i]));
+  CHECK(accel_test::all_equal(saved_adamw_state(again), saved_adamw_state(full)));
+  const auto trained = run_steps<sharded>(5, 8, 99, dir);
+  const auto expected = run_steps<replicated>(5, 8, 99, dir);
+  sharded acc;
+  check_same_parameters<TestType>(trained, expected, acc.num_processes());
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(again);
 }
 
 TEMPLATE_TEST_CASE(

@@ -51,7 +51,13 @@ struct saver {
 /// checkpoint whose optimizer.bin comes from another save than its weights shows as moments that differ from the bias.
 struct sharded_saver {
   using accelerator = accel::accelerator<accel::fp32, accel::zero2<accel::gloo>>;
-  accelerator acc;
+  /// ACCEL_TEST_STATE_DICT=sharded: each process writes its own shard files.
+  static accel::options saving_options() {
+    const char* format = std::getenv("ACCEL_TEST_STATE_DICT");
+    const bool sharded = format != nullptr && std::string(format) == "sharded";
+    return {.sharding = {.state_dict = sharded ? accel::state_dict_type::sharded : accel::state_dict_type::full}};
+  }
+  accelerator acc{saving_options()};
   torch::nn::Linear net{1000, 2500};
   torch::optim::AdamW adamw{net->parameters(), torch::optim::AdamWOptions(1e-3)};
   decltype(std::declval<accelerator&>().prepare(

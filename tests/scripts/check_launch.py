@@ -537,7 +537,8 @@ def case_cli_version():
 def case_cli_help():
     for args in (["--help"], ["help"]):
         result = run_accel(*args)
-        check(result.returncode == 0 and "launch" in result.stdout, f"accel {args[0]} should list the commands")
+        check(result.returncode == 0 and "launch" in result.stdout and "merge-weights" in result.stdout,
+              f"accel {args[0]} should list the commands")
     result = run_accel("help", "launch")
     check(result.returncode == 0 and result.stdout.startswith("usage: accel launch"),
           "accel help launch should print launch's usage")

@@ -1,7 +1,12 @@
 # A 2-process zero2 job saving checkpoint after checkpoint into one directory (each save gathers the optimizer's
-# whole state) loses one process to SIGKILL at moments spread over a save, process 1 and process 0 in turn; the
-# launcher then ends the job. Each time, the directory must hold a complete checkpoint that a new 2-process job
-# loads whole: weights, tag and every process's shard of the optimizer state from one save.
+# whole state; with -DSTATE_DICT=sharded, each process writes its own shard files instead) loses one process to
+# SIGKILL at moments spread over a save, process 1 and process 0 in turn; the launcher then ends the job. Each time,
+# the directory must hold a complete checkpoint that a new 2-process job loads whole: weights, tag and every
+# process's shard of the optimizer state from one save.
+if(NOT DEFINED STATE_DICT)
+  set(STATE_DICT full)
+endif()
+set(ENV{ACCEL_TEST_STATE_DICT} ${STATE_DICT})
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 set(state ${WORK_DIR}/state)

@@ -734,3 +734,87 @@ TEST_CASE("a save on a full disk is a checkpoint_error and the previous checkpoi
   CHECK(failed > 3);
   CHECK(succeeded > 0);
 }
+
+TEST_CASE("the files of a sharded checkpoint are accel's own names; names like them are not", "[checkpoint]") {
+  using accel::detail::is_checkpoint_file;
+  for (const char* name :
+       {"shard_layout.bin", "model_shard_0.safetensors", "model_1_shard_12.safetensors",
+        "optimizer_shard_3.safetensors", "optimizer_2_shard_0.safetensors", "model_shard_0.safetensors.tmp4242"}) {
+    INFO(name);
+    CHECK(is_checkpoint_file(name));
+  }
+  for (const char* name : {"model_shard_.safetensors", "model_shard_x.safetensors", "notes_shard_0.safetensors",
+                           "model_shard_0.bin", "my_model_shard_0.safetensors", "model_x_shard_0.safetensors"}) {
+    INFO(name);
+    CHECK_FALSE(is_checkpoint_file(name));
+  }
+}
+
+// Issue 16: state_dict_type::sharded on one process (on several: tests/distributed/test_sharded.cpp).
+TEST_CASE(
+    "a sharded checkpoint on one process resumes bit for bit, under fully_sharded with a shard unit and under "
+    "data_parallel, merge_weights writes the full weights of it and of a full checkpoint, a missing shard file is "
+    "refused with nothing changed",
+    "[checkpoint][resume]") {
+  using sharded = accel::accelerator<accel::fp32, accel::fully_sharded<accel::gloo>>;
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  const auto dir = scratch("sharded_format"), full_dir = scratch("full_format"), merged = scratch("merged");
+  const accel::options sharded_files{.sharding = {.state_dict = accel::state_dict_type::sharded}};
+  // Steps [first, last), loading `from` first and saving into `to` after, when given.
+  const auto run = [&]<class Accelerator>(std::type_identity<Accelerator>, int first, int last,
+                                          const std::filesystem::path& from, const std::filesystem::path& to,
+                                          const accel::options& opts) {
+    Accelerator acc(opts);
+    torch::manual_seed(first == 0 ? 1 : 77);
+    torch::nn::Sequential net(accel::shard_unit(torch::nn::Linear(5, 7)), torch::nn::Tanh(), torch::nn::Linear(7, 2));
+    torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(0.05));
+    auto [model, opt] = acc.prepare(net, adamw);
+    if (!from.empty()) acc.load_state(from);
+    for (int step = first; step < last; ++step) {
+      torch::manual_seed(100 + step);
+      acc.backward(model(torch::randn({3, 5})).pow(2).mean());
+      opt.step();
+      opt.zero_grad();
+    }
+    if (!to.empty()) acc.save_state(to);
+    return acc.get_state_dict(model);
+  };
+  const auto uninterrupted = run(std::type_identity<sharded>{}, 0, 6, {}, {}, {});
+  const auto saved = run(std::type_identity<sharded>{}, 0, 3, {}, dir, sharded_files);
+  run(std::type_identity<sharded>{}, 0, 3, {}, full_dir, {});
+  CHECK(std::filesystem::exists(dir / "model_shard_0.safetensors"));
+  CHECK(std::filesystem::exists(dir / "optimizer_shard_0.safetensors"));
+  CHECK(std::filesystem::exists(dir / "shard_layout.bin"));
+  CHECK_FALSE(std::filesystem::exists(dir / "model.safetensors"));
+  for (const auto& resumed : {run(std::type_identity<sharded>{}, 3, 6, dir, {}, sharded_files),
+                              run(std::type_identity<replicated>{}, 3, 6, dir, {}, {})}) {
+    REQUIRE(resumed.size() == uninterrupted.size());
+    for (std::size_t i = 0; i < resumed.size(); ++i) CHECK(torch::equal(resumed[i].second, uninterrupted[i].second));
+  }
+  // The full weights: assembled from the shard files, or read from the full checkpoint, as saved.
+  for (const auto& checkpoint : {dir, full_dir}) {
+    const auto files = accel::merge_weights(checkpoint, merged / checkpoint.filename());
+    REQUIRE(files.size() == 1);
+    const auto weights = accel::safetensors::load(files.front());
+    REQUIRE(weights.size() == saved.size());
+    for (std::size_t i = 0; i < saved.size(); ++i) {
+      CHECK(weights[i].first == saved[i].first);
+      CHECK(torch::equal(weights[i].second, saved[i].second));
+    }
+  }
+  CHECK_THROWS_WITH(accel::merge_weights(dir / "nothing", merged / "x"), Catch::Contains("no checkpoint at"));
+  // A shard file gone: refused before anything changes.
+  std::filesystem::remove(dir / "optimizer_shard_0.safetensors");
+  sharded acc;
+  torch::manual_seed(77);
+  torch::nn::Sequential net(accel::shard_unit(torch::nn::Linear(5, 7)), torch::nn::Tanh(), torch::nn::Linear(7, 2));
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(0.05));
+  auto [model, opt] = acc.prepare(net, adamw);
+  const auto before = acc.get_state_dict(model);
+  CHECK_THROWS_WITH(acc.load_state(dir), Catch::Contains("optimizer_shard_0.safetensors"));
+  const auto after = acc.get_state_dict(model);
+  for (std::size_t i = 0; i < before.size(); ++i) CHECK(torch::equal(after[i].second, before[i].second));
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(full_dir);
+  std::filesystem::remove_all(merged);
+}

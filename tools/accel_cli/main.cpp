@@ -11,6 +11,7 @@
 #include "config.hpp"
 #include "env.hpp"
 #include "launch.hpp"
+#include "merge_weights.hpp"
 #include "test.hpp"
 
 #ifndef ACCEL_VERSION_STRING
@@ -22,10 +23,8 @@ namespace {
 using accel::cli::command;
 
 constexpr command commands[] = {
-    accel::cli::launch_command,
-    accel::cli::config_command,
-    accel::cli::env_command,
-    accel::cli::test_command,
+    accel::cli::launch_command, accel::cli::config_command,        accel::cli::env_command,
+    accel::cli::test_command,   accel::cli::merge_weights_command,
 };
 
 const command* find_command(std::string_view name) {
@@ -42,7 +41,7 @@ void print_help(std::FILE* out) {
                "\n"
                "commands:\n");
   for (const command& c : commands) {
-    std::fprintf(out, "  %-10.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
+    std::fprintf(out, "  %-13.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
                  static_cast<int>(c.summary.size()), c.summary.data());
   }
   std::fprintf(out, "\nRun 'accel <command> --help' for a command's options.\n");

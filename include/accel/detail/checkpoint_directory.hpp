@@ -43,11 +43,18 @@ inline bool is_checkpoint_file(std::string_view name) {
   if (const auto temporary = name.rfind(".tmp");
       temporary != std::string_view::npos && is_numbered(name.substr(temporary), ".tmp"))
     name = name.substr(0, temporary);
-  if (name == "accel_state.bin" || name == manifest_name) return true;
+  if (name == "accel_state.bin" || name == manifest_name || name == "shard_layout.bin") return true;
   const auto dot = name.find('.');
   if (dot == std::string_view::npos) return false;
-  const auto stem = name.substr(0, dot), extension = name.substr(dot);
+  auto stem = name.substr(0, dot);
+  const auto extension = name.substr(dot);
   if (extension == ".bin" && is_numbered(stem, "random_states_")) return true;
+  // A sharded checkpoint's `model_shard_3.safetensors`, `optimizer_1_shard_0.safetensors`: a kind's own name, shard.
+  if (const auto shard = stem.rfind("_shard_"); shard != std::string_view::npos && extension == ".safetensors") {
+    if (!is_numbered(stem.substr(shard + 1), "shard_")) return false;
+    stem = stem.substr(0, shard);
+    return stem == "model" || stem == "optimizer" || is_numbered(stem, "model_") || is_numbered(stem, "optimizer_");
+  }
   for (const auto kind : {"model", "optimizer", "scheduler", "custom_checkpoint"}) {
     const std::string_view k = kind;
     if (extension != (k == "model" ? ".safetensors" : ".bin")) continue;

@@ -12,12 +12,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -34,41 +29,11 @@
 
 #include "../collectives.hpp"
 #include "../options.hpp"
+#include "optimizer_state.hpp"
 #include "reducer.hpp"
 #include "shard_layout.hpp"
 
 namespace accel::detail {
-
-/// Replaces each state tensor of a LibTorch optimizer's parameter state by `transform(tensor)` (Adam, AdamW, SGD,
-/// RMSprop, Adagrad: elementwise optimizers, whose state tensors have their parameter's elements); false for a state
-/// of another type.
-template <class Transform>
-bool transform_state_tensors(torch::optim::OptimizerParamState& state, Transform&& transform) {
-  const auto apply = [&transform](at::Tensor& tensor) {
-    if (tensor.defined()) tensor = transform(tensor);
-  };
-  const auto moments = [&apply](auto& adam) {  // Adam's and AdamW's states: the same fields, unrelated types
-    apply(adam.exp_avg());
-    apply(adam.exp_avg_sq());
-    apply(adam.max_exp_avg_sq());
-  };
-  if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
-    moments(*adamw);
-  } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
-    moments(*adam);
-  } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
-    apply(sgd->momentum_buffer());
-  } else if (auto* rmsprop = dynamic_cast<torch::optim::RMSpropParamState*>(&state)) {
-    apply(rmsprop->square_avg());
-    apply(rmsprop->momentum_buffer());
-    apply(rmsprop->grad_avg());
-  } else if (auto* adagrad = dynamic_cast<torch::optim::AdagradParamState*>(&state)) {
-    apply(adagrad->sum());
-  } else {
-    return false;
-  }
-  return true;
-}
 
 /// Whether a shard is a view of its full parameter (stages 1 and 2) or holds its elements itself (stage 3, where the
 /// full parameter is let go between steps).
@@ -405,6 +370,14 @@ class optimizer_shards {
     for (auto& [p, shard_state] : loaded) state[compat::optimizer_state_key(p->shard)] = std::move(shard_state);
   }
 
+  /// This process's slice of `parameter` (flat, its current values) and its full shape, when it is one of the
+  /// sharded parameters.
+  [[nodiscard]] std::optional<parameter_shard> shard_of(const at::Tensor& parameter) const {
+    const auto found = index_.find(parameter.unsafeGetTensorImpl());
+    if (found == index_.end()) return std::nullopt;
+    const auto& p = parameters_[found->second];
+    return parameter_shard{.slice = p.shard, .sizes = p.sizes};
+  }
   /// This process's span of `parameter` when it is one of the sharded parameters.
   [[nodiscard]] const shard_span* span_of(const at::Tensor& parameter) const {
     const auto found = index_.find(parameter.unsafeGetTensorImpl());

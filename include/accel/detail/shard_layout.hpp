@@ -7,8 +7,20 @@
 // IWYU pragma: private, include <accel/sharded_data_parallel.hpp>
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <vector>
+
+namespace accel {
+/// What a sharded policy holds of a parameter on this process (`shard_of`, a parallel policy hook): its slice
+/// (flat, its current values) and the full parameter's shape.
+struct parameter_shard {
+  at::Tensor slice;
+  std::vector<std::int64_t> sizes;
+};
+}  // namespace accel
 
 namespace accel::detail {
 

@@ -1,0 +1,342 @@
+/// \file
+/// The sharded checkpoint format (`options::sharding.state_dict = accel::state_dict_type::sharded`): each process
+/// writes its own slices, nothing is gathered, and any number of processes reads them back.
+/// - `model_shard_{r}.safetensors` (`model_{i}_shard_{r}` for the i-th model): process r's slice (flat) of each
+///   parameter its policy shards, under the parameter's name; process 0's file also holds what no policy shards
+///   (frozen parameters, buffers, everything under data_parallel), whole.
+/// - `optimizer_shard_{r}.safetensors` (`optimizer_{i}_shard_{r}`): process r's slice of each state tensor of its
+///   optimizer, under `{model}.{parameter}/{field}` (`model.l1.weight/exp_avg`, `model_1.fc.bias/step`), the step
+///   counts as 0-d int64 tensors; `optimizer.bin` (main process): the optimizer's groups and options, no state.
+/// - `shard_layout.bin` (main process): the number of processes, and each model tensor's name, full shape and
+///   whether it is sharded. Process r's slice of a sharded tensor of n elements is its elements [r c, (r + 1) c)
+///   flattened, c = ceil(n / P) (shard_layout.hpp): concatenated in process order, the slices are the tensor.
+/// Loading assembles the full tensors (and whole states) from every process's file, then loads them as a full
+/// checkpoint: so a sharded checkpoint loads under any number of processes and any parallel policy.
+// IWYU pragma: private, include <accel/checkpoint.hpp>
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../checkpoint_error.hpp"
+#include "../collectives.hpp"
+#include "../model_weights.hpp"
+#include "../safetensors.hpp"
+#include "atomic_file.hpp"
+#include "checkpoint_manifest.hpp"
+#include "compat.hpp"
+#include "optimizer_state.hpp"
+#include "shard_layout.hpp"
+
+namespace accel::detail {
+
+inline constexpr const char* shard_layout_name = "shard_layout.bin";
+
+/// `model_shard_3.safetensors`, `optimizer_1_shard_0.safetensors`.
+inline std::string shard_file(const std::string& kind, std::size_t index, int process) {
+  std::string name = kind;
+  if (index > 0) name.append("_").append(std::to_string(index));
+  return name.append("_shard_").append(std::to_string(process)).append(".safetensors");
+}
+
+/// A model's part of the layout table: each tensor (parameters, then buffers) by name, its full shape, and whether
+/// its elements are spread over the processes' files.
+struct model_layout {
+  std::vector<std::string> names;
+  std::vector<std::vector<std::int64_t>> shapes;
+  std::vector<bool> sharded;
+
+  void write(torch::serialize::OutputArchive& archive) const {
+    std::vector<std::int64_t> dims, sizes, flags;
+    for (std::size_t t = 0; t < names.size(); ++t) {
+      dims.push_back(static_cast<std::int64_t>(shapes[t].size()));
+      sizes.insert(sizes.end(), shapes[t].begin(), shapes[t].end());
+      flags.push_back(sharded[t] ? 1 : 0);
+    }
+    archive.write("names", c10::IValue(names));
+    archive.write("dims", c10::IValue(dims));
+    archive.write("sizes", c10::IValue(sizes));
+    archive.write("sharded", c10::IValue(flags));
+  }
+  static model_layout read(torch::serialize::InputArchive& archive, const std::string& where) {
+    c10::IValue names, dims, sizes, flags;
+    if (!archive.try_read("names", names) || !archive.try_read("dims", dims) || !archive.try_read("sizes", sizes) ||
+        !archive.try_read("sharded", flags) || !names.isList() || !dims.isIntList() || !sizes.isIntList() ||
+        !flags.isIntList())
+      throw checkpoint_error("accel: " + where + " lacks a model's names, shapes or sharding (a damaged file?)");
+    model_layout layout;
+    for (const auto& name : names.toListRef()) layout.names.push_back(name.toStringRef());
+    const auto dim_list = dims.toIntVector(), size_list = sizes.toIntVector(), flag_list = flags.toIntVector();
+    if (dim_list.size() != layout.names.size() || flag_list.size() != layout.names.size())
+      throw checkpoint_error("accel: " + where + " describes a model inconsistently (a damaged file?)");
+    std::size_t next = 0;
+    for (std::size_t t = 0; t < layout.names.size(); ++t) {
+      if (dim_list[t] < 0 || next + static_cast<std::size_t>(dim_list[t]) > size_list.size())
+        throw checkpoint_error("accel: " + where + " describes a model inconsistently (a damaged file?)");
+      layout.shapes.emplace_back(size_list.begin() + static_cast<std::ptrdiff_t>(next),
+                                 size_list.begin() + static_cast<std::ptrdiff_t>(next + dim_list[t]));
+      next += static_cast<std::size_t>(dim_list[t]);
+      layout.sharded.push_back(flag_list[t] != 0);
+    }
+    return layout;
+  }
+};
+
+/// The layout table: the number of processes that wrote the shard files, and each model's layout.
+struct shard_layout_table {
+  std::int64_t processes = 0;
+  std::vector<model_layout> models;
+
+  [[nodiscard]] written_file save(const std::filesystem::path& directory) const {
+    torch::serialize::OutputArchive archive;
+    archive.write("format", c10::IValue(std::string("accel sharded checkpoint 1")));
+    archive.write("processes", c10::IValue(processes));
+    archive.write("models", c10::IValue(static_cast<std::int64_t>(models.size())));
+    for (std::size_t i = 0; i < models.size(); ++i) {
+      torch::serialize::OutputArchive model;
+      models[i].write(model);
+      archive.write("model_" + std::to_string(i), model);
+    }
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    return write_atomically<checkpoint_error>(directory / shard_layout_name,
+                                              [&](auto& out) { out.write(bytes.view()); });
+  }
+  /// The table of the checkpoint in `directory`, checked against its manifest; none for a full checkpoint.
+  static std::optional<shard_layout_table> load(const std::filesystem::path& directory,
+                                                const std::optional<checkpoint_manifest>& manifest) {
+    if (!std::filesystem::exists(directory / shard_layout_name)) return std::nullopt;
+    const auto bytes = read_checkpoint_file(directory, shard_layout_name, manifest);
+    const auto where = (directory / shard_layout_name).string();
+    torch::serialize::InputArchive archive;
+    c10::IValue processes, models;
+    try {
+      archive.load_from(bytes.data(), bytes.size());
+    } catch (const std::exception& e) {
+      throw checkpoint_error("accel: " + where + " is truncated or corrupt: " + first_line(e.what()));
+    }
+    if (!archive.try_read("processes", processes) || !processes.isInt() || processes.toInt() < 1 ||
+        !archive.try_read("models", models) || !models.isInt() || models.toInt() < 0)
+      throw checkpoint_error("accel: " + where + " lacks the number of processes or of models (a damaged file?)");
+    shard_layout_table table;
+    table.processes = processes.toInt();
+    for (std::int64_t i = 0; i < models.toInt(); ++i) {
+      torch::serialize::InputArchive model;
+      if (!archive.try_read("model_" + std::to_string(i), model))
+        throw checkpoint_error("accel: " + where + " lacks model " + std::to_string(i) + "'s layout");
+      table.models.push_back(model_layout::read(model, where));
+    }
+    return table;
+  }
+};
+
+/// A model's layout, and this process's tensors of it: the slice of each tensor `shard_of` gives, and the others
+/// whole on the main process only.
+template <class ShardOf>
+std::pair<model_layout, safetensors::tensor_list> model_shards(const torch::nn::Module& module, ShardOf&& shard_of,
+                                                               bool main) {
+  model_layout layout;
+  safetensors::tensor_list mine;
+  for (const auto& [name, tensor] : state_of(module)) {
+    const auto shard = shard_of(tensor);  // std::optional<parameter_shard>
+    layout.names.push_back(name);
+    layout.shapes.push_back(shard ? shard->sizes : tensor.sizes().vec());
+    layout.sharded.push_back(shard.has_value());
+    if (shard)
+      mine.emplace_back(name, shard->slice.reshape({-1}));
+    else if (main)
+      mine.emplace_back(name, tensor);
+  }
+  return {std::move(layout), std::move(mine)};
+}
+
+/// The name a state field is saved under: `model.l1.weight/exp_avg` (`model_1.` for the second model).
+inline std::string state_field_name(std::size_t model, const std::string& parameter, std::string_view field) {
+  std::string name = model == 0 ? std::string("model") : "model_" + std::to_string(model);
+  return name.append(".").append(parameter).append("/").append(field);
+}
+
+/// This process's part of `optimizer`'s state, field by field: the slices of the parameters `shard_of` gives, and
+/// the whole state of the others on the main process only.
+template <class ShardOf>
+safetensors::tensor_list optimizer_shards_of(torch::optim::Optimizer& optimizer,
+                                             const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                                             ShardOf&& shard_of, bool main) {
+  safetensors::tensor_list mine;
+  auto& states = optimizer.state();
+  for (std::size_t m = 0; m < models.size(); ++m)
+    for (const auto& item : models[m]->named_parameters()) {
+      const auto shard = shard_of(item.value());
+      const auto found = states.find(compat::optimizer_state_key(shard ? shard->slice : item.value()));
+      if (found == states.end() || (!shard && !main)) continue;
+      const bool known = visit_state(
+          *found->second,
+          [&](std::string_view field, at::Tensor& tensor) {
+            if (tensor.defined())
+              mine.emplace_back(state_field_name(m, item.key(), field), shard ? tensor.reshape({-1}) : tensor);
+          },
+          [&](std::string_view field, std::int64_t& count) {
+            mine.emplace_back(state_field_name(m, item.key(), field), at::scalar_tensor(count, at::kLong));
+          });
+      if (!known)
+        throw checkpoint_error(
+            "accel::save_state: a sharded checkpoint holds the state of LibTorch's elementwise optimizers (Adam, "
+            "AdamW, SGD, RMSprop, Adagrad) field by field; this optimizer's is another kind: use "
+            "state_dict_type::full");
+    }
+  return mine;
+}
+
+/// Writes `optimizer`'s groups and options without its state (a sharded checkpoint's `optimizer.bin`).
+template <class Save>
+void without_state(torch::optim::Optimizer& optimizer, Save&& save) {
+  auto kept = std::move(optimizer.state());
+  optimizer.state().clear();
+  try {
+    std::forward<Save>(save)();
+  } catch (...) {
+    optimizer.state() = std::move(kept);
+    throw;
+  }
+  optimizer.state() = std::move(kept);
+}
+
+/// Reads every process's `kind` file `index` of a sharded checkpoint, in process order, each handed to `use`
+/// (name -> tensor) before the next is read.
+template <class Use>
+void for_each_shard_file(const std::filesystem::path& directory, const std::optional<checkpoint_manifest>& manifest,
+                         const std::string& kind, std::size_t index, std::int64_t processes, Use&& use) {
+  for (std::int64_t r = 0; r < processes; ++r) {
+    const auto name = shard_file(kind, index, static_cast<int>(r));
+    auto loaded = safetensors::parse(read_checkpoint_file(directory, name, manifest), (directory / name).string());
+    use(static_cast<int>(r), std::map<std::string, at::Tensor>(loaded.begin(), loaded.end()), name);
+  }
+}
+
+/// Puts process r's slice `piece` of a tensor of `numel` elements into `whole` (flat), checking that it is the
+/// slice the layout rule gives process r.
+inline void place_slice(at::Tensor& whole, const at::Tensor& piece, std::int64_t numel, int r, std::int64_t processes,
+                        const std::string& what, const std::string& file) {
+  const auto span = shard_span_of(numel, r, static_cast<int>(processes));
+  if (piece.numel() != span.length)
+    throw checkpoint_error("accel::load_state: " + file + " holds " + std::to_string(piece.numel()) + " elements of " +
+                           what + ", where process " + std::to_string(r) + " of " + std::to_string(processes) +
+                           " owns " + std::to_string(span.length) + " (a damaged checkpoint?)");
+  whole.narrow(0, span.begin, span.length).copy_(piece.reshape({-1}));
+}
+
+/// Model `index`'s full tensors (in the layout's order) from every process's shard file.
+inline safetensors::tensor_list assemble_model(const std::filesystem::path& directory,
+                                               const std::optional<checkpoint_manifest>& manifest,
+                                               const shard_layout_table& table, std::size_t index) {
+  const auto& layout = table.models.at(index);
+  std::vector<at::Tensor> whole(layout.names.size());
+  for_each_shard_file(directory, manifest, "model", index, table.processes, [&](int r, auto tensors, auto& file) {
+    for (std::size_t t = 0; t < layout.names.size(); ++t) {
+      const auto found = tensors.find(layout.names[t]);
+      if (!layout.sharded[t] && r != 0) continue;
+      if (found == tensors.end())
+        throw checkpoint_error("accel::load_state: " + file + " lacks " + layout.names[t] + " (a damaged checkpoint?)");
+      if (!layout.sharded[t]) {
+        whole[t] = found->second;
+        continue;
+      }
+      const auto numel = c10::multiply_integers(layout.shapes[t]);
+      if (r == 0) whole[t] = at::empty({numel}, found->second.options());
+      place_slice(whole[t], found->second, numel, r, table.processes, layout.names[t], file);
+    }
+  });
+  safetensors::tensor_list tensors;
+  for (std::size_t t = 0; t < layout.names.size(); ++t)
+    tensors.emplace_back(layout.names[t], layout.sharded[t] ? whole[t].view(layout.shapes[t]) : whole[t]);
+  return tensors;
+}
+
+/// Optimizer `index`'s whole state from every process's shard file: each field of each parameter's state under its
+/// name (`state_field_name`), full tensors shaped as their parameters, steps as 0-d tensors.
+inline std::map<std::string, at::Tensor> assemble_optimizer_state(const std::filesystem::path& directory,
+                                                                  const std::optional<checkpoint_manifest>& manifest,
+                                                                  const shard_layout_table& table, std::size_t index) {
+  // Each parameter's full shape and whether it is sharded, by the names the fields are saved under.
+  std::map<std::string, std::pair<std::vector<std::int64_t>, bool>> parameters;
+  for (std::size_t m = 0; m < table.models.size(); ++m)
+    for (std::size_t t = 0; t < table.models[m].names.size(); ++t)
+      parameters[state_field_name(m, table.models[m].names[t], "")] = {table.models[m].shapes[t],
+                                                                       table.models[m].sharded[t]};
+  std::map<std::string, at::Tensor> state;
+  for_each_shard_file(directory, manifest, "optimizer", index, table.processes, [&](int r, auto tensors, auto& file) {
+    for (auto& [name, piece] : tensors) {
+      const auto slash = name.rfind('/');
+      const auto parameter = parameters.find(name.substr(0, slash == std::string::npos ? 0 : slash + 1));
+      if (slash == std::string::npos || parameter == parameters.end())
+        throw checkpoint_error("accel::load_state: " + file + " holds " + name +
+                               ", the state of no parameter of the layout (a damaged checkpoint?)");
+      const auto& [shape, sharded] = parameter->second;
+      if (piece.dim() == 0 || !sharded) {  // a step count, the same everywhere, or a whole state tensor
+        state.try_emplace(name, piece);
+        continue;
+      }
+      const auto numel = c10::multiply_integers(shape);
+      auto found = state.find(name);
+      if (found == state.end()) found = state.emplace(name, at::empty({numel}, piece.options())).first;
+      place_slice(found->second, piece, numel, r, table.processes, name, file);
+    }
+  });
+  for (auto& [name, tensor] : state) {
+    const auto& [shape, sharded] = parameters.at(name.substr(0, name.rfind('/') + 1));
+    if (sharded && tensor.dim() == 1 && tensor.numel() == c10::multiply_integers(shape)) tensor = tensor.view(shape);
+  }
+  return state;
+}
+
+/// Gives each parameter `optimizer` lists its whole state from `state` (assemble_optimizer_state), by the name
+/// `name_of` gives it; a parameter with nothing saved gets no state, as one that never had a gradient.
+template <class NameOf>
+void set_whole_state(torch::optim::Optimizer& optimizer, const std::map<std::string, at::Tensor>& state,
+                     NameOf&& name_of) {
+  auto& states = optimizer.state();
+  for (auto& group : optimizer.param_groups())
+    for (auto& parameter : group.params()) {
+      const auto key = compat::optimizer_state_key(parameter);
+      states.erase(key);
+      const std::string prefix = name_of(parameter);
+      if (prefix.empty() || state.lower_bound(prefix) == state.end() ||
+          state.lower_bound(prefix)->first.rfind(prefix, 0) != 0)
+        continue;
+      auto fresh = empty_state_of(optimizer);
+      if (!fresh)
+        throw checkpoint_error(
+            "accel::load_state: a sharded checkpoint holds the state of LibTorch's elementwise optimizers (Adam, "
+            "AdamW, SGD, RMSprop, Adagrad); this optimizer is another kind");
+      visit_state(
+          *fresh,
+          [&](std::string_view field, at::Tensor& tensor) {
+            if (const auto found = state.find(prefix + std::string(field)); found != state.end()) {
+              if (found->second.sizes() != parameter.sizes())
+                throw checkpoint_error("accel::load_state: the saved " + found->first + " has another shape than " +
+                                       "its parameter");
+              tensor = found->second.clone();
+            }
+          },
+          [&](std::string_view field, std::int64_t& count) {
+            if (const auto found = state.find(prefix + std::string(field)); found != state.end())
+              count = found->second.template item<std::int64_t>();
+          });
+      states[key] = std::move(fresh);
+    }
+}
+
+}  // namespace accel::detail
