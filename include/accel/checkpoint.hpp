@@ -258,6 +258,19 @@ void gather_process_files(Parallel& parallel, const std::vector<written_file>& m
                     static_cast<std::uint32_t>(all[process][k][1].template item<std::int64_t>())});
 }
 
+/// Runs `action`, a collective of the accelerator's `call`: a collective that fails in it (a timeout, a process
+/// gone) says that every process must make that call, the usual cause of a save that never completes.
+template <class Action>
+void as_collective(const char* call, Action&& action) {
+  try {
+    std::forward<Action>(action)();
+  } catch (const collective_error& e) {
+    throw collective_error(std::string(e.what()) + "; accel::" + call +
+                           " is a collective: every process must call it (a call under `if (acc.is_main_process())` "
+                           "waits for the others until options::timeout)");
+  }
+}
+
 /// Runs `action` with the parameters of `models[first...]` whole (a policy that shards parameters gathers them for
 /// the while, on every process), keeping what it writes into them.
 template <class Parallel, class Action>
@@ -319,10 +332,12 @@ void save_checkpoint(const std::filesystem::path& directory, bool sharded, Paral
 template <class Parallel, class... Policies>
 void save_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
                 const Policies&... policies) {
-  if (parallel.checkpoint_format() == state_dict_type::sharded)  // nothing gathered
-    return save_checkpoint(directory, true, parallel, registry, policies...);
-  with_full_weights(parallel, registry.models(),
-                    [&] { save_checkpoint(directory, false, parallel, registry, policies...); });
+  as_collective("save_state", [&] {
+    if (parallel.checkpoint_format() == state_dict_type::sharded)  // nothing gathered
+      return save_checkpoint(directory, true, parallel, registry, policies...);
+    with_full_weights(parallel, registry.models(),
+                      [&] { save_checkpoint(directory, false, parallel, registry, policies...); });
+  });
 }
 
 /// Loads objects that can also save what they hold, all or none: before an object loads, its current state is kept
@@ -538,7 +553,10 @@ void load_full_state(const std::filesystem::path& directory, Parallel& parallel,
 template <class Parallel, class... Policies>
 void load_state(const std::filesystem::path& directory, Parallel& parallel, const prepared_registry& registry,
                 Policies&... policies) {
-  with_full_weights(parallel, registry.models(), [&] { load_full_state(directory, parallel, registry, policies...); });
+  as_collective("load_state", [&] {
+    with_full_weights(parallel, registry.models(),
+                      [&] { load_full_state(directory, parallel, registry, policies...); });
+  });
 }
 
 /// `save_state` into the project's next automatic checkpoint: `{project_dir}/checkpoints/checkpoint_{i}`, then

@@ -411,6 +411,26 @@ TEST_CASE("a collective that times out raises instead of hanging", "[timeout]") 
   }
 }
 
+TEST_CASE(
+    "save_state called by one process only raises there, saying that every process must call it, and leaves no "
+    "checkpoint",
+    "[save_alone]") {
+  gloo_accelerator acc(accel::options{.timeout = std::chrono::seconds(5)});
+  auto net = mlp(2, 4, 1);
+  auto model = acc.prepare(net);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("accel_save_alone_" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
+  if (acc.is_main_process()) {
+    std::filesystem::remove_all(dir);
+    CHECK_THROWS_WITH(acc.save_state(dir), Catch::Contains("every process must call it") &&
+                                               Catch::Contains("accel::save_state is a collective"));
+    CHECK_FALSE(std::filesystem::exists(dir));
+    CHECK_FALSE(std::filesystem::exists(dir.string() + ".partial"));
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(8));  // never saves
+  }
+}
+
 TEST_CASE("a process that throws brings the job down", "[crash]") {
   // Run by tests/distributed/expect_prompt_failure.cmake: the launcher must exit non-zero within seconds.
   gloo_accelerator acc;
