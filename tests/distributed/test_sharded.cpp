@@ -1103,3 +1103,38 @@ TEST_CASE(
                   << at_least << " B");
   CHECK(whole_model - per_unit >= at_least);
 }
+
+TEMPLATE_TEST_CASE(
+    "a parameter of 1 MiB or more whose elements split evenly is all-gathered straight into place, to the same "
+    "parameters as data_parallel's",
+    "[sharded]", zero1, zero2, zero3) {
+  const auto train = []<class Policy>(std::type_identity<Policy>) {
+    accel::accelerator<accel::fp32, Policy> acc;
+    torch::manual_seed(8);
+    torch::nn::Sequential net(torch::nn::Linear(512, 512), torch::nn::Tanh(), torch::nn::Linear(512, 3));
+    torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
+    auto [model, opt] = acc.prepare(net, adamw);
+    torch::manual_seed(21 + acc.process_index());
+    for (int step = 0; step < 3; ++step) {
+      acc.backward(model(torch::randn({4, 512})).pow(2).mean());
+      opt.step();
+      opt.zero_grad();
+    }
+    std::int64_t buffer_elements = 0;
+    if constexpr (!std::is_same_v<Policy, accel::data_parallel<accel::gloo>>)
+      buffer_elements = acc.parallel().shards_of(adamw)->gather_buffer_elements();
+    return std::pair{full_parameters(acc, model), buffer_elements};
+  };
+  const auto [expected, none] = train(std::type_identity<accel::data_parallel<accel::gloo>>{});
+  const auto [got, buffer_elements] = train(std::type_identity<TestType>{});
+  accel::accelerator<accel::fp32, TestType> acc;
+  const int P = acc.num_processes();
+  check_same_parameters<TestType>(got, expected, P);
+  // The 512 x 512 weight (1 MiB) needs the buffers kept between steps only where it does not split evenly (P = 3).
+  constexpr std::int64_t weight = 512 * 512;
+  INFO("P = " << P << ": gather buffers of " << buffer_elements << " elements");
+  if (weight % P == 0)
+    CHECK(buffer_elements < weight / P);
+  else
+    CHECK(buffer_elements >= (P + 1) * (weight / P));
+}

@@ -27,6 +27,12 @@ int main() {
       auto gathered = at::full({P * n}, -1, options);
       comm.all_gather_into(gathered, mine).wait();
       check(at::equal(gathered, at::arange(1, P * n + 1, options)), "all_gather_into", dtype, n);
+      // In place: this process's part is already where the result puts it (Gloo: a broadcast per part).
+      auto whole = at::full({P * n}, -1, options);
+      auto part = whole.narrow(0, r * n, n);
+      part.copy_(mine);
+      comm.all_gather_into(whole, part).wait();
+      check(at::equal(whole, at::arange(1, P * n + 1, options)), "all_gather_into in place", dtype, n);
       // reduce_scatter_into: process q sends (q + 1) x (1 ... P n); segment r sums to P (P + 1) / 2 x (r n + 1 ...).
       auto input = at::arange(1, P * n + 1, options) * (r + 1);
       auto output = at::full({n}, -1, options);

@@ -109,9 +109,23 @@ class gloo_communicator {
   }
 
   /// Starts gathering every rank's `input` (contiguous, `n` elements) into the flat `output` of `size() * n`, in
-  /// rank order; `output` holds them once `wait()` returns.
+  /// rank order; `output` holds them once `wait()` returns. When `input` is this rank's place in `output` (in place),
+  /// each rank's part is broadcast into its place instead: Gloo's all-gather would stage the whole result in a
+  /// buffer of its own and copy it out, two passes over it.
   [[nodiscard]] work all_gather_into(at::Tensor& output, at::Tensor& input) {
-    return work(compat::all_gather_into(*group_, output, input), env_.rank, "all_gather");
+    if (size() == 1 || !in_place(output, input))
+      return work(compat::all_gather_into(*group_, output, input), env_.rank, "all_gather");
+    std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+    for (int r = 0; r < size(); ++r) {
+      std::vector<at::Tensor> part{output.narrow(0, r * input.numel(), input.numel())};
+      c10d::BroadcastOptions broadcast_options;
+      broadcast_options.rootRank = r;
+      parts.push_back(group_->broadcast(part, broadcast_options));
+    }
+    auto first = parts.front();
+    return work(std::move(first), env_.rank, "all_gather", [parts = std::move(parts), rank = env_.rank] {
+      for (const auto& part : parts) wait_for(*part, "all_gather", rank);
+    });
   }
 
   void barrier() { wait_for(*group_->barrier(), "barrier", env_.rank); }
@@ -124,6 +138,14 @@ class gloo_communicator {
     group_options->devices.push_back(gloo_device(env));
     group_options->threads = 2;  // as PyTorch: two per device, enough to overlap buckets with backward
     group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, env.rank, env.world_size, group_options);
+  }
+
+  /// Whether `input` is this rank's part of `output`, where the gathered result puts it.
+  [[nodiscard]] bool in_place(const at::Tensor& output, const at::Tensor& input) const {
+    return output.is_contiguous() && input.is_contiguous() && output.scalar_type() == input.scalar_type() &&
+           output.numel() == input.numel() * size() &&
+           static_cast<const char*>(input.data_ptr()) ==
+               static_cast<const char*>(output.data_ptr()) + static_cast<std::int64_t>(env_.rank) * input.nbytes();
   }
 
   static void wait_for(c10d::Work& pending, const char* operation, int rank) {

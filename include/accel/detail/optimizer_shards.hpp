@@ -162,11 +162,9 @@ class optimizer_shards {
   /// the full parameters (stages 1 and 2).
   template <communicator C>
   void gather(C& comm) {
+    const auto full_elements = [this](std::size_t entry) { return parameters_[entry].full.detach().view({-1}); };
     for (const auto& bucket : buckets_)
-      launch_gather(bucket, comm, kept_buffers(bucket), [this](std::size_t entry, int r) -> std::optional<at::Tensor> {
-        if (r == rank_) return std::nullopt;  // stepped in place
-        return parameters_[entry].full.detach().view({-1});
-      })();
+      launch_gather(bucket, comm, full_elements, /*own_in_place=*/true, [this](auto& b) { return kept_buffers(b); })();
   }
 
   /// Stage 3: the groups these shards hold parameters of, and where those parameters are.
@@ -207,16 +205,15 @@ class optimizer_shards {
       else
         reallocate_storage(p.whole);
     }
-    const auto into_whole = [this](std::size_t entry, int) -> std::optional<at::Tensor> {
-      return parameters_[entry].whole.view({-1});
-    };
+    const auto whole_elements = [this](std::size_t entry) { return parameters_[entry].whole.view({-1}); };
     g.gathering = true;
     for (const auto& bucket : buckets_) {
       if (bucket.group != group) continue;
       if (group == 0)  // the kept buffers serve one bucket at a time
-        launch_gather(bucket, comm, kept_buffers(bucket), into_whole)();
+        launch_gather(bucket, comm, whole_elements, false, [this](auto& b) { return kept_buffers(b); })();
       else
-        g.landing.push_back(launch_gather(bucket, comm, own_buffers(bucket), into_whole));
+        g.landing.push_back(
+            launch_gather(bucket, comm, whole_elements, false, [this](auto& b) { return own_buffers(b); }));
     }
     if (group == 0) finish_gather_group(group);
   }
@@ -455,13 +452,18 @@ class optimizer_shards {
   }
   /// Parameters gathered together: each process sends `segment` elements, parameter k's slice at `offsets[k]`
   /// (each padded to its chunk, so every process's slices lie at the same offsets).
+  /// A `direct` bucket is one parameter whose elements split evenly (no padding) and of at least
+  /// `direct_gather_bytes`: its all-gather goes straight from the slices into its full elements, without buffers or
+  /// copies around it (for stages 1 and 2, in place: this process's slice is where it belongs).
   struct gather_bucket {
     std::vector<std::size_t> members;
     std::vector<std::int64_t> offsets;
     std::int64_t segment = 0;
     tensor_kind kind;
     std::size_t group = 0;
+    bool direct = false;
   };
+  static constexpr std::int64_t direct_gather_bytes = 1 << 20;
 
   /// The send and receive buffers of `bucket` among those kept from step to step: one pair per dtype and device,
   /// sized for the largest bucket kept, shared by the buckets (one all-gather at a time).
@@ -480,36 +482,52 @@ class optimizer_shards {
     return {at::empty({bucket.segment}, options), at::empty({bucket.segment * world_}, options)};
   }
 
-  /// Starts the all-gather of every process's slices of `bucket`'s members through `buffers` (sent, received); what
-  /// it returns waits for it and writes process r's slice of each member into `destination(entry, r)` (a flat
-  /// tensor of the elements of `parameters_[entry]`) at its span, unless that gives none.
-  template <communicator C, class Destination>
-  std::function<void()> launch_gather(const gather_bucket& bucket, C& comm, std::pair<at::Tensor, at::Tensor> buffers,
-                                      Destination destination) {
+  /// Starts the all-gather of every process's slices of `bucket`'s members into `elements(entry)` (a flat tensor of
+  /// all the elements of `parameters_[entry]`); what it returns waits for it. A direct bucket gathers straight into
+  /// them; the others through `buffers_for(bucket)` (sent, received), each process's slice copied out at its span
+  /// once received (but this process's own with `own_in_place`: it is there already).
+  template <communicator C, class Elements, class BuffersFor>
+  std::function<void()> launch_gather(const gather_bucket& bucket, C& comm, Elements elements, bool own_in_place,
+                                      BuffersFor&& buffers_for) {
     at::NoGradGuard no_grad;
+    if (bucket.direct) {  // in place: this process's slice where it belongs, then the others' around it
+      const auto& p = parameters_[bucket.members.front()];
+      auto whole = elements(bucket.members.front());
+      auto mine = whole.narrow(0, p.span.begin, p.span.length);
+      if (!mine.is_same(p.shard) && mine.data_ptr() != p.shard.data_ptr()) mine.copy_(p.shard);
+      return count_launch(comm, whole, mine);
+    }
+    auto buffers = buffers_for(bucket);
     auto& [mine, gathered] = buffers;
     for (std::size_t k = 0; k < bucket.members.size(); ++k) {
       const auto& p = parameters_[bucket.members[k]];
       mine.narrow(0, bucket.offsets[k], p.span.length).copy_(p.shard);
     }
-    auto work = std::make_shared<decltype(comm.all_gather_into(gathered, mine))>(comm.all_gather_into(gathered, mine));
-    ++all_gather_count_;
-    all_gathered_elements_ += static_cast<std::uint64_t>(gathered.numel());
-    return [this, &bucket, work, buffers = std::move(buffers), destination = std::move(destination)] {
-      work->wait();
+    auto wait = count_launch(comm, gathered, mine);
+    return [this, &bucket, wait, buffers = std::move(buffers), elements = std::move(elements), own_in_place] {
+      wait();
       at::NoGradGuard copying_out;
       const auto& received = buffers.second;
       for (int r = 0; r < world_; ++r) {
+        if (own_in_place && r == rank_) continue;
         const auto segment = received.narrow(0, r * bucket.segment, bucket.segment);
         for (std::size_t k = 0; k < bucket.members.size(); ++k) {
           const auto& p = parameters_[bucket.members[k]];
-          const auto target = destination(bucket.members[k], r);
-          if (!target) continue;
           const auto span = shard_span_of(p.numel, r, world_);
-          target->narrow(0, span.begin, span.length).copy_(segment.narrow(0, bucket.offsets[k], span.length));
+          elements(bucket.members[k])
+              .narrow(0, span.begin, span.length)
+              .copy_(segment.narrow(0, bucket.offsets[k], span.length));
         }
       }
     };
+  }
+  /// Starts `comm.all_gather_into(gathered, mine)`, counted; returns what waits for it.
+  template <communicator C>
+  std::function<void()> count_launch(C& comm, at::Tensor& gathered, at::Tensor& mine) {
+    auto work = std::make_shared<decltype(comm.all_gather_into(gathered, mine))>(comm.all_gather_into(gathered, mine));
+    ++all_gather_count_;
+    all_gathered_elements_ += static_cast<std::uint64_t>(gathered.numel());
+    return [work] { work->wait(); };
   }
   /// Waits for what `group` has in flight, ignoring its outcome (a collective that failed raised already).
   static void wait_quietly(group_state& group) noexcept {
@@ -532,16 +550,33 @@ class optimizer_shards {
           entries.push_back(i);
           fulls.push_back(parameters_[i].full);
         }
-      for (auto& members : assign_buckets(fulls, group == 0 ? limits : whole_unit)) {
-        gather_bucket bucket{.members = {}, .offsets = {}, .segment = 0, .kind = {}, .group = group};
+      const auto add_bucket = [&](const std::vector<std::size_t>& members, bool direct) {
+        gather_bucket bucket{.members = {}, .offsets = {}, .segment = 0, .kind = {}, .group = group, .direct = direct};
         for (auto i : members) {
           bucket.members.push_back(entries[i]);
           bucket.offsets.push_back(bucket.segment);
           bucket.segment += shard_chunk(parameters_[entries[i]].numel, world_);
         }
         bucket.kind = kind_of(parameters_[bucket.members.front()].full);
-        if (group == 0) max_segment_[bucket.kind] = std::max(max_segment_[bucket.kind], bucket.segment);
+        if (group == 0 && !direct) max_segment_[bucket.kind] = std::max(max_segment_[bucket.kind], bucket.segment);
         buckets_.push_back(std::move(bucket));
+      };
+      // Large parameters that split evenly go alone and straight into place; the others in buckets.
+      std::vector<std::size_t> bucketed;
+      std::vector<at::Tensor> bucketed_fulls;
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        const auto& full = fulls[i];
+        if (full.numel() % world_ == 0 &&
+            full.numel() * static_cast<std::int64_t>(full.element_size()) >= direct_gather_bytes)
+          add_bucket({i}, true);
+        else {
+          bucketed.push_back(i);
+          bucketed_fulls.push_back(full);
+        }
+      }
+      for (auto& members : assign_buckets(bucketed_fulls, group == 0 ? limits : whole_unit)) {
+        for (auto& m : members) m = bucketed[m];
+        add_bucket(members, false);
       }
     }
   }
