@@ -440,36 +440,45 @@ std::filesystem::path job_directory(const std::string& stem) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE(
-    "resumes bit for bit: 10 steps == 5, save, load into other objects, 5 more; a checkpoint holds the whole "
-    "optimizer state, so it moves between data_parallel and the sharded policies",
-    "[sharded]", zero1, zero2, zero3) {
-  using sharded = accel::accelerator<accel::fp32, TestType>;
+namespace {
+/// 10 steps == 5, save, load into other objects, 5 more, bit for bit, under `Sharded` (with `Model`); a checkpoint
+/// holds the whole optimizer state, so data_parallel (with the model without units) resumes from it, and `Sharded`
+/// from data_parallel's, each as if the other had trained all along (bit for bit where the policies train alike:
+/// check_same_parameters).
+template <class Sharded, class Model = uneven>
+void check_resume_across_policies(const std::string& stem) {
+  using sharded = accel::accelerator<accel::fp32, Sharded>;
   using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
-  const auto dir = job_directory("accel_sharded_resume_");
-  const auto replicated_dir = job_directory("accel_replicated_");
-  const auto uninterrupted = run_steps<sharded>(0, 10, 5);
-  run_steps<sharded>(0, 5, 5, {}, dir);
-  const auto resumed = run_steps<sharded>(5, 10, 99, dir);
+  const auto dir = job_directory(stem + "resume_");
+  const auto replicated_dir = job_directory(stem + "replicated_");
+  const auto uninterrupted = run_steps<sharded, Model>(0, 10, 5);
+  run_steps<sharded, Model>(0, 5, 5, {}, dir);
+  const auto resumed = run_steps<sharded, Model>(5, 10, 99, dir);
   for (std::size_t i = 0; i < resumed.size(); ++i) CHECK(torch::equal(resumed[i], uninterrupted[i]));
   // The same files as data_parallel's: the optimizer's whole state in optimizer.bin.
   CHECK(std::filesystem::exists(dir / "optimizer.bin"));
-  // data_parallel resumes from the sharded checkpoint, and the sharded policy from data_parallel's, each as if the
-  // other had trained all along (bit for bit where the policies train alike: check_same_parameters).
   const auto replicated_uninterrupted = run_steps<replicated>(0, 10, 5);
   const auto replicated_from_sharded = run_steps<replicated>(5, 10, 99, dir);
   run_steps<replicated>(0, 5, 5, {}, replicated_dir);
-  const auto sharded_from_replicated = run_steps<sharded>(5, 10, 99, replicated_dir);
+  const auto sharded_from_replicated = run_steps<sharded, Model>(5, 10, 99, replicated_dir);
   sharded acc;
-  INFO("data_parallel resumed from " << TestType::name() << "'s checkpoint");
-  check_same_parameters<TestType>(replicated_from_sharded, replicated_uninterrupted, acc.num_processes());
-  INFO(TestType::name() << " resumed from data_parallel's checkpoint");
-  check_same_parameters<TestType>(sharded_from_replicated, uninterrupted, acc.num_processes());
+  INFO("data_parallel resumed from " << Sharded::name() << "'s checkpoint");
+  check_same_parameters<Sharded>(replicated_from_sharded, replicated_uninterrupted, acc.num_processes());
+  INFO(Sharded::name() << " resumed from data_parallel's checkpoint");
+  check_same_parameters<Sharded>(sharded_from_replicated, uninterrupted, acc.num_processes());
   acc.wait_for_everyone();
   if (acc.is_main_process()) {
     std::filesystem::remove_all(dir);
     std::filesystem::remove_all(replicated_dir);
   }
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE(
+    "resumes bit for bit: 10 steps == 5, save, load into other objects, 5 more; a checkpoint holds the whole "
+    "optimizer state, so it moves between data_parallel and the sharded policies",
+    "[sharded]", zero1, zero2, zero3) {
+  check_resume_across_policies<TestType>("accel_sharded_");
 }
 
 TEMPLATE_TEST_CASE(
@@ -1062,26 +1071,7 @@ TEST_CASE(
     "fully_sharded with shard units resumes bit for bit (10 steps == 5, save, load, 5 more), and its checkpoint "
     "loads into the model without units under data_parallel, and back",
     "[sharded]") {
-  using sharded = accel::accelerator<accel::fp32, zero3>;
-  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
-  const auto dir = job_directory("accel_units_resume_");
-  const auto replicated_dir = job_directory("accel_units_replicated_");
-  const auto uninterrupted = run_steps<sharded, uneven_units>(0, 10, 5);
-  run_steps<sharded, uneven_units>(0, 5, 5, {}, dir);
-  const auto resumed = run_steps<sharded, uneven_units>(5, 10, 99, dir);
-  for (std::size_t i = 0; i < resumed.size(); ++i) CHECK(torch::equal(resumed[i], uninterrupted[i]));
-  const auto replicated_uninterrupted = run_steps<replicated, uneven>(0, 10, 5);
-  const auto replicated_from_units = run_steps<replicated, uneven>(5, 10, 99, dir);
-  run_steps<replicated, uneven>(0, 5, 5, {}, replicated_dir);
-  const auto units_from_replicated = run_steps<sharded, uneven_units>(5, 10, 99, replicated_dir);
-  sharded acc;
-  check_same_parameters<zero3>(replicated_from_units, replicated_uninterrupted, acc.num_processes());
-  check_same_parameters<zero3>(units_from_replicated, uninterrupted, acc.num_processes());
-  acc.wait_for_everyone();
-  if (acc.is_main_process()) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::remove_all(replicated_dir);
-  }
+  check_resume_across_policies<zero3, uneven_units>("accel_units_");
 }
 
 TEST_CASE(
