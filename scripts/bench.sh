@@ -12,6 +12,8 @@
 #   scripts/bench.sh dispatch the loop under accel::dispatch against the same loop on a directly typed accelerator
 #   scripts/bench.sh sharded  data_parallel, zero1, zero2, fully_sharded against PyTorch's DDP, ZeroRedundancyOptimizer and FSDP2, AdamW,
 #                             2 Gloo processes (bench/sharded_compare.py)
+#   scripts/bench.sh data     time per step with 0, 1 and 2 data loader workers against the model step alone, for
+#                             a dataset costing 1 ms of CPU per sample (bench/data_pipeline.cpp)
 #   scripts/bench.sh soak     20,000 steps and 200 save_state/load_state cycles on 2 Gloo processes, each process's
 #                             resident set sampled every second (bench/soak.cpp)
 set -euo pipefail
@@ -52,6 +54,9 @@ fi
 if [[ $which == all || $which == ddp ]]; then
   "$venv_python" "$root/bench/ddp_compare.py" "$build/tools/accel" "$build/bench/bench_ddp_step" "$venv_python" \
     "${ROUNDS:-5}"
+fi
+if [[ $which == all || $which == data ]]; then
+  "$build/bench/bench_data_pipeline" "${ROUNDS:-15}"
 fi
 if [[ $which == all || $which == soak ]]; then
   "$build/tools/accel" launch --nproc_per_node 2 --master_port 0 "$build/bench/bench_soak" "${SOAK_STEPS:-20000}" 100

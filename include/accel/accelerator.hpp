@@ -227,7 +227,7 @@ class accelerator {
   /// `range` with a progress bar (accel/progress.hpp) on the local main process, e.g.
   /// `for (auto&& [x, y] : acc.progress(batches, {.description = "epoch 1"}))`: redrawn in place on a terminal,
   /// a plain line now and then otherwise. Other processes iterate the same range without a bar.
-  template <std::ranges::input_range Range>
+  template <detail::progress_range Range>
   [[nodiscard]] auto progress(Range&& range, progress_options bar = {}) const {
     bar.enabled = bar.enabled && is_local_main_process();
     return accel::progress(std::forward<Range>(range), std::move(bar));

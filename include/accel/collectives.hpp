@@ -13,6 +13,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include "detail/tensor_structure.hpp"
+#include "detail/text.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -85,8 +86,6 @@ struct local_communicator {
 };
 
 namespace detail {
-
-inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 /// Accelerate's debug mode: before each collective, check that every process passes the same shapes.
 inline bool debug_mode() {

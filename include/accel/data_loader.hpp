@@ -9,8 +9,12 @@
 #include <ATen/ATen.h>
 #include <torch/data/example.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <future>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -22,7 +26,12 @@
 #include <utility>
 #include <vector>
 
+#include <range/v3/utility/common_tuple.hpp>
+
 #include "detail/stored.hpp"
+#include "detail/tensor_structure.hpp"
+#include "detail/text.hpp"
+#include "detail/worker_threads.hpp"
 #include "shard.hpp"
 
 namespace accel {
@@ -33,6 +42,17 @@ struct loader_options {
   /// With `shuffle`: the permutation of epoch e is a function of (seed, e) alone.
   std::uint64_t seed = 0;
   bool drop_last = false;
+  /// Threads that load and collate batches ahead of the loop (PyTorch's `num_workers`, as threads: the dataset's
+  /// `get` is then called from several threads at once). 0: each batch is loaded in the loop, when first used.
+  /// Batches come out in the same order, with the same contents, whatever the number.
+  int num_workers = 0;
+  /// Batches loaded ahead per worker: at most `num_workers * prefetch_factor` beyond the one in use.
+  int prefetch_factor = 2;
+  /// Collated tensors are placed in page-locked memory (with CUDA; without, nothing to do), so that copying them
+  /// to the GPU does not block (see `options::non_blocking`). Tensors, their structures and Examples.
+  bool pin_memory = false;
+  /// The workers live as long as the loader, instead of starting with each pass and stopping at its end.
+  bool persistent_workers = false;
 };
 
 namespace detail {
@@ -74,6 +94,39 @@ struct collation<std::pair<A, B>> {
   }
 };
 
+/// range-v3's `views::zip(inputs, targets)` as a dataset: its samples are pairs (tuples) of references, collated as a
+/// std::pair (std::tuple) of the collated elements.
+template <class A, class B>
+struct collation<ranges::common_pair<A, B>> {
+  static auto collate(const std::vector<ranges::common_pair<A, B>>& samples) {
+    using first_type = std::remove_cvref_t<A>;
+    using second_type = std::remove_cvref_t<B>;
+    std::vector<first_type> first;
+    std::vector<second_type> second;
+    for (const auto& s : samples) {
+      first.push_back(s.first);
+      second.push_back(s.second);
+    }
+    return std::pair{collation<first_type>::collate(first), collation<second_type>::collate(second)};
+  }
+};
+template <class... Ts>
+struct collation<ranges::common_tuple<Ts...>> {
+  static auto collate(const std::vector<ranges::common_tuple<Ts...>>& samples) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple{collate_element<I>(samples)...};
+    }(std::index_sequence_for<Ts...>{});
+  }
+  template <std::size_t I>
+  static auto collate_element(const std::vector<ranges::common_tuple<Ts...>>& samples) {
+    using element = std::remove_cvref_t<std::tuple_element_t<I, std::tuple<Ts...>>>;
+    std::vector<element> column;
+    column.reserve(samples.size());
+    for (const auto& s : samples) column.push_back(std::get<I>(s));
+    return collation<element>::collate(column);
+  }
+};
+
 /// A LibTorch dataset: `get(index)` and `size()` (an optional size, as `torch::data::datasets::Dataset` has).
 template <class D>
 concept indexed_dataset = requires(D& d, std::size_t i) {
@@ -107,6 +160,36 @@ decltype(auto) dataset_get(D& d, std::int64_t i) {
     return std::ranges::begin(d)[i];
 }
 
+/// A collated batch in page-locked memory, where CUDA is there to use it; other batch types as they are.
+template <class Batch>
+Batch pinned_batch(Batch batch) {
+  if (!at::hasCUDA()) return batch;
+  auto pin = [](const at::Tensor& t) { return t.is_pinned() ? t : t.pin_memory(); };
+  if constexpr (is_tensor_structure<Batch>) {
+    return map_tensors(batch, pin);
+  } else if constexpr (requires {
+                         batch.data;
+                         batch.target;
+                       }) {
+    if constexpr (is_tensor_structure<decltype(batch.data)>) batch.data = map_tensors(batch.data, pin);
+    if constexpr (is_tensor_structure<decltype(batch.target)>) batch.target = map_tensors(batch.target, pin);
+    return batch;
+  } else {
+    return batch;
+  }
+}
+
+/// What failed, for a message that wraps it.
+inline std::string failure_text(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return first_line(e.what());
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
+
 }  // namespace detail
 
 /// A range of batches loaded sample by sample from `Dataset` (`D&` for an lvalue, referred to; `D` for an rvalue,
@@ -125,6 +208,15 @@ class data_loader {
       throw std::invalid_argument("accel::data_loader: batch_size = " + std::to_string(options_.batch_size) +
                                   " must be at least 1");
     if (size_ == 0) throw std::invalid_argument("accel::data_loader: the dataset is empty; there is nothing to load");
+    if (options_.num_workers < 0)
+      throw std::invalid_argument("accel::data_loader: num_workers = " + std::to_string(options_.num_workers) +
+                                  " must be 0 (load in the loop) or more");
+    if (options_.num_workers > 0 && options_.prefetch_factor < 1)
+      throw std::invalid_argument("accel::data_loader: prefetch_factor = " + std::to_string(options_.prefetch_factor) +
+                                  " must be at least 1: each worker loads that many batches ahead");
+    if (options_.persistent_workers && options_.num_workers == 0)
+      throw std::invalid_argument(
+          "accel::data_loader: persistent_workers needs num_workers > 0 (there are no workers to keep)");
   }
 
   /// The index batches of `epoch`, in order (a permutation of 0..size-1 when shuffling).
@@ -146,50 +238,106 @@ class data_loader {
     return batches;
   }
 
-  /// The samples at `indices`, collated.
+  /// The samples at `indices`, collated (and pinned, with `pin_memory`). A failure names the sample (or the
+  /// batch) and keeps the dataset's exception nested (`std::rethrow_if_nested`).
   [[nodiscard]] batch_type load(const std::vector<std::int64_t>& indices) const {
     std::vector<sample_type> samples;
     samples.reserve(indices.size());
-    for (auto i : indices) samples.push_back(detail::dataset_get(dataset_.get(), i));
-    return detail::collation<sample_type>::collate(std::move(samples));
+    for (auto i : indices) samples.push_back(load_sample(i));
+    try {
+      auto batch = detail::collation<sample_type>::collate(std::move(samples));
+      if (options_.pin_memory) return detail::pinned_batch(std::move(batch));
+      return batch;
+    } catch (...) {
+      std::throw_with_nested(std::runtime_error("accel::data_loader: collating the batch of samples " +
+                                                std::to_string(indices.front()) +
+                                                ", ... failed: " + detail::failure_text(std::current_exception())));
+    }
   }
 
-  /// One pass: iterates `batches` (index batches of one epoch, sharded or not), loading each. Its iterators
-  /// share ownership of it, so that a new pass (a nested loop, a peek at `*begin()`) never pulls the rug from
-  /// under one in progress.
+  /// One pass: iterates `batches` (index batches of one epoch, sharded or not), loading each. Its iterator
+  /// shares ownership of it, so that a new pass (a nested loop, a peek at `*begin()`) never pulls the rug from
+  /// under one in progress. Batches are loaded when first used, and no earlier: skipped ones are never read. With
+  /// workers, using one starts loading the next `num_workers * prefetch_factor` on them; they are taken in order.
   template <class IndexBatches>
   class pass {
    public:
-    pass(const data_loader& loader, IndexBatches batches) : loader_(&loader), batches_(std::move(batches)) {}
+    pass(const data_loader& loader, IndexBatches batches)
+        : loader_(&loader), batches_(std::move(batches)), next_(batches_.begin()), workers_(loader.workers()) {}
+    pass(const pass&) = delete;
+    pass& operator=(const pass&) = delete;
+    /// Loads of this pass still queued on persistent workers are dropped; a pass's own workers stop and join.
+    ~pass() { abandoned_->store(true); }
+
     class iterator {
      public:
       using value_type = batch_type;
       using difference_type = std::ptrdiff_t;
       using iterator_concept = std::input_iterator_tag;
-      explicit iterator(std::shared_ptr<pass> owner) : owner_(std::move(owner)), it_(owner_->batches_.begin()) {}
-      /// Loads the batch on first access, so that skipped batches are never read.
-      batch_type& operator*() const {
-        if (!current_) current_.emplace(owner_->loader_->load(*it_));
-        return *current_;
-      }
+      using iterator_category = std::input_iterator_tag;  // for std::iterator_traits, which range-v3 reads
+      using reference = batch_type&;
+      using pointer = void;
+      iterator() = default;  // with copies sharing the pass's position: range-v3 asks both of an input iterator
+      explicit iterator(std::shared_ptr<pass> owner) : owner_(std::move(owner)) {}
+      batch_type& operator*() const { return owner_->current(); }
       iterator& operator++() {
-        ++it_;
-        current_.reset();
+        owner_->advance();
         return *this;
       }
       void operator++(int) { ++*this; }
-      friend bool operator==(const iterator& i, std::default_sentinel_t s) { return i.it_ == s; }
+      friend bool operator==(const iterator& i, std::default_sentinel_t) { return i.finished(); }
 
      private:
+      [[nodiscard]] bool finished() const { return owner_->finished(); }
       std::shared_ptr<pass> owner_;
-      decltype(std::declval<IndexBatches&>().begin()) it_;
-      mutable std::optional<batch_type> current_;
     };
     [[nodiscard]] const IndexBatches& index_batches() const noexcept { return batches_; }
 
    private:
+    batch_type& current() {
+      if (!current_) {
+        if (!workers_) return current_.emplace(loader_->load(*next_));
+        top_up();
+        current_.emplace(ahead_.front().get());  // the loader's exception, at the batch it belongs to
+      }
+      return *current_;
+    }
+    void advance() {
+      current_.reset();
+      if (ahead_.empty()) {
+        ++next_;  // not loaded: passed over
+        return;
+      }
+      ahead_.pop_front();
+      top_up();
+      if (finished()) workers_.reset();  // a pass's own workers stop at its end
+    }
+    [[nodiscard]] bool finished() const { return ahead_.empty() && next_ == std::default_sentinel; }
+    /// Queues loads until the batch in use and `num_workers * prefetch_factor` beyond it are loaded or loading.
+    void top_up() {
+      const auto& options = loader_->options_;
+      const auto window = static_cast<std::size_t>(options.num_workers * options.prefetch_factor) + 1;
+      for (; ahead_.size() < window && next_ != std::default_sentinel; ++next_) {
+        auto loaded = std::make_shared<std::promise<batch_type>>();
+        ahead_.push_back(loaded->get_future());
+        workers_->run([loader = loader_, indices = std::vector<std::int64_t>(*next_), loaded, abandoned = abandoned_] {
+          if (abandoned->load()) return;
+          try {
+            loaded->set_value(loader->load(indices));
+          } catch (...) {
+            loaded->set_exception(std::current_exception());
+          }
+        });
+      }
+    }
+
     const data_loader* loader_;
     IndexBatches batches_;
+    decltype(std::declval<IndexBatches&>().begin()) next_;  // the next batch to load (or to pass over)
+    std::optional<batch_type> current_;
+    std::deque<std::future<batch_type>> ahead_;  // the batch in use, then those loading ahead, in order
+    std::shared_ptr<std::atomic<bool>> abandoned_ = std::make_shared<std::atomic<bool>>(false);
+    std::shared_ptr<detail::worker_threads> workers_;  // last: joined before what its jobs refer to goes
   };
 
   /// Starts a new pass, drawing this epoch's order and advancing the epoch.
@@ -232,10 +380,29 @@ class data_loader {
     iterator begin() const { return {&batches}; }
   };
 
+  /// The sample at `index`; a failure names it.
+  [[nodiscard]] sample_type load_sample(std::int64_t index) const {
+    try {
+      return detail::dataset_get(dataset_.get(), index);
+    } catch (...) {
+      std::throw_with_nested(std::runtime_error("accel::data_loader: loading sample " + std::to_string(index) +
+                                                " failed: " + detail::failure_text(std::current_exception())));
+    }
+  }
+  /// The threads a new pass loads on: none without `num_workers`, the loader's own with `persistent_workers`,
+  /// else new ones for the pass.
+  [[nodiscard]] std::shared_ptr<detail::worker_threads> workers() const {
+    if (options_.num_workers == 0) return nullptr;
+    if (!options_.persistent_workers) return std::make_shared<detail::worker_threads>(options_.num_workers);
+    if (!persistent_workers_) persistent_workers_ = std::make_shared<detail::worker_threads>(options_.num_workers);
+    return persistent_workers_;
+  }
+
   mutable detail::stored<Dataset> dataset_;
   loader_options options_;
   std::int64_t size_;
   mutable std::int64_t epoch_ = 0;
+  mutable std::shared_ptr<detail::worker_threads> persistent_workers_;  // last: joined while the dataset is here
 };
 
 template <class Dataset>

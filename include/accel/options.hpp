@@ -126,6 +126,10 @@ struct options {
   /// `accel::data_loader` does); without it, the first batch's size is taken.
   std::optional<std::int64_t> batch_size = std::nullopt;
   bool drop_last = false;
+  /// Batches are copied to a CUDA device without blocking the host (Accelerate's `non_blocking`). A prepared range
+  /// places the next batch while the current one is in use, so with a data loader's `pin_memory` that copy
+  /// overlaps the work on the current batch. Nothing changes on the CPU.
+  bool non_blocking = false;
   /// A prepared LR scheduler steps with the optimizer (only when it really stepped, `num_processes()` times
   /// unless `split_batches`); false: every `step()` call steps it once, as written.
   bool step_scheduler_with_optimizer = true;

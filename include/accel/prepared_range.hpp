@@ -73,7 +73,11 @@ class prepared_range : detail::prepared_tag {
     using value_type = batch_type;
     using difference_type = std::ptrdiff_t;
     using iterator_concept = std::input_iterator_tag;
+    using iterator_category = std::input_iterator_tag;  // for std::iterator_traits, which range-v3 reads
+    using reference = batch_type&;
+    using pointer = void;
 
+    iterator() = default;  // range-v3's views require it
     iterator(base_iterator base, base_sentinel end, const prepared_range& range, std::size_t skip)
         : base_(std::move(base)), end_(std::move(end)), range_(&range) {
       for (; skip > 0 && base_ != end_; --skip) ++base_;  // resuming: these batches are not read
@@ -120,7 +124,7 @@ class prepared_range : detail::prepared_tag {
 
     base_iterator base_;
     base_sentinel end_;
-    const prepared_range* range_;
+    const prepared_range* range_ = nullptr;
     mutable std::optional<batch_type> batch_;
     std::optional<batch_type> next_;
   };
@@ -138,6 +142,7 @@ class prepared_range : detail::prepared_tag {
       : range_(std::forward<Range>(range)),
         accelerator_(&accelerator),
         device_(accelerator.device_placement() ? std::optional<c10::Device>(accelerator.device()) : std::nullopt),
+        non_blocking_(accelerator.options().non_blocking),
         registration_(detail::accelerator_access::register_state(accelerator, slot())) {}
 
   /// Starts a pass over the underlying range (a LibTorch loader starts a new epoch here). With
@@ -181,7 +186,8 @@ class prepared_range : detail::prepared_tag {
  private:
   template <class Batch>
   batch_type place(Batch&& batch) const {
-    return device_ ? send_to_device(std::forward<Batch>(batch), *device_) : batch_type(std::forward<Batch>(batch));
+    return device_ ? send_to_device(std::forward<Batch>(batch), *device_, non_blocking_)
+                   : batch_type(std::forward<Batch>(batch));
   }
 
   struct pass_state {
@@ -262,6 +268,7 @@ class prepared_range : detail::prepared_tag {
   detail::pinned<Range> range_;
   Accelerator* accelerator_;
   std::optional<c10::Device> device_;  // empty when device placement is off
+  bool non_blocking_;
   std::unique_ptr<pass_state> pass_ = std::make_unique<pass_state>();
   detail::registration registration_;
 };

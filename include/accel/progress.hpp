@@ -36,6 +36,11 @@
 #include <type_traits>
 #include <utility>
 #include <variant>
+
+#include <range/v3/range/access.hpp>
+#include <range/v3/range/concepts.hpp>
+#include <range/v3/range/primitives.hpp>
+#include <range/v3/range/traits.hpp>
 #include <vector>
 
 #include "detail/stored.hpp"
@@ -361,25 +366,57 @@ class progress_bar {
 /// the bar closes when an iterator reaches the end or when the view is destroyed (after a `break`). `Range` is
 /// `R&` for an lvalue (referred to) or `R` for an rvalue (owned). Meant for one pass: a second pass counts on,
 /// with the bar already closed.
-template <std::ranges::input_range Range>
+namespace detail {
+/// What `progress` iterates: a C++20 input range (move-only iterators included), through std::ranges, or else a
+/// range-v3 one (range-v3's views over accel's ranges, say), through range-v3.
+template <class R>
+concept progress_range = std::ranges::input_range<R> || ranges::input_range<R>;
+
+template <class R>
+struct progress_traits {  // std::ranges'
+  static decltype(auto) begin(R& r) { return std::ranges::begin(r); }
+  static decltype(auto) end(R& r) { return std::ranges::end(r); }
+  static constexpr bool sized = std::ranges::sized_range<R>;
+  static auto size(R& r) { return std::ranges::size(r); }
+  using value_type = std::ranges::range_value_t<R>;
+  using difference_type = std::ranges::range_difference_t<R>;
+};
+template <class R>
+  requires(!std::ranges::input_range<R>)
+struct progress_traits<R> {  // range-v3's
+  static decltype(auto) begin(R& r) { return ranges::begin(r); }
+  static decltype(auto) end(R& r) { return ranges::end(r); }
+  static constexpr bool sized = ranges::sized_range<R>;
+  static auto size(R& r) { return ranges::size(r); }
+  using value_type = ranges::range_value_t<R>;
+  using difference_type = ranges::range_difference_t<R>;
+};
+}  // namespace detail
+
+template <detail::progress_range Range>
 class progress_view : public std::ranges::view_base {  // a view: `accel::progress(r) | std::views::take(n)` works
   using base_range = std::remove_reference_t<Range>;
-  using base_iterator = std::ranges::iterator_t<base_range>;
-  using base_sentinel = std::ranges::sentinel_t<base_range>;
+  using traits = detail::progress_traits<base_range>;
+  using base_iterator = decltype(traits::begin(std::declval<base_range&>()));
+  using base_sentinel = decltype(traits::end(std::declval<base_range&>()));
 
  public:
   class iterator {
    public:
-    using value_type = std::ranges::range_value_t<base_range>;
-    using difference_type = std::ranges::range_difference_t<base_range>;
+    using value_type = typename traits::value_type;
+    using difference_type = typename traits::difference_type;
     using iterator_concept = std::input_iterator_tag;
+    using iterator_category = std::input_iterator_tag;  // for std::iterator_traits, which range-v3 reads
+    using reference = decltype(*std::declval<const base_iterator&>());
+    using pointer = void;
 
+    iterator() = default;  // range-v3's views require it
     iterator(base_iterator current, base_sentinel end, progress_bar& bar)
         : current_(std::move(current)), end_(std::move(end)), bar_(&bar) {
       close_at_end();
     }
 
-    std::ranges::range_reference_t<base_range> operator*() const { return *current_; }
+    reference operator*() const { return *current_; }
     iterator& operator++() {
       ++current_;
       bar_->update();
@@ -396,7 +433,7 @@ class progress_view : public std::ranges::view_base {  // a view: `accel::progre
 
     base_iterator current_;
     base_sentinel end_;
-    progress_bar* bar_;
+    progress_bar* bar_ = nullptr;
   };
 
   progress_view(Range&& range, progress_options options)
@@ -404,13 +441,13 @@ class progress_view : public std::ranges::view_base {  // a view: `accel::progre
 
   iterator begin() {
     auto& range = range_.get();
-    return iterator(std::ranges::begin(range), std::ranges::end(range), bar_);
+    return iterator(traits::begin(range), traits::end(range), bar_);
   }
   static std::default_sentinel_t end() noexcept { return {}; }
   auto size()
-    requires std::ranges::sized_range<base_range>
+    requires traits::sized
   {
-    return std::ranges::size(range_.get());
+    return traits::size(range_.get());
   }
 
   /// The bar, for `set_postfix` inside the loop.
@@ -418,8 +455,8 @@ class progress_view : public std::ranges::view_base {  // a view: `accel::progre
 
  private:
   static progress_options with_total(base_range& range, progress_options options) {
-    if constexpr (std::ranges::sized_range<base_range>)
-      if (!options.total) options.total = static_cast<std::size_t>(std::ranges::size(range));
+    if constexpr (traits::sized)
+      if (!options.total) options.total = static_cast<std::size_t>(traits::size(range));
     return options;
   }
 
@@ -428,7 +465,7 @@ class progress_view : public std::ranges::view_base {  // a view: `accel::progre
 };
 
 /// `for (auto&& batch : accel::progress(batches, {.description = "train"}))`: see `progress_view`.
-template <std::ranges::input_range Range>
+template <detail::progress_range Range>
 [[nodiscard]] progress_view<Range> progress(Range&& range, progress_options options = {}) {
   return progress_view<Range>(std::forward<Range>(range), std::move(options));
 }

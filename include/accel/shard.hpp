@@ -32,6 +32,9 @@
 #include <utility>
 #include <vector>
 
+#include <range/v3/range/concepts.hpp>
+#include <range/v3/range/conversion.hpp>
+
 #include "detail/stored.hpp"
 #include "batch_range.hpp"
 
@@ -148,6 +151,30 @@ concept shardable_batch = requires(const B& b) {
   { detail::batch_slicing<B>::concat(b, b) } -> std::convertible_to<B>;
 };
 
+namespace detail {
+/// What `views::shard` holds a batch of the input as: the batch itself, or, for another range of samples (a
+/// chunk of range-v3's `views::chunk` or of `std::views::chunk`, say), the `std::vector` of its samples.
+template <class B>
+struct shard_batch {
+  using type = B;
+};
+template <class B>
+  requires(!shardable_batch<B> && ranges::input_range<B>)
+struct shard_batch<B> {
+  using type = std::vector<ranges::range_value_t<B>>;
+};
+template <class B>
+using shard_batch_t = typename shard_batch<std::remove_cvref_t<B>>::type;
+
+template <class B>
+decltype(auto) as_shard_batch(B&& batch) {
+  if constexpr (std::is_same_v<shard_batch_t<B>, std::remove_cvref_t<B>>)
+    return std::forward<B>(batch);
+  else
+    return ranges::to<shard_batch_t<B>>(batch);
+}
+}  // namespace detail
+
 /// The batches one process gets from `Range` (see the file comment). An input range; iterating it again starts
 /// a new pass over `Range`.
 template <class Range>
@@ -158,10 +185,11 @@ class shard_view {
   using base_sentinel = decltype(detail::adl::range_end(std::declval<base_range&>()));
 
  public:
-  using batch_type = std::remove_cvref_t<decltype(*std::declval<base_iterator&>())>;
+  using batch_type = detail::shard_batch_t<decltype(*std::declval<base_iterator&>())>;
   static_assert(shardable_batch<batch_type>,
-                "accel::views::shard takes batches that are a std::vector of samples, an at::Tensor (samples along "
-                "dim 0), or a std::pair / std::tuple / torch::data::Example of those");
+                "accel::views::shard takes batches that are a std::vector of samples (or any other range of "
+                "samples), an at::Tensor (samples along dim 0), or a std::pair / std::tuple / torch::data::Example "
+                "of those");
   using slicing = detail::batch_slicing<batch_type>;
 
   class iterator {
@@ -169,7 +197,12 @@ class shard_view {
     using value_type = batch_type;
     using difference_type = std::ptrdiff_t;
     using iterator_concept = std::input_iterator_tag;
+    using iterator_category = std::input_iterator_tag;  // for std::iterator_traits, which range-v3 reads
+    using reference = batch_type&;
+    using pointer = void;
 
+    /// Default-constructible and copyable (a copy carries the batches it holds): what range-v3's views require.
+    iterator() = default;
     iterator(base_iterator base, base_sentinel end, const shard_view& view, std::size_t skip = 0)
         : base_(std::move(base)), end_(std::move(end)), options_(view.options_), view_(&view) {
       for (; skip > 0 && base_ != end_; --skip) ++base_;  // resumed under another number of processes
@@ -193,7 +226,7 @@ class shard_view {
     void fill() {
       while (out_.empty() && !finished_) {
         if (base_ != end_) {
-          take(*base_);
+          take(detail::as_shard_batch(*base_));
           ++base_;
         } else {
           finished_ = true;
@@ -314,7 +347,7 @@ class shard_view {
     base_iterator base_;
     base_sentinel end_;
     shard_options options_;
-    const shard_view* view_;
+    const shard_view* view_ = nullptr;
     std::int64_t idx_ = -1;
     std::int64_t samples_ = 0;
     bool short_seen_ = false;

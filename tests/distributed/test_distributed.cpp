@@ -8,10 +8,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <sstream>
 #include <thread>
+
+#include <range/v3/view/chunk.hpp>
+#include <range/v3/view/enumerate.hpp>
 
 #include "support.hpp"
 #include "tensorboard_reader.hpp"
@@ -609,6 +613,75 @@ TEST_CASE("G1 split_batches and data_loader with shuffling: every sample once", 
     CHECK(seen == samples);  // B5: the gathered index set is range(22), shuffled or not
   }
   CHECK(loader.epoch() == 2);
+}
+
+TEST_CASE(
+    "data_loader workers under data_parallel: 0, 1, 2 and 4 give each process the same batches, bit for bit, "
+    "over 3 shuffled epochs; each process reads only its own samples; every sample is seen once",
+    "[data]") {
+  /// Rows that depend on the index alone, loaded in a varying time; records which samples this process read.
+  struct jittery {
+    mutable std::mutex mutex;
+    mutable std::set<std::int64_t> read;
+    std::size_t size() const { return 37; }
+    at::Tensor get(std::size_t i) const {
+      {
+        std::lock_guard lock(mutex);
+        read.insert(static_cast<std::int64_t>(i));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100 * static_cast<int>(i % 4)));
+      return torch::full({2}, static_cast<double>(i), torch::kDouble);
+    }
+  };
+  gloo_accelerator acc;
+  jittery dataset;
+  std::vector<at::Tensor> expected;
+  for (int workers : {0, 1, 2, 4}) {
+    INFO(workers << " workers");
+    accel::data_loader loader(dataset, {.batch_size = 3, .shuffle = true, .seed = 4, .num_workers = workers});
+    auto batches = acc.prepare(loader);
+    std::vector<at::Tensor> got;
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      dataset.read.clear();
+      std::set<std::int64_t> yielded;
+      std::vector<std::int64_t> seen;
+      for (auto&& batch : batches) {
+        got.push_back(batch);
+        auto rows = batch.select(1, 0).to(torch::kLong);
+        for (std::int64_t k = 0; k < rows.numel(); ++k) yielded.insert(rows[k].item<std::int64_t>());
+        auto gathered = acc.gather_for_metrics(rows);
+        seen.insert(seen.end(), gathered.data_ptr<std::int64_t>(),
+                    gathered.data_ptr<std::int64_t>() + gathered.numel());
+      }
+      CHECK(dataset.read == yielded);  // its own share, never the whole epoch
+      std::sort(seen.begin(), seen.end());
+      std::vector<std::int64_t> all(37);
+      std::iota(all.begin(), all.end(), 0);
+      CHECK(seen == all);
+    }
+    if (workers == 0) expected = got;
+    REQUIRE(got.size() == expected.size());
+    for (std::size_t k = 0; k < got.size(); ++k) CHECK(torch::equal(got[k], expected[k]));
+  }
+}
+
+TEST_CASE("a range-v3 pipeline prepared under data_parallel: chunks of samples sharded, every sample gathered once",
+          "[data]") {
+  gloo_accelerator acc;
+  std::vector<std::int64_t> samples(22);
+  std::iota(samples.begin(), samples.end(), 0);
+  auto batches = acc.prepare(samples | ranges::views::chunk(4));
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<std::int64_t> seen;
+    for (auto&& [step, batch] : batches | ranges::views::enumerate) {
+      CHECK(static_cast<std::int64_t>(batch.front()) ==
+            4 * (static_cast<std::int64_t>(step) * acc.num_processes() + acc.process_index()) % 22);
+      auto gathered = acc.gather_for_metrics(batch);
+      seen.insert(seen.end(), gathered.begin(), gathered.end());
+    }
+    std::sort(seen.begin(), seen.end());
+    CHECK(seen == samples);
+  }
 }
 
 TEST_CASE("D4 D7 drop_last and even_batches = false", "[data]") {

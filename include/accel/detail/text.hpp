@@ -1,5 +1,5 @@
 /// \file
-/// Building lists in messages and headers ("a, b, c").
+/// Building messages: lists ("a, b, c"), the first line of another error's.
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
@@ -14,5 +14,8 @@ inline void append_item(std::string& list, std::string_view item, std::string_vi
   if (!list.empty()) list += separator;
   list += item;
 }
+
+/// An error's message without what follows its first line (LibTorch's backtraces).
+inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 }  // namespace accel::detail
