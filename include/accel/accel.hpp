@@ -20,6 +20,7 @@
 #include "prepared_range.hpp"
 #include "collectives.hpp"
 #include "launch.hpp"
+#include "seed.hpp"
 #include "shard.hpp"
 #include "data_loader.hpp"
 #include "checkpoint_error.hpp"

@@ -271,11 +271,12 @@ class accelerator {
     auto&& comm = parallel_.communicator();
     return detail::gather_object(comm, value);
   }
-  /// The element-wise sum (the default, as Accelerate's), mean or max over the processes; a new tensor.
+  /// The element-wise sum (the default, as Accelerate's), mean or max over the processes, times `scale`; a new
+  /// tensor.
   template <class Tensors>
-  [[nodiscard]] Tensors reduce(const Tensors& tensors, reduction op = reduction::sum) {
+  [[nodiscard]] Tensors reduce(const Tensors& tensors, reduction op = reduction::sum, double scale = 1.0) {
     auto&& comm = parallel_.communicator();
-    return detail::reduce(comm, tensors, op);
+    return detail::reduce(comm, tensors, op, scale);
   }
   /// Pads `dim` of every tensor to the largest size among the processes with `pad_index` (at the end, or at the
   /// start with `pad_first`), so that they can be gathered.
@@ -522,7 +523,12 @@ class accelerator {
     using type = std::remove_cvref_t<Range>;
     if constexpr (detail::always_one_process<Parallel>) {
       return prepared_range<Range, accelerator>(std::forward<Range>(range), *this);
+    } else if constexpr (detail::is_stream_loader<type>) {
+      refuse_dispatch("a stream loader (an accel::data_loader over a range without a size)");
+      using sharded = sharded_stream<Range>;
+      return prepared_range<sharded, accelerator>(sharded(std::forward<Range>(range), shard_options_here()), *this);
     } else if constexpr (detail::is_data_loader<type>) {
+      refuse_dispatch("an accel::data_loader, which already loads only each process's own samples,");
       using sharded = sharded_loader<Range>;
       return prepared_range<sharded, accelerator>(sharded(std::forward<Range>(range), shard_options_here()), *this);
     } else {
@@ -530,8 +536,31 @@ class accelerator {
       auto sharding = shard_options_here();
       sharding.batch_size = options_.batch_size;
       sharding.drop_last = options_.drop_last;
-      return prepared_range<sharded, accelerator>(
-          sharded(std::forward<Range>(range), sharding, typename sharded::infer_batch_size_t{}), *this);
+      sharded view(std::forward<Range>(range), sharding, typename sharded::infer_batch_size_t{});
+      if (options_.dispatch_batches) view.dispatch_from_main(dispatch_channel<typename sharded::batch_type>());
+      return prepared_range<sharded, accelerator>(std::move(view), *this);
+    }
+  }
+  /// dispatch_batches reads a range of batches on process 0; a data loader is prepared by its own rule.
+  void refuse_dispatch(const char* what) const {
+    if (options_.dispatch_batches)
+      throw std::invalid_argument(std::string("accel: options::dispatch_batches cannot dispatch ") + what +
+                                  " at prepare; to have process 0 alone read it and send its batches, prepare "
+                                  "std::ranges::ref_view(loader) (a plain range of its batches) instead");
+  }
+  /// The broadcast that carries process 0's batches to every process under dispatch_batches.
+  template <class Batch>
+  std::shared_ptr<detail::batch_channel<Batch>> dispatch_channel() {
+    if constexpr (detail::ivalue_batch<Batch>) {
+      static_assert(std::is_lvalue_reference_v<decltype(parallel_.communicator())>,
+                    "the channel keeps the communicator: it must outlive the prepared range");
+      auto& comm = parallel_.communicator();
+      return std::make_shared<detail::broadcast_channel<std::remove_reference_t<decltype(comm)>, Batch>>(comm);
+    } else {
+      throw std::invalid_argument(
+          "accel: options::dispatch_batches sends each batch from process 0 pickled as a c10::IValue, which cannot "
+          "hold this batch type; use batches of tensors, numbers or strings (or vectors, tuples, pairs and "
+          "torch::data::Examples of them)");
     }
   }
   [[nodiscard]] shard_options shard_options_here() const {

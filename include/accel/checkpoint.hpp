@@ -37,21 +37,12 @@
 #include "detail/registry.hpp"
 #include "detail/scope.hpp"
 #include "detail/shard_files.hpp"
+#include "detail/generators.hpp"
 #include "model_weights.hpp"
 #include "options.hpp"
 #include "safetensors.hpp"
 
 namespace accel::detail {
-
-/// The generators a checkpoint holds, by key: the CPU's, then each CUDA device's.
-inline std::vector<std::pair<std::string, at::Generator>> generators() {
-  std::vector<std::pair<std::string, at::Generator>> all{{"cpu_rng", at::detail::getDefaultCPUGenerator()}};
-  const int cuda_devices = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-  for (int device = 0; device < cuda_devices; ++device)
-    all.emplace_back("cuda_rng_" + std::to_string(device), at::globalContext().defaultGenerator(c10::Device(
-                                                               c10::kCUDA, static_cast<c10::DeviceIndex>(device))));
-  return all;
-}
 
 /// `model.safetensors`, `model_1.safetensors`, ... as Accelerate names them.
 inline std::string numbered(const std::string& stem, std::size_t i, const std::string& extension) {

@@ -11,7 +11,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/data/example.h>
 
+#include "detail/batch_channel.hpp"
 #include "detail/tensor_structure.hpp"
 #include "detail/text.hpp"
 
@@ -22,6 +24,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -159,14 +162,16 @@ T gather(C& comm, const T& data) {
   return map_tensors(data, one);
 }
 
+/// `scale` multiplies the result (Accelerate's `reduce(..., scale)`; integers then give floats).
 template <communicator C, class T>
-T reduce(C& comm, const T& data, reduction op) {
+T reduce(C& comm, const T& data, reduction op, double scale = 1.0) {
   require_tensor_structure<T>();
   auto one = [&](const at::Tensor& tensor) {
     verify_same_shapes(comm, tensor, "reduce");
     auto result = tensor.clone(at::MemoryFormat::Contiguous);
     comm.all_reduce(result, op == reduction::max ? reduction::max : reduction::sum).wait();
     if (op == reduction::mean) result = result.div(comm.size());  // integers give floats, as t / P in PyTorch
+    if (scale != 1.0) result = result.mul(scale);
     return result;
   };
   return map_tensors(data, one);
@@ -261,6 +266,67 @@ Data gather_for_metrics(C& comm, const Data& data, std::int64_t keep) {
     return gathered;
   }
 }
+
+/// How a dispatched batch travels: pickled as a `c10::IValue` (tensors, numbers, strings, and vectors and tuples
+/// of them); pairs and Examples as tuples.
+template <class T>
+struct ivalue_form {
+  static c10::IValue to(const T& value) { return c10::IValue(value); }
+  static T from(const c10::IValue& value) { return value.to<T>(); }
+};
+template <class A, class B>
+struct ivalue_form<std::pair<A, B>> {
+  static c10::IValue to(const std::pair<A, B>& value) {
+    return c10::ivalue::Tuple::create({ivalue_form<A>::to(value.first), ivalue_form<B>::to(value.second)});
+  }
+  static std::pair<A, B> from(const c10::IValue& value) {
+    const auto& elements = value.toTupleRef().elements();
+    return {ivalue_form<A>::from(elements[0]), ivalue_form<B>::from(elements[1])};
+  }
+};
+template <class Data, class Target>
+struct ivalue_form<torch::data::Example<Data, Target>> {
+  static c10::IValue to(const torch::data::Example<Data, Target>& value) {
+    return c10::ivalue::Tuple::create({ivalue_form<Data>::to(value.data), ivalue_form<Target>::to(value.target)});
+  }
+  static torch::data::Example<Data, Target> from(const c10::IValue& value) {
+    const auto& elements = value.toTupleRef().elements();
+    return {ivalue_form<Data>::from(elements[0]), ivalue_form<Target>::from(elements[1])};
+  }
+};
+template <class T>
+inline constexpr bool ivalue_holds = std::is_constructible_v<c10::IValue, const T&>;
+template <class A, class B>
+inline constexpr bool ivalue_holds<std::pair<A, B>> = ivalue_holds<A> && ivalue_holds<B>;
+template <class Data, class Target>
+inline constexpr bool ivalue_holds<torch::data::Example<Data, Target>> = ivalue_holds<Data> && ivalue_holds<Target>;
+template <class T>
+concept ivalue_batch = ivalue_holds<T>;
+
+/// `options::dispatch_batches`' channel: process 0's batch (or the end) broadcast to every process, pickled.
+template <communicator C, class Batch>
+class broadcast_channel final : public batch_channel<Batch> {
+ public:
+  explicit broadcast_channel(C& comm) : comm_(&comm) {}
+  std::optional<Batch> from_main(std::optional<Batch> batch) override {
+    const bool main = comm_->rank() == 0;
+    std::vector<char> bytes;
+    if (main && batch) bytes = torch::jit::pickle_save(ivalue_form<Batch>::to(*batch));
+    auto length = at::tensor({main && batch ? static_cast<std::int64_t>(bytes.size()) : std::int64_t{-1}}, at::kLong);
+    comm_->broadcast(length, 0);
+    const auto n = length.template item<std::int64_t>();
+    if (n < 0) return std::nullopt;
+    auto buffer = at::empty({n}, at::kChar);
+    if (main) std::copy(bytes.begin(), bytes.end(), buffer.template data_ptr<std::int8_t>());
+    comm_->broadcast(buffer, 0);
+    if (main) return batch;
+    const auto* data = reinterpret_cast<const char*>(buffer.template data_ptr<std::int8_t>());
+    return ivalue_form<Batch>::from(torch::jit::pickle_load(std::vector<char>(data, data + n)));
+  }
+
+ private:
+  C* comm_;
+};
 
 }  // namespace detail
 }  // namespace accel

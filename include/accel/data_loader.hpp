@@ -408,6 +408,171 @@ class data_loader {
 template <class Dataset>
 data_loader(Dataset&&, const loader_options&) -> data_loader<Dataset>;
 
+namespace detail {
+/// A range of samples without a size, read front to back (a stream, the lines of a file, a generator; Python's
+/// iterable datasets): batched as it is read, and shared between processes as Accelerate's IterableDatasetShard.
+template <class D>
+concept sample_stream = std::ranges::input_range<D> && !std::ranges::sized_range<D> && !indexed_dataset<D>;
+}  // namespace detail
+
+/// `data_loader` over a sample stream: each pass reads the stream from `begin()` on and collates every
+/// `batch_size` samples (the last batch short unless `drop_last`). Shared between P processes (what `prepare` does
+/// under `data_parallel`, through `sharded_stream`), every process reads the whole stream and keeps its part of
+/// each round of `batch_size * P` samples (`batch_size` with `split_batches`); a last, incomplete round is
+/// completed from the first round's samples (from its own, when it is the first), unless `drop_last`.
+template <class Stream>
+  requires detail::sample_stream<std::remove_reference_t<Stream>>
+class data_loader<Stream> {
+  using stream_type = std::remove_reference_t<Stream>;
+
+ public:
+  using sample_type = std::ranges::range_value_t<stream_type>;
+  using batch_type = decltype(detail::collation<sample_type>::collate(std::declval<std::vector<sample_type>>()));
+
+  data_loader(Stream&& stream, const loader_options& options)
+      : stream_(std::forward<Stream>(stream)), options_(options) {
+    if (options_.batch_size < 1)
+      throw std::invalid_argument("accel::data_loader: batch_size = " + std::to_string(options_.batch_size) +
+                                  " must be at least 1");
+    if (options_.shuffle)
+      throw std::invalid_argument(
+          "accel::data_loader: a stream of samples (a range without a size) cannot be shuffled: it is read front to "
+          "back; shuffle its source, or give it a size and random access");
+    if (options_.num_workers > 0)
+      throw std::invalid_argument(
+          "accel::data_loader: num_workers needs random access to the samples; a stream (a range without a size) is "
+          "read in the loop: set num_workers = 0");
+  }
+
+  /// One pass over the stream: this process's batches under `sharing` (its batch size and drop_last are the
+  /// loader's). Counts the samples read into `*read` when the stream ends.
+  class iterator {
+   public:
+    using value_type = batch_type;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::input_iterator_tag;
+
+    iterator(const data_loader& loader, const shard_options& sharing, std::int64_t* read)
+        : loader_(&loader),
+          it_(std::ranges::begin(loader.stream_.get())),
+          end_(std::ranges::end(loader.stream_.get())),
+          round_(sharing.split_batches ? *sharing.batch_size : *sharing.batch_size * sharing.num_processes),
+          mine_(sharing.split_batches ? *sharing.batch_size / sharing.num_processes : *sharing.batch_size),
+          first_(static_cast<std::size_t>(sharing.process_index) * static_cast<std::size_t>(mine_)),
+          alone_(sharing.num_processes == 1),
+          read_(read) {
+      next();
+    }
+    batch_type& operator*() const { return *batch_; }
+    iterator& operator++() {
+      next();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const iterator& i, std::default_sentinel_t) { return !i.batch_.has_value(); }
+
+   private:
+    /// Reads up to the end of the next round and keeps this process's part of it.
+    void next() {
+      batch_.reset();
+      while (!ended_ && it_ != end_) {
+        round_samples_.push_back(*it_);
+        ++it_;
+        ++samples_;
+        if (std::ssize(round_samples_) == round_) return keep_mine();
+      }
+      if (!ended_) {
+        ended_ = true;
+        if (read_) *read_ = samples_;
+        if (!round_samples_.empty() && !loader_->options_.drop_last) {
+          if (alone_) return keep_all();
+          if (first_round_.empty()) first_round_ = round_samples_;
+          while (std::ssize(round_samples_) < round_)
+            round_samples_.insert(round_samples_.end(), first_round_.begin(), first_round_.end());
+          round_samples_.resize(static_cast<std::size_t>(round_));
+          keep_mine();
+        }
+      }
+    }
+    void keep_mine() {
+      if (first_round_.empty()) first_round_ = round_samples_;
+      const auto from = round_samples_.begin() + static_cast<std::ptrdiff_t>(first_);
+      batch_.emplace(detail::collation<sample_type>::collate(std::vector<sample_type>(from, from + mine_)));
+      round_samples_.clear();
+    }
+    void keep_all() {
+      batch_.emplace(detail::collation<sample_type>::collate(std::move(round_samples_)));
+      round_samples_.clear();
+    }
+
+    const data_loader* loader_;
+    std::ranges::iterator_t<stream_type> it_;
+    std::ranges::sentinel_t<stream_type> end_;
+    std::int64_t round_;  // samples per round: the global batch
+    std::int64_t mine_;   // this process's part of a round
+    std::size_t first_;   // where its part starts
+    bool alone_;
+    std::int64_t* read_;
+    std::vector<sample_type> round_samples_;
+    std::vector<sample_type> first_round_;  // to complete the last round from
+    std::int64_t samples_ = 0;
+    bool ended_ = false;
+    mutable std::optional<batch_type> batch_;
+  };
+
+  /// One pass over the stream, every batch (one process).
+  [[nodiscard]] iterator begin() const { return start({.batch_size = options_.batch_size}, nullptr); }
+  [[nodiscard]] iterator start(const shard_options& sharing, std::int64_t* read) const {
+    ++epoch_;
+    return iterator(*this, sharing, read);
+  }
+  [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
+
+  /// Passes started (a stream has no order to draw: the epoch only counts, and a checkpoint restores it).
+  void set_epoch(std::int64_t epoch) noexcept { epoch_ = epoch; }
+  [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
+  [[nodiscard]] const loader_options& options() const noexcept { return options_; }
+
+ private:
+  mutable detail::stored<Stream> stream_;
+  loader_options options_;
+  mutable std::int64_t epoch_ = 0;
+};
+
+/// A stream data loader's batches for one process of several (Accelerate's IterableDatasetShard): what `prepare`
+/// iterates under `data_parallel`. Every process reads the whole stream. `Loader` is `data_loader<S>&` or
+/// `data_loader<S>`.
+template <class Loader>
+class sharded_stream {
+  using loader_type = std::remove_reference_t<Loader>;
+
+ public:
+  sharded_stream(Loader&& loader, shard_options options) : loader_(std::forward<Loader>(loader)), options_(options) {
+    options_.batch_size = loader_.get().options().batch_size;
+    options_.drop_last = loader_.get().options().drop_last;
+    detail::validate(options_);
+  }
+  [[nodiscard]] auto begin() const {
+    read_ = -1;
+    return loader_.get().start(options_, &read_);
+  }
+  [[nodiscard]] static constexpr std::default_sentinel_t end() noexcept { return {}; }
+  [[nodiscard]] const shard_options& options() const noexcept { return options_; }
+  /// Real samples of the last round (what `gather_for_metrics` keeps of it), once the stream has ended: the
+  /// samples read modulo the round; -1 before, with drop_last, or on one process.
+  [[nodiscard]] std::int64_t remainder() const noexcept {
+    if (read_ < 0 || options_.drop_last || options_.num_processes == 1) return -1;
+    const auto round = options_.split_batches ? *options_.batch_size : *options_.batch_size * options_.num_processes;
+    return read_ % round;
+  }
+  [[nodiscard]] loader_type& loader() const noexcept { return loader_.get(); }
+
+ private:
+  mutable detail::stored<Loader> loader_;
+  shard_options options_;
+  mutable std::int64_t read_ = -1;
+};
+
 /// A data loader's batches for one process of several: each pass shards that epoch's index batches (see
 /// `views::shard`) before loading any sample. What `prepare` iterates under `data_parallel`. `Loader` is
 /// `data_loader<D>&` (referred to) or `data_loader<D>` (owned).
@@ -456,6 +621,10 @@ template <class T>
 inline constexpr bool is_data_loader = false;
 template <class D>
 inline constexpr bool is_data_loader<data_loader<D>> = true;
+template <class T>
+inline constexpr bool is_stream_loader = false;
+template <class S>
+inline constexpr bool is_stream_loader<data_loader<S>> = sample_stream<std::remove_reference_t<S>>;
 }  // namespace detail
 
 }  // namespace accel

@@ -122,6 +122,11 @@ struct options {
   /// Complete the last round of batches by looping back to the first samples, so every process gets as many full
   /// batches as the others.
   bool even_batches = true;
+  /// Under `data_parallel`, process 0 alone reads a prepared range of batches and sends each global batch (P of
+  /// its batches, or one with `split_batches`) to every process, which keeps its slice (Accelerate's
+  /// `dispatch_batches`, `DataLoaderDispatcher`): for a range only process 0 can read (a stream, a socket, a file
+  /// on one node). Not for an `accel::data_loader`, which reads only each process's samples already.
+  bool dispatch_batches = false;
   /// The batch size and drop_last of a prepared range of batches, for ranges that do not say (an
   /// `accel::data_loader` does); without it, the first batch's size is taken.
   std::optional<std::int64_t> batch_size = std::nullopt;

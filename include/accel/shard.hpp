@@ -24,6 +24,7 @@
 #include <deque>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -35,6 +36,7 @@
 #include <range/v3/range/concepts.hpp>
 #include <range/v3/range/conversion.hpp>
 
+#include "detail/batch_channel.hpp"
 #include "detail/stored.hpp"
 #include "batch_range.hpp"
 
@@ -175,6 +177,80 @@ decltype(auto) as_shard_batch(B&& batch) {
 }
 }  // namespace detail
 
+namespace detail {
+/// Accelerate's DataLoaderDispatcher: process 0 reads the input a global batch at a time (P batches of the input
+/// concatenated, or one with split_batches) and sends it to every process, which keeps its slice (the global
+/// batch's size / P samples). A last global batch that does not divide by P is completed with the first P samples
+/// of the first one, one more sample each (unless drop_last); a last round of fewer than P batches is sent as it is
+/// (so the last batches may be smaller than the others, as Accelerate's), or dropped with drop_last.
+template <class Batch>
+class dispatch_rounds {
+  using slicing = batch_slicing<Batch>;
+
+ public:
+  dispatch_rounds(std::shared_ptr<batch_channel<Batch>> channel, const shard_options& options)
+      : channel_(std::move(channel)), options_(options) {}
+
+  /// This process's next batch (nullopt at the end). `pull()` gives process 0's next batch of the input (nullopt
+  /// at its end); only process 0 calls it. A collective: every process calls `next` as often.
+  template <class Pull>
+  std::optional<Batch> next(Pull& pull) {
+    if (!started_) {
+      ahead_ = fetch(pull);
+      started_ = true;
+    }
+    if (!ahead_) return std::nullopt;
+    Batch global = std::move(*ahead_);
+    ahead_ = fetch(pull);  // a round ahead: the last global batch is known as such
+    const auto P = options_.num_processes;
+    const auto observed = slicing::size(global);
+    if (!options_.drop_last && !first_) first_ = slicing::slice(global, 0, std::min<std::int64_t>(P, observed));
+    auto each = observed / P;
+    if (!ahead_) {
+      remainder_ = observed;
+      if (!options_.drop_last && observed % P != 0) {
+        global = slicing::concat(global, *first_);
+        ++each;
+      }
+    }
+    const auto start = std::min(each * options_.process_index, slicing::size(global));
+    return slicing::slice(global, start, std::min(start + each, slicing::size(global)));
+  }
+  /// The samples of the last global batch, once it has been reached; -1 before.
+  [[nodiscard]] std::int64_t remainder() const noexcept { return remainder_; }
+
+ private:
+  template <class Pull>
+  std::optional<Batch> fetch(Pull& pull) {
+    std::optional<Batch> global;
+    if (options_.process_index == 0 && !input_ended_) {
+      const int wanted = options_.split_batches ? 1 : options_.num_processes;
+      for (int k = 0; k < wanted; ++k) {
+        auto batch = pull();
+        if (!batch) {
+          input_ended_ = true;
+          break;
+        }
+        global = global ? slicing::concat(*global, *batch) : std::move(*batch);
+      }
+      const bool short_round = input_ended_ && !options_.split_batches;
+      const bool short_batch =
+          options_.split_batches && global && options_.batch_size && slicing::size(*global) < *options_.batch_size;
+      if (options_.drop_last && (short_round || short_batch)) global.reset();
+    }
+    return channel_->from_main(std::move(global));
+  }
+
+  std::shared_ptr<batch_channel<Batch>> channel_;
+  shard_options options_;
+  bool started_ = false;
+  bool input_ended_ = false;
+  std::optional<Batch> ahead_;
+  std::optional<Batch> first_;  // the first P samples, to complete the last global batch
+  std::int64_t remainder_ = -1;
+};
+}  // namespace detail
+
 /// The batches one process gets from `Range` (see the file comment). An input range; iterating it again starts
 /// a new pass over `Range`.
 template <class Range>
@@ -205,7 +281,9 @@ class shard_view {
     iterator() = default;
     iterator(base_iterator base, base_sentinel end, const shard_view& view, std::size_t skip = 0)
         : base_(std::move(base)), end_(std::move(end)), options_(view.options_), view_(&view) {
-      for (; skip > 0 && base_ != end_; --skip) ++base_;  // resumed under another number of processes
+      if (view.channel_) rounds_ = std::make_shared<detail::dispatch_rounds<batch_type>>(view.channel_, options_);
+      if (!rounds_ || r() == 0)                             // dispatching, only process 0 reads the input
+        for (; skip > 0 && base_ != end_; --skip) ++base_;  // resumed under another number of processes
       fill();
     }
     batch_type& operator*() const noexcept { return out_.front(); }
@@ -224,6 +302,7 @@ class shard_view {
 
     /// Pulls batches until one is ready for this process, or the input ends (then works out the tail).
     void fill() {
+      if (rounds_) return dispatch();
       while (out_.empty() && !finished_) {
         if (base_ != end_) {
           take(detail::as_shard_batch(*base_));
@@ -234,6 +313,23 @@ class shard_view {
           if (P() > 1) o().split_batches ? split_tail() : whole_tail();
         }
       }
+    }
+
+    /// Dispatching: process 0 reads, every process keeps its slice of what it sends.
+    void dispatch() {
+      if (finished_) return;
+      auto pull = [this]() -> std::optional<batch_type> {
+        if (!(base_ != end_)) return std::nullopt;  // batch_range promises `!=` only
+        batch_type batch = detail::as_shard_batch(*base_);
+        ++base_;
+        return batch;
+      };
+      if (auto mine = rounds_->next(pull)) {
+        out_.push_back(std::move(*mine));
+      } else {
+        finished_ = true;
+      }
+      view_->dispatched_remainder_ = rounds_->remainder();
     }
 
     void take(const batch_type& batch) {
@@ -358,6 +454,7 @@ class shard_view {
     std::optional<batch_type> to_yield_;
     std::optional<batch_type> last_;
     mutable std::deque<batch_type> out_;
+    std::shared_ptr<detail::dispatch_rounds<batch_type>> rounds_;  // dispatching (shared by copies of the iterator)
   };
 
   shard_view(Range&& range, const shard_options& options) : range_(std::forward<Range>(range)), options_(options) {
@@ -371,8 +468,14 @@ class shard_view {
     detail::validate(options_, /*size_from_first_batch=*/true);
   }
 
+  /// Dispatching (Accelerate's DataLoaderDispatcher, `options::dispatch_batches`): only process 0 reads the
+  /// input and `channel` carries each global batch to every process, which keeps its slice (see `dispatch_rounds`).
+  void dispatch_from_main(std::shared_ptr<detail::batch_channel<batch_type>> channel) { channel_ = std::move(channel); }
+  [[nodiscard]] bool dispatching() const noexcept { return channel_ != nullptr; }
+
   [[nodiscard]] iterator begin() const {
     samples_ = -1;
+    dispatched_remainder_ = -1;
     auto& range = range_.get();
     return iterator(detail::adl::range_begin(range), detail::adl::range_end(range), *this,
                     std::exchange(skip_input_, 0));
@@ -391,6 +494,7 @@ class shard_view {
     const auto n = static_cast<std::size_t>(detail::adl::range_size(std::as_const(range_.get())));
     const auto P = static_cast<std::size_t>(options_.num_processes);
     if (options_.split_batches || P == 1) return n;
+    if (channel_) return options_.drop_last ? n / P : (n + P - 1) / P;  // a global batch of P batches per step
     if (n % P == 0 || options_.drop_last) return n / P;
     if (options_.even_batches) return n / P + 1;
     return n / P + (static_cast<std::size_t>(options_.process_index) < n % P ? 1 : 0);
@@ -403,6 +507,7 @@ class shard_view {
   /// Samples of the last global batch that are real (Accelerate's `remainder`, what `gather_for_metrics` keeps on
   /// the last batch); -1 when nothing is padded (drop_last) or the input has not been read to its end.
   [[nodiscard]] std::int64_t remainder() const noexcept {
+    if (channel_) return options_.drop_last ? -1 : dispatched_remainder_;  // the last global batch's samples
     if (samples_ < 0 || options_.drop_last || !batch_size_ || options_.num_processes == 1) return -1;
     const auto global = options_.split_batches ? *batch_size_ : *batch_size_ * options_.num_processes;
     return samples_ % global;
@@ -415,6 +520,8 @@ class shard_view {
   mutable std::int64_t samples_ = -1;
   mutable std::optional<std::int64_t> batch_size_;
   mutable std::size_t skip_input_ = 0;
+  std::shared_ptr<detail::batch_channel<batch_type>> channel_;
+  mutable std::int64_t dispatched_remainder_ = -1;
 };
 
 namespace detail {

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <ranges>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -108,6 +109,33 @@ TEST_CASE("F2 reduce sum, mean and max", "[collectives]") {
     CHECK(torch::equal(acc.reduce(mine, accel::reduction::mean), torch::tensor({2.f, 3.f})));
     CHECK(torch::equal(acc.reduce(mine, accel::reduction::max), torch::tensor({3.f, 4.f})));
   }
+  // scale multiplies the result (Accelerate's reduce(..., scale)); integers give floats.
+  CHECK(torch::equal(acc.reduce(mine, accel::reduction::sum, 0.5), sum * 0.5));
+  CHECK(torch::allclose(acc.reduce(mine, accel::reduction::mean, 3.0), sum / P * 3));
+  auto counts = acc.reduce(torch::tensor({1, 2}, torch::kLong), accel::reduction::sum, 0.25);
+  CHECK(counts.scalar_type() == torch::kFloat);
+  CHECK(torch::equal(counts, torch::tensor({0.25f * P, 0.5f * P})));
+}
+
+TEST_CASE("set_seed: the same draws on every process, or with device_specific one stream per process",
+          "[collectives]") {
+  gloo_accelerator acc;
+  const int r = acc.process_index();
+  accel::set_seed(42);
+  auto draws = torch::randn({4});
+  const int c_draw = std::rand();
+  auto all = acc.gather(draws.unsqueeze(0));
+  for (int q = 1; q < acc.num_processes(); ++q) CHECK(torch::equal(all[q], all[0]));
+  torch::manual_seed(42);
+  CHECK(torch::equal(draws, torch::randn({4})));  // LibTorch's default generator, seeded
+  std::srand(42);
+  CHECK(c_draw == std::rand());  // and C's
+  accel::set_seed(42, /*device_specific=*/true);
+  auto own = torch::randn({4});
+  torch::manual_seed(42 + static_cast<std::uint64_t>(r));
+  CHECK(torch::equal(own, torch::randn({4})));
+  auto everyone = acc.gather(own.unsqueeze(0));
+  for (int q = 1; q < acc.num_processes(); ++q) CHECK_FALSE(torch::equal(everyone[q], everyone[0]));
 }
 
 TEST_CASE("F3 F6 pad_across_processes", "[collectives]") {
@@ -682,6 +710,110 @@ TEST_CASE("a range-v3 pipeline prepared under data_parallel: chunks of samples s
     std::sort(seen.begin(), seen.end());
     CHECK(seen == samples);
   }
+}
+
+TEST_CASE("D5 a stream of 30 samples (no size), batches of 4: gather_for_metrics gathers 30, tensors or not",
+          "[data]") {
+  gloo_accelerator acc;
+  auto stream = std::views::iota(std::int64_t{0}) | std::views::take_while([](std::int64_t i) { return i < 30; });
+  accel::data_loader numbers(stream, {.batch_size = 4});
+  auto batches = acc.prepare(numbers);
+  std::vector<std::int64_t> seen;
+  for (auto&& batch : batches) {
+    auto gathered = acc.gather_for_metrics(batch);
+    seen.insert(seen.end(), gathered.begin(), gathered.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<std::int64_t> all(30);
+  std::iota(all.begin(), all.end(), 0);
+  CHECK(seen == all);
+  accel::data_loader rows(
+      stream | std::views::transform([](std::int64_t i) { return torch::full({2}, i, torch::kLong); }),
+      {.batch_size = 4});
+  auto row_batches = acc.prepare(rows);
+  std::vector<at::Tensor> gathered_rows;
+  for (auto&& batch : row_batches) gathered_rows.push_back(acc.gather_for_metrics(batch));
+  auto got = std::get<0>(torch::sort(torch::cat(gathered_rows).select(1, 0)));
+  CHECK(torch::equal(got, torch::arange(30, torch::kLong)));
+}
+
+TEST_CASE("dispatch_batches: D6, G1 dispatch and dispatch + split, D3 totals; only process 0 reads the range",
+          "[data]") {
+  const int P = accel::read_process_environment().world_size;
+  gloo_accelerator acc({.dispatch_batches = true});
+  {  // D6: N = 10, B = 4: r0 [0..3] then [8], r1 [4..7] then [9] (the last global batch split as it is)
+    auto batches = acc.prepare(arange_batches(10, 4));
+    std::vector<torch::Tensor> mine;
+    for (auto&& batch : batches) mine.push_back(batch);
+    if (P == 2) {
+      REQUIRE(mine.size() == 2);
+      CHECK(torch::equal(mine[0], torch::arange(4 * acc.process_index(), 4 * acc.process_index() + 4)));
+      CHECK(torch::equal(mine[1], torch::tensor({8 + acc.process_index()}, torch::kLong)));
+    }
+    auto steps = gathered_steps(acc, batches);
+    CHECK(torch::equal(torch::cat(steps), torch::arange(10)));
+  }
+  {  // G1: unshuffled range(32P), B = 8, dispatch: the gathered concatenation is arange(32P)
+    auto batches = acc.prepare(arange_batches(32 * P, 8));
+    CHECK(batches.size() == 32 * static_cast<std::size_t>(P) / 8 / static_cast<std::size_t>(P));
+    CHECK(torch::equal(torch::cat(gathered_steps(acc, batches)), torch::arange(32 * P)));
+  }
+  gloo_accelerator split(
+      {.split_batches = true, .dispatch_batches = true});  // G1 dispatch + split, and D3: totals equal N
+  if (8 % P == 0) {
+    auto batches = split.prepare(arange_batches(32 * P, 8));
+    CHECK(torch::equal(torch::cat(gathered_steps(split, batches)), torch::arange(32 * P)));
+  }
+  for (std::int64_t n : {82, 99, 512}) {
+    INFO("N = " << n);
+    if (8 % P == 0) {
+      auto both = split.prepare(arange_batches(n, 8));
+      CHECK(torch::equal(torch::cat(gathered_steps(split, both)), torch::arange(n)));
+    }
+    auto dispatched = acc.prepare(arange_batches(n, 8));
+    CHECK(torch::equal(torch::cat(gathered_steps(acc, dispatched)), torch::arange(n)));
+  }
+  // Only process 0 reads the range: elsewhere its batches are never touched.
+  struct counted {
+    std::vector<torch::Tensor> batches;
+    mutable int reads = 0;
+    struct iterator {
+      const counted* owner;
+      std::size_t i;
+      torch::Tensor operator*() const {
+        ++owner->reads;
+        return owner->batches[i];
+      }
+      iterator& operator++() {
+        ++i;
+        return *this;
+      }
+      bool operator!=(const iterator& other) const { return i != other.i; }
+    };
+    iterator begin() const { return {this, 0}; }
+    iterator end() const { return {this, batches.size()}; }
+  };
+  counted source{arange_batches(40, 4)};
+  auto from_main = acc.prepare(source);
+  CHECK(torch::equal(torch::cat(gathered_steps(acc, from_main)), torch::arange(40)));
+  CHECK(source.reads == (acc.is_main_process() ? 10 : 0));
+  // A pair of tensors travels as well; a data loader is refused, and its batches dispatch as a plain range.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> pairs;
+  for (auto& b : arange_batches(12, 3)) pairs.emplace_back(b, b * 10);
+  auto paired = acc.prepare(pairs);
+  for (auto&& [x, y] : paired) CHECK(torch::equal(y, x * 10));
+  std::vector<std::int64_t> samples(12);
+  std::iota(samples.begin(), samples.end(), 0);
+  accel::data_loader loader(samples, {.batch_size = 3});
+  CHECK_THROWS_WITH(acc.prepare(loader), Catch::Contains("cannot dispatch an accel::data_loader") &&
+                                             Catch::Contains("std::ranges::ref_view(loader)"));
+  auto dispatched_loader = acc.prepare(std::ranges::ref_view(loader));
+  std::vector<std::int64_t> seen;
+  for (auto&& batch : dispatched_loader) {
+    auto gathered = acc.gather_for_metrics(batch);
+    seen.insert(seen.end(), gathered.begin(), gathered.end());
+  }
+  CHECK(seen == samples);
 }
 
 TEST_CASE("D4 D7 drop_last and even_batches = false", "[data]") {

@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <mutex>
 #include <numeric>
+#include <ranges>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -291,4 +293,68 @@ TEST_CASE("a prepared range and acc.progress compose with range-v3 and std views
   auto bar = acc.progress(batches, quiet);
   CHECK(accel_test::count_batches(bar | ranges::views::take(1)) == 1);
   CHECK(accel_test::count_batches(acc.progress(batches | ranges::views::take(2))) == 2);
+}
+
+// Streams of samples (ranges without a size): batched as read, shared as Accelerate's IterableDatasetShard.
+
+namespace {
+/// range(n) as a stream: no size, read front to back.
+auto stream_of(int n) {
+  return std::views::iota(0) | std::views::take_while([n](int i) { return i < n; });
+}
+
+using int_batches = std::vector<std::vector<int>>;
+
+/// What process r of P gets from a stream loader over range(n).
+int_batches stream_shard(int n, int P, int r, std::int64_t B, bool split = false, bool drop_last = false) {
+  accel::data_loader loader(stream_of(n), {.batch_size = B, .drop_last = drop_last});
+  accel::sharded_stream<decltype(loader)&> mine(loader,
+                                                {.num_processes = P, .process_index = r, .split_batches = split});
+  int_batches out;
+  for (auto&& b : mine) out.push_back(b);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("C: a stream shared between 2 processes as IterableDatasetShard", "[loader][stream]") {
+  CHECK(stream_shard(10, 2, 0, 4) == int_batches{{0, 1, 2, 3}, {8, 9, 0, 1}});
+  CHECK(stream_shard(10, 2, 1, 4) == int_batches{{4, 5, 6, 7}, {2, 3, 4, 5}});
+  CHECK(stream_shard(10, 2, 0, 4, /*split=*/true) == int_batches{{0, 1}, {4, 5}, {8, 9}});
+  CHECK(stream_shard(10, 2, 1, 4, /*split=*/true) == int_batches{{2, 3}, {6, 7}, {0, 1}});
+  CHECK(stream_shard(10, 2, 0, 4, false, /*drop_last=*/true) == int_batches{{0, 1, 2, 3}});
+  CHECK(stream_shard(10, 2, 1, 4, false, /*drop_last=*/true) == int_batches{{4, 5, 6, 7}});
+  CHECK(stream_shard(3, 2, 0, 4) == int_batches{{0, 1, 2, 0}});  // no full round: completed from itself
+  CHECK(stream_shard(3, 2, 1, 4) == int_batches{{1, 2, 0, 1}});
+  // The remainder, what gather_for_metrics keeps of the last round: known once the stream has ended.
+  accel::data_loader loader(stream_of(10), {.batch_size = 4});
+  accel::sharded_stream<decltype(loader)&> mine(loader, {.num_processes = 2, .process_index = 0});
+  CHECK(mine.remainder() == -1);
+  for (auto&& b : mine) (void)b;
+  CHECK(mine.remainder() == 2);
+}
+
+TEST_CASE("a stream on one process: batches as read, the last one short; a single-pass istream works",
+          "[loader][stream]") {
+  accel::data_loader loader(stream_of(10), {.batch_size = 4});
+  int_batches seen;
+  for (auto&& b : loader) seen.push_back(b);
+  CHECK(seen == int_batches{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9}});
+  accel::data_loader dropping(stream_of(10), {.batch_size = 4, .drop_last = true});
+  CHECK(accel_test::count_batches(dropping) == 2);
+  std::istringstream text("3 1 4 1 5 9 2");
+  accel::data_loader numbers(std::views::istream<int>(text), {.batch_size = 3});
+  int_batches read;
+  for (auto&& b : numbers) read.push_back(b);
+  CHECK(read == int_batches{{3, 1, 4}, {1, 5, 9}, {2}});
+  // Prepared on one process, tensors collated.
+  accel::accelerator<> acc{{.cpu = true}};
+  accel::data_loader rows(stream_of(5) | std::views::transform([](int i) { return torch::full({2}, i); }),
+                          {.batch_size = 2});
+  auto batches = acc.prepare(rows);
+  std::vector<std::int64_t> sizes;
+  for (auto&& b : batches) sizes.push_back(b.size(0));
+  CHECK(sizes == std::vector<std::int64_t>{2, 2, 1});
+  CHECK_THROWS_WITH(accel::data_loader(stream_of(5), {.shuffle = true}), Catch::Contains("cannot be shuffled"));
+  CHECK_THROWS_WITH(accel::data_loader(stream_of(5), {.num_workers = 2}),
+                    Catch::Contains("num_workers needs random access"));
 }
