@@ -278,6 +278,23 @@ class accelerator {
     auto&& comm = parallel_.communicator();
     return detail::reduce(comm, tensors, op, scale);
   }
+  /// Accelerate's `save`: writes `tensors` (name -> tensor: `get_state_dict`'s result, a `std::map`, or
+  /// `named_parameters()`) to `path` on the main process only, atomically; the other processes do nothing (not a
+  /// collective). A pickled dict (Accelerate's default; Python reads it with `torch.load(path, weights_only=False)`:
+  /// LibTorch's pickler tags the dict with a TorchScript type), or with `safe_serialization` a safetensors file.
+  template <class Named>
+  void save(const Named& tensors, const std::filesystem::path& path, bool safe_serialization = false) const {
+    if (is_main_process()) detail::save_tensors(detail::named_tensors(tensors), path, safe_serialization);
+  }
+  /// `objects` on every process becomes `from_process`'s, in place (the lengths may differ), and is returned
+  /// (Accelerate's `broadcast_object_list`). Values travel pickled as `c10::IValue`s: integers, doubles, bools,
+  /// strings, tensors and vectors/tuples of them (anything else fails to compile).
+  template <class T>
+  std::vector<T>& broadcast_object_list(std::vector<T>& objects, int from_process = 0) {
+    auto&& comm = parallel_.communicator();
+    detail::broadcast_object_list(comm, objects, from_process);
+    return objects;
+  }
   /// Pads `dim` of every tensor to the largest size among the processes with `pad_index` (at the end, or at the
   /// start with `pad_first`), so that they can be gathered.
   template <class Tensors>

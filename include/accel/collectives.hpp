@@ -201,6 +201,36 @@ T broadcast(C& comm, const T& data, int from_process) {
   return map_tensors(data, one);
 }
 
+/// `from_process`'s `bytes` on every process (its length first, then the bytes).
+template <communicator C>
+std::vector<char> broadcast_bytes(C& comm, const std::vector<char>& bytes, int from_process) {
+  const bool source = comm.rank() == from_process;
+  auto length = at::tensor({source ? static_cast<std::int64_t>(bytes.size()) : std::int64_t{0}}, at::kLong);
+  comm.broadcast(length, from_process);
+  const auto n = length.template item<std::int64_t>();
+  auto buffer = at::empty({n}, at::kChar);
+  if (source) std::copy(bytes.begin(), bytes.end(), buffer.template data_ptr<std::int8_t>());
+  comm.broadcast(buffer, from_process);
+  if (source) return bytes;
+  const auto* data = reinterpret_cast<const char*>(buffer.template data_ptr<std::int8_t>());
+  return {data, data + n};
+}
+
+template <communicator C, class T>
+void broadcast_object_list(C& comm, std::vector<T>& objects, int from_process) {
+  static_assert(std::is_constructible_v<c10::IValue, const std::vector<T>&>,
+                "accel::broadcast_object_list takes values a c10::IValue holds: integers, doubles, bools, strings, "
+                "tensors and vectors/tuples of them");
+  if (from_process < 0 || from_process >= comm.size())
+    throw std::out_of_range("accel::broadcast_object_list: from_process " + std::to_string(from_process) +
+                            " is not a process of this job (0 to " + std::to_string(comm.size() - 1) + ")");
+  if (comm.size() == 1) return;
+  std::vector<char> bytes;
+  if (comm.rank() == from_process) bytes = torch::jit::pickle_save(c10::IValue(objects));
+  bytes = broadcast_bytes(comm, bytes, from_process);
+  if (comm.rank() != from_process) objects = torch::jit::pickle_load(bytes).template to<std::vector<T>>();
+}
+
 template <communicator C, class T>
 T pad_across_processes(C& comm, const T& data, std::int64_t dim, double pad_index, bool pad_first) {
   require_tensor_structure<T>();
@@ -310,18 +340,12 @@ class broadcast_channel final : public batch_channel<Batch> {
   explicit broadcast_channel(C& comm) : comm_(&comm) {}
   std::optional<Batch> from_main(std::optional<Batch> batch) override {
     const bool main = comm_->rank() == 0;
-    std::vector<char> bytes;
+    std::vector<char> bytes;  // empty: the input has ended (a pickle is never empty)
     if (main && batch) bytes = torch::jit::pickle_save(ivalue_form<Batch>::to(*batch));
-    auto length = at::tensor({main && batch ? static_cast<std::int64_t>(bytes.size()) : std::int64_t{-1}}, at::kLong);
-    comm_->broadcast(length, 0);
-    const auto n = length.template item<std::int64_t>();
-    if (n < 0) return std::nullopt;
-    auto buffer = at::empty({n}, at::kChar);
-    if (main) std::copy(bytes.begin(), bytes.end(), buffer.template data_ptr<std::int8_t>());
-    comm_->broadcast(buffer, 0);
+    bytes = broadcast_bytes(*comm_, bytes, 0);
+    if (bytes.empty()) return std::nullopt;
     if (main) return batch;
-    const auto* data = reinterpret_cast<const char*>(buffer.template data_ptr<std::int8_t>());
-    return ivalue_form<Batch>::from(torch::jit::pickle_load(std::vector<char>(data, data + n)));
+    return ivalue_form<Batch>::from(torch::jit::pickle_load(bytes));
   }
 
  private:

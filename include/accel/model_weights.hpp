@@ -6,6 +6,8 @@
 /// dtype before it changes anything. The rest of a training state goes through `save_state` (checkpoint.hpp).
 #pragma once
 
+#include <ATen/core/Dict.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
@@ -93,6 +95,39 @@ inline std::map<std::string, std::string> read_weight_map(const std::filesystem:
   return map;
 }
 
+}  // namespace detail
+
+namespace detail {
+/// (name, tensor) items of a `std::map`, a vector of pairs (`get_state_dict`'s) or a LibTorch `OrderedDict`
+/// (`named_parameters()`), in their order.
+template <class Named>
+safetensors::tensor_list named_tensors(const Named& named) {
+  safetensors::tensor_list list;
+  for (const auto& item : named) {
+    if constexpr (requires {
+                    item.key();
+                    item.value();
+                  })
+      list.emplace_back(item.key(), item.value());
+    else
+      list.emplace_back(item.first, item.second);
+  }
+  return list;
+}
+
+/// `tensors` written to `path` atomically: safetensors, or a pickled dict of CPU tensors (`torch::jit::pickle_load`
+/// here; Python's `torch.load(path, weights_only=False)`).
+inline void save_tensors(const safetensors::tensor_list& tensors, const std::filesystem::path& path,
+                         bool safe_serialization) {
+  if (safe_serialization) {
+    safetensors::save(path, tensors);
+    return;
+  }
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, tensor] : tensors) dict.insert(name, tensor.detach().to(at::kCPU));
+  const auto bytes = torch::jit::pickle_save(c10::IValue(dict));
+  write_atomically<checkpoint_error>(path, [&](auto& out) { out.write(bytes.data(), bytes.size()); });
+}
 }  // namespace detail
 
 /// Writes `module`'s parameters and buffers to `directory` (created if needed): `model.safetensors`, or, when

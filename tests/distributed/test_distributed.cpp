@@ -2,6 +2,7 @@
 // with P = 2, 3 or 4 Gloo processes (see tests/CMakeLists.txt). The reference groups are those of
 // ../shared/reference/accelerate-semantics.md.
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -115,6 +116,45 @@ TEST_CASE("F2 reduce sum, mean and max", "[collectives]") {
   auto counts = acc.reduce(torch::tensor({1, 2}, torch::kLong), accel::reduction::sum, 0.25);
   CHECK(counts.scalar_type() == torch::kFloat);
   CHECK(torch::equal(counts, torch::tensor({0.25f * P, 0.5f * P})));
+}
+
+TEST_CASE("broadcast_object_list from any process, lengths differing; save writes once, on the main process",
+          "[collectives]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  std::vector<std::string> words;
+  if (r == 0) words = {"alpha", "b", "gamma"};
+  CHECK(acc.broadcast_object_list(words) == std::vector<std::string>{"alpha", "b", "gamma"});
+  std::vector<std::int64_t> numbers(static_cast<std::size_t>(r + 1), r);  // a different length on each process
+  acc.broadcast_object_list(numbers, P - 1);
+  CHECK(numbers == std::vector<std::int64_t>(static_cast<std::size_t>(P), P - 1));
+  std::vector<at::Tensor> tensors{torch::full({2}, r)};
+  acc.broadcast_object_list(tensors, 1);
+  CHECK(torch::equal(tensors[0], torch::full({2}, 1)));
+  CHECK_THROWS_WITH(acc.broadcast_object_list(words, P),
+                    Catch::Contains("from_process " + std::to_string(P) + " is not a process of this job"));
+  // save: the main process's tensors, written once, atomically, in either format.
+  std::vector<std::string> where{
+      r == 0 ? (std::filesystem::temp_directory_path() / ("accel_save_" + std::to_string(::getpid()))).string() : ""};
+  const std::filesystem::path dir = acc.broadcast_object_list(where).front();
+  if (acc.is_main_process()) std::filesystem::create_directories(dir);
+  acc.wait_for_everyone();
+  const accel::safetensors::tensor_list weights{{"w", torch::full({2}, r, torch::kFloat)}, {"b", torch::arange(3)}};
+  acc.save(weights, dir / "weights.pt");
+  acc.save(weights, dir / "weights.safetensors", /*safe_serialization=*/true);
+  acc.wait_for_everyone();
+  CHECK(std::distance(std::filesystem::directory_iterator(dir), {}) == 2);  // no temporary file is left
+  auto safe = accel::safetensors::load(dir / "weights.safetensors");
+  REQUIRE(safe.size() == 2);
+  CHECK(safe[0].first == "w");
+  CHECK(torch::equal(safe[0].second, torch::zeros({2})));  // the main process's
+  std::ifstream in(dir / "weights.pt", std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto pickled = torch::jit::pickle_load(bytes).toGenericDict();
+  CHECK(torch::equal(pickled.at("w").toTensor(), torch::zeros({2})));
+  CHECK(torch::equal(pickled.at("b").toTensor(), torch::arange(3)));
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("set_seed: the same draws on every process, or with device_specific one stream per process",
