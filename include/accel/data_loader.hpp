@@ -81,17 +81,20 @@ struct collation<torch::data::Example<Data, Target>> {
                                                                                collation<Target>::collate(targets)};
   }
 };
+/// Pair-like samples (`first`, `second`) collated as a std::pair of the collated firsts and seconds, held as A and B.
+template <class A, class B, class Samples>
+auto collate_pairs(const Samples& samples) {
+  std::vector<A> first;
+  std::vector<B> second;
+  for (const auto& s : samples) {
+    first.push_back(s.first);
+    second.push_back(s.second);
+  }
+  return std::pair{collation<A>::collate(first), collation<B>::collate(second)};
+}
 template <class A, class B>
 struct collation<std::pair<A, B>> {
-  static auto collate(const std::vector<std::pair<A, B>>& samples) {
-    std::vector<A> first;
-    std::vector<B> second;
-    for (const auto& s : samples) {
-      first.push_back(s.first);
-      second.push_back(s.second);
-    }
-    return std::pair{collation<A>::collate(first), collation<B>::collate(second)};
-  }
+  static auto collate(const std::vector<std::pair<A, B>>& samples) { return collate_pairs<A, B>(samples); }
 };
 
 /// range-v3's `views::zip(inputs, targets)` as a dataset: its samples are pairs (tuples) of references, collated as a
@@ -99,15 +102,7 @@ struct collation<std::pair<A, B>> {
 template <class A, class B>
 struct collation<ranges::common_pair<A, B>> {
   static auto collate(const std::vector<ranges::common_pair<A, B>>& samples) {
-    using first_type = std::remove_cvref_t<A>;
-    using second_type = std::remove_cvref_t<B>;
-    std::vector<first_type> first;
-    std::vector<second_type> second;
-    for (const auto& s : samples) {
-      first.push_back(s.first);
-      second.push_back(s.second);
-    }
-    return std::pair{collation<first_type>::collate(first), collation<second_type>::collate(second)};
+    return collate_pairs<std::remove_cvref_t<A>, std::remove_cvref_t<B>>(samples);
   }
 };
 template <class... Ts>
