@@ -35,12 +35,10 @@ def ms_per_step(step, steps, warmup):
     return (time.perf_counter() - start) * 1000 / steps
 
 
-def main():
-    width, steps, warmup = (int(a) for a in sys.argv[1:4])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://")
+def time_training(model, width, steps, warmup, label):
+    """SGD steps of the DDP `model` on this process's wide batches, timed; process 0 prints `LABEL WIDTH MS_PER_STEP`.
+    Ends the process group."""
     rank = dist.get_rank()
-    model = torch.nn.parallel.DistributedDataParallel(make_mlp(width))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = wide_batches(width, rank)
 
@@ -53,11 +51,18 @@ def main():
 
     ms = ms_per_step(step, steps, warmup)
     if rank == 0:
-        print(f"pytorch_ddp {width} {ms:.4f}", flush=True)
+        print(f"{label} {width} {ms:.4f}", flush=True)
     # Both ranks tear Gloo down together: PyTorch 2.13 sometimes aborts a rank that destroys its group while the
     # other is still leaving ("terminate called without an active exception"), after the figure is printed.
     dist.barrier()
     dist.destroy_process_group()
+
+
+def main():
+    width, steps, warmup = (int(a) for a in sys.argv[1:4])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://")
+    time_training(torch.nn.parallel.DistributedDataParallel(make_mlp(width)), width, steps, warmup, "pytorch_ddp")
 
 
 if __name__ == "__main__":

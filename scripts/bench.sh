@@ -12,6 +12,10 @@
 #   scripts/bench.sh dispatch the loop under accel::dispatch against the same loop on a directly typed accelerator
 #   scripts/bench.sh sharded  data_parallel, zero1, zero2, fully_sharded against PyTorch's DDP, ZeroRedundancyOptimizer and FSDP2, AdamW,
 #                             2 Gloo processes (bench/sharded_compare.py)
+#   scripts/bench.sh comm_hooks   bytes sent and time per step with each gradient communication hook (none, fp16, bf16,
+#                             PowerSGD of rank 1 and 4; PowerSGD also with the model in one bucket) at width 1024,
+#                             accel against PyTorch's DDP with the same hook, 2 Gloo processes
+#                             (bench/comm_hooks_compare.py)
 #   scripts/bench.sh data     time per step with 0, 1 and 2 data loader workers against the model step alone, for
 #                             a dataset costing 1 ms of CPU per sample (bench/data_pipeline.cpp)
 #   scripts/bench.sh soak     20,000 steps and 200 save_state/load_state cycles on 2 Gloo processes, each process's
@@ -54,6 +58,10 @@ fi
 if [[ $which == all || $which == ddp ]]; then
   "$venv_python" "$root/bench/ddp_compare.py" "$build/tools/accel" "$build/bench/bench_ddp_step" "$venv_python" \
     "${ROUNDS:-5}"
+fi
+if [[ $which == all || $which == comm_hooks ]]; then
+  "$venv_python" "$root/bench/comm_hooks_compare.py" "$build/tools/accel" "$build/bench/bench_comm_hook_step" \
+    "$venv_python" "${ROUNDS:-5}"
 fi
 if [[ $which == all || $which == data ]]; then
   "$build/bench/bench_data_pipeline" "${ROUNDS:-15}"

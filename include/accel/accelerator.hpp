@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/util/Type.h>
 #include <torch/optim/optimizer.h>
 
 #include <array>
@@ -18,6 +19,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -32,6 +34,7 @@
 #include "detail/registry.hpp"
 #include "detail/scope.hpp"
 #include "gradient_state.hpp"
+#include "memory.hpp"
 #include "options.hpp"
 #include "parallel.hpp"
 #include "precision.hpp"
@@ -39,6 +42,7 @@
 #include "prepared_optimizer.hpp"
 #include "prepared_range.hpp"
 #include "prepared_scheduler.hpp"
+#include "profiler.hpp"
 #include "progress.hpp"
 #include "shard.hpp"
 #include "tracking.hpp"
@@ -100,6 +104,7 @@ class accelerator {
         accumulation_(opts),
         options_(opts),
         schedule_(opts.project),
+        checkpoints_(opts.project),
         trackers_(opts.log_with, opts.project) {}
 
   accelerator(const accelerator&) = delete;
@@ -116,6 +121,21 @@ class accelerator {
       return prepare_one(std::forward<Objects>(objects)...);
     else
       return std::tuple{prepare_one(std::forward<Objects>(objects))...};  // braces: evaluated left to right
+  }
+
+  /// Prepares one model as `prepare` does, with Accelerate's `prepare_model` arguments: `device_placement` overrides
+  /// `options::device_placement`, and `evaluation_mode` prepares a model used only for inference, which the
+  /// parallel policy leaves alone (no broadcast of process 0's weights, no gradient synchronisation, no sharding):
+  /// `auto scorer = acc.prepare_model(net, {.evaluation_mode = true});`.
+  template <class Model>
+  [[nodiscard]] auto prepare_model(Model&& model, const model_options& how = {}) {
+    using type = std::remove_cvref_t<Model>;
+    static_assert(model_like<type>,
+                  "accel::accelerator::prepare_model takes a model (torch::nn::ModuleHolder or "
+                  "std::shared_ptr<torch::nn::Module>)");
+    static_assert(!detail::is_prepared<type>,
+                  "accel::accelerator::prepare_model(): this model is already prepared; use it as it is");
+    return wrap_model(type(std::forward<Model>(model)), how);
   }
 
   /// Runs backward on `loss`, divided by the accumulation steps and scaled as the precision policy requires.
@@ -233,6 +253,15 @@ class accelerator {
     return accel::progress(std::forward<Range>(range), std::move(bar));
   }
 
+  /// Runs LibTorch's profiler over the returned scope (Accelerate's `profile` with `ProfileKwargs`;
+  /// accel/profiler.hpp): `auto prof = acc.profile({.schedule = accel::profile_schedule{.wait = 1, .active = 2}});`,
+  /// then `prof.step()` after each training step. At its end (`prof.finish()`, or the destructor, which prints what
+  /// `finish()` would throw), with `output_trace_dir`, every process writes `profile_{process_index}.json` there in
+  /// Chrome trace format, then waits for the others.
+  [[nodiscard]] profiler profile(profile_options options = {}) {
+    return profiler(std::move(options), process_index(), [this] { wait_for_everyone(); });
+  }
+
   // Experiment tracking (accel/tracking.hpp). Trackers live on the main process; elsewhere these do nothing.
 
   /// Starts the trackers of `options::log_with` in `{logging_dir or project_dir}/{project_name}/` (created, with
@@ -265,7 +294,10 @@ class accelerator {
     auto&& comm = parallel_.communicator();
     return detail::gather(comm, tensors);
   }
-  /// Every process's value, in process order; a `std::vector` is flattened one level, as Accelerate's.
+  /// Every process's value, in process order; a `std::vector` is flattened one level, as Accelerate's. Values
+  /// travel pickled: numbers, bools, strings, tensors, types with `save(torch::serialize::OutputArchive&) const`,
+  /// `load(torch::serialize::InputArchive&)` and a default constructor, and vectors, pairs, tuples and string maps
+  /// of them (anything else fails to compile).
   template <class T>
   [[nodiscard]] auto gather_object(const T& value) {
     auto&& comm = parallel_.communicator();
@@ -287,8 +319,7 @@ class accelerator {
     if (is_main_process()) detail::save_tensors(detail::named_tensors(tensors), path, safe_serialization);
   }
   /// `objects` on every process becomes `from_process`'s, in place (the lengths may differ), and is returned
-  /// (Accelerate's `broadcast_object_list`). Values travel pickled as `c10::IValue`s: integers, doubles, bools,
-  /// strings, tensors and vectors/tuples of them (anything else fails to compile).
+  /// (Accelerate's `broadcast_object_list`). Values travel pickled, as `gather_object`'s.
   template <class T>
   std::vector<T>& broadcast_object_list(std::vector<T>& objects, int from_process = 0) {
     auto&& comm = parallel_.communicator();
@@ -312,11 +343,14 @@ class accelerator {
 
   /// `gather`, then, on the last batch of a prepared range, drops the samples that even_batches duplicated to
   /// complete the last round (Accelerate's `gather_for_metrics`): metrics see every sample exactly once. Tensors
-  /// (nested or not) are gathered; other values (a `std::vector` of results, say) go through `gather_object`.
+  /// (nested or not) are gathered; other values (a `std::vector` of results, say) go through `gather_object`, and so
+  /// does a `std::vector` of tensors with `use_gather_object` (samples whose shapes differ, which `gather` cannot
+  /// concatenate): every process's elements in process order, one sample each.
   template <class Data>
-  [[nodiscard]] Data gather_for_metrics(const Data& data) {
+  [[nodiscard]] Data gather_for_metrics(const Data& data, bool use_gather_object = false) {
     auto&& comm = parallel_.communicator();
-    return detail::gather_for_metrics(comm, data, gradient_state_.end_of_dataloader ? gradient_state_.remainder : -1);
+    return detail::gather_for_metrics(comm, data, gradient_state_.end_of_dataloader ? gradient_state_.remainder : -1,
+                                      use_gather_object);
   }
 
   /// This process's part of `data` (a `std::vector`, a tensor along dim 0, or a `std::map`): contiguous parts,
@@ -343,52 +377,87 @@ class accelerator {
   /// models (their memory goes when yours does), optimizers, schedulers and data ranges, the models' gradient
   /// synchronisation, and the micro-step count. The accelerator can then prepare new objects, and `save_state`
   /// saves only those; what `register_for_checkpointing` registered stays. Objects prepared before must not be used
-  /// afterwards. LibTorch's CUDA cache is left as it is.
+  /// afterwards. Then, as Accelerate's `clear_device_cache`, the device cache is emptied (`accel::clear_device_cache`:
+  /// LibTorch's CUDA caching allocator gives the memory it keeps unused back to the device), so that what the released
+  /// objects held is free for the next model, or for another process.
   void free_memory() {
     registry_.release_prepared();
     parallel_.release_models();
     accumulation_.restart();
     gradient_state_ = {};
+    clear_device_cache();
   }
 
-  /// Registers `object` for `save_state` / `load_state` (Accelerate's `register_for_checkpointing`): it needs
-  /// `save(torch::serialize::OutputArchive&) const` and `load(torch::serialize::InputArchive&)`, or is a LibTorch
-  /// LR scheduler. It must outlive the accelerator's checkpoints.
-  template <class T>
-  void register_for_checkpointing(T& object) {
-    auto slot = detail::slot_for("custom_checkpoint", object);
-    if (!slot.save)
+  /// Registers `objects` for `save_state` / `load_state`, in order (Accelerate's `register_for_checkpointing`): each
+  /// needs `save(torch::serialize::OutputArchive&) const` and `load(torch::serialize::InputArchive&)`, or is a
+  /// LibTorch LR scheduler, and must outlive the accelerator's checkpoints. When any cannot be checkpointed, none is
+  /// registered and the error lists each such object by its index and type (reference I4).
+  template <class... T>
+  void register_for_checkpointing(T&... objects) {
+    static_assert(sizeof...(T) > 0, "accel::register_for_checkpointing takes the objects to checkpoint");
+    std::vector<detail::checkpoint_slot> slots{detail::slot_for("custom_checkpoint", objects)...};
+    const std::vector<std::string> types{c10::demangle(typeid(T).name())...};
+    std::string invalid;
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      if (!slots[i].save) invalid += "\n- item at index " + std::to_string(i) + ", `" + types[i] + "`";
+    if (!invalid.empty())
       throw std::invalid_argument(
-          "accel::register_for_checkpointing: this object has no save(OutputArchive&) const "
-          "and load(InputArchive&) members; give it those to have it checkpointed");
-    registry_.keep_slot(std::move(slot));
+          "accel::register_for_checkpointing: every object needs save(OutputArchive&) const and load(InputArchive&) "
+          "members (or is a LibTorch LR scheduler) to be checkpointed; give these those members:" +
+          invalid);
+    for (auto& slot : slots) registry_.keep_slot(std::move(slot));
   }
 
   /// Saves the training state to `directory`, atomically (written beside it, then renamed into place; an earlier
   /// checkpoint there is replaced only once the new one is complete): every prepared model's weights
   /// (`model.safetensors`, `model_1.safetensors`, ...), optimizer (`optimizer.bin`, ...), scheduler
   /// (`scheduler.bin`, ...) and registered object (`custom_checkpoint.bin`, ...) from the main process, and from
-  /// every process its RNG state, fp16 loss scale and data positions (`random_states_{rank}.bin`). A collective.
-  void save_state(const std::filesystem::path& directory) {
-    detail::save_state(directory, parallel_, registry_, precision_, accumulation_, parallel_, schedule_);
+  /// every process its RNG state, fp16 loss scale and data positions (`random_states_{rank}.bin`). The save_state
+  /// pre-hooks run first. A collective. With `{.safe_serialization = false}` the model files are Accelerate's
+  /// `pytorch_model.bin`, `pytorch_model_1.bin`, ... (pickled dicts of tensors) instead.
+  void save_state(const std::filesystem::path& directory, save_options how = {}) {
+    detail::save_state(directory, how.safe_serialization, parallel_, registry_, checkpoints_, precision_, accumulation_,
+                       parallel_, schedule_);
   }
 
   /// `save_state` into the project's next automatic checkpoint (`options::project`):
-  /// `{project_dir}/checkpoints/checkpoint_{i}`, removing the oldest beyond `total_limit` first. Returns the
-  /// directory written.
-  std::filesystem::path save_state() {
-    return detail::save_numbered_state(options_.project, parallel_, registry_, precision_, accumulation_, parallel_,
-                                       schedule_);
+  /// `{project_dir}/checkpoints/checkpoint_{save_iteration()}`, then removes the oldest beyond `total_limit`.
+  /// Returns the directory written.
+  std::filesystem::path save_state(save_options how = {}) {
+    return detail::save_numbered_state(checkpoints_, how.safe_serialization, parallel_, registry_, precision_,
+                                       accumulation_, parallel_, schedule_);
+  }
+  /// The number of the checkpoint the next `save_state()` writes (Accelerate's `save_iteration`).
+  [[nodiscard]] std::int64_t save_iteration() const { return detail::next_checkpoint_number(checkpoints_); }
+  /// Makes the next `save_state()` write `checkpoint_{next}`, and the saves after it count up from there.
+  void set_save_iteration(std::int64_t next) {
+    detail::checkpoint_settings::check_checkpoint_number(next, "accel::set_save_iteration");
+    checkpoints_.next_number = next;
+  }
+  /// Registers `hook` to run on every process at the start of each `save_state`, after the hooks registered before it
+  /// (Accelerate's `register_save_state_pre_hook`; `save_state_pre_hook` says what it gets). `remove()` on the handle
+  /// unregisters it.
+  removable_handle register_save_state_pre_hook(save_state_pre_hook hook) {
+    return checkpoints_.save_hooks.add(std::move(hook), "accel::register_save_state_pre_hook");
+  }
+  /// The same for `load_state` (`load_state_pre_hook`).
+  removable_handle register_load_state_pre_hook(load_state_pre_hook hook) {
+    return checkpoints_.load_hooks.add(std::move(hook), "accel::register_load_state_pre_hook");
   }
   /// `load_state` from the project's newest complete automatic checkpoint.
-  void load_state() { load_state(detail::newest_checkpoint(options_.project)); }
+  void load_state(std::optional<accel::map_location> where = std::nullopt) {
+    load_state(detail::newest_checkpoint(options_.project), where);
+  }
 
-  /// Restores what `save_state` wrote into the prepared objects. Everything is read and checked first (the files,
-  /// the number of each kind of object, every weight's name, shape and dtype); a problem throws
-  /// `accel::checkpoint_error` before anything changes. A checkpoint written by another number of processes loads
-  /// too (docs/checkpoint-format.md says what each process gets).
-  void load_state(const std::filesystem::path& directory) {
-    detail::load_state(directory, parallel_, registry_, precision_, accumulation_, parallel_, schedule_);
+  /// Restores what `save_state` wrote into the prepared objects. The load_state pre-hooks run first; then everything
+  /// is read and checked (the files, the number of each kind of object, every weight's name, shape and dtype); a
+  /// problem throws `accel::checkpoint_error` before anything changes. A checkpoint written by another number of
+  /// processes loads too (docs/checkpoint-format.md says what each process gets). `where` the optimizers' state is
+  /// read to (Accelerate's `map_location`; by default `on_device` with several processes on devices of their own,
+  /// else `cpu`); it ends on its parameters' devices either way.
+  void load_state(const std::filesystem::path& directory, std::optional<accel::map_location> where = std::nullopt) {
+    detail::load_state(directory, where, parallel_, registry_, checkpoints_, precision_, accumulation_, parallel_,
+                       schedule_);
     resumed_from_ = directory;
   }
   /// The checkpoint this run last loaded (by `load_state` or `options::project.resume`); empty when none.
@@ -408,6 +477,57 @@ class accelerator {
   template <class Model>
   [[nodiscard]] auto trigger_sync_in_backward(const Model& model) {
     return gradient_sync_scope(model, true, /*this_backward=*/true);
+  }
+
+  /// Training (or evaluating) on inputs that do not divide evenly between the processes (Accelerate's
+  /// `join_uneven_inputs`, over PyTorch's `Join` and DDP's join hook). Keep the returned scope alive around the loop:
+  ///
+  ///     { auto join = acc.join_uneven_inputs({.even_batches = false}, model);
+  ///       for (auto&& [x, y] : batches) { ... } }  // a process that ran out of batches waits for the others here
+  ///
+  /// `join.even_batches` overrides `options::even_batches` for the prepared ranges' passes begun in the scope (a
+  /// stream, or batches dispatched from process 0, cannot: a warning says so), restored when it ends. When the
+  /// resulting even_batches is false, the join is active: each forward of a joined model with gradients enabled
+  /// tells the other processes this one still trains, and a process whose loop has ended shadows their all-reduces
+  /// (with zero gradients: a step's gradients are the sum over the processes still training divided by
+  /// `num_processes()`, DDP's `divide_by_initial_world_size`) until every process's has. Then every process takes
+  /// the joined models' parameters and buffers, the optimizers', schedulers' and registered objects' state and the
+  /// policies' state (micro-step count, fp16 scale, steps taken) from the last process to finish, so that all go on
+  /// from one state (PyTorch syncs only the model). Inside the scope, every forward of a joined model with gradients
+  /// enabled must be followed by its backward, and collectives other than the joined models' backward (gather,
+  /// save_state...) would wait for the processes that have stopped. data_parallel only; with one process, nothing.
+  template <class... Models>
+  [[nodiscard]] auto join_uneven_inputs(join_options join, const Models&... models) {
+    static_assert(sizeof...(Models) > 0, "accel::accelerator::join_uneven_inputs takes the prepared models to join");
+    if constexpr (detail::always_one_process<Parallel>) {
+      return detail::no_scope{};
+    } else {
+      static_assert(
+          requires(Parallel& parallel) { parallel.finish_join(); },
+          "accel::accelerator::join_uneven_inputs works with data_parallel: zero1, zero2 and fully_sharded "
+          "also communicate around each optimizer step, which a process that ran out of data cannot "
+          "follow; keep even_batches (the default) with them");
+      std::vector<std::pair<std::shared_ptr<detail::even_batches_switch>, bool>> overridden;
+      if (num_processes() > 1 && join.even_batches) overridden = override_even_batches(*join.even_batches);
+      const bool active = num_processes() > 1 && !join.even_batches.value_or(options_.even_batches);
+      if (active) parallel_.begin_join({&detail::module_of(models)...});
+      const auto restore = [overridden] {
+        for (const auto& [range, was] : overridden) range->set(was);
+      };
+      return detail::scope_end(
+          [this, restore, active] {
+            restore();
+            if (active) finish_join();
+          },
+          [this, restore, active]() noexcept {
+            restore();
+            if (active) parallel_.abandon_join();
+          });
+    }
+  }
+  template <class... Models>
+  [[nodiscard]] auto join_uneven_inputs(const Models&... models) {
+    return join_uneven_inputs(join_options{}, models...);
   }
 
   /// The main process runs the scope first, the others once it is done (downloading or preprocessing once).
@@ -496,6 +616,30 @@ class accelerator {
     if (schedule_.batch_done(range)) save_state();
   }
 
+  /// join_uneven_inputs' override of even_batches on every prepared range that can take it; each one's value before.
+  std::vector<std::pair<std::shared_ptr<detail::even_batches_switch>, bool>> override_even_batches(bool even) {
+    std::vector<std::pair<std::shared_ptr<detail::even_batches_switch>, bool>> overridden;
+    bool unswitchable = false;
+    for (auto& range : registry_.ranges()) {
+      if (!range->set) {
+        unswitchable = true;
+        continue;
+      }
+      overridden.emplace_back(range, range->get());
+      range->set(even);
+    }
+    if (unswitchable && is_main_process())
+      std::cerr << "accel::join_uneven_inputs: even_batches is overridden only for ranges whose batches every "
+                   "process reads (data loaders, ranges of batches); streams and dispatched batches keep theirs\n";
+    return overridden;
+  }
+  /// The end of join_uneven_inputs on this process: shadow the others until all are done, then every process takes
+  /// the last one's training state.
+  void finish_join() {
+    const int last = parallel_.finish_join();
+    detail::share_training_state(parallel_, registry_, last, precision_, accumulation_, schedule_);
+  }
+
   template <class Model>
   auto gradient_sync_scope(const Model& model, bool enabled, bool this_backward) {
     const auto& module = detail::module_of(model);
@@ -511,7 +655,7 @@ class accelerator {
     static_assert(!detail::is_prepared<type>,
                   "accel::accelerator::prepare(): this object is already prepared; use the prepared object as it is");
     if constexpr (model_like<type>) {
-      return prepare_model(type(std::forward<Object>(object)));
+      return wrap_model(type(std::forward<Object>(object)), {});
     } else if constexpr (optimizer_like<Object>) {
       parallel_.prepare_optimizer(object);
       return prepared_optimizer<Object, accelerator>(std::forward<Object>(object), *this);
@@ -568,7 +712,7 @@ class accelerator {
   /// The broadcast that carries process 0's batches to every process under dispatch_batches.
   template <class Batch>
   std::shared_ptr<detail::batch_channel<Batch>> dispatch_channel() {
-    if constexpr (detail::ivalue_batch<Batch>) {
+    if constexpr (detail::ivalue_holds<Batch>) {
       static_assert(std::is_lvalue_reference_v<decltype(parallel_.communicator())>,
                     "the channel keeps the communicator: it must outlive the prepared range");
       auto& comm = parallel_.communicator();
@@ -588,10 +732,12 @@ class accelerator {
   }
 
   template <class Model>
-  prepared_model<Model, accelerator> prepare_model(Model model) {
-    if (options_.device_placement) model->to(device());  // in place: the parameters keep their identity
+  prepared_model<Model, accelerator> wrap_model(Model model, const model_options& how) {
+    if (how.device_placement.value_or(options_.device_placement))
+      model->to(device());  // in place: the parameters keep their identity
     precision_.prepare_model(*model);
-    parallel_.prepare_model(*model);  // before registering: a model the processes disagree on is refused
+    if (!how.evaluation_mode)
+      parallel_.prepare_model(*model);  // before registering: a model the processes disagree on is refused
     registry_.add_model(detail::module_shared(model));
     return {std::move(model), *this};
   }
@@ -602,6 +748,7 @@ class accelerator {
   accel::options options_;
   accel::gradient_state gradient_state_;
   detail::checkpoint_schedule schedule_;
+  detail::checkpoint_settings checkpoints_;  // its project options, pre-hooks and next automatic number
   std::optional<std::filesystem::path> resumed_from_;
   bool trigger_ = false;
   detail::prepared_registry registry_;

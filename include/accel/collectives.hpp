@@ -14,6 +14,7 @@
 #include <torch/data/example.h>
 
 #include "detail/batch_channel.hpp"
+#include "detail/ivalue_form.hpp"
 #include "detail/tensor_structure.hpp"
 #include "detail/text.hpp"
 
@@ -216,19 +217,31 @@ std::vector<char> broadcast_bytes(C& comm, const std::vector<char>& bytes, int f
   return {data, data + n};
 }
 
+/// `value` pickled (ivalue_form.hpp), and back.
+template <ivalue_holds T>
+std::vector<char> pickled(const T& value) {
+  return torch::jit::pickle_save(ivalue_form<T>::to(value));
+}
+template <ivalue_holds T>
+T unpickled(const std::vector<char>& bytes) {
+  return ivalue_form<T>::from(torch::jit::pickle_load(bytes));
+}
+
 template <communicator C, class T>
 void broadcast_object_list(C& comm, std::vector<T>& objects, int from_process) {
-  static_assert(std::is_constructible_v<c10::IValue, const std::vector<T>&>,
-                "accel::broadcast_object_list takes values a c10::IValue holds: integers, doubles, bools, strings, "
-                "tensors and vectors/tuples of them");
+  static_assert(ivalue_holds<T>,
+                "accel::broadcast_object_list takes values a c10::IValue holds (numbers, bools, strings, tensors, and "
+                "std::vector/std::pair/std::tuple/std::map<std::string, ...> of them) or types with "
+                "save(torch::serialize::OutputArchive&) const, load(torch::serialize::InputArchive&) and a default "
+                "constructor");
   if (from_process < 0 || from_process >= comm.size())
     throw std::out_of_range("accel::broadcast_object_list: from_process " + std::to_string(from_process) +
                             " is not a process of this job (0 to " + std::to_string(comm.size() - 1) + ")");
   if (comm.size() == 1) return;
   std::vector<char> bytes;
-  if (comm.rank() == from_process) bytes = torch::jit::pickle_save(c10::IValue(objects));
+  if (comm.rank() == from_process) bytes = pickled(objects);
   bytes = broadcast_bytes(comm, bytes, from_process);
-  if (comm.rank() != from_process) objects = torch::jit::pickle_load(bytes).template to<std::vector<T>>();
+  if (comm.rank() != from_process) objects = unpickled<std::vector<T>>(bytes);
 }
 
 template <communicator C, class T>
@@ -257,18 +270,19 @@ template <class T>
 inline constexpr bool is_vector<std::vector<T>> = true;
 
 /// Every process's `value`, in process order; a `std::vector` is flattened one level (Accelerate's
-/// `gather_object([r])` gives `[0, 1, ...]`). Values travel pickled, as `c10::IValue`s.
+/// `gather_object([r])` gives `[0, 1, ...]`). Values travel pickled (ivalue_form.hpp).
 template <communicator C, class T>
 auto gather_object(C& comm, const T& value) {
-  static_assert(std::is_constructible_v<c10::IValue, const T&>,
-                "accel::gather_object takes values a c10::IValue holds: integers, doubles, bools, strings, tensors "
-                "and vectors/tuples of them");
+  static_assert(ivalue_holds<T>,
+                "accel::gather_object takes values a c10::IValue holds (numbers, bools, strings, tensors, and "
+                "std::vector/std::pair/std::tuple/std::map<std::string, ...> of them) or types with "
+                "save(torch::serialize::OutputArchive&) const, load(torch::serialize::InputArchive&) and a default "
+                "constructor");
   std::vector<T> per_process;
   if (comm.size() == 1) {
     per_process.push_back(value);
   } else {
-    for (const auto& bytes : all_gather_bytes(comm, torch::jit::pickle_save(c10::IValue(value))))
-      per_process.push_back(torch::jit::pickle_load(bytes).template to<T>());
+    for (const auto& bytes : all_gather_bytes(comm, pickled(value))) per_process.push_back(unpickled<T>(bytes));
   }
   if constexpr (is_vector<T>) {
     T flat;
@@ -281,57 +295,31 @@ auto gather_object(C& comm, const T& value) {
 
 /// `gather`, then only the first `keep` samples (all when `keep` <= 0): Accelerate's `gather_for_metrics`, which
 /// drops what even_batches duplicated on the last batch. Tensors (nested or not) are gathered; a `std::vector` of
-/// other values goes through `gather_object`.
+/// other values, or of any values with `use_gather_object` (tensors whose shapes differ between samples, say), goes
+/// through `gather_object`: every process's elements, one sample each.
 template <communicator C, class Data>
-Data gather_for_metrics(C& comm, const Data& data, std::int64_t keep) {
+Data gather_for_metrics(C& comm, const Data& data, std::int64_t keep, bool use_gather_object = false) {
   if constexpr (is_tensor_structure<Data>) {
-    auto gathered = gather(comm, data);
-    if (keep <= 0) return gathered;
-    auto truncate = [keep](const at::Tensor& t) { return t.narrow(0, 0, std::min(keep, t.size(0))); };
-    return map_tensors(gathered, truncate);
-  } else {
-    static_assert(is_vector<Data>, "accel::gather_for_metrics takes tensors, or a std::vector of values");
+    if (!use_gather_object) {
+      auto gathered = gather(comm, data);
+      if (keep <= 0) return gathered;
+      auto truncate = [keep](const at::Tensor& t) { return t.narrow(0, 0, std::min(keep, t.size(0))); };
+      return map_tensors(gathered, truncate);
+    }
+  }
+  if constexpr (is_vector<Data>) {
     auto gathered = gather_object(comm, data);
     if (keep > 0 && static_cast<std::int64_t>(gathered.size()) > keep) gathered.resize(static_cast<std::size_t>(keep));
     return gathered;
+  } else if constexpr (is_tensor_structure<Data>) {
+    throw std::invalid_argument(
+        "accel::gather_for_metrics: use_gather_object gathers a std::vector of samples (a std::vector<at::Tensor> of "
+        "tensors whose shapes differ, say); this data is tensors that are not in a std::vector: gather them without "
+        "use_gather_object, or pass the samples as a std::vector");
+  } else {
+    static_assert(is_vector<Data>, "accel::gather_for_metrics takes tensors, or a std::vector of values");
   }
 }
-
-/// How a dispatched batch travels: pickled as a `c10::IValue` (tensors, numbers, strings, and vectors and tuples
-/// of them); pairs and Examples as tuples.
-template <class T>
-struct ivalue_form {
-  static c10::IValue to(const T& value) { return c10::IValue(value); }
-  static T from(const c10::IValue& value) { return value.to<T>(); }
-};
-template <class A, class B>
-struct ivalue_form<std::pair<A, B>> {
-  static c10::IValue to(const std::pair<A, B>& value) {
-    return c10::ivalue::Tuple::create({ivalue_form<A>::to(value.first), ivalue_form<B>::to(value.second)});
-  }
-  static std::pair<A, B> from(const c10::IValue& value) {
-    const auto& elements = value.toTupleRef().elements();
-    return {ivalue_form<A>::from(elements[0]), ivalue_form<B>::from(elements[1])};
-  }
-};
-template <class Data, class Target>
-struct ivalue_form<torch::data::Example<Data, Target>> {
-  static c10::IValue to(const torch::data::Example<Data, Target>& value) {
-    return c10::ivalue::Tuple::create({ivalue_form<Data>::to(value.data), ivalue_form<Target>::to(value.target)});
-  }
-  static torch::data::Example<Data, Target> from(const c10::IValue& value) {
-    const auto& elements = value.toTupleRef().elements();
-    return {ivalue_form<Data>::from(elements[0]), ivalue_form<Target>::from(elements[1])};
-  }
-};
-template <class T>
-inline constexpr bool ivalue_holds = std::is_constructible_v<c10::IValue, const T&>;
-template <class A, class B>
-inline constexpr bool ivalue_holds<std::pair<A, B>> = ivalue_holds<A> && ivalue_holds<B>;
-template <class Data, class Target>
-inline constexpr bool ivalue_holds<torch::data::Example<Data, Target>> = ivalue_holds<Data> && ivalue_holds<Target>;
-template <class T>
-concept ivalue_batch = ivalue_holds<T>;
 
 /// `options::dispatch_batches`' channel: process 0's batch (or the end) broadcast to every process, pickled.
 template <communicator C, class Batch>
@@ -341,11 +329,11 @@ class broadcast_channel final : public batch_channel<Batch> {
   std::optional<Batch> from_main(std::optional<Batch> batch) override {
     const bool main = comm_->rank() == 0;
     std::vector<char> bytes;  // empty: the input has ended (a pickle is never empty)
-    if (main && batch) bytes = torch::jit::pickle_save(ivalue_form<Batch>::to(*batch));
+    if (main && batch) bytes = pickled(*batch);
     bytes = broadcast_bytes(*comm_, bytes, 0);
     if (bytes.empty()) return std::nullopt;
     if (main) return batch;
-    return ivalue_form<Batch>::from(torch::jit::pickle_load(bytes));
+    return unpickled<Batch>(bytes);
   }
 
  private:

@@ -593,6 +593,8 @@ class sharded_loader {
   /// See `shard_view::skip_input_batches` (the index batches passed over are never loaded).
   void skip_input_batches(std::size_t n) const noexcept { skip_input_ = n; }
   [[nodiscard]] const shard_options& options() const noexcept { return options_; }
+  /// See `shard_view::set_even_batches`.
+  void set_even_batches(bool even) noexcept { options_.even_batches = even; }
   /// This process's number of batches in a pass.
   [[nodiscard]] std::size_t size() const {
     return index_shards(std::vector<std::vector<std::int64_t>>(loader_.get().size()), options_).size();

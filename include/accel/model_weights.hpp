@@ -24,6 +24,7 @@
 #include "checkpoint_error.hpp"
 #include "detail/atomic_file.hpp"
 #include "detail/json.hpp"
+#include "detail/text.hpp"
 #include "safetensors.hpp"
 
 namespace accel {
@@ -115,18 +116,35 @@ safetensors::tensor_list named_tensors(const Named& named) {
   return list;
 }
 
-/// `tensors` written to `path` atomically: safetensors, or a pickled dict of CPU tensors (`torch::jit::pickle_load`
-/// here; Python's `torch.load(path, weights_only=False)`).
-inline void save_tensors(const safetensors::tensor_list& tensors, const std::filesystem::path& path,
-                         bool safe_serialization) {
-  if (safe_serialization) {
-    safetensors::save(path, tensors);
-    return;
-  }
+/// `tensors` written to `path` atomically: safetensors, or a pickled dict of CPU tensors (`unpickle_tensors`
+/// here; Python's `torch.load(path, weights_only=False)`). Returns the file's size and checksum.
+inline written_file save_tensors(const safetensors::tensor_list& tensors, const std::filesystem::path& path,
+                                 bool safe_serialization) {
+  if (safe_serialization) return safetensors::save(path, tensors);
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, tensor] : tensors) dict.insert(name, tensor.detach().to(at::kCPU));
   const auto bytes = torch::jit::pickle_save(c10::IValue(dict));
-  write_atomically<checkpoint_error>(path, [&](auto& out) { out.write(bytes.data(), bytes.size()); });
+  return write_atomically<checkpoint_error>(path, [&](auto& out) { out.write(bytes.data(), bytes.size()); });
+}
+
+/// The named tensors of a pickled dict that `save_tensors` wrote (in its order), from the bytes of `file`.
+inline safetensors::tensor_list unpickle_tensors(const std::string& bytes, const std::string& file) {
+  const auto refuse = [&file](const std::string& why) {
+    return checkpoint_error(file + " is not a pickled dict of named tensors (" + why + ")");
+  };
+  c10::IValue value;
+  try {
+    value = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const std::exception& e) {
+    throw refuse(first_line(e.what()));
+  }
+  if (!value.isGenericDict()) throw refuse("it holds a " + value.tagKind());
+  safetensors::tensor_list tensors;
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isString() || !entry.value().isTensor()) throw refuse("an entry is not a string and a tensor");
+    tensors.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
+  }
+  return tensors;
 }
 }  // namespace detail
 

@@ -21,6 +21,59 @@ struct bucket_options {
   double bucket_cap_mb = 25.0;
 };
 
+/// What a gradient communication hook does to each bucket before (or instead of) its all-reduce (Accelerate's
+/// `DDPCommunicationHookType`, PyTorch's DDP comm hooks).
+enum class comm_hook {
+  /// The bucket is all-reduced as it is.
+  none,
+  /// Cast to float16 (bfloat16) for the all-reduce and back: half the bytes (`fp16_compress_hook`,
+  /// `bf16_compress_hook`).
+  fp16,
+  bf16,
+  /// PowerSGD (`powerSGD_hook`): each gradient matrix sent as a low-rank approximation, with error feedback.
+  power_sgd,
+  /// PowerSGD of the whole bucket as one square matrix (`batched_powerSGD_hook`): faster, usually less accurate
+  /// unless the rank is 1.
+  batched_power_sgd,
+};
+/// A cast around another hook (Accelerate's `DDPCommunicationHookType` for `comm_wrapper`: PyTorch's
+/// `fp16_compress_wrapper`, `bf16_compress_wrapper`): the hook runs on the bucket cast to that type. Without a hook
+/// it wraps the plain all-reduce (PyTorch's `fp16_compress_wrapper(allreduce_hook)`, the same as the fp16 hook),
+/// where Accelerate ignores it.
+enum class comm_wrapper { none, fp16, bf16 };
+
+/// PowerSGD's settings (PyTorch's `PowerSGDState`, same defaults; Accelerate's `comm_state_option`).
+struct power_sgd_options {
+  /// The rank of the approximation of each gradient matrix.
+  int matrix_approximation_rank = 1;
+  /// Synchronised backward passes all-reduced plainly before compression starts (PyTorch's `start_powerSGD_iter`;
+  /// at least 2 with error feedback or warm start).
+  int start_power_sgd_iter = 1000;
+  /// A matrix is compressed only when that saves at least this factor of its elements.
+  double min_compression_rate = 2.0;
+  /// Add the previous step's approximation error to the gradient before compressing it.
+  bool use_error_feedback = true;
+  /// Start each step's power iteration from the last step's Q instead of a random one.
+  bool warm_start = true;
+  /// Added to the norm when orthogonalising (0: none).
+  double orthogonalization_epsilon = 0.0;
+  /// Seeds the random Q matrices (the same on every process): NumPy's `RandomState(random_seed)`, below 2^32.
+  std::uint64_t random_seed = 0;
+  /// Compress the matrices of the same shape in a bucket together, as one batch (more parallel, more memory).
+  bool batch_tensors_with_same_shape = false;
+};
+
+/// How `data_parallel` communicates gradient buckets (Accelerate's `DistributedDataParallelKwargs` `comm_hook`,
+/// `comm_wrapper` and `comm_state_option`).
+struct comm_hook_options {
+  /// What each bucket's reduction does (`comm_hook`).
+  accel::comm_hook hook = accel::comm_hook::none;
+  /// The cast around it (`comm_wrapper`).
+  accel::comm_wrapper wrapper = accel::comm_wrapper::none;
+  /// PowerSGD's settings, read by the two PowerSGD hooks only (`comm_state_option`).
+  power_sgd_options power_sgd = {};
+};
+
 /// What `save_state` writes under a sharded policy (Accelerate's FSDP `state_dict_type`).
 enum class state_dict_type {
   /// The full weights and the whole optimizer state, gathered: the same files as `data_parallel`'s.
@@ -79,6 +132,40 @@ struct project_options {
   /// prepared range moves on from it): how much work a failure can cost. Counted over the whole run, a resumed
   /// one included (the count is in the checkpoint).
   std::int64_t save_every_steps = 0;
+  /// The number of the next automatic checkpoint (Accelerate's `ProjectConfiguration.iteration`): when set,
+  /// `save_state()` writes `checkpoint_{iteration}` and counts up from there, refusing a directory that exists.
+  /// Unset, the next is numbered after the highest `checkpoint_{i}` there is. After `load_state` of `checkpoint_{k}`,
+  /// the next is k + 1 either way.
+  std::optional<std::int64_t> iteration = std::nullopt;
+  /// Each machine's local main process writes the checkpoint's shared files (models, optimizers, schedulers...) into
+  /// the directory on its own disk, instead of the main process alone (Accelerate's `save_on_each_node`): for
+  /// machines that share no file system. Every process writes its own `random_states_{rank}.bin` either way.
+  bool save_on_each_node = false;
+};
+
+/// `accelerator::save_state`'s options (Accelerate's `save_state` arguments).
+struct save_options {
+  /// The model files as safetensors (`model.safetensors`); false: Accelerate's pickled `pytorch_model.bin` (a dict
+  /// of tensors: `torch.load(path, weights_only=False)` in Python). The sharded format's shards are safetensors.
+  bool safe_serialization = true;
+};
+
+/// `accelerator::prepare_model`'s options (Accelerate's `prepare_model` arguments).
+struct model_options {
+  /// Move the model to `device()`; empty: `options::device_placement`.
+  std::optional<bool> device_placement = std::nullopt;
+  /// A model used only for inference: placed (and autocast by the precision policy) but not given to the parallel
+  /// policy: no broadcast of process 0's weights, no gradient synchronisation, no sharding. Its weights are still
+  /// saved by `save_state`.
+  bool evaluation_mode = false;
+};
+
+/// `accelerator::join_uneven_inputs`' options.
+struct join_options {
+  /// Overrides `options::even_batches` for the prepared ranges' passes begun within the scope (restored after);
+  /// empty: as the accelerator's. Join is active (processes that run out of data shadow the others) when it is
+  /// false.
+  std::optional<bool> even_batches = std::nullopt;
 };
 
 /// The experiment trackers built into accel (see accel/tracking.hpp), for `options::log_with`.
@@ -97,6 +184,8 @@ struct options {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   /// Gradient bucketing of `data_parallel` (Accelerate's `DistributedDataParallelKwargs`).
   bucket_options buckets = {};
+  /// Gradient compression of `data_parallel`'s buckets (fp16, bf16, PowerSGD).
+  comm_hook_options comm_hook = {};
   /// What `fully_sharded` does with the parameters of its shard units (accel/shard_unit.hpp).
   sharding_options sharding = {};
   /// Loss scaling of `accel::fp16`.

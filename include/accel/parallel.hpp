@@ -33,7 +33,9 @@
 #include "detail/compat.hpp"
 #include "detail/diagnostics.hpp"
 #include "detail/gloo_communicator.hpp"
+#include "detail/process_barrier.hpp"
 #include "detail/reducer.hpp"
+#include "detail/uneven_join.hpp"
 #include "launch.hpp"
 #include "options.hpp"
 #ifdef ACCEL_WITH_NCCL
@@ -180,10 +182,15 @@ concept always_one_process = requires { requires std::integral_constant<int, Q::
 
 /// The process group, created by the first data-parallel accelerator of the process and shared by every later
 /// one, as Accelerate's PartialState and PyTorch's default group are. Never destroyed: its threads and sockets
-/// would otherwise be torn down during static destruction, in no particular order with what they use.
+/// would otherwise be torn down during static destruction, in no particular order with what they use. It registers
+/// its barrier as the job's (detail/process_barrier.hpp), for the logger's `in_order`.
 template <class Communicator>
 Communicator& process_group(std::chrono::milliseconds timeout) {
-  static Communicator* const group = new Communicator(read_process_environment(), timeout);
+  static Communicator* const group = [&] {
+    auto* created = new Communicator(read_process_environment(), timeout);
+    register_process_barrier([created] { created->barrier(); });
+    return created;
+  }();
   return *group;
 }
 
@@ -223,7 +230,16 @@ struct bucketed_data_parallel : parallel_defaults {
   explicit bucketed_data_parallel(const options& opts)
       : communicator_(&process_group<communicator_type>(checked_timeout(opts.timeout))),
         device_(Backend::device(communicator_->environment())),
-        buckets_(opts.buckets) {}
+        buckets_(opts.buckets),
+        comm_hook_(opts.comm_hook) {
+    if (Layout == gradient_layout::sharded &&
+        (comm_hook_.hook != comm_hook::none || comm_hook_.wrapper != comm_wrapper::none))
+      throw std::invalid_argument(
+          "accel: options::comm_hook compresses the all-reduce of data_parallel and zero1; zero2 and fully_sharded "
+          "reduce-scatter their gradient buckets, which no hook applies to: leave options::comm_hook at its default");
+    // On one process too, where no reducer (and so no hook) is made.
+    check_comm_hook_options(comm_hook_, Backend::name == std::string_view("gloo"));
+  }
 
   [[nodiscard]] const c10::Device& device() const noexcept { return device_; }
   [[nodiscard]] int process_index() const noexcept { return communicator_->rank(); }
@@ -238,7 +254,8 @@ struct bucketed_data_parallel : parallel_defaults {
     check_same_module(module, *communicator_);
     broadcast_module_state(module, *communicator_);
     if (num_processes() > 1)
-      reducers_[&module] = std::make_unique<reducer_type>(module, *communicator_, buckets_, group_of);
+      reducers_[&module] = std::make_unique<reducer_type>(module, *communicator_, buckets_, group_of,
+                                                          make_bucket_hook<communicator_type>(comm_hook_));
   }
   /// Whether backward through `module` all-reduces its gradients (no_sync and accumulation turn it off).
   [[nodiscard]] bool gradient_sync(const torch::nn::Module& module) const {
@@ -275,6 +292,7 @@ struct bucketed_data_parallel : parallel_defaults {
   communicator_type* communicator_;
   c10::Device device_;
   bucket_options buckets_;
+  comm_hook_options comm_hook_;
   std::map<const torch::nn::Module*, std::unique_ptr<reducer_type>> reducers_;
 };
 }  // namespace detail
@@ -285,8 +303,51 @@ struct bucketed_data_parallel : parallel_defaults {
 /// (`accel launch`, torchrun, mpirun, srun; see accel/launch.hpp); a program started alone is a world of one.
 template <class Backend>
 struct data_parallel : detail::bucketed_data_parallel<Backend, detail::gradient_layout::replicated> {
-  using detail::bucketed_data_parallel<Backend, detail::gradient_layout::replicated>::bucketed_data_parallel;
+  using base = detail::bucketed_data_parallel<Backend, detail::gradient_layout::replicated>;
+  using base::base;
   [[nodiscard]] static std::string name() { return "data_parallel<" + std::string(Backend::name) + ">"; }
+
+  /// Before each forward of a prepared model: during a join (join_uneven_inputs), a forward of a joined model with
+  /// gradients enabled first tells every process that this one is still training; then the reducer is armed.
+  void before_forward(const torch::nn::Module& module) {
+    auto* reducer = this->reducer_for(module);
+    if (reducer == nullptr) return;
+    int buffer_source = 0;
+    if (join_ && at::GradMode::is_enabled())
+      if (const auto m = join_->index_of(module); m >= 0)
+        buffer_source = join_->announce_forward(static_cast<std::size_t>(m), reducer->sync());
+    reducer->prepare_for_forward(buffer_source);
+  }
+
+  /// `join_uneven_inputs` starts (several processes): the forwards of `modules` (prepared models) announce
+  /// themselves from now on (detail/uneven_join.hpp).
+  void begin_join(const std::vector<const torch::nn::Module*>& modules) {
+    std::vector<std::pair<const torch::nn::Module*, typename base::reducer_type*>> joined;
+    for (const auto* module : modules) {
+      auto* reducer = this->reducer_for(*module);
+      if (reducer == nullptr)
+        throw std::invalid_argument(
+            "accel::join_uneven_inputs takes models that this accelerator prepared (their prepared form, or the "
+            "module handle given to prepare)");
+      joined.emplace_back(module, reducer);
+    }
+    join_ = std::make_unique<detail::uneven_join<typename base::communicator_type, typename base::reducer_type>>(
+        this->communicator(), std::move(joined));
+  }
+  /// `join_uneven_inputs` ends on this process, which has run out of data: it shadows the others until every
+  /// process has, then every process takes the joined models' parameters and buffers from the last to finish
+  /// (DDP's `_sync_final_model`). Returns that process. A collective.
+  int finish_join() {
+    const auto join = std::exchange(join_, nullptr);
+    const int last = join->shadow_until_all_joined();
+    for (const auto* module : join->modules()) detail::broadcast_module_state(*module, this->communicator(), last);
+    return last;
+  }
+  /// An exception left the scope: forget the join without communicating (the job is failing).
+  void abandon_join() noexcept { join_.reset(); }
+
+ private:
+  std::unique_ptr<detail::uneven_join<typename base::communicator_type, typename base::reducer_type>> join_;
 };
 
 }  // namespace accel

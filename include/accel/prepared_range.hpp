@@ -143,7 +143,8 @@ class prepared_range : detail::prepared_tag {
         accelerator_(&accelerator),
         device_(accelerator.device_placement() ? std::optional<c10::Device>(accelerator.device()) : std::nullopt),
         non_blocking_(accelerator.options().non_blocking),
-        registration_(detail::accelerator_access::register_state(accelerator, slot())) {}
+        registration_(detail::accelerator_access::register_state(accelerator, slot())),
+        range_registration_(detail::accelerator_access::register_range(accelerator, even_batches_control())) {}
 
   /// Starts a pass over the underlying range (a LibTorch loader starts a new epoch here). With
   /// `options::project.resume`, the first pass loads the newest checkpoint first.
@@ -241,6 +242,20 @@ class prepared_range : detail::prepared_tag {
     };
     return slot;
   }
+  /// What `join_uneven_inputs` switches: the sharing's even_batches, where the range behind shares whole or split
+  /// batches of an input it reads on every process (not a stream, not dispatched batches).
+  detail::even_batches_switch even_batches_control() {
+    auto* range = &range_.get();
+    if constexpr (requires { range->set_even_batches(true); }) {
+      if constexpr (requires { range->dispatching(); })
+        if (range->dispatching()) return {};
+      return {.get = [range] { return range->options().even_batches; },
+              .set = [range](bool even) { range->set_even_batches(even); }};
+    } else {
+      return {};
+    }
+  }
+
   /// The next pass resumes epoch `epoch` after `input_batches` batches of the input: whole batches of this process
   /// when they divide evenly (as an uninterrupted run under this number of processes would go on), else the rest
   /// of the input shared out afresh.
@@ -271,6 +286,7 @@ class prepared_range : detail::prepared_tag {
   bool non_blocking_;
   std::unique_ptr<pass_state> pass_ = std::make_unique<pass_state>();
   detail::registration registration_;
+  detail::registration range_registration_;
 };
 
 }  // namespace accel

@@ -501,6 +501,8 @@ class shard_view {
   }
 
   [[nodiscard]] const shard_options& options() const noexcept { return options_; }
+  /// From the next pass on, the last round is completed (true) or left uneven (`join_uneven_inputs`).
+  void set_even_batches(bool even) noexcept { options_.even_batches = even; }
   /// Samples in the whole input (every process's; after the batches `skip_input_batches` passed over), once a pass
   /// has read all of it; -1 before.
   [[nodiscard]] std::int64_t input_samples() const noexcept { return samples_; }

@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <ranges>
@@ -19,6 +21,7 @@
 #include <range/v3/view/chunk.hpp>
 #include <range/v3/view/enumerate.hpp>
 
+#include "json_reader.hpp"
 #include "support.hpp"
 #include "tensorboard_reader.hpp"
 #include "recording_tracker.hpp"
@@ -1181,4 +1184,487 @@ TEST_CASE("different models on different processes are refused at prepare, namin
   }
   auto same = torch::nn::Linear(2, 2);  // and the same model on every process still prepares
   CHECK_NOTHROW(acc.prepare(same));
+}
+
+namespace {
+/// The accelerator's collectives' communicator, counting its all-reduces: what local_sgd's averaging sends (the
+/// gradient reducer all-reduces on the process group directly, and counts its own).
+struct counting_communicator {
+  accel::data_parallel<accel::gloo>::communicator_type* group;
+  std::int64_t all_reduces = 0;
+  [[nodiscard]] int rank() const { return group->rank(); }
+  [[nodiscard]] int size() const { return group->size(); }
+  auto all_reduce(at::Tensor& tensor, accel::reduction op) {
+    ++all_reduces;
+    return group->all_reduce(tensor, op);
+  }
+  void broadcast(at::Tensor& tensor, int from) { group->broadcast(tensor, from); }
+  [[nodiscard]] std::vector<at::Tensor> all_gather(const at::Tensor& tensor) { return group->all_gather(tensor); }
+  auto all_gather_into(at::Tensor& output, at::Tensor& input) { return group->all_gather_into(output, input); }
+  auto reduce_scatter_into(at::Tensor& output, at::Tensor& input) { return group->reduce_scatter_into(output, input); }
+  void barrier() { group->barrier(); }
+};
+struct all_reduce_counting : accel::data_parallel<accel::gloo> {
+  explicit all_reduce_counting(const accel::options& opts)
+      : data_parallel(opts), counted{&data_parallel::communicator()} {}
+  [[nodiscard]] counting_communicator& communicator() noexcept { return counted; }
+  counting_communicator counted;
+};
+using counting_accelerator = accel::accelerator<accel::fp32, all_reduce_counting>;
+
+/// A model with parameters of two dtypes (float32 and float64): averaged in two flat all-reduces.
+struct two_dtypes_impl : torch::nn::Module {
+  two_dtypes_impl()
+      : fc(register_module("fc", torch::nn::Linear(3, 2))),
+        gain(register_parameter("gain", torch::tensor({1.0, 0.5}, torch::kDouble))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc(x) * gain.to(torch::kFloat); }
+  torch::nn::Linear fc;
+  torch::Tensor gain;
+};
+TORCH_MODULE_IMPL(two_dtypes, two_dtypes_impl);
+
+/// Process `q`'s batch at step `s` of local SGD: different on every process, known to all.
+std::pair<torch::Tensor, torch::Tensor> local_batch(int q, int s) {
+  torch::manual_seed(1000 * q + s);
+  auto x = torch::randn({4, 3});
+  return {x, torch::randn({4, 2})};
+}
+
+/// Every process's model trained alone, as each process would: local SGD done by hand.
+struct local_trajectories {
+  std::vector<two_dtypes> copies;
+  std::vector<std::unique_ptr<torch::optim::SGD>> optimizers;
+  local_trajectories(two_dtypes& start, int P) {
+    for (int q = 0; q < P; ++q) {
+      copies.emplace_back();
+      copy_parameters(*copies.back(), *start);
+      optimizers.push_back(std::make_unique<torch::optim::SGD>(copies.back()->parameters(), 0.1));
+    }
+  }
+  /// One SGD step of every copy on its own batch; returns process `r`'s gradients.
+  std::vector<torch::Tensor> step(int s, int r) {
+    std::vector<torch::Tensor> grads;
+    for (std::size_t q = 0; q < copies.size(); ++q) {
+      auto [x, y] = local_batch(static_cast<int>(q), s);
+      optimizers[q]->zero_grad();
+      torch::mse_loss(copies[q](x), y).backward();
+      if (static_cast<int>(q) == r) grads = gradients(*copies[q]);
+      optimizers[q]->step();
+    }
+    return grads;
+  }
+  /// Every copy replaced by the mean of all of them: the sum in process order, divided by their number.
+  void average() {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < copies[0]->parameters().size(); ++i) {
+      auto sum = copies[0]->parameters()[i].clone();
+      for (std::size_t q = 1; q < copies.size(); ++q) sum += copies[q]->parameters()[i];
+      const auto mean = sum / static_cast<std::int64_t>(copies.size());
+      for (auto& copy : copies) copy->parameters()[i].copy_(mean);
+    }
+  }
+  /// Every copy continues from `averaged` (what the processes hold after an averaging).
+  void continue_from(torch::nn::Module& averaged) {
+    for (auto& copy : copies) copy_parameters(*copy, averaged);
+  }
+};
+
+/// Whether every process holds these tensors, bit for bit.
+template <class Accelerator>
+bool same_on_every_process(Accelerator& acc, const std::vector<torch::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    const auto all = acc.gather(t.unsqueeze(0));
+    for (std::int64_t q = 0; q < all.size(0); ++q)
+      if (!torch::equal(all[q], t)) return false;
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("local_sgd: each process trains alone, its parameters are averaged every K steps and at the end",
+          "[local_sgd]") {
+  counting_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index(), K = 3;
+  torch::manual_seed(5);
+  two_dtypes net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = acc.prepare(net, sgd);
+  local_trajectories by_hand(net, P);
+  auto* reducer = acc.parallel().reducer_for(*net);
+  REQUIRE(reducer != nullptr);
+  // The mean of P float32 values: exact for 2 (one addition); for more, Gloo may add them in another order than the
+  // hand-made sum does, a few units in the last place apart.
+  const auto averaged_as_by_hand = [&](torch::nn::Module& m, torch::nn::Module& hand) {
+    return P == 2 ? all_equal(m.parameters(), hand.parameters()) : all_close(m.parameters(), hand.parameters(), 1e-6);
+  };
+  {
+    accel::local_sgd local(acc, model, K);
+    REQUIRE(local.enabled());
+    CHECK_FALSE(acc.parallel().gradient_sync(*net));  // the window: no gradient all-reduce
+    for (int s = 1; s <= 7; ++s) {
+      INFO("step " << s);
+      const auto expected_grads = by_hand.step(s, r);
+      auto [x, y] = local_batch(r, s);
+      acc.backward(torch::mse_loss(model(x), y));
+      CHECK(all_equal(gradients(*net), expected_grads));                  // this process's batch alone
+      CHECK_FALSE(same_on_every_process(acc, {net->fc->weight.grad()}));  // and so not the others'
+      optimizer.step();
+      optimizer.zero_grad();
+      local.step();
+      if (s % K == 0) {
+        by_hand.average();
+        CHECK(averaged_as_by_hand(*net, *by_hand.copies[r]));
+        CHECK(same_on_every_process(acc, net->parameters()));
+        by_hand.continue_from(*net);  // so that each local step below is checked bit for bit, whatever P
+      } else {
+        CHECK(all_equal(net->parameters(), by_hand.copies[r]->parameters()));  // local steps: no averaging
+      }
+      CHECK(reducer->all_reduce_count() == 0);
+      CHECK(acc.parallel().counted.all_reduces == 2 * (s / K));  // one per dtype per averaging
+    }
+    CHECK(local.num_steps() == 7);
+    local.finish();  // once more at the end of the scope, after step 7
+    by_hand.average();
+    CHECK(averaged_as_by_hand(*net, *by_hand.copies[r]));
+    CHECK(same_on_every_process(acc, net->parameters()));
+    CHECK(acc.parallel().counted.all_reduces == 2 * 3);
+    CHECK(acc.parallel().gradient_sync(*net));  // finish() gave the synchronisation back
+  }
+  // The next backward all-reduces every bucket again.
+  auto [x, y] = local_batch(r, 8);
+  acc.backward(torch::mse_loss(model(x), y));
+  CHECK(reducer->all_reduce_count() == reducer->bucket_layout().size());
+  CHECK(same_on_every_process(acc, gradients(*net)));
+}
+
+TEST_CASE(
+    "local_sgd: the scope's end averages once more; disabled, it only counts; left by an exception, it does "
+    "not average",
+    "[local_sgd]") {
+  counting_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  torch::manual_seed(6);
+  two_dtypes net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = acc.prepare(net, sgd);
+  auto* reducer = acc.parallel().reducer_for(*net);
+  const auto train = [&](auto& local, int s) {
+    auto [x, y] = local_batch(r, s);
+    acc.backward(torch::mse_loss(model(x), y));
+    optimizer.step();
+    optimizer.zero_grad();
+    local.step();
+  };
+  SECTION("the destructor averages, as Accelerate's __exit__") {
+    local_trajectories by_hand(net, P);
+    {
+      accel::local_sgd local(acc, model, 5);
+      for (int s = 1; s <= 2; ++s) {
+        by_hand.step(s, r);
+        train(local, s);
+      }
+      CHECK(acc.parallel().counted.all_reduces == 0);  // 2 steps of 5: not yet
+    }
+    by_hand.average();
+    CHECK((P == 2 ? all_equal(net->parameters(), by_hand.copies[r]->parameters())
+                  : all_close(net->parameters(), by_hand.copies[r]->parameters(), 1e-6)));
+    CHECK(same_on_every_process(acc, net->parameters()));
+    CHECK(acc.parallel().counted.all_reduces == 2);
+    CHECK(acc.parallel().gradient_sync(*net));
+    CHECK(reducer->all_reduce_count() == 0);
+  }
+  SECTION("disabled: gradients synchronised at every step, nothing averaged") {
+    accel::local_sgd local(acc, model, 1, /*enabled=*/false);
+    CHECK_FALSE(local.enabled());
+    for (int s = 1; s <= 3; ++s) train(local, s);
+    CHECK(local.num_steps() == 3);
+    local.finish();
+    CHECK(reducer->all_reduce_count() == 3 * reducer->bucket_layout().size());
+    CHECK(acc.parallel().counted.all_reduces == 0);
+    CHECK(same_on_every_process(acc, net->parameters()));  // data parallel training keeps them equal
+  }
+  SECTION("left by an exception: no averaging (the others may never come), synchronisation restored") {
+    try {
+      accel::local_sgd local(acc, model, 100);
+      train(local, 1);
+      throw std::runtime_error("the loop fails on every process");
+    } catch (const std::runtime_error&) {
+    }
+    CHECK(acc.parallel().counted.all_reduces == 0);
+    CHECK_FALSE(same_on_every_process(acc, net->parameters()));  // each process's own step, not averaged
+    CHECK(acc.parallel().gradient_sync(*net));
+  }
+}
+
+TEST_CASE(
+    "local_sgd::finish() throws when the averaging fails (a process never joins), and restores "
+    "synchronisation",
+    "[local_sgd_timeout]") {
+  gloo_accelerator acc(accel::options{.timeout = std::chrono::seconds(5)});
+  auto net = mlp(2, 4, 1);
+  auto model = acc.prepare(net);
+  if (acc.is_main_process()) {
+    accel::local_sgd local(acc, model, 4);
+    CHECK_FALSE(acc.parallel().gradient_sync(*net));
+    CHECK_THROWS_AS(local.finish(), accel::collective_error);
+    CHECK(acc.parallel().gradient_sync(*net));
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(8));  // never averages
+  }
+}
+
+TEST_CASE("local_sgd's destructor, unable to throw, names the failed averaging and ends the process",
+          "[local_sgd_abort]") {
+  // Run with PASS_REGULAR_EXPRESSION on the message (tests/CMakeLists.txt): the job fails, saying why.
+  gloo_accelerator acc(accel::options{.timeout = std::chrono::seconds(5)});
+  auto net = mlp(2, 4, 1);
+  auto model = acc.prepare(net);
+  if (acc.is_main_process()) {
+    accel::local_sgd local(acc, model, 4);
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(8));  // never averages
+  }
+}
+
+TEST_CASE(
+    "gather_object and broadcast_object_list: ints, unsigned 64-bit, floats, strings, structs with a serialiser, "
+    "ragged tensors",
+    "[collectives]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  // Integers an IValue does not hold as they are (it holds int64): converted there and back.
+  std::vector<int> ints;
+  for (int q = 0; q < P; ++q) ints.insert(ints.end(), {q, -q});
+  CHECK(acc.gather_object(std::vector<int>{r, -r}) == ints);
+  const auto largest = std::numeric_limits<std::uint64_t>::max();
+  const auto unsigned_values = acc.gather_object(largest - static_cast<std::uint64_t>(r));
+  for (int q = 0; q < P; ++q) CHECK(unsigned_values[q] == largest - static_cast<std::uint64_t>(q));
+  const auto floats = acc.gather_object(std::vector<float>{0.1f * static_cast<float>(r)});
+  for (int q = 0; q < P; ++q) CHECK(floats[q] == 0.1f * static_cast<float>(q));
+  const auto words = acc.gather_object(std::vector<std::string>(static_cast<std::size_t>(r), "w" + std::to_string(r)));
+  CHECK(words.size() == static_cast<std::size_t>(P * (P - 1) / 2));  // lengths differ: 0, 1, ... P - 1
+  CHECK((P < 3 || words.back() == "w" + std::to_string(P - 1)));
+  // A user's struct with save/load members, whose tensor's shape differs between processes.
+  const auto sample_of = [](int q) {
+    return scored_sample{"sample " + std::to_string(q), q, torch::arange(q + 1, torch::kFloat)};
+  };
+  const auto samples = acc.gather_object(sample_of(r));
+  REQUIRE(samples.size() == static_cast<std::size_t>(P));
+  for (int q = 0; q < P; ++q) CHECK(samples[q] == sample_of(q));
+  std::vector<scored_sample> broadcast{sample_of(r), sample_of(r)};
+  acc.broadcast_object_list(broadcast, P - 1);
+  CHECK(broadcast == std::vector<scored_sample>{sample_of(P - 1), sample_of(P - 1)});
+  std::vector<int> numbers(static_cast<std::size_t>(r + 1), r);
+  CHECK(acc.broadcast_object_list(numbers) == std::vector<int>{0});
+  // Tensors of different shapes, which gather cannot concatenate: one element each, in process order.
+  const auto ragged = acc.gather_object(std::vector<at::Tensor>{torch::full({r + 1}, r), torch::full({1, r + 2}, r)});
+  REQUIRE(ragged.size() == static_cast<std::size_t>(2 * P));
+  for (int q = 0; q < P; ++q) {
+    CHECK(torch::equal(ragged[2 * q], torch::full({q + 1}, q)));
+    CHECK(torch::equal(ragged[2 * q + 1], torch::full({1, q + 2}, q)));
+  }
+}
+
+namespace {
+/// Sample `i` of the ragged data set: `i % 3 + 1` elements, all `i`.
+at::Tensor ragged_sample(std::int64_t i) { return torch::full({i % 3 + 1}, i, torch::kLong); }
+
+/// The n samples made by `make`, in batches of b (the last one short).
+template <class Make>
+auto batches_of(std::int64_t n, std::int64_t b, Make make) {
+  std::vector<std::vector<decltype(make(std::int64_t{0}))>> batches;
+  for (std::int64_t start = 0; start < n; start += b) {
+    batches.emplace_back();
+    for (auto i = start; i < std::min(n, start + b); ++i) batches.back().push_back(make(i));
+  }
+  return batches;
+}
+}  // namespace
+
+TEST_CASE(
+    "gather_for_metrics of objects through even_batches padding: ragged tensors with use_gather_object, "
+    "structs, ints, every sample once",
+    "[data]") {
+  gloo_accelerator acc;
+  for (auto [n, b] : {std::pair<std::int64_t, std::int64_t>{10, 3}, {7, 2}, {13, 4}, {5, 4}, {24, 3}}) {
+    INFO("N " << n << " B " << b);
+    {  // per-sample tensors of different shapes: gather would need equal shapes
+      auto batches = acc.prepare(batches_of(n, b, ragged_sample));
+      std::vector<at::Tensor> seen;
+      for (auto&& batch : batches) {
+        auto gathered = acc.gather_for_metrics(batch, /*use_gather_object=*/true);
+        seen.insert(seen.end(), gathered.begin(), gathered.end());
+      }
+      REQUIRE(seen.size() == static_cast<std::size_t>(n));  // the duplicated tail dropped
+      for (std::int64_t i = 0; i < n; ++i) CHECK(torch::equal(seen[i], ragged_sample(i)));
+    }
+    {  // a user's struct with a serialiser (gather_object without asking: not tensors)
+      const auto sample_of = [](std::int64_t i) {
+        return scored_sample{"s" + std::to_string(i), i, torch::arange(i % 2 + 1)};
+      };
+      auto batches = acc.prepare(batches_of(n, b, sample_of));
+      std::vector<scored_sample> seen;
+      for (auto&& batch : batches) {
+        auto gathered = acc.gather_for_metrics(batch);
+        seen.insert(seen.end(), gathered.begin(), gathered.end());
+      }
+      REQUIRE(seen.size() == static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) CHECK(seen[i] == sample_of(i));
+    }
+    {  // ints: converted, every one once
+      auto batches = acc.prepare(batches_of(n, b, [](std::int64_t i) { return static_cast<int>(i); }));
+      std::vector<int> seen;
+      for (auto&& batch : batches) {
+        auto gathered = acc.gather_for_metrics(batch);
+        seen.insert(seen.end(), gathered.begin(), gathered.end());
+      }
+      std::vector<int> all(static_cast<std::size_t>(n));
+      std::iota(all.begin(), all.end(), 0);
+      CHECK(seen == all);
+    }
+  }
+}
+
+namespace {
+volatile void* escaped_allocation = nullptr;  // keeps an allocation's address, so that it cannot be optimised away
+
+/// A real failed allocation: 4 PiB, which LibTorch's CPU allocator refuses with a c10::Error.
+void allocate_too_much() {
+  auto tensor = torch::empty({1LL << 50});
+  escaped_allocation = tensor.data_ptr();
+}
+}  // namespace
+
+TEST_CASE("find_executable_batch_size: process 1 alone runs out above 50; every process steps down with it to 46",
+          "[memory_logging]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  REQUIRE(P >= 2);
+  std::vector<int> tried;
+  const auto sum = accel::find_executable_batch_size(
+      acc,
+      [&](int batch_size) {
+        tried.push_back(batch_size);
+        if (r == 1 && batch_size > 50) allocate_too_much();
+        return torch::ones({batch_size, 4}).sum().item<double>();  // the others' attempts succeed
+      },
+      128);
+  const std::vector<int> expected{128, 115, 103, 92, 82, 73, 65, 58, 52, 46};  // case J3's start
+  CHECK(tried == expected);
+  CHECK(sum == 46 * 4);
+  // The same on every process, as every process saw it.
+  const auto all_tried = acc.gather_object(tried);
+  REQUIRE(all_tried.size() == expected.size() * static_cast<std::size_t>(P));
+  for (int process = 0; process < P; ++process)
+    CHECK(std::vector<int>(all_tried.begin() + process * static_cast<std::ptrdiff_t>(expected.size()),
+                           all_tried.begin() + (process + 1) * static_cast<std::ptrdiff_t>(expected.size())) ==
+          expected);
+}
+
+TEST_CASE("find_executable_batch_size: an error other than out of memory on one process stops every process at once",
+          "[memory_logging]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  const int failing = P - 1;
+  std::vector<int> tried;
+  auto search = [&] {
+    return accel::find_executable_batch_size(
+        acc,
+        [&](int batch_size) {
+          tried.push_back(batch_size);
+          if (r == 0 && batch_size == 128) allocate_too_much();  // out of memory here, but P - 1's error decides
+          if (r == failing && batch_size == 128) throw std::domain_error("a label out of range");
+          return batch_size;
+        },
+        128);
+  };
+  if (r == failing)
+    CHECK_THROWS_MATCHES(search(), std::domain_error, Catch::Message("a label out of range"));
+  else
+    CHECK_THROWS_WITH(search(), Catch::Contains("process " + std::to_string(failing) + " failed at batch size 128") &&
+                                    Catch::Contains("other than running out of memory"));
+  CHECK(tried == std::vector<int>{128});
+  // The job goes on: every process left after the same collective.
+  CHECK(torch::equal(acc.reduce(torch::ones({2})), torch::full({2}, P)));
+}
+
+TEST_CASE("get_logger: in_order lines come out in process order; main_process_only writes once", "[memory_logging]") {
+  gloo_accelerator acc;  // the process group: the barrier in_order waits at
+  const int P = acc.num_processes(), r = acc.process_index();
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("accel_logging_" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
+  if (acc.is_main_process()) std::filesystem::remove(file);
+  acc.wait_for_everyone();
+  {
+    std::ofstream shared(file, std::ios::app);  // every process appends to the same file: its order is the writes'
+    auto log = accel::get_logger("order", accel::log_level::info);
+    log.set_stream(shared);
+    for (const auto* round : {"first", "second"}) {
+      // Process 0 starts late: only the barriers of in_order can still put its line first.
+      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      log.info(round, {.in_order = true});
+    }
+    log.info("once");
+    log.info("everywhere", {.main_process_only = false});
+    log.debug("below the level", {.main_process_only = false});
+  }
+  acc.wait_for_everyone();
+  std::ifstream read(file);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(read, line);) lines.push_back(line);
+  REQUIRE(lines.size() == static_cast<std::size_t>(3 * P + 1));
+  std::size_t at = 0;
+  for (const auto* round : {"first", "second"})
+    for (int process = 0; process < P; ++process)
+      CHECK(lines[at++] == "INFO:order:[RANK " + std::to_string(process) + "] " + round);
+  // The rest in any order: "once" from process 0 alone, "everywhere" from each process.
+  std::multiset<std::string> rest(lines.begin() + static_cast<std::ptrdiff_t>(at), lines.end());
+  std::multiset<std::string> expected{"INFO:order:[RANK 0] once"};
+  for (int process = 0; process < P; ++process)
+    expected.insert("INFO:order:[RANK " + std::to_string(process) + "] everywhere");
+  CHECK(rest == expected);
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove(file);
+}
+
+TEST_CASE("profile on P processes: each writes profile_{rank}.json with its own events, then waits", "[profile]") {
+  gloo_accelerator acc;
+  const int P = acc.num_processes(), r = acc.process_index();
+  REQUIRE(P >= 2);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("accel_profile_" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  acc.wait_for_everyone();
+  const auto pids = acc.gather(torch::tensor({static_cast<std::int64_t>(::getpid())}));
+  mlp net(4, 8, 2);
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  auto [model, opt] = acc.prepare(net, optimizer);
+  {
+    auto prof = acc.profile({.record_shapes = true, .output_trace_dir = dir});
+    for (int step = 0; step < 2; ++step) {  // process r's batches have 3 + r rows
+      opt.zero_grad();
+      acc.backward(torch::mse_loss(model(torch::randn({3 + r, 4})), torch::randn({3 + r, 2})));
+      opt.step();
+    }
+    if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others must wait for its file
+    prof.finish();
+  }
+  // Every process's file is there once finish() returns; each holds that process's events only.
+  for (int process = 0; process < P; ++process) {
+    INFO("profile_" << process << ".json");
+    const auto trace = accel_test::json::parse_file(dir / ("profile_" + std::to_string(process) + ".json"));
+    std::set<std::int64_t> rows;
+    int operators = 0;
+    for (const auto& event : trace.at("traceEvents").items) {
+      if (event.at("ph").text != "X" || !event.find("cat") || event.at("cat").text != "cpu_op") continue;
+      ++operators;
+      CHECK(event.at("pid").number == pids[process].item<std::int64_t>());
+      if (event.at("name").text == "aten::addmm")
+        rows.insert(static_cast<std::int64_t>(event.at("args").at("Input Dims").items.at(1).items.at(0).number));
+    }
+    CHECK(operators > 0);
+    CHECK(rows == std::set<std::int64_t>{3 + process});
+  }
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
 }

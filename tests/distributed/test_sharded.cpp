@@ -1128,3 +1128,39 @@ TEMPLATE_TEST_CASE(
   else
     CHECK(buffer_elements >= (P + 1) * (weight / P));
 }
+
+TEMPLATE_TEST_CASE(
+    "prepare_model with evaluation_mode: the parallel policy leaves the model alone (no broadcast, no "
+    "gradient synchronisation, no sharding); its weights are still checkpointed",
+    "[sharded]", accel::data_parallel<accel::gloo>, zero2, zero3) {
+  accel::accelerator<accel::fp32, TestType> acc;
+  const int r = acc.process_index();
+  torch::manual_seed(100 + r);  // each process its own weights
+  torch::nn::Linear net(4, 3);
+  const auto own_weight = net->weight.detach().clone();
+  auto scorer = acc.prepare_model(net, {.evaluation_mode = true});
+  CHECK(torch::equal(net->weight, own_weight));              // not process 0's
+  CHECK(net->weight.sizes() == torch::IntArrayRef({3, 4}));  // whole, not sharded
+  if constexpr (requires { acc.parallel().reducer_for(*net); }) CHECK(acc.parallel().reducer_for(*net) == nullptr);
+  const auto x = torch::full({2, 4}, static_cast<float>(r + 1));
+  scorer(x).sum().backward();  // a local gradient: nothing all-reduced
+  CHECK(torch::allclose(net->weight.grad(), x.sum(0).expand({3, 4})));
+  {
+    torch::NoGradGuard no_grad;
+    CHECK(torch::equal(scorer(x), torch::nn::functional::linear(x, own_weight, net->bias)));
+  }
+  // Prepared normally, the same model would take process 0's weights.
+  torch::nn::Linear trained(4, 3);
+  auto model = acc.prepare(trained);
+  const auto dir = accel_test::scratch_directory("evaluation_mode") / "checkpoint";
+  std::vector<std::string> shared{dir.string()};
+  acc.broadcast_object_list(shared);  // process 0's directory
+  acc.save_state(shared[0]);
+  if (acc.is_main_process()) {
+    const auto saved = accel::safetensors::load(std::filesystem::path(shared[0]) / "model.safetensors");
+    REQUIRE(saved.size() == 2);
+    CHECK(saved[0].first == "weight");
+    CHECK(torch::equal(saved[0].second, own_weight));  // the main process's evaluation model, saved first
+  }
+  acc.wait_for_everyone();
+}

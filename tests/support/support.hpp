@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -287,4 +288,40 @@ std::vector<double> linear_schedule_learning_rates(Accelerator& acc, int N) {
   return lrs;
 }
 
+/// A user's type with a serialiser (the members register_for_checkpointing takes), for the object collectives: a
+/// sample's name, id and scores (any shape).
+struct scored_sample {
+  std::string name;
+  std::int64_t id = 0;
+  torch::Tensor scores;
+  void save(torch::serialize::OutputArchive& out) const {
+    out.write("name", c10::IValue(name));
+    out.write("id", c10::IValue(id));
+    out.write("scores", scores);
+  }
+  void load(torch::serialize::InputArchive& in) {
+    c10::IValue read_name, read_id;
+    in.read("name", read_name);
+    in.read("id", read_id);
+    in.read("scores", scores);
+    name = read_name.toStringRef();
+    id = read_id.toInt();
+  }
+  friend bool operator==(const scored_sample& a, const scored_sample& b) {
+    return a.name == b.name && a.id == b.id && torch::equal(a.scores, b.scores);
+  }
+  friend std::ostream& operator<<(std::ostream& out, const scored_sample& s) {
+    return out << "{" << s.name << ", " << s.id << ", " << s.scores.sizes() << "}";
+  }
+};
+
 }  // namespace accel_test
+
+/// Batches of scored samples go to the device as any batch (prepared ranges of them).
+template <>
+struct accel::batch_traits<accel_test::scored_sample> {
+  static accel_test::scored_sample to_device(const accel_test::scored_sample& s, const torch::Device& device,
+                                             bool non_blocking) {
+    return {s.name, s.id, s.scores.to(device, non_blocking)};
+  }
+};

@@ -106,7 +106,7 @@ TEST_CASE("10 micro-batches with N=4: three steps, the last on the short window"
   CHECK(torch::allclose(net->bias, by_hand->bias, 1e-6, 1e-6));
 }
 
-TEST_CASE("E3 E4 sync patterns; windows never span passes", "[accumulation]") {
+TEST_CASE("E3 E4 sync patterns, windows never span passes", "[accumulation]") {
   auto net = torch::nn::Linear(1, 1);
   SECTION("E3: N=2, 3 batches: [F,T,T], step 1, 2, 0, every pass") {
     accel::accelerator<accel::fp32, accel::single_process, accel::accumulate<2>> acc{{.cpu = true}};

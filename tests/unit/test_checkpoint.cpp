@@ -142,6 +142,44 @@ TEST_CASE("resume: 10 steps == 5, save, load into other objects, 5 more, bit for
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE(
+    "save_state with safe_serialization = false writes Accelerate's pytorch_model.bin (a pickled dict), which "
+    "loads and resumes bit for bit, merges, and replaces model.safetensors in the same directory",
+    "[checkpoint][resume]") {
+  const auto dir = scratch("pickled");
+  training_run uninterrupted(1, 32);
+  uninterrupted.train(10);
+  {
+    training_run first_half(1, 32);
+    first_half.train(5);
+    first_half.acc.save_state(dir / "state");  // safetensors first: the next save must replace it
+    first_half.acc.save_state(dir / "state", {.safe_serialization = false});
+    const auto pickled = accel::detail::unpickle_tensors(
+        accel::detail::read_checkpoint_file(dir / "state", "pytorch_model.bin", std::nullopt), "pytorch_model.bin");
+    const auto expected = first_half.acc.get_state_dict(first_half.model);
+    REQUIRE(pickled.size() == expected.size());
+    for (std::size_t i = 0; i < pickled.size(); ++i) {
+      CHECK(pickled[i].first == expected[i].first);
+      CHECK(torch::equal(pickled[i].second, expected[i].second));
+    }
+  }
+  CHECK(std::filesystem::exists(dir / "state" / "pytorch_model.bin"));
+  CHECK_FALSE(std::filesystem::exists(dir / "state" / "model.safetensors"));
+  training_run resumed(99, 32);
+  resumed.acc.load_state(dir / "state");
+  resumed.train(5);
+  CHECK(accel_test::bitwise_equal(*resumed.net, *uninterrupted.net));
+  const auto merged = accel::merge_weights(dir / "state", dir / "merged");  // the full weights as safetensors
+  REQUIRE(merged == std::vector<std::filesystem::path>{dir / "merged" / "model.safetensors"});
+  CHECK(accel::safetensors::load(merged[0]).size() == resumed.net->parameters().size() + resumed.net->buffers().size());
+  std::ofstream(dir / "state" / "pytorch_model.bin", std::ios::binary | std::ios::app) << "x";  // damaged
+  CHECK_THROWS_AS(resumed.acc.load_state(dir / "state"), accel::checkpoint_error);
+  resumed.acc.save_state(dir / "state");  // safetensors again: the pickled file is accel's, and goes
+  CHECK(std::filesystem::exists(dir / "state" / "model.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(dir / "state" / "pytorch_model.bin"));
+  std::filesystem::remove_all(dir);
+}
+
 namespace {
 constexpr int epochs = 3, steps_per_epoch = 3;  // 10 samples, batch 4: batches of 4, 4 and 2
 
@@ -230,7 +268,7 @@ TEST_CASE("load_state refuses a checkpoint that does not fit, before changing an
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("I2 I3 automatic checkpoint naming: total_limit keeps the newest; load_state() loads the newest",
+TEST_CASE("I2 I3 automatic checkpoint naming: total_limit keeps the newest, load_state() loads the newest",
           "[checkpoint][resume]") {
   const auto dir = scratch("project");
   accel::accelerator<> acc{
@@ -255,7 +293,7 @@ TEST_CASE("I2 I3 automatic checkpoint naming: total_limit keeps the newest; load
 }
 
 TEST_CASE(
-    "save_every_steps saves after every N-th step; restarted with resume::latest, a run ends where an uninterrupted "
+    "save_every_steps saves after every N-th step, restarted with resume::latest, a run ends where an uninterrupted "
     "one does, bit for bit",
     "[checkpoint][resume]") {
   const auto dir = scratch("auto-resume");
@@ -326,7 +364,7 @@ TEST_CASE("save_every_steps and resume::latest need automatic checkpoint naming"
       Catch::Contains("must be 0 (no automatic saves) or a number of optimizer steps"));
 }
 
-TEST_CASE("load_state takes a checkpoint saved by another number of processes; a damaged count is refused",
+TEST_CASE("load_state takes a checkpoint saved by another number of processes, a damaged count is refused",
           "[checkpoint][resume]") {
   const auto dir = scratch("world");
   accel::accelerator<> acc{{.cpu = true}};
@@ -359,15 +397,7 @@ TEST_CASE("load_state takes a checkpoint saved by another number of processes; a
 
 TEST_CASE("registered objects and the accumulation count are checkpointed", "[checkpoint][resume]") {
   const auto dir = scratch("registered");
-  struct counter {
-    std::int64_t value = 0;
-    void save(torch::serialize::OutputArchive& out) const { out.write("value", c10::IValue(value)); }
-    void load(torch::serialize::InputArchive& in) {
-      c10::IValue v;
-      in.read("value", v);
-      value = v.toInt();
-    }
-  };
+  using counter = accel_test::reference_counter;
   using accelerator = accel::accelerator<accel::fp32, accel::single_process, accel::accumulate<4>>;
   counter saved_counter{.value = 17};
   {
@@ -390,15 +420,42 @@ TEST_CASE("registered objects and the accumulation count are checkpointed", "[ch
     auto scope = acc.accumulate();
   }
   CHECK(acc.sync_gradients());  // the window goes on where it stopped: micro-step 8 synchronises
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "I4 register_for_checkpointing refuses objects without a serialiser, listing each by index, and registers "
+    "none of them",
+    "[checkpoint]") {
   struct not_checkpointable {};
-  not_checkpointable nothing;
-  CHECK_THROWS_WITH(acc.register_for_checkpointing(nothing), Catch::Contains("no save(OutputArchive&) const"));
+  using counter = accel_test::reference_counter;
+  accel::accelerator<> acc{{.cpu = true}};
+  not_checkpointable first, second;
+  counter fine;
+  const auto refused = [&] { acc.register_for_checkpointing(first, fine, second); };
+  CHECK_THROWS_AS(refused(), std::invalid_argument);
+  CHECK_THROWS_WITH(refused(), Catch::Contains("- item at index 0, `") && Catch::Contains("- item at index 2, `") &&
+                                   Catch::Contains("not_checkpointable`") && !Catch::Contains("item at index 1"));
+  const auto dir = scratch("registered_none");
+  acc.save_state(dir / "state");  // none of the three was registered
+  CHECK_FALSE(std::filesystem::exists(dir / "state" / "custom_checkpoint.bin"));
+  counter other;
+  acc.register_for_checkpointing(fine, other);  // several at once, numbered in order
+  fine.value = 3;
+  other.value = 4;
+  acc.save_state(dir / "state");
+  CHECK(std::filesystem::exists(dir / "state" / "custom_checkpoint.bin"));
+  CHECK(std::filesystem::exists(dir / "state" / "custom_checkpoint_1.bin"));
+  fine.value = other.value = 0;
+  acc.load_state(dir / "state");
+  CHECK(fine.value == 3);
+  CHECK(other.value == 4);
   std::filesystem::remove_all(dir);
 }
 
 // Issue: one accelerator reused for several attempts (Accelerate's memory.py) kept every attempt's model, and
 // save_state wrote all of them. free_memory() releases what prepare registered.
-TEST_CASE("free_memory: one accelerator, two attempts; the first model is released, save_state writes the second's",
+TEST_CASE("free_memory: one accelerator, two attempts, the first model is released, save_state writes the second's",
           "[checkpoint][resume]") {
   const auto dir = scratch("free-memory");
   accel::accelerator<accel::fp32, accel::single_process, accel::accumulate<2>> acc{{.cpu = true}};
@@ -445,7 +502,7 @@ TEST_CASE("free_memory: one accelerator, two attempts; the first model is releas
 
 // Issue 22, item 8: "ckpt/" with a trailing slash, "." and "" failed and left litter; a regular file was replaced.
 TEST_CASE(
-    "save_state's directory: a trailing slash works; empty, the working directory or above, and a file are "
+    "save_state's directory: a trailing slash works, empty, the working directory or above, and a file are "
     "refused, leaving nothing behind",
     "[checkpoint]") {
   const auto dir = scratch("save-paths");
@@ -474,7 +531,7 @@ TEST_CASE(
 }
 
 // Issue 22, item 8: odd checkpoint_N names made save_state() throw "stol" or wrap to a negative number.
-TEST_CASE("automatic naming: names that are not save_state()'s are left alone; the largest number is refused",
+TEST_CASE("automatic naming: names that are not save_state()'s are left alone, the largest number is refused",
           "[checkpoint]") {
   const auto dir = scratch("odd-names");
   accel::accelerator<> acc{
@@ -735,7 +792,7 @@ TEST_CASE("a save on a full disk is a checkpoint_error and the previous checkpoi
   CHECK(succeeded > 0);
 }
 
-TEST_CASE("the files of a sharded checkpoint are accel's own names; names like them are not", "[checkpoint]") {
+TEST_CASE("the files of a sharded checkpoint are accel's own names, names like them are not", "[checkpoint]") {
   using accel::detail::is_checkpoint_file;
   for (const char* name :
        {"shard_layout.bin", "model_shard_0.safetensors", "model_1_shard_12.safetensors",

@@ -333,7 +333,7 @@ TEST_CASE("C: a stream shared between 2 processes as IterableDatasetShard", "[lo
   CHECK(mine.remainder() == 2);
 }
 
-TEST_CASE("a stream on one process: batches as read, the last one short; a single-pass istream works",
+TEST_CASE("a stream on one process: batches as read, the last one short, a single-pass istream works",
           "[loader][stream]") {
   accel::data_loader loader(stream_of(10), {.batch_size = 4});
   int_batches seen;

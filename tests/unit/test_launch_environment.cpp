@@ -8,9 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "support.hpp"
 
@@ -246,6 +250,68 @@ TEST_CASE("single process collectives are the identity", "[collectives]") {
     model(torch::ones({1, 2})).sum().backward();
   }
   CHECK(torch::equal(net->weight.grad(), torch::ones({1, 2})));
+}
+
+namespace {
+/// `value` pickled as gather_object and broadcast_object_list send it, and read back.
+template <class T>
+T sent(const T& value) {
+  return accel::detail::unpickled<T>(accel::detail::pickled(value));
+}
+}  // namespace
+
+TEST_CASE(
+    "objects travel pickled and come back unchanged: numbers of every type, structs with a serialiser, ragged "
+    "tensors, nested",
+    "[collectives]") {
+  // Integers and floating-point numbers a c10::IValue cannot hold as they are travel converted, exactly.
+  const std::vector<int> ints{0, -3, std::numeric_limits<int>::max(), std::numeric_limits<int>::min()};
+  CHECK(sent(ints) == ints);
+  CHECK(sent(std::numeric_limits<std::uint64_t>::max()) == std::numeric_limits<std::uint64_t>::max());
+  CHECK(sent(std::vector<unsigned char>{0, 255}) == std::vector<unsigned char>{0, 255});
+  CHECK(sent(std::vector<long long>{std::numeric_limits<long long>::min()}) ==
+        std::vector<long long>{std::numeric_limits<long long>::min()});
+  CHECK(sent(std::vector<float>{0.1f, -1e-30f, 3.4e38f}) == std::vector<float>{0.1f, -1e-30f, 3.4e38f});
+  CHECK(sent(std::vector<bool>{true, false}) == std::vector<bool>{true, false});
+  const std::vector<std::vector<short>> nested{{1, -2}, {}, {3}};
+  CHECK(sent(nested) == nested);
+  const std::tuple<int, std::string, double> tuple{-7, std::string("a\0b", 3), 2.5};
+  CHECK(sent(tuple) == tuple);
+  const std::map<std::string, std::pair<int, float>> map{{"x", {1, 0.5f}}, {"y", {-2, 0.25f}}};
+  CHECK(sent(map) == map);
+  // Tensors whose shapes differ from one to the next (which gather cannot concatenate).
+  const std::vector<at::Tensor> ragged{torch::arange(3), torch::ones({2, 2}, torch::kDouble), torch::zeros({0})};
+  const auto ragged_back = sent(ragged);
+  REQUIRE(ragged_back.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(torch::equal(ragged_back[i], ragged[i]));
+  // A user's type with save/load members travels as its archive's bytes (zeros included), alone or nested.
+  const accel_test::scored_sample sample{"first", 41, torch::tensor({0.5f, -1.f})};
+  CHECK(sent(sample) == sample);
+  const std::vector<std::pair<accel_test::scored_sample, int>> samples{{sample, 1}, {{"", -1, torch::ones({2, 1})}, 2}};
+  CHECK(sent(samples) == samples);
+}
+
+TEST_CASE(
+    "one process: gather_object, gather_for_metrics with use_gather_object and broadcast_object_list return the "
+    "values as they are",
+    "[collectives]") {
+  accel::accelerator<> acc{accel::options{.cpu = true}};
+  CHECK(acc.gather_object(std::vector<int>{4, 5}) == std::vector<int>{4, 5});
+  const accel_test::scored_sample sample{"only", 1, torch::arange(2)};
+  const auto gathered = acc.gather_object(sample);
+  REQUIRE(gathered.size() == 1);
+  CHECK(gathered[0] == sample);
+  const std::vector<at::Tensor> ragged{torch::arange(1), torch::arange(2)};
+  const auto metrics = acc.gather_for_metrics(ragged, /*use_gather_object=*/true);
+  REQUIRE(metrics.size() == 2);
+  CHECK(torch::equal(metrics[1], ragged[1]));
+  CHECK(acc.gather_for_metrics(std::vector<accel_test::scored_sample>{sample}) ==
+        std::vector<accel_test::scored_sample>{sample});
+  std::vector<accel_test::scored_sample> objects{sample};
+  CHECK(acc.broadcast_object_list(objects) == std::vector<accel_test::scored_sample>{sample});
+  // use_gather_object gathers samples in a std::vector: a lone tensor is refused, saying so.
+  CHECK_THROWS_WITH(acc.gather_for_metrics(torch::arange(3), true),
+                    Catch::Contains("use_gather_object gathers a std::vector of samples"));
 }
 
 namespace {

@@ -123,6 +123,7 @@ TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accel
     accel::options options;
     accel::gradient_state gradient_state;
     accel::detail::checkpoint_schedule schedule;
+    accel::detail::checkpoint_settings checkpoints;
     std::optional<std::filesystem::path> resumed_from;
     bool trigger;
     accel::detail::prepared_registry registry;
@@ -277,7 +278,7 @@ TEST_CASE("a user-defined precision policy is driven through its hooks", "[polic
 // cannot shard is refused at prepare with the reason. (Their multi-process behaviour:
 // tests/distributed/test_sharded.cpp.)
 TEST_CASE(
-    "zero1, zero2 and fully_sharded on one process train as data_parallel; a stepped optimizer or an unprepared model "
+    "zero1, zero2 and fully_sharded on one process train as data_parallel, a stepped optimizer or an unprepared model "
     "is refused",
     "[policies]") {
   using Catch::Contains;

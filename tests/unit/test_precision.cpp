@@ -221,7 +221,7 @@ TEST_CASE("fp16 under float16 autocast on the CPU: the GradScaler sequence (H4),
 }
 #endif
 
-TEST_CASE("fp16 loss scaling defaults: 65536, x2 after 2000 clean steps", "[precision][scaler]") {
+TEST_CASE("fp16 loss scaling defaults: 65536, x2 after 2000 clean steps, and H5", "[precision][scaler]") {
   accel::accelerator<scaled_fp32> acc{{.cpu = true}};
   const auto& scaler = acc.precision().scaler();
   CHECK(scaler.state().scale == 65536.0f);
@@ -243,6 +243,11 @@ TEST_CASE("fp16 loss scaling defaults: 65536, x2 after 2000 clean steps", "[prec
   CHECK(scaler.state().growth_tracker == 0);
   CHECK_THROWS_WITH(accel::accelerator<scaled_fp32>(accel::options{.grad_scaler = {.backoff_factor = 2}}),
                     Catch::Contains("0 < backoff_factor < 1"));
+  // H5: GradScalerKwargs(init_scale=1024, growth_factor=2) keeps the defaults of the others.
+  accel::accelerator<scaled_fp32> partly{{.cpu = true, .grad_scaler = {.init_scale = 1024, .growth_factor = 2}}};
+  CHECK(partly.precision().scaler().state().scale == 1024.0f);
+  CHECK(partly.precision().scaler().options().backoff_factor == 0.5);
+  CHECK(partly.precision().scaler().options().growth_interval == 2000);
 }
 
 TEST_CASE("clip_grad_norm_ under fp16 + accumulate<4> sees the unscaled gradient, unscaled once",
@@ -303,7 +308,7 @@ TEST_CASE("clip_grad_norm_ and clip_grad_value_ with fp32 are LibTorch's", "[pre
     CHECK(torch::equal(net->parameters()[i].grad(), reference->parameters()[i].grad()));
 }
 
-TEST_CASE("fp16: an optimizer that did not step starts its next step afresh; fp16 losses are promoted",
+TEST_CASE("fp16: an optimizer that did not step starts its next step afresh, fp16 losses are promoted",
           "[precision][scaler]") {
   accel::accelerator<scaled_fp32> acc{{.cpu = true}};
   auto a = torch::zeros({1}, torch::requires_grad());

@@ -424,7 +424,7 @@ TEST_CASE("a batch of references becomes a tuple of values", "[device][range]") 
   CHECK(total == 2.0f);
 }
 
-TEST_CASE("const ranges are prepared; const optimizers are refused", "[prepare][concepts]") {
+TEST_CASE("const ranges are prepared, const optimizers are refused", "[prepare][concepts]") {
   STATIC_REQUIRE(accel::batch_range<const std::vector<torch::Tensor>&>);
   STATIC_REQUIRE_FALSE(accel::optimizer_like<const torch::optim::SGD&>);
   accel::accelerator<> acc;

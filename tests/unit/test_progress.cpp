@@ -129,7 +129,7 @@ TEST_CASE("plain lines of a slow loop: hours, seconds per iteration, no repeated
   CHECK(r.text() == "train: 3/4 (75%) elapsed 1:15:00, remaining 25:00, 1500.00 s/it\n");
 }
 
-TEST_CASE("terminal frames: '\\r', rate limited, 100% and a newline at the end", "[progress]") {
+TEST_CASE("terminal frames: a carriage return, rate limited, 100% and a newline at the end", "[progress]") {
   recorder r;
   {
     accel::progress_bar bar(r.terminal(4, 60));  // first frame at once
@@ -175,7 +175,7 @@ TEST_CASE("terminal frames fit the width: the bar takes the room left, long text
   }
 }
 
-TEST_CASE("the width of a terminal is asked of it; 80 columns for anything else", "[progress]") {
+TEST_CASE("the width of a terminal is asked of it, 80 columns for anything else", "[progress]") {
   using accel::detail::progress_text::terminal_width;
   const int terminal = ::posix_openpt(O_RDWR | O_NOCTTY);
   REQUIRE(terminal >= 0);
@@ -391,7 +391,7 @@ TEST_CASE("progress over unsized and move-only input ranges", "[progress]") {
   }
 }
 
-TEST_CASE("progress over an empty range closes at once; after a break, when the view goes", "[progress]") {
+TEST_CASE("progress over an empty range closes at once, after a break, when the view goes", "[progress]") {
   recorder r;
   SECTION("empty") {
     std::vector<int> none;

@@ -232,7 +232,7 @@ TEST_CASE("init_trackers writes config.json in the run directory, under logging_
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("a tensor metric is read when written; one that is not a single element is refused", "[tracking]") {
+TEST_CASE("a tensor metric is read when written, one that is not a single element is refused", "[tracking]") {
   const auto dir = scratch("tensor");
   auto recorder = std::make_shared<recording_tracker>();
   accel::accelerator<> acc(logging_to(dir, {accel::tracker::json_lines}));
@@ -262,7 +262,7 @@ TEST_CASE("log without a step uses the number of earlier log calls", "[tracking]
   CHECK_FALSE(std::filesystem::exists("run"));
 }
 
-TEST_CASE("log before init_trackers: an error naming the fix; without trackers, nothing", "[tracking]") {
+TEST_CASE("log before init_trackers: an error naming the fix, without trackers, nothing", "[tracking]") {
   const auto dir = scratch("early");
   accel::accelerator<> with_trackers(logging_to(dir, {accel::tracker::csv}));
   CHECK_THROWS_AS(with_trackers.log({{"loss", 1}}), std::logic_error);
@@ -315,7 +315,7 @@ TEST_CASE("a user-defined tracker receives the configuration, the metrics and fi
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("every file is complete after each log, without end_training; end_training closes them", "[tracking]") {
+TEST_CASE("every file is complete after each log, without end_training, end_training closes them", "[tracking]") {
   const auto dir = scratch("flush");
   using accel::tracker;
   accel::accelerator<> acc(logging_to(dir, {tracker::csv, tracker::json_lines, tracker::tensorboard}));

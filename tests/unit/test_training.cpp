@@ -243,3 +243,33 @@ TEST_CASE("LibTorch's StepLR decays on the 3rd and 5th call with step_size 2, ra
     CHECK(lr_of(optimizer) == expected[call]);
   }
 }
+
+TEST_CASE("local_sgd on one process only counts steps: training is the raw loop's, bit for bit", "[training]") {
+  const auto data = regression_batches(5, 4, 6, 2);
+  torch::manual_seed(42);
+  mlp raw(6, 16, 2);
+  torch::optim::SGD raw_optimizer(raw->parameters(), 0.1);
+  for (const auto& [x, y] : data) {
+    raw_optimizer.zero_grad();
+    torch::mse_loss(raw(x), y).backward();
+    raw_optimizer.step();
+  }
+  torch::manual_seed(42);
+  mlp net(6, 16, 2);
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  accel::accelerator<> acc;
+  auto [model, opt] = acc.prepare(net, optimizer);
+  accel::local_sgd local(acc, model, 2);
+  CHECK_FALSE(local.enabled());  // one process: nothing to average with
+  for (const auto& [x, y] : data) {
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+    opt.zero_grad();
+    local.step();
+  }
+  CHECK(local.num_steps() == 5);
+  local.finish();
+  CHECK(bitwise_equal(*net, *raw));
+  CHECK_THROWS_WITH(local.step(), Catch::Contains("step() after finish()"));
+  CHECK_THROWS_WITH(accel::local_sgd(acc, model, 0), Catch::Contains("local_sgd_steps is 0"));
+}

@@ -20,6 +20,10 @@ struct accelerator_access {
   [[nodiscard]] static registration register_state(Accelerator& acc, checkpoint_slot slot) {
     return acc.registry_.add_slot(std::move(slot));
   }
+  template <class Accelerator>
+  [[nodiscard]] static registration register_range(Accelerator& acc, even_batches_switch range) {
+    return acc.registry_.add_range(std::move(range));
+  }
   /// `prepared_optimizer::step()`.
   template <class Accelerator>
   static void step_optimizer(Accelerator& acc, torch::optim::Optimizer& optimizer) {

@@ -31,6 +31,11 @@
 
 namespace accel::detail {
 
+/// `staging_directory`'s refusal when another save holds the directory's lock.
+struct staging_busy : checkpoint_error {
+  using checkpoint_error::checkpoint_error;
+};
+
 /// `text` is `prefix` followed by decimal digits only.
 inline bool is_numbered(std::string_view text, std::string_view prefix) {
   if (text.substr(0, prefix.size()) != prefix || text.size() == prefix.size()) return false;
@@ -55,7 +60,7 @@ inline bool is_checkpoint_file(std::string_view name) {
     stem = stem.substr(0, shard);
     return stem == "model" || stem == "optimizer" || is_numbered(stem, "model_") || is_numbered(stem, "optimizer_");
   }
-  for (const auto kind : {"model", "optimizer", "scheduler", "custom_checkpoint"}) {
+  for (const auto kind : {"model", "pytorch_model", "optimizer", "scheduler", "custom_checkpoint"}) {
     const std::string_view k = kind;
     if (extension != (k == "model" ? ".safetensors" : ".bin")) continue;
     if (stem == k || is_numbered(stem, std::string(k) + "_")) return true;
@@ -192,9 +197,9 @@ class staging_directory {
   }
 
  private:
-  checkpoint_error busy() const {
-    return checkpoint_error("accel::save_state: another process is saving into " + target_.string() + " (it holds " +
-                            path_.string() + "); two jobs must not save into one directory: give each its own");
+  staging_busy busy() const {
+    return staging_busy("accel::save_state: another process is saving into " + target_.string() + " (it holds " +
+                        path_.string() + "); two jobs must not save into one directory: give each its own");
   }
 
   // The old checkpoint: what the user added to it since carry_files_and_links goes to the new one, then accel's

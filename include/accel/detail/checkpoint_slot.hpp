@@ -34,16 +34,22 @@ struct lr_scheduler_access : torch::optim::LRScheduler {
   }
 };
 
-/// The customisation point: `save(torch::serialize::OutputArchive&) const` and `load(InputArchive&)` members;
-/// LibTorch LR schedulers (their step count; learning rates travel with the optimizer); else not checkpointable.
+/// The customisation point of user types: `save(torch::serialize::OutputArchive&) const` and
+/// `load(torch::serialize::InputArchive&)` members (checkpoints, and the object collectives: ivalue_form.hpp).
+template <class T>
+concept archive_serialisable =
+    requires(const T& t, T& u, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
+      t.save(out);
+      u.load(in);
+    };
+
+/// `archive_serialisable` objects; LibTorch LR schedulers (their step count; learning rates travel with the
+/// optimizer); else not checkpointable.
 /// `object` must not move while the slot lives (prepared objects keep what they own in place: `pinned`).
 template <class T>
 checkpoint_slot slot_for(std::string kind, T& object) {
   checkpoint_slot slot{.kind = std::move(kind)};
-  if constexpr (requires(const T& t, T& u, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
-                  t.save(out);
-                  u.load(in);
-                }) {
+  if constexpr (archive_serialisable<T>) {
     slot.save = [&object](torch::serialize::OutputArchive& out) { object.save(out); };
     slot.load = [&object](torch::serialize::InputArchive& in) { object.load(in); };
   } else if constexpr (std::is_base_of_v<torch::optim::LRScheduler, T>) {

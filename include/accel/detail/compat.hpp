@@ -1,7 +1,8 @@
 /// \file
 /// Every difference between the LibTorch versions accel supports (Debian's 1.13 and PyTorch 2.x) lives here:
 /// the autograd node handle, `zero_grad(set_to_none)`, the autocast state functions and what autocast supports,
-/// the fused unscale kernel, Gloo's flat all-gather, and LibTorch's current CUDA stream for NCCL.
+/// the fused unscale kernel, Gloo's flat all-gather, LibTorch's current CUDA stream for NCCL, emptying the device
+/// cache, the profiler's event times and Chrome traces, and whether Gloo sums bfloat16.
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
@@ -15,13 +16,22 @@
 #include <c10/util/string_utils.h>  // c10::guts::to_string, 1.13's optimizer state keys
 #endif
 
+#include <cstdint>
 #include <utility>
 #include <vector>
+
+#if TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR >= 209
+#include <ATen/DeviceAccelerator.h>  // at::accelerator::emptyCache
+#endif
 
 #ifdef ACCEL_WITH_NCCL
 #include <cuda_runtime.h>
 #if ACCEL_TORCH_CUDA  // a LibTorch built with CUDA (PyTorch's), set by the accel::nccl CMake target
 #include <c10/cuda/CUDAStream.h>
+#if TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR < 209
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/cuda.h>
+#endif
 #endif
 #endif
 
@@ -128,6 +138,49 @@ inline bool autocast_supports(c10::DeviceType device, c10::ScalarType dtype) {
 inline bool fused_unscale_available(c10::DeviceType device) {
   return device == c10::DeviceType::CUDA || (device == c10::DeviceType::CPU && ACCEL_TORCH_VERSION >= 203);
 }
+
+/// Releases the device memory LibTorch's caching allocator keeps unused (`torch.accelerator.empty_cache()`, what
+/// Accelerate's `clear_device_cache` calls): from 2.9 through `at::accelerator` (CUDA, XPU, MPS, ...; checked on
+/// 2.13; the call appeared around 2.8), where an accelerator is present. Before 2.9 only CUDA's allocator is reached,
+/// and only where the CUDA headers are (the `accel::nccl` target with a CUDA LibTorch); a CPU LibTorch (Debian's
+/// 1.13) keeps no device cache, so there is nothing to release.
+inline void empty_device_cache() {
+#if ACCEL_TORCH_VERSION >= 209
+  if (at::accelerator::getAccelerator(false).has_value() && at::accelerator::deviceCount() > 0)
+    at::accelerator::emptyCache();
+#elif defined(ACCEL_WITH_NCCL) && ACCEL_TORCH_CUDA
+  if (torch::cuda::is_available()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
+// The profiler (accel/profiler.hpp). The functions take the event type as a template parameter, so that this header
+// does not include the profiler's.
+
+/// A profiler event's start and duration in nanoseconds: 2.x's `KinetoEvent` counts nanoseconds (`startNs`), 1.13's
+/// microseconds (`startUs`).
+template <class Event>
+std::int64_t profiler_event_start_ns(const Event& event) {
+  if constexpr (requires { event.startNs(); })
+    return static_cast<std::int64_t>(event.startNs());
+  else
+    return static_cast<std::int64_t>(event.startUs()) * 1000;
+}
+template <class Event>
+std::int64_t profiler_event_duration_ns(const Event& event) {
+  if constexpr (requires { event.durationNs(); })
+    return static_cast<std::int64_t>(event.durationNs());
+  else
+    return static_cast<std::int64_t>(event.durationUs()) * 1000;
+}
+
+/// Whether LibTorch's profiler writes Chrome traces itself (`ProfilerResult::save`, through Kineto): PyTorch's 2.x
+/// builds do. Debian's 1.13 is built without Kineto (its `save` throws "Saving a trace requires using torch.profiler
+/// with Kineto support (USE_KINETO=1)"), though it records the same events: accel writes their trace there.
+inline constexpr bool profiler_saves_traces = ACCEL_TORCH_VERSION >= 200;
+
+/// Whether LibTorch's Gloo all-reduces bfloat16 (the bf16 communication hook): 2.13's does; 1.13's fails with
+/// "Invalid scalar type" (both measured).
+inline constexpr bool gloo_sums_bfloat16 = ACCEL_TORCH_VERSION >= 200;
 
 #ifdef ACCEL_WITH_NCCL
 /// LibTorch's current CUDA stream on `device`, which NCCL work must be ordered with. A LibTorch without CUDA

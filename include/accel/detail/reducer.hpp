@@ -39,6 +39,7 @@
 
 #include "../collectives.hpp"
 #include "../options.hpp"
+#include "comm_hooks.hpp"
 #include "compat.hpp"
 #include "shard_layout.hpp"
 #include "text.hpp"
@@ -49,19 +50,26 @@ namespace accel::detail {
 using tensor_kind = std::tuple<c10::ScalarType, c10::DeviceType, c10::DeviceIndex>;
 inline tensor_kind kind_of(const at::Tensor& t) { return {t.scalar_type(), t.device().type(), t.device().index()}; }
 
-/// Gives every process process 0's values of `tensors`: one flat broadcast per dtype and device.
-template <communicator C>
-void broadcast_tensors(const std::vector<at::Tensor>& tensors, C& comm) {
-  if (comm.size() == 1) return;
+/// Runs `collective` on `tensors` flattened, one flat tensor per dtype and device, in a fixed order (the same on
+/// every process); it changes the flat tensor in place or replaces it, and the result is copied back into the tensors.
+template <class Collective>
+void through_flat_groups(const std::vector<at::Tensor>& tensors, Collective&& collective) {
   at::NoGradGuard no_grad;
   std::map<tensor_kind, std::vector<at::Tensor>> groups;
   for (const auto& tensor : tensors) groups[kind_of(tensor)].push_back(tensor);
   for (auto& [kind, group] : groups) {
     auto flat = torch::utils::flatten_dense_tensors(group);
-    comm.broadcast(flat, 0);
+    collective(flat);
     auto pieces = torch::utils::unflatten_dense_tensors(flat, group);
     for (std::size_t i = 0; i < group.size(); ++i) group[i].copy_(pieces[i]);
   }
+}
+
+/// Gives every process process `source`'s values of `tensors`: one flat broadcast per dtype and device.
+template <communicator C>
+void broadcast_tensors(const std::vector<at::Tensor>& tensors, C& comm, int source = 0) {
+  if (comm.size() == 1) return;
+  through_flat_groups(tensors, [&](at::Tensor& flat) { comm.broadcast(flat, source); });
 }
 
 /// What must be the same on every process for data parallelism: each parameter and buffer, in order, by name,
@@ -108,12 +116,12 @@ void check_same_module(const torch::nn::Module& module, C& comm) {
   }
 }
 
-/// Makes every process start from process 0's parameters and buffers.
+/// Makes every process's parameters and buffers those of process `source` (0: where training starts).
 template <communicator C>
-void broadcast_module_state(torch::nn::Module& module, C& comm) {
+void broadcast_module_state(const torch::nn::Module& module, C& comm, int source = 0) {
   auto tensors = module.parameters();
   for (auto& buffer : module.buffers()) tensors.push_back(buffer);
-  broadcast_tensors(tensors, comm);
+  broadcast_tensors(tensors, comm, source);
 }
 
 /// Which parameters share a bucket: parameters in reverse registration order (the order backward usually
@@ -200,10 +208,12 @@ class gradient_reducer {
   static constexpr bool sharded = Layout == gradient_layout::sharded;
 
  public:
-  /// `group_of` (a parameter's group, or none) keeps each bucket within a group (assign_buckets).
+  /// `group_of` (a parameter's group, or none) keeps each bucket within a group (assign_buckets); `hook`, when
+  /// given, reduces each bucket instead of a plain all-reduce (the replicated layout's all-reduce only).
   gradient_reducer(torch::nn::Module& module, C& comm, const bucket_options& limits,
-                   const std::function<std::size_t(const at::Tensor&)>& group_of = {})
-      : comm_(comm) {
+                   const std::function<std::size_t(const at::Tensor&)>& group_of = {},
+                   std::unique_ptr<bucket_hook<C>> hook = nullptr)
+      : comm_(comm), hook_(std::move(hook)) {
     std::vector<std::size_t> groups;
     for (const auto& item : module.named_parameters())
       if (item.value().requires_grad()) {
@@ -231,13 +241,34 @@ class gradient_reducer {
   [[nodiscard]] bool sync() const noexcept { return sync_; }
 
   /// Called before each forward of the prepared model. With gradients enabled, arms (or disarms) the hooks for
-  /// the backward of this graph and, when synchronising, gives every process process 0's buffers (BatchNorm
-  /// statistics), as DDP's `broadcast_buffers`. Also recovers from a backward that threw half-way.
-  void prepare_for_forward() {
+  /// the backward of this graph and, when synchronising, gives every process the buffers (BatchNorm statistics) of
+  /// process `buffer_source` (0, or the last still training under join_uneven_inputs), as DDP's
+  /// `broadcast_buffers`. Also recovers from a backward that threw half-way.
+  void prepare_for_forward(int buffer_source = 0) {
     if (!at::GradMode::is_enabled()) return;
     abandon_backward();
     armed_ = sync_;
-    if (armed_ && !buffers_.empty()) broadcast_tensors(buffers_, comm_);
+    if (armed_ && !buffers_.empty()) broadcast_tensors(buffers_, comm_, buffer_source);
+  }
+
+  /// On a process that has run out of data (join_uneven_inputs): the collectives of another process's synchronised
+  /// forward and backward, with nothing of this one's: the buffer broadcast from `buffer_source` (as DDP's join
+  /// hook, into this process's buffers too), then every bucket's reduction (through the communication hook, if
+  /// any), of zeros, in bucket order. Its gradients are left alone. Replicated layout only: a sharded policy has more
+  /// collectives around its step.
+  void shadow_synchronised_step(int buffer_source)
+    requires(!sharded)
+  {
+    abandon_backward();
+    if (!buffers_.empty()) broadcast_tensors(buffers_, comm_, buffer_source);
+    at::NoGradGuard no_grad;
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+      buckets_[k].flat.zero_();
+      buckets_[k].in_flight.emplace(launch_all_reduce(k));
+      ++launched_count_;
+      payload_elements_ += static_cast<std::uint64_t>(buckets_[k].flat.numel());
+    }
+    for (auto& b : buckets_) std::exchange(b.in_flight, std::nullopt)->wait();
   }
 
   /// The parameter indices (registration order) of each bucket, in launch order.
@@ -263,6 +294,13 @@ class gradient_reducer {
   /// Elements the gradient collectives were given since construction (each bucket's flat tensor, padding and
   /// "used" flags included): what is all-reduced, or what is reduce-scattered.
   [[nodiscard]] std::uint64_t payload_elements() const noexcept { return payload_elements_; }
+  /// Bytes handed to the gradient all-reduces since construction: the buckets as they are, or what the
+  /// communication hook sent instead (cast, low-rank).
+  [[nodiscard]] std::uint64_t communicated_bytes() const noexcept
+    requires(!sharded)
+  {
+    return hook_ ? hook_->communicated_bytes() : plain_bytes_;
+  }
 
   /// This process's averaged slice of `parameter`'s gradient (its span, shard_layout.hpp), kept after backward in
   /// place of the full gradient; null for a parameter this reducer does not hold. Undefined until a synchronised
@@ -283,7 +321,7 @@ class gradient_reducer {
     std::int64_t flags_offset = 0;
     std::int64_t segment = 0;  // sharded: elements of one process's segment, flags included
     std::size_t pending = 0;
-    std::optional<typename C::work> in_flight;
+    std::optional<bucket_work> in_flight;
     at::Tensor reduced;  // sharded: this process's averaged segment, once reduce-scattered
   };
   struct location {
@@ -411,12 +449,29 @@ class gradient_reducer {
         b.reduced = at::empty({b.segment}, b.flat.options());
         b.in_flight.emplace(comm_.reduce_scatter_into(b.reduced, b.flat));
       } else {
-        b.in_flight.emplace(comm_.all_reduce(b.flat, reduction::sum));
+        b.in_flight.emplace(launch_all_reduce(next_bucket_ - 1));
       }
       ++launched_count_;
       payload_elements_ += static_cast<std::uint64_t>(b.flat.numel());
       if (!graph_done_) ++overlapped_count_;
     }
+  }
+
+  /// Starts summing bucket `index` over the processes: through the communication hook, or as it is.
+  bucket_work launch_all_reduce(std::size_t index) {
+    auto& b = buckets_[index];
+    if (!hook_) {
+      plain_bytes_ += static_cast<std::uint64_t>(b.flat.nbytes());
+      return bucket_work(comm_.all_reduce(b.flat, reduction::sum));
+    }
+    bucket_contents contents{.index = index,
+                             .count = buckets_.size(),
+                             .flat = b.flat,
+                             .gradients = b.flat.narrow(0, 0, b.flags_offset),
+                             .flags = b.flat.narrow(0, b.flags_offset, b.flat.numel() - b.flags_offset),
+                             .members = {}};
+    for (auto i : b.members) contents.members.push_back(slot(i));
+    return hook_->launch(comm_, contents);
   }
 
   /// Sharded: waits for a reduce-scattered bucket, adds this process's averaged slices to its shard gradients
@@ -506,6 +561,7 @@ class gradient_reducer {
   }
 
   C& comm_;
+  std::unique_ptr<bucket_hook<C>> hook_;  // replicated: how a bucket is reduced (none: all-reduced as it is)
   std::vector<std::string> names_;
   std::vector<at::Tensor> parameters_;
   std::vector<at::Tensor> buffers_;
@@ -520,6 +576,7 @@ class gradient_reducer {
   std::uint64_t launched_count_ = 0;
   std::uint64_t overlapped_count_ = 0;
   std::uint64_t payload_elements_ = 0;
+  std::uint64_t plain_bytes_ = 0;  // all-reduced without a hook
   bool sync_ = true;
   bool armed_ = true;
   bool in_backward_ = false;

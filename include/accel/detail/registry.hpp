@@ -8,6 +8,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +23,13 @@ namespace accel::detail {
 /// object. Moving the prepared object moves the handle; the registered object itself stays where it is.
 using registration = std::shared_ptr<const void>;
 
+/// How `join_uneven_inputs` overrides a prepared range's `even_batches` (for its next pass): empty for a range
+/// that cannot (a stream of samples, batches dispatched from process 0), as Accelerate's iterable loaders.
+struct even_batches_switch {
+  std::function<bool()> get = {};
+  std::function<void(bool)> set = {};
+};
+
 class prepared_registry {
  public:
   /// Models are held (shared) until `release_prepared`: their weights are saved whether or not the user kept one.
@@ -32,6 +40,9 @@ class prepared_registry {
   [[nodiscard]] registration add_slot(checkpoint_slot slot) {
     return add(slots_, std::make_shared<checkpoint_slot>(std::move(slot)));
   }
+  [[nodiscard]] registration add_range(even_batches_switch range) {
+    return add(ranges_, std::make_shared<even_batches_switch>(std::move(range)));
+  }
   /// A slot the registry itself keeps (`register_for_checkpointing`): it outlives `release_prepared`.
   void keep_slot(checkpoint_slot slot) { kept_.push_back(add_slot(std::move(slot))); }
 
@@ -40,6 +51,13 @@ class prepared_registry {
     std::vector<torch::optim::Optimizer*> live;
     for (const auto& weak : optimizers_)
       if (auto entry = weak.lock()) live.push_back(*entry);
+    return live;
+  }
+  /// The live prepared ranges' even_batches switches, in preparation order.
+  [[nodiscard]] std::vector<std::shared_ptr<even_batches_switch>> ranges() const {
+    std::vector<std::shared_ptr<even_batches_switch>> live;
+    for (const auto& weak : ranges_)
+      if (auto entry = weak.lock()) live.push_back(std::move(entry));
     return live;
   }
   /// The live slots by kind, each kind in registration order.
@@ -54,6 +72,7 @@ class prepared_registry {
   void release_prepared() {
     models_.clear();
     optimizers_.clear();
+    ranges_.clear();
     std::erase_if(slots_, [this](const auto& weak) {
       const auto slot = weak.lock();
       return !slot || std::none_of(kept_.begin(), kept_.end(), [&](const auto& kept) { return kept == slot; });
@@ -71,6 +90,7 @@ class prepared_registry {
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<std::weak_ptr<torch::optim::Optimizer*>> optimizers_;
   std::vector<std::weak_ptr<checkpoint_slot>> slots_;
+  std::vector<std::weak_ptr<even_batches_switch>> ranges_;
   std::vector<registration> kept_;
 };
 

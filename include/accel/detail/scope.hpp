@@ -48,6 +48,28 @@ class [[nodiscard]] scope_success {
   int uncaught_ = std::uncaught_exceptions();
 };
 
+/// Runs `on_success` when the scope ends normally (it may throw, and may be a collective), `on_failure` when an
+/// exception leaves it (it must not throw): a scope whose normal end communicates and whose failure only tidies up.
+template <class OnSuccess, class OnFailure>
+class [[nodiscard]] scope_end {
+ public:
+  scope_end(OnSuccess on_success, OnFailure on_failure)
+      : on_success_(std::move(on_success)), on_failure_(std::move(on_failure)) {}
+  scope_end(const scope_end&) = delete;
+  scope_end& operator=(const scope_end&) = delete;
+  ~scope_end() noexcept(false) {
+    if (std::uncaught_exceptions() == uncaught_)
+      on_success_();
+    else
+      on_failure_();
+  }
+
+ private:
+  OnSuccess on_success_;
+  OnFailure on_failure_;
+  int uncaught_ = std::uncaught_exceptions();
+};
+
 /// Runs `action` only when an exception leaves the scope: clean-up that a success must not do. It must not throw.
 template <class Action>
 class [[nodiscard]] scope_fail {

@@ -1,0 +1,48 @@
+/// \file
+/// The job's barrier, for code that must wait for every process without knowing the backend: the logger's
+/// `in_order` option (accel/logging.hpp). The first process group the process creates (parallel.hpp's
+/// `detail::process_group`) registers its barrier here; until then there is none.
+// IWYU pragma: private, include <accel/accel.hpp>
+#pragma once
+
+#include <functional>
+#include <mutex>
+#include <utility>
+
+namespace accel::detail {
+
+/// The registered barrier and the mutex that guards it (a logger may run on any thread).
+struct process_barrier_slot {
+  std::mutex mutex;
+  std::function<void()> barrier;
+};
+
+inline process_barrier_slot& process_barrier_registry() {
+  static process_barrier_slot slot;
+  return slot;
+}
+
+/// Registers `barrier` as the job's, unless one is already registered (the first process group wins: it is the one
+/// every later accelerator shares).
+inline void register_process_barrier(std::function<void()> barrier) {
+  auto& slot = process_barrier_registry();
+  std::lock_guard lock(slot.mutex);
+  if (!slot.barrier) slot.barrier = std::move(barrier);
+}
+
+/// Replaces the registered barrier (empty: none) and returns the previous one: for tests, which stand a counting
+/// barrier in for the process group's, or take it away.
+inline std::function<void()> exchange_process_barrier(std::function<void()> barrier) {
+  auto& slot = process_barrier_registry();
+  std::lock_guard lock(slot.mutex);
+  return std::exchange(slot.barrier, std::move(barrier));
+}
+
+/// The registered barrier; empty when no process group exists yet.
+[[nodiscard]] inline std::function<void()> process_barrier() {
+  auto& slot = process_barrier_registry();
+  std::lock_guard lock(slot.mutex);
+  return slot.barrier;
+}
+
+}  // namespace accel::detail
