@@ -20,14 +20,14 @@ status=0
 echo "== LibTorch 2.13 (PyTorch wheel in .venv): the whole suite"
 ACCEL_TORCH=pip source "$root/scripts/torch.sh"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON -DACCEL_BUILD_EXAMPLES=ON \
-  -DACCEL_WARNINGS_AS_ERRORS=ON "${torch_cmake_args[@]}"
+  -DACCEL_WARNINGS_AS_ERRORS=ON -DACCEL_PYTHON="$venv_python" "${torch_cmake_args[@]}"
 cmake --build "$build" -j2
 ctest --test-dir "$build" --output-on-failure -j2 || status=1
 
 echo "== LibTorch 1.13.1 (Debian's libtorch-dev): every header on its own, the unit tests, the flat collectives"
 ACCEL_TORCH=debian source "$root/scripts/torch.sh"
 cmake -S "$root" -B "$build$torch_build_suffix" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
-  -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_WARNINGS_AS_ERRORS=ON "${torch_cmake_args[@]}"
+  -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_WARNINGS_AS_ERRORS=ON -DACCEL_PYTHON="$venv_python" "${torch_cmake_args[@]}"
 cmake --build "$build$torch_build_suffix" -j2 --target accel_tests accel_header_check accel_flat_collectives accel_cli
 ctest --test-dir "$build$torch_build_suffix" --output-on-failure -j2 -R '^(unit\.|dist\.gloo\.P3\.flat_collectives$)' ||
   status=1
