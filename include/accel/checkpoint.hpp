@@ -12,7 +12,6 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include <charconv>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
@@ -37,6 +36,7 @@
 #include "detail/atomic_file.hpp"
 #include "detail/checkpoint_directory.hpp"
 #include "detail/checkpoint_manifest.hpp"
+#include "detail/checkpoint_slot.hpp"
 #include "detail/optimizer_state.hpp"
 #include "detail/registry.hpp"
 #include "detail/scope.hpp"
@@ -124,13 +124,6 @@ inline torch::serialize::InputArchive read_archive(const std::filesystem::path& 
                            " is truncated or corrupt: " + first_line(e.what()));
   }
   return archive;
-}
-
-/// `archive`'s bytes, serialised in memory.
-inline std::string serialised(torch::serialize::OutputArchive& archive) {
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  return std::move(bytes).str();
 }
 
 /// Writes `archive` to `directory/name`: serialised in memory first, then written by accel, so that a full disk
@@ -819,15 +812,12 @@ inline std::filesystem::path checkpoints_root(const project_options& project) {
 inline void count_from_loaded(checkpoint_settings& settings, const std::filesystem::path& directory) {
   auto path = std::filesystem::absolute(directory).lexically_normal();
   if (!path.has_filename()) path = path.parent_path();
-  const auto name = path.filename().string();
-  std::int64_t number = 0;
+  const auto number = checkpoint_number(path.filename().string());
   std::error_code error;
-  if (!is_numbered(name, "checkpoint_") ||
-      std::from_chars(name.data() + 11, name.data() + name.size(), number).ec != std::errc{} ||
-      number == std::numeric_limits<std::int64_t>::max() ||
+  if (!number || *number == std::numeric_limits<std::int64_t>::max() ||
       !std::filesystem::equivalent(path.parent_path(), checkpoints_root(settings.project), error))
     return;
-  settings.next_number = number + 1;
+  settings.next_number = *number + 1;
 }
 
 /// Restores what `save_state` wrote. The load_state pre-hooks run first; then everything is read and checked (the
@@ -911,7 +901,7 @@ std::filesystem::path save_numbered_state(checkpoint_settings& settings, bool sa
 /// The project's newest complete automatic checkpoint (one with its manifest: a directory whose removal beyond
 /// `total_limit` was cut short is passed over), if any.
 inline std::optional<std::filesystem::path> newest_complete_checkpoint(const project_options& project) {
-  const auto existing = numbered_checkpoints(std::filesystem::path(project.project_dir) / "checkpoints");
+  const auto existing = numbered_checkpoints(checkpoints_root(project));
   for (auto it = existing.rbegin(); it != existing.rend(); ++it)
     if (std::filesystem::is_regular_file(it->second / manifest_name)) return it->second;
   return std::nullopt;

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -250,18 +251,24 @@ class staging_directory {
   int fd_ = -1;
 };
 
-/// The `checkpoint_{i}` directories under `root`, by i. Other names are not `save_state()`'s and are left out:
-/// anything but decimal digits after the prefix, or a number beyond int64.
+/// The i of a `checkpoint_{i}` name; none for a name that is not `save_state()`'s: anything but decimal digits after
+/// the prefix, or a number beyond int64.
+inline std::optional<std::int64_t> checkpoint_number(std::string_view name) {
+  constexpr std::string_view prefix = "checkpoint_";
+  if (!is_numbered(name, prefix)) return std::nullopt;
+  std::int64_t number = 0;
+  if (std::from_chars(name.data() + prefix.size(), name.data() + name.size(), number).ec != std::errc{})
+    return std::nullopt;
+  return number;
+}
+
+/// The `checkpoint_{i}` directories under `root`, by i (`checkpoint_number`; other names are left out).
 inline std::map<std::int64_t, std::filesystem::path> numbered_checkpoints(const std::filesystem::path& root) {
   std::map<std::int64_t, std::filesystem::path> found;
   if (!std::filesystem::is_directory(root)) return found;
-  for (const auto& entry : std::filesystem::directory_iterator(root)) {
-    const auto name = entry.path().filename().string();
-    if (!entry.is_directory() || !is_numbered(name, "checkpoint_")) continue;
-    std::int64_t number = 0;
-    if (std::from_chars(name.data() + 11, name.data() + name.size(), number).ec == std::errc{})
-      found[number] = entry.path();
-  }
+  for (const auto& entry : std::filesystem::directory_iterator(root))
+    if (const auto number = checkpoint_number(entry.path().filename().string()); number && entry.is_directory())
+      found[*number] = entry.path();
   return found;
 }
 

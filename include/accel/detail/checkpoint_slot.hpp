@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -26,6 +27,13 @@ struct checkpoint_slot {
   std::function<void(torch::serialize::OutputArchive&)> save = {};
   std::function<void(torch::serialize::InputArchive&)> load = {};
 };
+
+/// `archive`'s bytes, serialised in memory (for a file accel writes itself, or a message between processes).
+inline std::string serialised(torch::serialize::OutputArchive& archive) {
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  return std::move(bytes).str();
+}
 
 /// LibTorch's schedulers keep their step count in a protected member; a derived class may name it.
 struct lr_scheduler_access : torch::optim::LRScheduler {

@@ -19,7 +19,6 @@
 #include <concepts>
 #include <cstdint>
 #include <map>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -75,9 +74,7 @@ struct ivalue_form<T> {
   static c10::IValue to(const T& value) {
     torch::serialize::OutputArchive archive;
     value.save(archive);
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    return c10::IValue(std::move(bytes).str());
+    return c10::IValue(serialised(archive));
   }
   static T from(const c10::IValue& value) {
     const auto& bytes = value.toStringRef();

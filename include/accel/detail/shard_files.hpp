@@ -26,7 +26,6 @@
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +35,7 @@
 #include "../model_weights.hpp"
 #include "../safetensors.hpp"
 #include "atomic_file.hpp"
+#include "checkpoint_slot.hpp"
 #include "checkpoint_manifest.hpp"
 #include "compat.hpp"
 #include "optimizer_state.hpp"
@@ -110,10 +110,8 @@ struct shard_layout_table {
       models[i].write(model);
       archive.write("model_" + std::to_string(i), model);
     }
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    return write_atomically<checkpoint_error>(directory / shard_layout_name,
-                                              [&](auto& out) { out.write(bytes.view()); });
+    const auto bytes = serialised(archive);
+    return write_atomically<checkpoint_error>(directory / shard_layout_name, [&](auto& out) { out.write(bytes); });
   }
   /// The table of the checkpoint in `directory`, checked against its manifest; none for a full checkpoint.
   static std::optional<shard_layout_table> load(const std::filesystem::path& directory,
