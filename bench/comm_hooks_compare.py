@@ -17,25 +17,19 @@ Usage: comm_hooks_compare.py LAUNCHER BENCH_COMM_HOOK_STEP PYTHON_WITH_TORCH [RO
 import math
 import os
 import statistics
-import subprocess
 import sys
+
+from launch_job import run_job
 
 HOOKS = ["none", "fp16", "bf16", "power_sgd_rank1", "power_sgd_rank4",
          "none_one_bucket", "power_sgd_rank1_one_bucket", "power_sgd_rank4_one_bucket"]
 WIDTH, STEPS, WARMUP = 1024, 60, 10
 
 
-def run_job(launcher, command, may_fail=False):
+def hook_figures(launcher, command, may_fail=False):
     """The figures process 0 printed after `hook width`; None for a job that failed and `may_fail`."""
-    # No bytecode: comm_hook_step.py imports bench/ddp_step.py, which would leave a __pycache__ in the source tree.
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
-    out = subprocess.run([launcher, "launch", "--nproc_per_node", "2", "--master_port", "0", *command],
-                         env=env, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        if may_fail:
-            return None
-        sys.exit(f"job failed ({out.returncode}): {' '.join(command)}\n{out.stdout}\n{out.stderr}")
-    return out.stdout.strip().splitlines()[-1].split()[2:]
+    fields = run_job(launcher, command, may_fail)
+    return None if fields is None else fields[2:]
 
 
 def main():
@@ -48,11 +42,11 @@ def main():
     for r in range(rounds):
         for side, hook in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
             if side == "accel":
-                ms, bytes_per_step = run_job(launcher, [bench, hook, str(WIDTH), str(STEPS), str(WARMUP)])
+                ms, bytes_per_step = hook_figures(launcher, [bench, hook, str(WIDTH), str(STEPS), str(WARMUP)])
                 sent[hook] = float(bytes_per_step)
             else:
-                figures = run_job(launcher, [python, script, hook, str(WIDTH), str(STEPS), str(WARMUP)],
-                                  may_fail=hook.startswith("power_sgd"))
+                figures = hook_figures(launcher, [python, script, hook, str(WIDTH), str(STEPS), str(WARMUP)],
+                                       may_fail=hook.startswith("power_sgd"))
                 ms = figures[0] if figures else "nan"
             times[(side, hook)].append(float(ms))
     print(f"2 Gloo processes, 1 thread each, SGD, batch 32 per process, MLP width {WIDTH}; {STEPS} timed steps after "

@@ -9,20 +9,16 @@ Usage: ddp_compare.py LAUNCHER BENCH_DDP_STEP PYTHON_WITH_TORCH [ROUNDS]
 """
 import os
 import statistics
-import subprocess
 import sys
+
+from launch_job import run_job
 
 WIDTHS = {64: (800, 50), 256: (300, 30), 1024: (80, 10)}  # width: (steps, warm-up steps)
 ACCEL_STRATEGIES = ["accel", "per_parameter", "flat"]
 
 
-def run_job(launcher, command):
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    out = subprocess.run([launcher, "launch", "--nproc_per_node", "2", "--master_port", "0", *command],
-                         env=env, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        sys.exit(f"job failed ({out.returncode}): {' '.join(command)}\n{out.stdout}\n{out.stderr}")
-    name, width, ms = out.stdout.strip().splitlines()[-1].split()
+def milliseconds(launcher, command):
+    name, width, ms = run_job(launcher, command)
     return float(ms)
 
 
@@ -43,7 +39,7 @@ def main():
                     command = [python, script, str(width), str(steps), str(warmup)]
                 else:
                     command = [bench, name, str(width), str(steps), str(warmup)]
-                times[name].append(run_job(launcher, command))
+                times[name].append(milliseconds(launcher, command))
         ratio = {n: statistics.median(a / b for a, b in zip(times[n], times["pytorch_ddp"])) for n in ACCEL_STRATEGIES}
         params = 4 * (width * width + width) + width + 1
         print(f"{width:>6} {params:>9} | " + " ".join(f"{statistics.median(times[n]):>18.3f}" for n in names) +

@@ -12,22 +12,13 @@ Usage: sharded_compare.py LAUNCHER BENCH_SHARDED_STEP PYTHON_WITH_TORCH [ROUNDS]
 """
 import os
 import statistics
-import subprocess
 import sys
+
+from launch_job import run_job
 
 WIDTHS = {256: (200, 20), 1024: (40, 5)}  # width: (steps, warm-up steps)
 ACCEL = ["data_parallel", "zero1", "zero2", "fully_sharded", "fully_sharded_units"]
 PYTORCH = ["pytorch_ddp", "pytorch_zero", "pytorch_fsdp2", "pytorch_fsdp2_whole"]
-
-
-def run_job(launcher, command):
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    out = subprocess.run([launcher, "launch", "--nproc_per_node", "2", "--master_port", "0", *command],
-                         env=env, capture_output=True, text=True, timeout=600)
-    lines = [line for line in out.stdout.splitlines() if line.strip()]
-    if out.returncode != 0 or not lines:
-        sys.exit(f"job failed ({out.returncode}): {' '.join(command)}\n{out.stdout}\n{out.stderr}")
-    return lines[-1].split()
 
 
 def main():

@@ -3,10 +3,7 @@
 // written or loaded. One process: tests/unit/test_checkpoint_hooks.cpp.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -20,19 +17,13 @@ using gloo_accelerator = accel::accelerator<accel::fp32, accel::data_parallel<ac
 using module_list = std::vector<std::shared_ptr<torch::nn::Module>>;
 using weight_list = std::vector<accel::safetensors::tensor_list>;
 
-std::string text_of(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 }  // namespace
 
 TEST_CASE(
     "save and load pre-hooks run on every process; one that throws on one process fails the save and the load on "
     "every process, the checkpoint and the model as they were",
     "[checkpoint]") {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("accel_hooks_" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
+  const auto dir = accel_test::job_directory("accel_hooks_");
   gloo_accelerator acc;
   const int rank = acc.process_index();
   torch::manual_seed(1);
@@ -54,7 +45,7 @@ TEST_CASE(
   CHECK(torch::equal(acc.gather(torch::tensor({saves, loads}).reshape({1, 2})),
                      torch::ones({acc.num_processes(), 2}, torch::kInt)));
 
-  const auto manifest = text_of(dir / "accel_checksums.txt");
+  const auto manifest = accel_test::text_of(dir / "accel_checksums.txt");
   {
     torch::NoGradGuard no_grad;
     net->bias.fill_(7);
@@ -69,7 +60,7 @@ TEST_CASE(
                               : Catch::Contains("accel::save_state: another process failed while running the "
                                                 "save_state pre-hooks (its own error says why)"));
   acc.wait_for_everyone();
-  CHECK(text_of(dir / "accel_checksums.txt") == manifest);
+  CHECK(accel_test::text_of(dir / "accel_checksums.txt") == manifest);
   CHECK_FALSE(std::filesystem::exists(dir.string() + ".partial"));
   failing_save.remove();
 

@@ -433,11 +433,6 @@ std::vector<torch::Tensor> run_steps(int first, int last, int init_seed, const s
 /// Options that make the sharded policies write sharded checkpoints.
 const accel::options sharded_files{.sharding = {.state_dict = accel::state_dict_type::sharded}};
 
-std::filesystem::path job_directory(const std::string& stem) {
-  return std::filesystem::temp_directory_path() /
-         (stem + (std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0"));
-}
-
 }  // namespace
 
 namespace {
@@ -449,8 +444,8 @@ template <class Sharded, class Model = uneven>
 void check_resume_across_policies(const std::string& stem) {
   using sharded = accel::accelerator<accel::fp32, Sharded>;
   using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
-  const auto dir = job_directory(stem + "resume_");
-  const auto replicated_dir = job_directory(stem + "replicated_");
+  const auto dir = accel_test::job_directory(stem + "resume_");
+  const auto replicated_dir = accel_test::job_directory(stem + "replicated_");
   const auto uninterrupted = run_steps<sharded, Model>(0, 10, 5);
   run_steps<sharded, Model>(0, 5, 5, {}, dir);
   const auto resumed = run_steps<sharded, Model>(5, 10, 99, dir);
@@ -487,8 +482,8 @@ TEMPLATE_TEST_CASE(
     "[sharded]", zero1, zero2, zero3) {
   using sharded = accel::accelerator<accel::fp32, TestType>;
   using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
-  const auto dir = job_directory("accel_sharded_files_");
-  const auto merged = job_directory("accel_merged_");
+  const auto dir = accel_test::job_directory("accel_sharded_files_");
+  const auto merged = accel_test::job_directory("accel_merged_");
   const auto uninterrupted = run_steps<sharded>(0, 10, 5);
   const auto saved = run_steps<sharded>(0, 5, 5, {}, dir, sharded_files);
   const auto resumed = run_steps<sharded>(5, 10, 99, dir, {}, sharded_files);
@@ -543,7 +538,7 @@ TEST_CASE("fully_sharded writes a sharded checkpoint without gathering anything,
     opt.zero_grad();
     const auto* shards = acc.parallel().shards_of(adamw);
     const auto before = shards->all_gather_count();
-    const auto dir = job_directory("accel_gathers_of_a_save_");
+    const auto dir = accel_test::job_directory("accel_gathers_of_a_save_");
     acc.save_state(dir);
     const auto gathers = shards->all_gather_count() - before;
     acc.wait_for_everyone();
@@ -588,7 +583,7 @@ TEMPLATE_TEST_CASE(
   using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
   const auto dir = cross_job_directory(TestType::name() + "_sharded");
   const auto full = cross_job_directory(TestType::name());  // the same state, saved whole
-  const auto again = job_directory("accel_sharded_saved_again_");
+  const auto again = accel_test::job_directory("accel_sharded_saved_again_");
   // Loaded from the shard files of 2 processes, saved again whole: the state the 2 processes saved whole.
   const auto loaded = run_steps<sharded>(5, 5, 99, dir, again);
   const auto copied = run_steps<replicated>(5, 5, 99, full);
@@ -609,7 +604,7 @@ TEMPLATE_TEST_CASE(
   using sharded = accel::accelerator<accel::fp32, TestType>;
   using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
   const auto dir = cross_job_directory(TestType::name());
-  const auto again = job_directory("accel_saved_again_");
+  const auto again = accel_test::job_directory("accel_saved_again_");
   // Loaded and saved again at once: each process's shard, gathered whole, is what the 2 processes saved.
   const auto loaded = run_steps<sharded>(5, 5, 99, dir, again);
   const auto copied = run_steps<replicated>(5, 5, 99, dir);
@@ -1152,15 +1147,14 @@ TEMPLATE_TEST_CASE(
   // Prepared normally, the same model would take process 0's weights.
   torch::nn::Linear trained(4, 3);
   auto model = acc.prepare(trained);
-  const auto dir = accel_test::scratch_directory("evaluation_mode") / "checkpoint";
-  std::vector<std::string> shared{dir.string()};
-  acc.broadcast_object_list(shared);  // process 0's directory
-  acc.save_state(shared[0]);
+  const auto dir = accel_test::job_directory("accel_evaluation_mode_");
+  acc.save_state(dir / "checkpoint");
   if (acc.is_main_process()) {
-    const auto saved = accel::safetensors::load(std::filesystem::path(shared[0]) / "model.safetensors");
+    const auto saved = accel::safetensors::load(dir / "checkpoint" / "model.safetensors");
     REQUIRE(saved.size() == 2);
     CHECK(saved[0].first == "weight");
     CHECK(torch::equal(saved[0].second, own_weight));  // the main process's evaluation model, saved first
   }
   acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
 }

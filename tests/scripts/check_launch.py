@@ -14,18 +14,11 @@ import sys
 import tempfile
 import time
 
+from checks import CheckFailed, check
+
 ACCEL = ""
 PROBE = ""
 WORK = ""  # a fresh temporary directory per run
-
-
-class CheckFailed(Exception):
-    pass
-
-
-def check(condition, message):
-    if not condition:
-        raise CheckFailed(message)
 
 
 def clean_environment(changes=None):

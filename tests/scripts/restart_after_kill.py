@@ -23,19 +23,12 @@ import sys
 import threading
 import time
 
+from checks import CheckFailed, check, job_environment
+
 TOTAL_STEPS, SAVE_EVERY = 200, 20  # as restart_training trains
 JOB_TIMEOUT = 120  # seconds: a hang fails, a loaded machine does not (a job takes about 2 s alone)
 STEP_LINE = re.compile(r"restart_training: rank (\d) pid (\d+) attempt (\d+) step (\d+)$")
 RESUME_LINE = re.compile(r"restart_training: rank (\d) attempt (\d+) (?:resumed from (\S+) at step (\d+)|found no)")
-
-
-class CheckFailed(Exception):
-    pass
-
-
-def check(condition, message):
-    if not condition:
-        raise CheckFailed(message)
 
 
 class Job:
@@ -49,8 +42,7 @@ class Job:
         self.pids = {}  # (attempt, rank) -> pid
         self.resumed = {}  # (attempt, rank) -> (checkpoint path or None, step)
         self.timed_out = False
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
-        env.update(OMP_NUM_THREADS="1", ACCEL_CONFIG_FILE="")  # one thread: deterministic; no config file
+        env = job_environment()
         os.makedirs(directory)
         self.command = [accel, "launch", "--nproc_per_node", "2", "--master_port", "0", "--max_restarts", "3",
                         "--restart_delay", "0", program, self.project, self.out]

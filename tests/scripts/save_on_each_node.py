@@ -25,18 +25,11 @@ import subprocess
 import sys
 import time
 
+from checks import CheckFailed, check, job_environment
+
 JOB_TIMEOUT = 120  # seconds for a job: a hang fails, a loaded machine does not (a job takes about 3 s alone)
 SHARED_FILES = {"accel_checksums.txt", "accel_state.bin", "model.safetensors", "optimizer.bin", "scheduler.bin"}
 LINE = re.compile(r"^node_checkpoint: rank (\d) (.*)$")
-
-
-class CheckFailed(Exception):
-    pass
-
-
-def check(condition, message):
-    if not condition:
-        raise CheckFailed(message)
 
 
 def random_states(*ranks):
@@ -49,8 +42,7 @@ class Job:
 
     def __init__(self, accel, program, port, case_dir, args):
         Job.count += 1
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
-        env.update(OMP_NUM_THREADS="1", ACCEL_CONFIG_FILE="")  # one thread: deterministic; no config file
+        env = job_environment()
         self.logs, launchers = [], []
         for node in (0, 1):
             cwd = os.path.join(case_dir, f"node{node}")

@@ -25,9 +25,7 @@ struct value {
   std::vector<std::string> keys;
   std::vector<value> items;
 
-  [[nodiscard]] bool is_object() const { return type == kind::object; }
   [[nodiscard]] bool is_array() const { return type == kind::array; }
-  [[nodiscard]] bool is_string() const { return type == kind::string; }
   [[nodiscard]] bool is_number() const { return type == kind::number; }
   /// The member named `key` of an object; nullptr when there is none (or this is not an object).
   [[nodiscard]] const value* find(std::string_view key) const {

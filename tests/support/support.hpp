@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -40,6 +42,32 @@ inline std::filesystem::path scratch_directory(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+/// A directory path shared by the processes of one multi-process job, and by no other job: `stem` followed by the
+/// job's MASTER_PORT, under the temporary directory (not created).
+inline std::filesystem::path job_directory(const std::string& stem) {
+  const char* port = std::getenv("MASTER_PORT");
+  return std::filesystem::temp_directory_path() / (stem + (port != nullptr ? port : "0"));
+}
+
+/// Case J3: the sizes Accelerate's find_executable_batch_size(starting_batch_size=128) tries down to 8.
+inline const std::vector<int> j3_sizes{128, 115, 103, 92, 82, 73, 65, 58, 52, 46, 41, 36,
+                                       32,  28,  25,  22, 19, 17, 15, 13, 11, 9,  8};
+
+/// Where `allocate_too_much` puts its allocation's address, so that it cannot be optimised away.
+inline volatile void* escaped_allocation = nullptr;
+
+/// A real failed allocation: 4 PiB, which LibTorch's CPU allocator refuses with a c10::Error.
+inline void allocate_too_much() {
+  auto tensor = torch::empty({1LL << 50});
+  escaped_allocation = tensor.data_ptr();
+}
+
+/// The whole contents of `file` (empty when it cannot be read).
+inline std::string text_of(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 /// Two-layer perceptron, the workhorse of the equivalence tests.

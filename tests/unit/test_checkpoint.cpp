@@ -631,10 +631,7 @@ TEST_CASE("save_state keeps what accel did not write: files, directories, links,
     acc.save_state(ckpt);
     metrics << step << ",0.5\n" << std::flush;
   }
-  const auto text = [](const std::filesystem::path& file) {
-    std::ifstream in(file);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
+  const auto text = accel_test::text_of;
   CHECK(text(ckpt / "metrics.csv") == "step,loss\n0,0.5\n1,0.5\n2,0.5\n");
   CHECK(text(ckpt / "notes.txt") == "mine");
   CHECK(text(ckpt / "logs" / "run.txt") == "log");

@@ -4,10 +4,7 @@
 // tests/distributed/test_checkpoint_hooks.cpp; on two nodes: tests/scripts/save_on_each_node.py.
 #include <catch2/catch.hpp>
 
-#include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -23,11 +20,6 @@ using module_list = std::vector<std::shared_ptr<torch::nn::Module>>;
 using weight_list = std::vector<accel::safetensors::tensor_list>;
 
 std::filesystem::path scratch(const std::string& name) { return accel_test::scratch_directory("checkpoint_" + name); }
-
-std::string text_of(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 /// The names `save_state` wrote into `directory`: its regular files.
 std::set<std::string> files_in(const std::filesystem::path& directory) {
@@ -89,11 +81,6 @@ struct two_models {
                                                          std::declval<torch::nn::Linear&>(),
                                                          std::declval<torch::optim::SGD&>())) prepared;
 };
-
-bool same_tensors(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](const auto& x, const auto& y) { return torch::equal(x, y); });
-}
 
 }  // namespace
 
@@ -210,13 +197,13 @@ TEST_CASE(
                     Contains("this program 2 after its load_state pre-hooks (which must remove the models whose "
                              "weights its save_state pre-hooks removed)"));
   keeps_all.remove();
-  CHECK(same_tensors(resumed.snapshot(), before));
+  CHECK(accel_test::all_equal(resumed.snapshot(), before));
   resumed.acc.register_load_state_pre_hook([](module_list& models, const std::filesystem::path& directory) {
     accel::load_model(*models[0], directory / "first");
     models.erase(models.begin());
   });
   resumed.acc.load_state(ckpt);
-  CHECK(same_tensors(resumed.snapshot(), saved));
+  CHECK(accel_test::all_equal(resumed.snapshot(), saved));
   std::filesystem::remove_all(dir);
 }
 
@@ -228,7 +215,7 @@ TEST_CASE(
   const auto ckpt = dir / "ckpt";
   two_models run(1);
   run.acc.save_state(ckpt);
-  const auto manifest = text_of(ckpt / "accel_checksums.txt");
+  const auto manifest = accel_test::text_of(ckpt / "accel_checksums.txt");
   const auto saved = run.snapshot();
   {
     torch::NoGradGuard no_grad;
@@ -237,20 +224,20 @@ TEST_CASE(
   auto failing_save = run.acc.register_save_state_pre_hook(
       [](const module_list&, weight_list&, const std::filesystem::path&) { throw std::runtime_error("disk quota"); });
   CHECK_THROWS_WITH(run.acc.save_state(ckpt), "disk quota");
-  CHECK(text_of(ckpt / "accel_checksums.txt") == manifest);
+  CHECK(accel_test::text_of(ckpt / "accel_checksums.txt") == manifest);
   CHECK_FALSE(std::filesystem::exists(dir / "ckpt.partial"));
   const auto changed = run.snapshot();
   auto failing_load = run.acc.register_load_state_pre_hook(
       [](module_list&, const std::filesystem::path&) { throw std::runtime_error("no such subfolder"); });
   CHECK_THROWS_WITH(run.acc.load_state(ckpt), "no such subfolder");
-  CHECK(same_tensors(run.snapshot(), changed));
+  CHECK(accel_test::all_equal(run.snapshot(), changed));
   CHECK_FALSE(run.acc.resumed_from().has_value());
   failing_load.remove();
   run.acc.load_state(ckpt);  // the checkpoint saved before the failure
-  CHECK(same_tensors(run.snapshot(), saved));
+  CHECK(accel_test::all_equal(run.snapshot(), saved));
   failing_save.remove();
   run.acc.save_state(ckpt);
-  CHECK(text_of(ckpt / "accel_checksums.txt") == manifest);  // the same state, the same files
+  CHECK(accel_test::text_of(ckpt / "accel_checksums.txt") == manifest);  // the same state, the same files
   std::filesystem::remove_all(dir);
 }
 

@@ -15,9 +15,7 @@
 
 namespace {
 
-/// Case J3: the sizes Accelerate's find_executable_batch_size(starting_batch_size=128) tries down to 8.
-const std::vector<int> j3_sizes{128, 115, 103, 92, 82, 73, 65, 58, 52, 46, 41, 36,
-                                32,  28,  25,  22, 19, 17, 15, 13, 11, 9,  8};
+using accel_test::j3_sizes;
 
 volatile void* escaped = nullptr;  // where an allocation's address goes, so that it cannot be optimised away
 
@@ -27,11 +25,9 @@ enum class out_of_memory_kind { libtorch_cpu, bad_alloc, c10_out_of_memory, cuda
 
 [[noreturn]] void run_out_of_memory(out_of_memory_kind kind) {
   switch (kind) {
-    case out_of_memory_kind::libtorch_cpu: {  // 4 PiB: LibTorch's CPU allocator throws a c10::Error
-      auto tensor = torch::empty({1LL << 50});
-      escaped = tensor.data_ptr();
+    case out_of_memory_kind::libtorch_cpu:
+      accel_test::allocate_too_much();
       break;
-    }
     case out_of_memory_kind::bad_alloc: {  // 1 EiB through operator new
       std::vector<char> buffer(std::size_t{1} << 60);
       escaped = buffer.data();

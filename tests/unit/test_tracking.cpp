@@ -46,11 +46,6 @@ std::vector<std::string> lines_of(const std::filesystem::path& file) {
   return lines;
 }
 
-std::string text_of(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 /// `text` with each wall time (group 2 of `pattern`, after group 1) replaced by W, having checked that it lies in
 /// [from, to].
 std::string without_wall_times(const std::string& text, const std::regex& pattern, double from, double to) {
@@ -173,7 +168,7 @@ TEST_CASE("csv: one row per metric, names quoted, non-finite values as Python wr
     acc.log({{"loss", not_a_number}, {"acc", -infinity}, {"line\nbreak", 1e-5}}, 1);  // other keys than the first call
     acc.log({{"lr", 2.5e20}}, 2);
   }
-  CHECK(without_wall_times(text_of(dir / "run" / "metrics.csv"), csv_wall_time, before, now()) ==
+  CHECK(without_wall_times(accel_test::text_of(dir / "run" / "metrics.csv"), csv_wall_time, before, now()) ==
         "wall_time,step,name,value\n"
         "W,0,loss,0.5\n"
         "W,0,\"a,b \"\"c\"\"\",3\n"
@@ -193,7 +188,7 @@ TEST_CASE("json lines: one object per log call, keys escaped, NaN and Infinity a
     acc.log({{"loss", 0.5}, {"lr", 0.001}}, 3);
     acc.log({{"say \"hi\"\\\n\t", not_a_number}, {"up", infinity}, {"down", -infinity}, {"count", 42}}, 4);
   }
-  CHECK(without_wall_times(text_of(dir / "run" / "metrics.jsonl"), json_wall_time, before, now()) ==
+  CHECK(without_wall_times(accel_test::text_of(dir / "run" / "metrics.jsonl"), json_wall_time, before, now()) ==
         R"({"step": 3, "wall_time": W, "loss": 0.5, "lr": 0.001})"
         "\n"
         R"({"step": 4, "wall_time": W, "say \"hi\"\\\u000a\u0009": NaN, )"
@@ -214,7 +209,7 @@ TEST_CASE("init_trackers writes config.json in the run directory, under logging_
                               {"samples", std::size_t{1000}},
                               {"weight_decay", 1e-5f},
                               {"note", std::string("a \"b\"")}});
-  CHECK(text_of(dir / "logs" / "run 1" / "config.json") ==
+  CHECK(accel_test::text_of(dir / "logs" / "run 1" / "config.json") ==
         "{\n"
         "  \"lr\": 0.01,\n"
         "  \"batch_size\": 32,\n"

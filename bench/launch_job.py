@@ -1,0 +1,20 @@
+"""What the comparison drivers share: one 2-process job under `accel launch`, and the figures it printed last."""
+import os
+import subprocess
+import sys
+
+
+def run_job(launcher, command, may_fail=False):
+    """The fields of the last line the job printed (process 0's figures); None for a job that failed and `may_fail`,
+    else a failed job ends the driver with its output."""
+    # One thread per process, OpenBLAS included; no bytecode, so that the Python jobs' imports of bench/ modules
+    # leave no __pycache__ in the source tree.
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    out = subprocess.run([launcher, "launch", "--nproc_per_node", "2", "--master_port", "0", *command],
+                         env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode == 0 and lines:
+        return lines[-1].split()
+    if may_fail:
+        return None
+    sys.exit(f"job failed ({out.returncode}): {' '.join(command)}\n{out.stdout}\n{out.stderr}")
