@@ -28,11 +28,11 @@
 #include "concepts.hpp"
 #include "checkpoint.hpp"
 #include "data_loader.hpp"
-#include "detail/accelerator_access.hpp"
-#include "detail/checkpoint_schedule.hpp"
-#include "detail/diagnostics.hpp"
-#include "detail/registry.hpp"
-#include "detail/scope.hpp"
+#include "detail/prepared/accelerator_access.hpp"
+#include "detail/checkpoint/schedule.hpp"
+#include "detail/support/diagnostics.hpp"
+#include "detail/prepared/registry.hpp"
+#include "detail/support/scope.hpp"
 #include "gradient_state.hpp"
 #include "memory.hpp"
 #include "options.hpp"
@@ -104,7 +104,7 @@ class accelerator {
         accumulation_(opts),
         options_(opts),
         schedule_(opts.project),
-        checkpoints_(opts.project),
+        state_(parallel_, registry_, opts.project, precision_, accumulation_, parallel_, schedule_),
         trackers_(opts.log_with, opts.project) {}
 
   accelerator(const accelerator&) = delete;
@@ -381,8 +381,7 @@ class accelerator {
   /// LibTorch's CUDA caching allocator gives the memory it keeps unused back to the device), so that what the released
   /// objects held is free for the next model, or for another process.
   void free_memory() {
-    registry_.release_prepared();
-    parallel_.release_models();
+    state_.release_prepared();
     accumulation_.restart();
     gradient_state_ = {};
     clear_device_cache();
@@ -395,7 +394,8 @@ class accelerator {
   template <class... T>
   void register_for_checkpointing(T&... objects) {
     static_assert(sizeof...(T) > 0, "accel::register_for_checkpointing takes the objects to checkpoint");
-    std::vector<detail::checkpoint_slot> slots{detail::slot_for("custom_checkpoint", objects)...};
+    std::vector<detail::checkpoint_slot> slots{
+        detail::slot_for(detail::checkpoint_files::kind::custom_checkpoint, objects)...};
     const std::vector<std::string> types{c10::demangle(typeid(T).name())...};
     std::string invalid;
     for (std::size_t i = 0; i < slots.size(); ++i)
@@ -416,33 +416,29 @@ class accelerator {
   /// pre-hooks run first. A collective. With `{.safe_serialization = false}` the model files are Accelerate's
   /// `pytorch_model.bin`, `pytorch_model_1.bin`, ... (pickled dicts of tensors) instead.
   void save_state(const std::filesystem::path& directory, save_options how = {}) {
-    detail::save_state(directory, how.safe_serialization, parallel_, registry_, checkpoints_, precision_, accumulation_,
-                       parallel_, schedule_);
+    state_.save(directory, how.safe_serialization);
   }
 
   /// `save_state` into the project's next automatic checkpoint (`options::project`):
   /// `{project_dir}/checkpoints/checkpoint_{save_iteration()}`, then removes the oldest beyond `total_limit`.
   /// Returns the directory written.
-  std::filesystem::path save_state(save_options how = {}) {
-    return detail::save_numbered_state(checkpoints_, how.safe_serialization, parallel_, registry_, precision_,
-                                       accumulation_, parallel_, schedule_);
-  }
+  std::filesystem::path save_state(save_options how = {}) { return state_.save_next(how.safe_serialization); }
   /// The number of the checkpoint the next `save_state()` writes (Accelerate's `save_iteration`).
-  [[nodiscard]] std::int64_t save_iteration() const { return detail::next_checkpoint_number(checkpoints_); }
+  [[nodiscard]] std::int64_t save_iteration() const { return detail::next_checkpoint_number(state_.settings()); }
   /// Makes the next `save_state()` write `checkpoint_{next}`, and the saves after it count up from there.
   void set_save_iteration(std::int64_t next) {
     detail::checkpoint_settings::check_checkpoint_number(next, "accel::set_save_iteration");
-    checkpoints_.next_number = next;
+    state_.settings().next_number = next;
   }
   /// Registers `hook` to run on every process at the start of each `save_state`, after the hooks registered before it
   /// (Accelerate's `register_save_state_pre_hook`; `save_state_pre_hook` says what it gets). `remove()` on the handle
   /// unregisters it.
   removable_handle register_save_state_pre_hook(save_state_pre_hook hook) {
-    return checkpoints_.save_hooks.add(std::move(hook), "accel::register_save_state_pre_hook");
+    return state_.settings().save_hooks.add(std::move(hook), "accel::register_save_state_pre_hook");
   }
   /// The same for `load_state` (`load_state_pre_hook`).
   removable_handle register_load_state_pre_hook(load_state_pre_hook hook) {
-    return checkpoints_.load_hooks.add(std::move(hook), "accel::register_load_state_pre_hook");
+    return state_.settings().load_hooks.add(std::move(hook), "accel::register_load_state_pre_hook");
   }
   /// `load_state` from the project's newest complete automatic checkpoint.
   void load_state(std::optional<accel::map_location> where = std::nullopt) {
@@ -456,8 +452,7 @@ class accelerator {
   /// read to (Accelerate's `map_location`; by default `on_device` with several processes on devices of their own,
   /// else `cpu`); it ends on its parameters' devices either way.
   void load_state(const std::filesystem::path& directory, std::optional<accel::map_location> where = std::nullopt) {
-    detail::load_state(directory, where, parallel_, registry_, checkpoints_, precision_, accumulation_, parallel_,
-                       schedule_);
+    state_.load(directory, where);
     resumed_from_ = directory;
   }
   /// The checkpoint this run last loaded (by `load_state` or `options::project.resume`); empty when none.
@@ -501,12 +496,14 @@ class accelerator {
     static_assert(sizeof...(Models) > 0, "accel::accelerator::join_uneven_inputs takes the prepared models to join");
     if constexpr (detail::always_one_process<Parallel>) {
       return detail::no_scope{};
+    } else if constexpr (!Parallel::joins_uneven_inputs) {
+      static_assert(detail::always_false<Parallel>,
+                    "accel::accelerator::join_uneven_inputs needs a parallel policy that joins uneven inputs "
+                    "(joins_uneven_inputs, as data_parallel): a policy that communicates around each optimizer step "
+                    "(the sharded ones) cannot be followed by a process that ran out of data; keep even_batches (the "
+                    "default) with it");
+      return detail::no_scope{};
     } else {
-      static_assert(
-          requires(Parallel& parallel) { parallel.finish_join(); },
-          "accel::accelerator::join_uneven_inputs works with data_parallel: zero1, zero2 and fully_sharded "
-          "also communicate around each optimizer step, which a process that ran out of data cannot "
-          "follow; keep even_batches (the default) with them");
       std::vector<std::pair<std::shared_ptr<detail::even_batches_switch>, bool>> overridden;
       if (num_processes() > 1 && join.even_batches) overridden = override_even_batches(*join.even_batches);
       const bool active = num_processes() > 1 && !join.even_batches.value_or(options_.even_batches);
@@ -572,14 +569,14 @@ class accelerator {
 
   /// The model's full weights (Accelerate's `get_state_dict`): each parameter, then each buffer, under its dotted
   /// name, copied to a CPU tensor of its own, the same on every process. Under the sharded policies too: zero1 and
-  /// zero2 keep every parameter whole; under fully_sharded each parameter is gathered in turn (a collective: every
+  /// zero2 keep every parameter full; under fully_sharded each parameter is gathered in turn (a collective: every
   /// process calls it), so that the peak is one parameter.
   template <class Model>
   [[nodiscard]] safetensors::tensor_list get_state_dict(const Model& model) {
     auto state = detail::state_of(detail::module_of(model));
     const auto parameters = detail::module_of(model).parameters().size();
     for (std::size_t i = 0; i < state.size(); ++i) {
-      auto whole = i < parameters ? parallel_.whole_parameter(state[i].second) : state[i].second;
+      auto whole = i < parameters ? parallel_.full_parameter(state[i].second) : state[i].second;
       state[i].second = whole.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
     }
     return state;
@@ -635,10 +632,7 @@ class accelerator {
   }
   /// The end of join_uneven_inputs on this process: shadow the others until all are done, then every process takes
   /// the last one's training state.
-  void finish_join() {
-    const int last = parallel_.finish_join();
-    detail::share_training_state(parallel_, registry_, last, precision_, accumulation_, schedule_);
-  }
+  void finish_join() { state_.share_from(parallel_.finish_join()); }
 
   template <class Model>
   auto gradient_sync_scope(const Model& model, bool enabled, bool this_backward) {
@@ -748,10 +742,11 @@ class accelerator {
   accel::options options_;
   accel::gradient_state gradient_state_;
   detail::checkpoint_schedule schedule_;
-  detail::checkpoint_settings checkpoints_;  // its project options, pre-hooks and next automatic number
   std::optional<std::filesystem::path> resumed_from_;
   bool trigger_ = false;
   detail::prepared_registry registry_;
+  /// What checkpoints hold, and who holds it: the participants with state of their own are listed here, once.
+  detail::training_state<Parallel, Precision, Accumulation, Parallel, detail::checkpoint_schedule> state_;
   detail::tracker_set trackers_;  // last: finished first when the accelerator is destroyed
 };
 

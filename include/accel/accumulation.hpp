@@ -25,7 +25,7 @@
 #include <type_traits>
 
 #include "concepts.hpp"
-#include "detail/diagnostics.hpp"
+#include "detail/support/diagnostics.hpp"
 #include "options.hpp"
 
 namespace accel {

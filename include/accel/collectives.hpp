@@ -13,10 +13,10 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/data/example.h>
 
-#include "detail/batch_channel.hpp"
-#include "detail/ivalue_form.hpp"
-#include "detail/tensor_structure.hpp"
-#include "detail/text.hpp"
+#include "detail/data/batch_channel.hpp"
+#include "detail/comm/ivalue_form.hpp"
+#include "detail/support/tensor_structure.hpp"
+#include "detail/support/text.hpp"
 
 #include <algorithm>
 #include <cctype>

@@ -5,7 +5,10 @@
 /// - a precision policy:    `using policy_category = accel::precision_tag;`, the required hooks of
 ///                          `detail::precision_hooks` below, and those of `detail::precision_defaulted_hooks`
 ///                          (derive from `accel::precision_defaults` and redefine what differs);
-/// - a parallel policy:     likewise `parallel_tag`, `detail::parallel_hooks`, `accel::parallel_defaults`;
+/// - a parallel policy:     `parallel_tag` and the facets below (`detail::process_topology`, `model_preparation`,
+///                          `gradient_synchronisation`, `optimizer_stepping`, `checkpoint_participation`, and
+///                          `uneven_inputs` where it declares `joins_uneven_inputs`), the defaulted hooks and the
+///                          capabilities from `accel::parallel_defaults`;
 /// - an accumulation policy:likewise `accumulation_tag`, `detail::accumulation_hooks`, `accel::accumulation_defaults`;
 /// - any policy with state: `save_state(archive) const` and `load_state(archive)` (`detail::stateful_policy`),
 ///                          saved in every checkpoint;
@@ -20,7 +23,7 @@
 #include <vector>
 #include <type_traits>
 
-#include "detail/diagnostics.hpp"
+#include "detail/support/diagnostics.hpp"
 #include "fwd.hpp"
 
 namespace c10 {
@@ -95,39 +98,77 @@ concept precision_defaulted_hooks = requires(P& p, const P& cp, const at::Tensor
   { cp.loss_scale() } -> std::convertible_to<double>;  // what gradients are multiplied by until unscaled
 };
 
-/// What the accelerator calls on its parallel policy: the required hooks...
+// The parallel seam, as facets by purpose. Each facet's hooks are written once, here, one per line with what it is
+// for; docs/architecture.md's facet tables and each facet's message below list the same names, which
+// `docs.parallel_facets` checks. A facet marked "defaults" takes every hook it lacks from `accel::parallel_defaults`
+// (parallel.hpp), which holds what replicated data parallelism does.
+
+/// \facet process topology (required): which processes exist, where this one computes, what collectives run on.
 template <class Q>
-concept parallel_hooks = std::constructible_from<Q, const options&> && requires(Q& q, const Q& cq,
-                                                                                torch::nn::Module& module) {
-  { cq.device() } -> std::convertible_to<const c10::Device&>;
-  { cq.process_index() } -> std::convertible_to<int>;
-  { cq.local_process_index() } -> std::convertible_to<int>;
-  { cq.num_processes() } -> std::convertible_to<int>;
-  q.wait_for_everyone();
-  q.prepare_model(module);  // broadcast parameters, register gradient hooks (data parallel)
-  { cq.gradient_sync(module) } -> std::convertible_to<bool>;
-  q.set_gradient_sync(module, true, false);  // enabled, this_backward: no_sync, accumulation, trigger_sync_in_backward
-  q.before_forward(module);                  // each forward of a prepared model: arm gradient hooks, sync buffers
-  q.communicator();                          // what the collectives run on (accel/collectives.hpp)
+concept process_topology = std::constructible_from<Q, const options&> && requires(Q& q, const Q& cq) {
+  { cq.device() } -> std::convertible_to<const c10::Device&>;  // acc.device(), the precision policy's constructor
+  { cq.process_index() } -> std::convertible_to<int>;          // the process queries, sharding, file names
+  { cq.local_process_index() } -> std::convertible_to<int>;    // this machine's processes
+  { cq.num_processes() } -> std::convertible_to<int>;          // a static constexpr 1: no sharding at all
+  q.wait_for_everyone();                                       // acc.wait_for_everyone(), main_process_first
+  q.communicator();                                            // every collective (accel/collectives.hpp)
 };
-/// ...and those `accel::parallel_defaults` provides (parallel.hpp), which a policy may redefine.
+
+/// \facet model preparation: what happens to a prepared model, at prepare and before each forward.
 template <class Q>
-concept parallel_defaulted_hooks =
+concept model_preparation = requires(Q& q, torch::nn::Module& module) {
+  q.prepare_model(module);   // prepare(model): broadcast, gradient hooks, shards
+  q.before_forward(module);  // each forward of a prepared model: arm gradient hooks, sync buffers, gather
+  q.release_models();        // defaults: free_memory forgets every prepared model
+};
+
+/// \facet gradient synchronisation (required): whether backward communicates gradients.
+template <class Q>
+concept gradient_synchronisation = requires(Q& q, const Q& cq, torch::nn::Module& module) {
+  { cq.gradient_sync(module) } -> std::convertible_to<bool>;  // accumulate, no_sync
+  q.set_gradient_sync(module, true, false);  // enabled, this_backward: no_sync, accumulation, trigger_sync_in_backward
+};
+
+/// \facet optimizer stepping (defaults): how a prepared optimizer steps, and the checks that span processes.
+template <class Q>
+concept optimizer_stepping = requires(Q& q, torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params) {
+  q.prepare_optimizer(opt);                                         // prepare(optimizer): a sharded policy splits it
+  q.attach_gradients(opt);                                          // before unscale, clip and step read gradients
+  q.step_optimizer(opt);                                            // the step (a sharded one steps its shard)
+  q.zero_grad(opt, true);                                           // prepared_optimizer::zero_grad(set_to_none)
+  { q.any_non_finite(true) } -> std::convertible_to<bool>;          // every process's verdict on inf/NaN
+  { q.gradient_norm(params, 2.0) } -> std::convertible_to<double>;  // the norm over every process's part
+  { q.clip_grad_norm(params, 1.0, 2.0) } -> std::convertible_to<double>;  // clip_grad_norm_
+};
+
+/// \facet checkpoint participation (defaults): what a checkpoint reads and writes of the parallel state.
+template <class Q>
+concept checkpoint_participation =
     requires(Q& q, torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params, torch::nn::Module& module) {
-      { Q::name() } -> std::convertible_to<std::string_view>;
-      q.prepare_optimizer(opt);  // at prepare (a sharded policy partitions its state)
-      q.attach_gradients(opt);   // before unscale, clip and step read the gradients
-      q.step_optimizer(opt);     // the step itself (a sharded one steps its shard, gathers)
-      q.zero_grad(opt, true);    // prepared_optimizer::zero_grad (set_to_none)
-      { q.any_non_finite(true) } -> std::convertible_to<bool>;          // every process's verdict on inf/NaN gradients
-      { q.gradient_norm(params, 2.0) } -> std::convertible_to<double>;  // the total norm over every process's part
-      { q.clip_grad_norm(params, 1.0, 2.0) } -> std::convertible_to<double>;
-      q.with_full_parameters(module, [] {});  // checkpoints: the weights whole for the while
-      { q.whole_parameter(params.front()) } -> std::convertible_to<at::Tensor>;  // get_state_dict, one at a time
-      q.release_models();                                                        // free_memory
-      { q.checkpoint_format() } -> std::convertible_to<state_dict_type>;         // what save_state writes
-      q.shard_of(params.front());                                                // a sharded checkpoint's part
+      { q.checkpoint_format() } -> std::convertible_to<state_dict_type>;        // what save_state writes
+      q.with_full_parameters(module, [] {});                                    // the weights full for the while
+      { q.full_parameter(params.front()) } -> std::convertible_to<at::Tensor>;  // get_state_dict, one at a time
+      q.with_full_optimizer_state(opt, [] {});  // save_state: the optimizer holding the job's full state for the while
+      q.load_full_optimizer_state(opt, [] {});  // load_state: a full state loaded, the policy keeps its part
+      q.shard_of(params.front());               // a sharded checkpoint's part of a parameter
     };
+
+/// \facet uneven inputs (declared): join_uneven_inputs, for a policy with `joins_uneven_inputs = true`.
+template <class Q>
+concept uneven_inputs = requires(Q& q, const std::vector<const torch::nn::Module*>& modules) {
+  q.begin_join(modules);                            // the join starts: forwards announce themselves
+  { q.finish_join() } -> std::convertible_to<int>;  // this process ran out of data: the last process to finish
+  { q.abandon_join() } noexcept;                    // an exception left the scope: forget the join
+};
+
+/// The capabilities a parallel policy declares (`parallel_defaults` gives replicated data parallelism's), read
+/// instead of probing the policy or naming it.
+template <class Q>
+concept declares_capabilities = requires {
+  { Q::name() } -> std::convertible_to<std::string_view>;               // messages, dispatch's list
+  requires std::same_as<decltype(Q::joins_uneven_inputs), const bool>;  // has the uneven inputs facet
+  requires std::same_as<decltype(Q::steps_alone), const bool>;          // each process can step its whole model alone
+};
 
 /// What the accelerator calls on its accumulation policy: the required hooks...
 template <class A>
@@ -160,15 +201,26 @@ concept precision_policy =
      detail::unsatisfied<"this precision policy lacks name(), mixed_precision(), prepare_model(module), backward(loss), unscale(optimizer, parallel), step(optimizer, parallel), step_was_skipped() or loss_scale(): derive it from accel::precision_defaults", P>()) &&
     detail::well_formed_state_hooks<P>;
 
-/// A parallel policy: `accel::single_process` or `accel::data_parallel<accel::gloo / accel::nccl>`.
+/// A parallel policy: `accel::single_process`, `accel::data_parallel<Backend>`, `accel::zero1<Backend>`,
+/// `accel::zero2<Backend>` or `accel::fully_sharded<Backend>`; or one of yours, written against the facets above.
 template <class Q>
 concept parallel_policy =
     (detail::has_category<Q, parallel_tag> ||
-     detail::unsatisfied<"accel::accelerator's 2nd argument must be a parallel policy: accel::single_process or accel::data_parallel<accel::gloo or accel::nccl>", Q>()) &&
-    (detail::parallel_hooks<Q> ||
-     detail::unsatisfied<"this parallel policy lacks a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone(), prepare_model(module), gradient_sync(module), set_gradient_sync(module, bool enabled, bool this_backward), before_forward(module) or communicator(): see accel/concepts.hpp", Q>()) &&
-    (detail::parallel_defaulted_hooks<Q> ||
-     detail::unsatisfied<"this parallel policy lacks name(), prepare_optimizer(optimizer), step_optimizer(optimizer), any_non_finite(bool), gradient_norm(parameters, norm_type), clip_grad_norm(parameters, max_norm, norm_type), with_full_parameters(module, action), whole_parameter(parameter), release_models(), checkpoint_format() or shard_of(parameter): derive it from accel::parallel_defaults", Q>()) &&
+     detail::unsatisfied<"accel::accelerator's 2nd argument must be a parallel policy: accel::single_process, accel::data_parallel<accel::gloo or accel::nccl>, accel::zero1, accel::zero2 or accel::fully_sharded", Q>()) &&
+    (detail::process_topology<Q> ||
+     detail::unsatisfied<"this parallel policy lacks a hook of the process topology facet: a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone() or communicator(): see accel/concepts.hpp", Q>()) &&
+    (detail::model_preparation<Q> ||
+     detail::unsatisfied<"this parallel policy lacks a hook of the model preparation facet: prepare_model(module), before_forward(module) or release_models(): see accel/concepts.hpp", Q>()) &&
+    (detail::gradient_synchronisation<Q> ||
+     detail::unsatisfied<"this parallel policy lacks a hook of the gradient synchronisation facet: gradient_sync(module) or set_gradient_sync(module, bool enabled, bool this_backward): see accel/concepts.hpp", Q>()) &&
+    (detail::optimizer_stepping<Q> ||
+     detail::unsatisfied<"this parallel policy lacks a hook of the optimizer stepping facet: prepare_optimizer(optimizer), attach_gradients(optimizer), step_optimizer(optimizer), zero_grad(optimizer, set_to_none), any_non_finite(bool), gradient_norm(parameters, norm_type) or clip_grad_norm(parameters, max_norm, norm_type): derive it from accel::parallel_defaults", Q>()) &&
+    (detail::checkpoint_participation<Q> ||
+     detail::unsatisfied<"this parallel policy lacks a hook of the checkpoint participation facet: checkpoint_format(), with_full_parameters(module, action), full_parameter(parameter), with_full_optimizer_state(optimizer, write), load_full_optimizer_state(optimizer, load) or shard_of(parameter): derive it from accel::parallel_defaults", Q>()) &&
+    (detail::declares_capabilities<Q> ||
+     detail::unsatisfied<"this parallel policy lacks name() or its capabilities (static constexpr bool joins_uneven_inputs, steps_alone): derive it from accel::parallel_defaults", Q>()) &&
+    (!detail::declares_capabilities<Q> || !Q::joins_uneven_inputs || detail::uneven_inputs<Q> ||
+     detail::unsatisfied<"this parallel policy declares joins_uneven_inputs but lacks a hook of the uneven inputs facet: begin_join(modules), finish_join() or abandon_join() noexcept: see accel/concepts.hpp", Q>()) &&
     detail::well_formed_state_hooks<Q>;
 
 /// An accumulation policy: `accel::no_accumulation`, `accel::accumulate<N>` or `accel::accumulate_dynamic`.

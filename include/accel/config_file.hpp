@@ -27,8 +27,8 @@
 #include <string_view>
 #include <vector>
 
-#include "detail/atomic_file.hpp"
-#include "detail/text.hpp"
+#include "detail/support/atomic_file.hpp"
+#include "detail/support/text.hpp"
 
 namespace accel {
 

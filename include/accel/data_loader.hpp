@@ -28,10 +28,10 @@
 
 #include <range/v3/utility/common_tuple.hpp>
 
-#include "detail/stored.hpp"
-#include "detail/tensor_structure.hpp"
-#include "detail/text.hpp"
-#include "detail/worker_threads.hpp"
+#include "detail/support/stored.hpp"
+#include "detail/support/tensor_structure.hpp"
+#include "detail/support/text.hpp"
+#include "detail/data/worker_threads.hpp"
 #include "shard.hpp"
 
 namespace accel {

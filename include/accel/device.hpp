@@ -27,7 +27,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "detail/diagnostics.hpp"
+#include "detail/support/diagnostics.hpp"
 
 namespace accel {
 

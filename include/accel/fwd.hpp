@@ -30,9 +30,12 @@ struct nccl;
 template <class Backend>
 struct data_parallel;
 // Sharded data parallelism (sharded_data_parallel.hpp).
-enum class shard_stage : int;
-template <class Backend, shard_stage Stage>
-struct sharded_data_parallel;
+template <class Backend>
+struct zero1;
+template <class Backend>
+struct zero2;
+template <class Backend>
+struct fully_sharded;
 
 // Accumulation policies (accumulation.hpp).
 template <int N>

@@ -34,17 +34,9 @@
 #include "accelerator.hpp"
 #include "collectives.hpp"
 #include "parallel.hpp"
-#include "sharded_data_parallel.hpp"
 
 namespace accel {
 namespace detail {
-/// Declared only, for `sharded_policy`: callable with any policy derived from a `sharded_data_parallel`.
-template <class Backend, shard_stage Stage>
-void sharded_base(const sharded_data_parallel<Backend, Stage>&);
-/// A sharded policy (zero1, zero2, fully_sharded, or one derived from them).
-template <class Q>
-concept sharded_policy = requires(const Q& policy) { sharded_base(policy); };
-
 /// Replaces each of `parameters` by its mean over the processes: one mean all-reduce per dtype and device, of the
 /// group flattened together.
 template <class Accelerator>
@@ -55,7 +47,7 @@ void average_parameters(Accelerator& acc, const std::vector<at::Tensor>& paramet
 
 /// Local SGD over a prepared model (Accelerate's `LocalSGD`): `accel::local_sgd local(acc, model, steps);`. With
 /// `enabled` false, or with one process, it only counts steps. For `data_parallel` (and `single_process`): the
-/// sharded policies keep slices of the model's state on each process, which averaging whole parameters cannot
+/// sharded policies keep slices of the model's state on each process, which averaging full parameters cannot
 /// serve, and are refused at compile time.
 ///
 /// The scope ends with `finish()` or, failing that, with its destructor, which cannot throw: should the final
@@ -65,9 +57,10 @@ void average_parameters(Accelerator& acc, const std::vector<at::Tensor>& paramet
 /// processes may never join the collective): it only gives the model its gradient synchronisation back.
 template <class Accelerator, class Model>
 class local_sgd {
-  static_assert(!detail::sharded_policy<typename Accelerator::parallel_type>,
-                "accel::local_sgd averages whole parameters: use it with data_parallel, not zero1, zero2 or "
-                "fully_sharded");
+  static_assert(Accelerator::parallel_type::steps_alone,
+                "accel::local_sgd averages whole parameters, each process stepping its whole model alone between "
+                "averagings: its parallel policy must declare steps_alone (data_parallel does; the sharded policies "
+                "keep slices of the optimizer state and cannot)");
   using no_sync_scope = decltype(std::declval<Accelerator&>().no_sync(std::declval<const Model&>()));
 
  public:

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <utility>
 
-#include "detail/process_barrier.hpp"
+#include "detail/comm/process_barrier.hpp"
 #include "launch.hpp"
 
 namespace accel {

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "checkpoint_error.hpp"
-#include "detail/atomic_file.hpp"
-#include "detail/json.hpp"
-#include "detail/text.hpp"
+#include "detail/support/atomic_file.hpp"
+#include "detail/support/json.hpp"
+#include "detail/support/text.hpp"
 #include "safetensors.hpp"
 
 namespace accel {

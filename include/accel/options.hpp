@@ -76,7 +76,7 @@ struct comm_hook_options {
 
 /// What `save_state` writes under a sharded policy (Accelerate's FSDP `state_dict_type`).
 enum class state_dict_type {
-  /// The full weights and the whole optimizer state, gathered: the same files as `data_parallel`'s.
+  /// The full weights and the full optimizer state, gathered: the same files as `data_parallel`'s.
   full,
   /// Each process its own slices, in files of its own, and a layout table: nothing gathered. Loads under any number
   /// of processes and any parallel policy; `accel merge-weights` writes the full weights.

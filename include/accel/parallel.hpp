@@ -31,15 +31,15 @@
 #include "collectives.hpp"
 #include "concepts.hpp"
 #include "detail/compat.hpp"
-#include "detail/diagnostics.hpp"
-#include "detail/gloo_communicator.hpp"
-#include "detail/process_barrier.hpp"
-#include "detail/reducer.hpp"
-#include "detail/uneven_join.hpp"
+#include "detail/support/diagnostics.hpp"
+#include "detail/comm/gloo_communicator.hpp"
+#include "detail/comm/process_barrier.hpp"
+#include "detail/gradient_sync/reducer.hpp"
+#include "detail/gradient_sync/uneven_join.hpp"
 #include "launch.hpp"
 #include "options.hpp"
 #ifdef ACCEL_WITH_NCCL
-#include "detail/nccl_communicator.hpp"
+#include "detail/comm/nccl_communicator.hpp"
 #endif
 
 namespace accel {
@@ -69,12 +69,26 @@ inline double gradient_norm(const std::vector<at::Tensor>& parameters, double no
 }
 }  // namespace detail
 
-/// The hooks a parallel policy may leave out (concepts.hpp), with what replicated data parallelism does: every
-/// process holds every parameter, gradient and optimizer state whole, and gradients are identical once all-reduced.
-/// Derive from it and define what differs: a sharded policy partitions the optimizer at prepare, steps its shard
-/// and gathers the parameters, and reduces the overflow check and the gradient norm across processes.
+/// The hooks a parallel policy may leave out (concepts.hpp's facets), with what replicated data parallelism does:
+/// every process holds every parameter, gradient and optimizer state in full, and gradients are identical once
+/// all-reduced. Derive from it and define what differs: a sharded policy partitions the optimizer at prepare, steps
+/// its shard and gathers the parameters, and reduces the overflow check and the gradient norm across processes.
 struct parallel_defaults {
   [[nodiscard]] static constexpr std::string_view name() noexcept { return "a custom parallel policy"; }
+
+  // Capabilities: what the policy can do beyond the facets every policy has, declared rather than probed.
+  /// Has the uneven inputs facet (begin_join, finish_join, abandon_join): `join_uneven_inputs` may shadow the
+  /// processes that ran out of data.
+  static constexpr bool joins_uneven_inputs = false;
+  /// Each process can step its whole model alone, without the others (`local_sgd`): its optimizer holds the whole
+  /// state of full parameters.
+  static constexpr bool steps_alone = true;
+
+  // Model preparation.
+  /// Forgets every prepared model (`free_memory`).
+  static constexpr void release_models() noexcept {}
+
+  // Optimizer stepping.
   /// At `prepare(optimizer)`, before the accelerator registers it.
   static constexpr void prepare_optimizer(torch::optim::Optimizer&) noexcept {}
   /// Before anything reads `optimizer`'s gradients on a step that synchronises (unscale, clip, step): a sharded
@@ -90,7 +104,7 @@ struct parallel_defaults {
   /// Whether any process found an inf/NaN gradient, given this one's finding: the same everywhere after the
   /// all-reduce, so no communication.
   [[nodiscard]] static constexpr bool any_non_finite(bool found_here) noexcept { return found_here; }
-  /// The total gradient norm of `parameters` over every process's part (a whole copy here).
+  /// The total gradient norm of `parameters` over every process's part (a full copy here).
   [[nodiscard]] static double gradient_norm(const std::vector<at::Tensor>& parameters, double norm_type) {
     return detail::gradient_norm(parameters, norm_type);
   }
@@ -98,33 +112,33 @@ struct parallel_defaults {
   static double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
     return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
   }
-  /// Runs `action` with `module`'s parameters whole, keeping what it writes into them (save_state, load_state):
+
+  // Checkpoint participation.
+  /// What `save_state` writes: the full state (replicated, it is what every process holds).
+  [[nodiscard]] static constexpr state_dict_type checkpoint_format() noexcept { return state_dict_type::full; }
+  /// Runs `action` with `module`'s parameters full, keeping what it writes into them (save_state, load_state):
   /// replicated, they always are; a policy that shards parameters gathers them for the while.
   template <class Action>
   static void with_full_parameters(torch::nn::Module&, Action&& action) {
     std::forward<Action>(action)();
   }
   /// `parameter` with all its elements (get_state_dict): itself, replicated.
-  [[nodiscard]] static at::Tensor whole_parameter(const at::Tensor& parameter) { return parameter; }
-  /// Forgets every prepared model (`free_memory`).
-  static constexpr void release_models() noexcept {}
-  /// What `save_state` writes: the full state (replicated, it is what every process holds).
-  [[nodiscard]] static constexpr state_dict_type checkpoint_format() noexcept { return state_dict_type::full; }
-  /// This process's slice of `parameter` and its full shape, where the policy shards it; none where it is
-  /// replicated (a sharded checkpoint then holds it whole, from the main process).
-  [[nodiscard]] static std::optional<parameter_shard> shard_of(const at::Tensor&) { return std::nullopt; }
+  [[nodiscard]] static at::Tensor full_parameter(const at::Tensor& parameter) { return parameter; }
   /// `save_state`, on every process, for each prepared optimizer: `write()` (which the main process uses to write
-  /// `optimizer.bin`) with the optimizer holding the job's whole state. Replicated, it always does; a sharded policy
+  /// `optimizer.bin`) with the optimizer holding the job's full state. Replicated, it always does; a sharded policy
   /// gathers it from every process's shard for the while.
   template <class Write>
-  static void with_whole_optimizer(torch::optim::Optimizer&, Write&& write) {
+  static void with_full_optimizer_state(torch::optim::Optimizer&, Write&& write) {
     std::forward<Write>(write)();
   }
-  /// `load_state`: `load()` loads a whole state into the optimizer; a sharded policy then keeps its shard of it.
+  /// `load_state`: `load()` loads a full state into the optimizer; a sharded policy then keeps its shard of it.
   template <class Load>
-  static void load_whole_optimizer(torch::optim::Optimizer&, Load&& load) {
+  static void load_full_optimizer_state(torch::optim::Optimizer&, Load&& load) {
     std::forward<Load>(load)();
   }
+  /// This process's slice of `parameter` and its full shape, where the policy shards it; none where it is
+  /// replicated (a sharded checkpoint then holds it in full, from the main process).
+  [[nodiscard]] static std::optional<parameter_shard> shard_of(const at::Tensor&) { return std::nullopt; }
 };
 
 /// One process, one device. Every collective is the identity and nothing is communicated.
@@ -155,6 +169,8 @@ struct single_process : parallel_defaults {
 struct gloo {
   using policy_category = backend_tag;
   static constexpr std::string_view name = "gloo";
+  /// Whether its all-reduce sums bfloat16 tensors (the bf16 gradient hooks need it): not on LibTorch 1.13's Gloo.
+  static constexpr bool sums_bfloat16 = detail::compat::gloo_sums_bfloat16;
   using communicator_type = detail::gloo_communicator;
   /// Gloo runs on CPU tensors: every process computes on the CPU.
   static c10::Device device(const process_environment&) { return c10::Device(c10::kCPU); }
@@ -164,6 +180,7 @@ struct gloo {
 struct nccl {
   using policy_category = backend_tag;
   static constexpr std::string_view name = "nccl";
+  static constexpr bool sums_bfloat16 = true;
 #ifdef ACCEL_WITH_NCCL
   using communicator_type = detail::nccl_communicator;
 #else
@@ -183,7 +200,7 @@ concept always_one_process = requires { requires std::integral_constant<int, Q::
 /// The process group, created by the first data-parallel accelerator of the process and shared by every later
 /// one, as Accelerate's PartialState and PyTorch's default group are. Never destroyed: its threads and sockets
 /// would otherwise be torn down during static destruction, in no particular order with what they use. It registers
-/// its barrier as the job's (detail/process_barrier.hpp), for the logger's `in_order`.
+/// its barrier as the job's (detail/comm/process_barrier.hpp), for the logger's `in_order`.
 template <class Communicator>
 Communicator& process_group(std::chrono::milliseconds timeout) {
   static Communicator* const group = [&] {
@@ -214,32 +231,22 @@ inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds timeo
 }
 }  // namespace detail
 
-namespace detail {
-/// What every multi-process policy over `Backend` shares (data_parallel, and the sharded policies derived from it):
-/// the process group, the device, broadcasting process 0's model at prepare, and a gradient reducer per prepared
-/// model whose buckets are all-reduced whole or, with the sharded `Layout`, reduce-scattered.
-template <class Backend, gradient_layout Layout>
-struct bucketed_data_parallel : parallel_defaults {
+/// The process topology facet (concepts.hpp) of a policy over the job's process group on `Backend`: the
+/// processes the launcher started, this one's device (`Backend::device`: the CPU for Gloo, `cuda:LOCAL_RANK` for
+/// NCCL), and the communicator every collective runs on. A building block: derive a parallel policy from it (and
+/// from `parallel_defaults`) to have its process queries, barrier and collectives.
+template <class Backend>
+class process_group_topology {
   static_assert(communication_backend<Backend>,
                 "accel::data_parallel<Backend> takes accel::gloo (CPU) or accel::nccl (CUDA) as its backend");
-  using policy_category = parallel_tag;
+
+ public:
   using backend_type = Backend;
   using communicator_type = typename Backend::communicator_type;
-  using reducer_type = gradient_reducer<communicator_type, Layout>;
 
-  explicit bucketed_data_parallel(const options& opts)
-      : communicator_(&process_group<communicator_type>(checked_timeout(opts.timeout))),
-        device_(Backend::device(communicator_->environment())),
-        buckets_(opts.buckets),
-        comm_hook_(opts.comm_hook) {
-    if (Layout == gradient_layout::sharded &&
-        (comm_hook_.hook != comm_hook::none || comm_hook_.wrapper != comm_wrapper::none))
-      throw std::invalid_argument(
-          "accel: options::comm_hook compresses the all-reduce of data_parallel and zero1; zero2 and fully_sharded "
-          "reduce-scatter their gradient buckets, which no hook applies to: leave options::comm_hook at its default");
-    // On one process too, where no reducer (and so no hook) is made.
-    check_comm_hook_options(comm_hook_, Backend::name == std::string_view("gloo"));
-  }
+  explicit process_group_topology(const options& opts)
+      : communicator_(&detail::process_group<communicator_type>(detail::checked_timeout(opts.timeout))),
+        device_(Backend::device(communicator_->environment())) {}
 
   [[nodiscard]] const c10::Device& device() const noexcept { return device_; }
   [[nodiscard]] int process_index() const noexcept { return communicator_->rank(); }
@@ -248,13 +255,40 @@ struct bucketed_data_parallel : parallel_defaults {
   void wait_for_everyone() { communicator_->barrier(); }
   [[nodiscard]] communicator_type& communicator() noexcept { return *communicator_; }
 
+ private:
+  communicator_type* communicator_;
+  c10::Device device_;
+};
+
+namespace detail {
+/// What every multi-process policy over `Backend` shares (data_parallel, and the sharded policies derived from it):
+/// the process group, broadcasting process 0's model at prepare, and a gradient reducer per prepared model whose
+/// buckets are all-reduced in full or, with the sharded `Layout`, reduce-scattered.
+template <class Backend, gradient_layout Layout>
+struct bucketed_data_parallel : parallel_defaults, process_group_topology<Backend> {
+  using policy_category = parallel_tag;
+  using topology = process_group_topology<Backend>;
+  using typename topology::communicator_type;
+  using reducer_type = gradient_reducer<communicator_type, Layout>;
+
+  explicit bucketed_data_parallel(const options& opts)
+      : topology(opts), buckets_(opts.buckets), comm_hook_(opts.comm_hook) {
+    if (Layout == gradient_layout::sharded &&
+        (comm_hook_.hook != comm_hook::none || comm_hook_.wrapper != comm_wrapper::none))
+      throw std::invalid_argument(
+          "accel: options::comm_hook compresses the all-reduce of data_parallel and zero1; zero2 and fully_sharded "
+          "reduce-scatter their gradient buckets, which no hook applies to: leave options::comm_hook at its default");
+    // On one process too, where no reducer (and so no hook) is made.
+    check_comm_hook_options(comm_hook_, Backend::sums_bfloat16);
+  }
+
   /// Broadcasts process 0's parameters and buffers, then hooks the gradient all-reduce (with several processes);
   /// `group_of` keeps each gradient bucket within a group of parameters (fully_sharded's units).
   void prepare_model(torch::nn::Module& module, const std::function<std::size_t(const at::Tensor&)>& group_of = {}) {
-    check_same_module(module, *communicator_);
-    broadcast_module_state(module, *communicator_);
-    if (num_processes() > 1)
-      reducers_[&module] = std::make_unique<reducer_type>(module, *communicator_, buckets_, group_of,
+    check_same_module(module, this->communicator());
+    broadcast_module_state(module, this->communicator());
+    if (this->num_processes() > 1)
+      reducers_[&module] = std::make_unique<reducer_type>(module, this->communicator(), buckets_, group_of,
                                                           make_bucket_hook<communicator_type>(comm_hook_));
   }
   /// Whether backward through `module` all-reduces its gradients (no_sync and accumulation turn it off).
@@ -289,8 +323,6 @@ struct bucketed_data_parallel : parallel_defaults {
   }
 
  private:
-  communicator_type* communicator_;
-  c10::Device device_;
   bucket_options buckets_;
   comm_hook_options comm_hook_;
   std::map<const torch::nn::Module*, std::unique_ptr<reducer_type>> reducers_;
@@ -306,6 +338,7 @@ struct data_parallel : detail::bucketed_data_parallel<Backend, detail::gradient_
   using base = detail::bucketed_data_parallel<Backend, detail::gradient_layout::replicated>;
   using base::base;
   [[nodiscard]] static std::string name() { return "data_parallel<" + std::string(Backend::name) + ">"; }
+  static constexpr bool joins_uneven_inputs = true;
 
   /// Before each forward of a prepared model: during a join (join_uneven_inputs), a forward of a joined model with
   /// gradients enabled first tells every process that this one is still training; then the reducer is armed.
@@ -320,7 +353,7 @@ struct data_parallel : detail::bucketed_data_parallel<Backend, detail::gradient_
   }
 
   /// `join_uneven_inputs` starts (several processes): the forwards of `modules` (prepared models) announce
-  /// themselves from now on (detail/uneven_join.hpp).
+  /// themselves from now on (detail/gradient_sync/uneven_join.hpp).
   void begin_join(const std::vector<const torch::nn::Module*>& modules) {
     std::vector<std::pair<const torch::nn::Module*, typename base::reducer_type*>> joined;
     for (const auto* module : modules) {

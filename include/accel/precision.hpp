@@ -29,8 +29,8 @@
 #include "checkpoint_error.hpp"
 #include "concepts.hpp"
 #include "detail/compat.hpp"
-#include "detail/scope.hpp"
-#include "detail/tensor_structure.hpp"
+#include "detail/support/scope.hpp"
+#include "detail/support/tensor_structure.hpp"
 #include "options.hpp"
 
 namespace accel {

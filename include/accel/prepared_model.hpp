@@ -6,8 +6,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include "detail/accelerator_access.hpp"
-#include "detail/prepared_handle.hpp"
+#include "detail/prepared/accelerator_access.hpp"
+#include "detail/prepared/prepared_handle.hpp"
 
 #include <memory>
 #include <type_traits>

@@ -10,7 +10,7 @@
 #include <memory>
 #include <type_traits>
 
-#include "detail/prepared_handle.hpp"
+#include "detail/prepared/prepared_handle.hpp"
 
 namespace accel {
 

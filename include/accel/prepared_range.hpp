@@ -22,10 +22,10 @@
 
 #include "batch_range.hpp"
 #include "checkpoint_error.hpp"
-#include "detail/accelerator_access.hpp"
-#include "detail/checkpoint_slot.hpp"
-#include "detail/prepared_handle.hpp"
-#include "detail/stored.hpp"
+#include "detail/prepared/accelerator_access.hpp"
+#include "detail/checkpoint/slot.hpp"
+#include "detail/prepared/prepared_handle.hpp"
+#include "detail/support/stored.hpp"
 #include "device.hpp"
 #include "shard.hpp"
 
@@ -221,7 +221,8 @@ class prepared_range : detail::prepared_tag {
   /// processes, the position converts: the next pass shares out the rest of the input between this run's
   /// processes, so that each sample of the epoch is seen once (docs/checkpoint-format.md).
   detail::checkpoint_slot slot() {
-    detail::checkpoint_slot slot{.kind = "range", .scope = detail::state_scope::per_process};
+    detail::checkpoint_slot slot{.kind = std::string(detail::checkpoint_files::kind::range),
+                                 .scope = detail::state_scope::per_process};
     slot.save = [pass = pass_.get(), range = &range_.get()](torch::serialize::OutputArchive& out) {
       const auto resume = pass->resume_position();
       const auto sharing = detail::sharding_of(*range);

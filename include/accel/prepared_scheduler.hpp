@@ -10,8 +10,8 @@
 
 #include <memory>
 
-#include "detail/checkpoint_slot.hpp"
-#include "detail/prepared_handle.hpp"
+#include "detail/checkpoint/slot.hpp"
+#include "detail/prepared/prepared_handle.hpp"
 #include "prepared_optimizer.hpp"
 
 namespace accel {
@@ -34,7 +34,8 @@ class prepared_scheduler : public detail::prepared_handle<Scheduler, Accelerator
 
   prepared_scheduler(Scheduler&& scheduler, Accelerator& accelerator)
       : base(std::forward<Scheduler>(scheduler), accelerator) {
-    this->registration_ = base::access::register_state(accelerator, detail::slot_for("scheduler", this->unwrap()));
+    this->registration_ = base::access::register_state(
+        accelerator, detail::slot_for(detail::checkpoint_files::kind::scheduler, this->unwrap()));
   }
 
   /// `step()` or `step(metric)`, forwarded to the user's scheduler when the optimizer stepped.

@@ -31,11 +31,11 @@
 #include <utility>
 #include <vector>
 
-#include "detail/atomic_file.hpp"
+#include "detail/support/atomic_file.hpp"
 #include "detail/compat.hpp"
-#include "detail/json.hpp"
-#include "detail/scope.hpp"
-#include "detail/text.hpp"
+#include "detail/support/json.hpp"
+#include "detail/support/scope.hpp"
+#include "detail/support/text.hpp"
 
 namespace accel {
 

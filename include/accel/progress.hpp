@@ -43,7 +43,7 @@
 #include <range/v3/range/traits.hpp>
 #include <vector>
 
-#include "detail/stored.hpp"
+#include "detail/support/stored.hpp"
 
 namespace accel {
 

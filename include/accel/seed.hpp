@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "detail/generators.hpp"
+#include "detail/support/generators.hpp"
 #include "launch.hpp"
 
 namespace accel {

@@ -36,8 +36,8 @@
 #include <range/v3/range/concepts.hpp>
 #include <range/v3/range/conversion.hpp>
 
-#include "detail/batch_channel.hpp"
-#include "detail/stored.hpp"
+#include "detail/data/batch_channel.hpp"
+#include "detail/support/stored.hpp"
 #include "batch_range.hpp"
 
 namespace accel {

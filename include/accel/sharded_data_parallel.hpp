@@ -1,177 +1,98 @@
 /// \file
 /// Sharded data parallelism (ZeRO): data parallelism whose processes split what every `data_parallel` process holds
-/// whole. `accel::zero1<Backend>` shards the optimizer state: gradients are all-reduced as under `data_parallel`,
-/// each process steps its shard of every parameter (its optimizer allocates state for that shard only), and an
-/// all-gather per bucket makes the parameters whole again. With AdamW that brings the optimizer state from 8 bytes
-/// per parameter per process to 8 / P, with the numerics of `data_parallel` (bit for bit: the update is elementwise).
-/// `accel::zero2<Backend>` also shards the gradients: each finished bucket is reduce-scattered while backward goes
-/// on, each process keeps only the averaged slices it steps, and the full gradients are released.
+/// whole. Three policies on one building block (`detail::sharded_optimizer`: the optimizer re-pointed onto this
+/// process's shards, the steps' checks across processes, the full state for checkpoints):
+///
+/// - `accel::zero1<Backend>` shards the optimizer state: gradients are all-reduced as under `data_parallel`, each
+///   process steps its shard of every parameter (its optimizer allocates state for that shard only), and an
+///   all-gather per bucket makes the parameters full again. With AdamW that brings the optimizer state from 8 bytes
+///   per parameter per process to 8 / P, with the numerics of `data_parallel` (bit for bit: the update is
+///   elementwise).
+/// - `accel::zero2<Backend>` also shards the gradients: each finished bucket is reduce-scattered while backward goes
+///   on, each process keeps only the averaged slices it steps, and the full gradients are released.
+/// - `accel::fully_sharded<Backend>` also shards the parameters: between a step and the next forward each process
+///   holds only its slices (each model parameter is set to its slice, flat). The full parameters of the model are
+///   all-gathered before its forward and let go after the step, except those of each `accel::shard_unit`
+///   (shard_unit.hpp), gathered around the unit's forward and again around its backward
+///   (detail/sharding/unit_schedule.hpp).
 ///
 ///     accel::accelerator<accel::bf16, accel::zero2<accel::gloo>, accel::accumulate<4>> acc;
 ///
-/// `accel::fully_sharded<Backend>` (stage 3) also shards the parameters: between a step and the next forward each
-/// process holds only its slices (each model parameter is set to its slice, flat). The full parameters of the model
-/// are all-gathered before its forward and let go after the step, except those of each `accel::shard_unit`
-/// (shard_unit.hpp), gathered around the unit's forward and again around its backward (detail/unit_schedule.hpp).
+/// Prepare the model before its optimizer (`acc.prepare(model, optimizer)`), and the optimizer before its first
+/// step; clear gradients with the prepared optimizer's `zero_grad()` (the optimizer steps slices of the gradients
+/// that call clears).
 #pragma once
 
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <concepts>
-#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <unordered_map>
-#include <string>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
-#include "detail/optimizer_shards.hpp"
-#include "detail/scope.hpp"
-#include "detail/unit_schedule.hpp"
+#include "detail/sharding/owned_shards.hpp"
+#include "detail/sharding/unit_schedule.hpp"
+#include "detail/sharding/view_shards.hpp"
+#include "detail/support/scope.hpp"
 #include "parallel.hpp"
 #include "shard_unit.hpp"
 
 namespace accel {
-
-/// What a sharded policy splits across processes, each stage adding to the one before (DeepSpeed's ZeRO stages).
-enum class shard_stage : int { optimizer = 1, gradients = 2, parameters = 3 };
-
 namespace detail {
-/// Stage 1 all-reduces whole gradients as data_parallel does; from stage 2 on they are reduce-scattered.
-constexpr gradient_layout gradient_layout_of(shard_stage stage) {
-  return stage == shard_stage::optimizer ? gradient_layout::replicated : gradient_layout::sharded;
-}
-}  // namespace detail
 
-/// Data parallelism over `Backend` with what `Stage` names sharded across the processes. Prepare the model before
-/// its optimizer (`acc.prepare(model, optimizer)`), and the optimizer before its first step; clear gradients with
-/// the prepared optimizer's `zero_grad()` (the optimizer steps slices of the gradients that call clears).
-template <class Backend, shard_stage Stage>
-struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::gradient_layout_of(Stage)> {
-  static constexpr detail::gradient_layout gradients = detail::gradient_layout_of(Stage);
-  static constexpr bool parameters_sharded = Stage == shard_stage::parameters;
-  using base = detail::bucketed_data_parallel<Backend, gradients>;
-  [[nodiscard]] static std::string name() {
-    const auto policy =
-        parameters_sharded ? std::string("fully_sharded") : "zero" + std::to_string(static_cast<int>(Stage));
-    return policy + "<" + std::string(Backend::name) + ">";
-  }
+/// What the sharded policies share: data parallelism over `Backend` whose gradients are laid out as `Layout` says
+/// (all-reduced in full, or reduce-scattered into each process's slices), and each prepared optimizer re-pointed onto
+/// this process's `Shards` of its parameters (views of the full parameters, or slices with storage of their own).
+template <class Backend, gradient_layout Layout, class Shards>
+struct sharded_optimizer : bucketed_data_parallel<Backend, Layout> {
+  using base = bucketed_data_parallel<Backend, Layout>;
+  /// Each process steps only its shards: it cannot step the whole model alone (local_sgd).
+  static constexpr bool steps_alone = false;
 
-  explicit sharded_data_parallel(const options& opts)
+  explicit sharded_optimizer(const options& opts)
       : base(opts), buckets_(opts.buckets), sharding_(opts.sharding), timeout_(opts.timeout) {}
 
   /// As `data_parallel`, and remembers the model's parameters: the optimizer prepared next may only shard those.
-  /// Stage 3 also finds the model's shard units, whose gradient buckets stay within the unit.
-  void prepare_model(torch::nn::Module& module) {
-    if constexpr (parameters_sharded) find_units(module);
-    base::prepare_model(module, unit_group_of());
+  /// `group_of` keeps each gradient bucket within a group of parameters.
+  void prepare_model(torch::nn::Module& module, const std::function<std::size_t(const at::Tensor&)>& group_of = {}) {
+    base::prepare_model(module, group_of);
     for (const auto& p : module.parameters()) prepared_.insert(p.unsafeGetTensorImpl());
   }
 
-  /// Re-points `optimizer` onto this process's shards of its trainable parameters.
-  template <class Optimizer>
-  void prepare_optimizer(Optimizer& optimizer) {
+  /// Re-points `optimizer` onto this process's shards of its trainable parameters (`shard_arguments...` go to the
+  /// shards' constructor after the common ones).
+  template <class Optimizer, class... ShardArguments>
+  void prepare_optimizer(Optimizer& optimizer, const ShardArguments&... shard_arguments) {
     static_assert(!std::derived_from<Optimizer, torch::optim::LBFGS>,
-                  "accel::sharded_data_parallel: torch::optim::LBFGS cannot be sharded: its step reads every gradient "
-                  "at once (line search, curvature pairs), not element by element; use accel::data_parallel for it");
+                  "accel's sharded policies: torch::optim::LBFGS cannot be sharded: its step reads every gradient at "
+                  "once (line search, curvature pairs), not element by element; use accel::data_parallel for it");
     std::erase_if(shards_, [&optimizer](const auto& entry) { return entry.first == &optimizer; });
     shards_.emplace_back(
         &optimizer,
-        std::make_unique<detail::optimizer_shards>(
+        std::make_unique<Shards>(
             optimizer, this->process_index(), this->num_processes(), buckets_,
-            [this](const at::Tensor& p) { return prepared_.contains(p.unsafeGetTensorImpl()); },
-            parameters_sharded ? detail::shard_storage::owned : detail::shard_storage::view, unit_group_of()));
-    if constexpr (parameters_sharded) schedule_units();
+            [this](const at::Tensor& p) { return prepared_.contains(p.unsafeGetTensorImpl()); }, shard_arguments...));
   }
 
   void attach_gradients(torch::optim::Optimizer& optimizer) {
     if (auto* shards = shards_of(optimizer)) shards->attach_gradients(reduced_gradient());
   }
-  /// Steps this process's shards, then gathers every process's into the full parameters (stages 1 and 2), or lets
-  /// the full parameters go until the next forward gathers them (stage 3).
-  void step_optimizer(torch::optim::Optimizer& optimizer) {
-    optimizer.step();
-    auto* shards = shards_of(optimizer);
-    if (shards == nullptr) return;
-    if constexpr (parameters_sharded)
-      shards->release();
-    else
-      shards->gather(this->communicator());
-  }
-  /// Stage 3: the full parameters of `module` outside its shard units, gathered before its forward (those of the
-  /// optimizers that list any of its parameters: another model's stay released); the units gather their own.
-  void before_forward(const torch::nn::Module& module) {
-    if constexpr (parameters_sharded) {
-      for (auto* shards : shards_listing(module)) shards->gather_group(0, this->communicator());
-      if (schedule_) schedule_->begin_forward();
-    }
-    base::before_forward(module);
-  }
-  /// Runs `action` with `module`'s parameters whole (stage 3 gathers them for the while; a collective then) and
-  /// keeps what it writes into them: checkpoints save and load full weights through it.
-  template <class Action>
-  void with_full_parameters(torch::nn::Module& module, Action&& action) {
-    if constexpr (parameters_sharded) {
-      const auto listing = shards_listing(module);
-      std::vector<std::tuple<detail::optimizer_shards*, std::size_t, detail::parameter_state>> before;
-      for (auto* shards : listing)
-        for (const auto group : shards->groups()) {
-          shards->finish_gather_group(group);  // a prefetch on its way lands first
-          before.emplace_back(shards, group, shards->state(group));
-        }
-      for (auto& [shards, group, state] : before) shards->gather_group(group, this->communicator());
-      const auto back_as_before = detail::scope_exit([&] {
-        for (auto& [shards, group, state] : before)
-          if (state == detail::parameter_state::at_rest)
-            shards->rest_group(group);
-          else if (state == detail::parameter_state::freed)
-            shards->free_group(group);
-      });
-      std::forward<Action>(action)();
-      for (auto* shards : listing) shards->take_slices_of_full();
-    } else {
-      parallel_defaults::with_full_parameters(module, std::forward<Action>(action));
-    }
-  }
-  /// `parameter` whole: stage 3 gathers a released one (a collective then, one parameter at a time).
-  [[nodiscard]] at::Tensor whole_parameter(const at::Tensor& parameter) {
-    if constexpr (parameters_sharded)
-      for (auto& [optimizer, shards] : shards_)
-        if (auto gathered = shards->gathered_parameter(parameter, this->communicator())) return *gathered;
-    return parameter;
-  }
-  /// Checkpoints hold the optimizer's whole state, as under `data_parallel`: `save_state` gathers it from every
-  /// process's shard around `write` (the main process writes it), and `load_state` keeps this process's slice of
-  /// what it loads, so a checkpoint moves between data_parallel, zero1 and zero2.
-  template <class Write>
-  void with_whole_optimizer(torch::optim::Optimizer& optimizer, Write&& write) {
-    if (auto* shards = shards_of(optimizer))
-      shards->with_whole_state(optimizer, this->communicator(), std::forward<Write>(write));
-    else
-      std::forward<Write>(write)();
-  }
-  template <class Load>
-  void load_whole_optimizer(torch::optim::Optimizer& optimizer, Load&& load) {
-    if (auto* shards = shards_of(optimizer))
-      shards->load_whole_state(optimizer, std::forward<Load>(load));
-    else
-      std::forward<Load>(load)();
-  }
-
   void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
     // The shards' gradients are views, which LibTorch's zero_grad cannot detach: they go first.
     if (auto* shards = shards_of(optimizer)) shards->zero_grad(set_to_none, reduced_gradient());
-    detail::compat::zero_grad(optimizer, set_to_none);  // frozen and replicated parameters
+    compat::zero_grad(optimizer, set_to_none);  // frozen and replicated parameters
   }
-
   /// Each process checked its own shards: any process's overflow is everyone's, so all skip alike.
   [[nodiscard]] bool any_non_finite(bool found_here) {
     auto flag = at::full({1}, found_here ? 1.0f : 0.0f);
@@ -207,20 +128,23 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     return total;
   }
 
-  /// Stage 3 first gives the parameters their whole elements back: a collective, as free_memory then is. The shard
-  /// units forget the policy and only forward.
-  void release_models() {
-    if constexpr (parameters_sharded)
-      for (auto& [optimizer, shards] : shards_) shards->materialize(this->communicator());
-    schedule_.reset();
-    units_.clear();
-    unit_of_.clear();
-    unit_accumulators_.clear();
-    base::release_models();
-    prepared_.clear();
-    shards_.clear();
+  /// Checkpoints hold the optimizer's full state, as under `data_parallel`: `save_state` gathers it from every
+  /// process's shard around `write` (the main process writes it), and `load_state` keeps this process's slice of
+  /// what it loads, so a checkpoint moves between data_parallel and the sharded policies.
+  template <class Write>
+  void with_full_optimizer_state(torch::optim::Optimizer& optimizer, Write&& write) {
+    if (auto* shards = shards_of(optimizer))
+      shards->with_full_state(optimizer, this->communicator(), std::forward<Write>(write));
+    else
+      std::forward<Write>(write)();
   }
-
+  template <class Load>
+  void load_full_optimizer_state(torch::optim::Optimizer& optimizer, Load&& load) {
+    if (auto* shards = shards_of(optimizer))
+      shards->load_full_state(optimizer, std::forward<Load>(load));
+    else
+      std::forward<Load>(load)();
+  }
   /// What `save_state` writes: `options::sharding.state_dict`.
   [[nodiscard]] state_dict_type checkpoint_format() const noexcept { return sharding_.state_dict; }
   /// This process's slice of `parameter` (flat) and its full shape, when an optimizer's shards hold it.
@@ -230,34 +154,177 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
     return std::nullopt;
   }
 
+  /// Forgets every prepared model and optimizer (`free_memory`).
+  void release_models() {
+    base::release_models();
+    prepared_.clear();
+    shards_.clear();
+  }
+
   /// The shards of a prepared optimizer, for tests and benchmarks (none for an optimizer not prepared here).
-  [[nodiscard]] const detail::optimizer_shards* shards_of(const torch::optim::Optimizer& optimizer) const {
+  [[nodiscard]] const Shards* shards_of(const torch::optim::Optimizer& optimizer) const {
     const auto found = std::find_if(shards_.begin(), shards_.end(),
                                     [&optimizer](const auto& entry) { return entry.first == &optimizer; });
     return found == shards_.end() ? nullptr : found->second.get();
   }
-  /// Stage 3: when the shard units gather and let go (none without units), for tests.
+
+ protected:
+  Shards* shards_of(const torch::optim::Optimizer& optimizer) {
+    return const_cast<Shards*>(std::as_const(*this).shards_of(optimizer));
+  }
+
+  /// Where a shard's gradient is kept apart from the full one: a sharded layout's reducers keep each process's
+  /// reduced slices (null: none kept, the shard is a slice of the full gradient).
+  auto reduced_gradient() {
+    return [this](const at::Tensor& full) -> at::Tensor* {
+      if constexpr (Layout == gradient_layout::sharded)
+        return this->shard_gradient(full);
+      else
+        return nullptr;
+    };
+  }
+
+  /// The gradients of `parameters` this process accounts for: its slice of each sharded one, and the replicated
+  /// ones in full on process 0 (on every process with `everywhere`: a maximum, or a scaling, counts them once anyway).
+  std::vector<at::Tensor> owned_gradients(const std::vector<at::Tensor>& parameters, bool everywhere) {
+    std::vector<at::Tensor> pieces;
+    for (const auto& p : parameters) {
+      std::optional<at::Tensor> owned;
+      for (auto& [optimizer, shards] : shards_)
+        if ((owned = shards->owned_gradient(p))) break;
+      if (owned && owned->defined() && owned->numel() > 0)  // nothing owned: no piece (an empty one has no inf-norm)
+        pieces.push_back(*owned);
+      else if (!owned && p.grad().defined() && (everywhere || this->process_index() == 0))
+        pieces.push_back(p.grad());
+    }
+    return pieces;
+  }
+
+  bucket_options buckets_;
+  sharding_options sharding_;
+  std::chrono::milliseconds timeout_;
+  std::unordered_set<const void*> prepared_;
+  std::vector<std::pair<const torch::optim::Optimizer*, std::unique_ptr<Shards>>> shards_;
+};
+
+/// zero1 and zero2: the optimizer's shards are views of the full parameters, which stay full: after each step, an
+/// all-gather per bucket gives every process the others' updated slices.
+template <class Backend, gradient_layout Layout>
+struct zero_redundancy : sharded_optimizer<Backend, Layout, view_shards> {
+  using sharded_optimizer<Backend, Layout, view_shards>::sharded_optimizer;
+
+  /// Steps this process's shards, then gathers every process's into the full parameters.
+  void step_optimizer(torch::optim::Optimizer& optimizer) {
+    optimizer.step();
+    if (auto* shards = this->shards_of(optimizer)) shards->gather(this->communicator());
+  }
+};
+
+}  // namespace detail
+
+/// ZeRO stage 1: the optimizer state sharded across processes.
+template <class Backend>
+struct zero1 : detail::zero_redundancy<Backend, detail::gradient_layout::replicated> {
+  using detail::zero_redundancy<Backend, detail::gradient_layout::replicated>::zero_redundancy;
+  [[nodiscard]] static std::string name() { return "zero1<" + std::string(Backend::name) + ">"; }
+};
+
+/// ZeRO stage 2: the optimizer state and the gradients sharded across processes.
+template <class Backend>
+struct zero2 : detail::zero_redundancy<Backend, detail::gradient_layout::sharded> {
+  using detail::zero_redundancy<Backend, detail::gradient_layout::sharded>::zero_redundancy;
+  [[nodiscard]] static std::string name() { return "zero2<" + std::string(Backend::name) + ">"; }
+};
+
+/// Fully sharded data parallelism (FSDP, ZeRO stage 3): the parameters sharded too, gathered for the whole model
+/// around forward and backward, or per `accel::shard_unit`.
+template <class Backend>
+struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layout::sharded, detail::owned_shards> {
+  using base = detail::sharded_optimizer<Backend, detail::gradient_layout::sharded, detail::owned_shards>;
+  using base::base;
+  [[nodiscard]] static std::string name() { return "fully_sharded<" + std::string(Backend::name) + ">"; }
+
+  /// As the other sharded policies, and finds the model's shard units first: their gradient buckets stay within
+  /// the unit.
+  void prepare_model(torch::nn::Module& module) {
+    find_units(module);
+    base::prepare_model(module, unit_group_of());
+  }
+  /// Re-points `optimizer` onto shards with storage of their own, in groups by unit, and lets the full parameters
+  /// go; then (re)builds the units' schedule from every optimizer's shards.
+  template <class Optimizer>
+  void prepare_optimizer(Optimizer& optimizer) {
+    base::prepare_optimizer(optimizer, unit_group_of());
+    schedule_units();
+  }
+  /// Steps this process's shards, then lets the full parameters go until the next forward gathers them.
+  void step_optimizer(torch::optim::Optimizer& optimizer) {
+    optimizer.step();
+    if (auto* shards = this->shards_of(optimizer)) shards->release();
+  }
+  /// The full parameters of `module` outside its shard units, gathered before its forward (those of the optimizers
+  /// that list any of its parameters: another model's stay released); the units gather their own.
+  void before_forward(const torch::nn::Module& module) {
+    for (auto* shards : shards_listing(module)) shards->gather_group(0, this->communicator());
+    if (schedule_) schedule_->begin_forward();
+    base::before_forward(module);
+  }
+  /// Runs `action` with `module`'s parameters full (gathered for the while: a collective) and keeps what it writes
+  /// into them: checkpoints save and load full weights through it.
+  template <class Action>
+  void with_full_parameters(torch::nn::Module& module, Action&& action) {
+    const auto listing = shards_listing(module);
+    std::vector<std::tuple<detail::owned_shards*, std::size_t, detail::parameter_state>> before;
+    for (auto* shards : listing)
+      for (const auto group : shards->groups()) {
+        shards->finish_gather_group(group);  // a prefetch on its way lands first
+        before.emplace_back(shards, group, shards->state(group));
+      }
+    for (auto& [shards, group, state] : before) shards->gather_group(group, this->communicator());
+    const auto back_as_before = detail::scope_exit([&] {
+      for (auto& [shards, group, state] : before)
+        if (state == detail::parameter_state::at_rest)
+          shards->rest_group(group);
+        else if (state == detail::parameter_state::freed)
+          shards->free_group(group);
+    });
+    std::forward<Action>(action)();
+    for (auto* shards : listing) shards->take_slices_of_full();
+  }
+  /// `parameter` in full: a released one is gathered (a collective then, one parameter at a time).
+  [[nodiscard]] at::Tensor full_parameter(const at::Tensor& parameter) {
+    for (auto& [optimizer, shards] : this->shards_)
+      if (auto gathered = shards->gathered_parameter(parameter, this->communicator())) return *gathered;
+    return parameter;
+  }
+  /// First gives the parameters their full elements back: a collective, as free_memory then is. The shard units
+  /// forget the policy and only forward.
+  void release_models() {
+    for (auto& [optimizer, shards] : this->shards_) shards->materialize(this->communicator());
+    schedule_.reset();
+    units_.clear();
+    unit_of_.clear();
+    unit_accumulators_.clear();
+    base::release_models();
+  }
+  /// When the shard units gather and let go (none without units), for tests.
   [[nodiscard]] const auto* unit_schedule() const noexcept { return schedule_.get(); }
 
  private:
-  detail::optimizer_shards* shards_of(const torch::optim::Optimizer& optimizer) {
-    return const_cast<detail::optimizer_shards*>(std::as_const(*this).shards_of(optimizer));
-  }
-
   /// The shards of the optimizers that list any of `module`'s parameters, in the order they were prepared (the
   /// same on every process: they gather in that order).
-  std::vector<detail::optimizer_shards*> shards_listing(const torch::nn::Module& module) {
+  std::vector<detail::owned_shards*> shards_listing(const torch::nn::Module& module) {
     const auto parameters = module.parameters();
-    std::vector<detail::optimizer_shards*> listing;
-    for (auto& [optimizer, shards] : shards_)
+    std::vector<detail::owned_shards*> listing;
+    for (auto& [optimizer, shards] : this->shards_)
       if (std::any_of(parameters.begin(), parameters.end(),
                       [&shards](const at::Tensor& p) { return shards->span_of(p) != nullptr; }))
         listing.push_back(shards.get());
     return listing;
   }
 
-  /// Stage 3: the shard units of `module`, numbered from 1 on in the order of its modules (0: a parameter of no
-  /// unit); a parameter belongs to the innermost unit that holds it.
+  /// The shard units of `module`, numbered from 1 on in the order of its modules (0: a parameter of no unit); a
+  /// parameter belongs to the innermost unit that holds it.
   void find_units(torch::nn::Module& module) {
     for (const auto& submodule : module.modules()) {  // each module before its own submodules
       auto* unit = dynamic_cast<detail::shard_unit_base*>(submodule.get());
@@ -280,74 +347,32 @@ struct sharded_data_parallel : detail::bucketed_data_parallel<Backend, detail::g
       return found == unit_of_.end() ? std::size_t{0} : found->second;
     };
   }
-  /// Stage 3: (re)builds what gathers and lets go the units' parameters from the shards prepared so far, and
-  /// attaches it to the units. Its gathers have a communicator of their own (unit_schedule.hpp).
+  /// (Re)builds what gathers and lets go the units' parameters from the shards prepared so far, and attaches it to
+  /// the units. Its gathers have a communicator of their own (unit_schedule.hpp).
   void schedule_units() {
     if (units_.empty()) return;
     std::vector<detail::unit_parameters> units(units_.size());
     for (std::size_t u = 0; u < units.size(); ++u) {
       units[u].group = u + 1;
-      for (auto& [optimizer, shards] : shards_) {
+      for (auto& [optimizer, shards] : this->shards_) {
         if (!shards->holds_group(u + 1)) continue;
         units[u].shards.push_back(shards.get());
         for (auto& p : shards->parameters_of(u + 1)) units[u].parameters.push_back(std::move(p));
       }
     }
-    auto& gathers = detail::separate_process_group<typename base::communicator_type>(timeout_);
-    schedule_ = std::make_shared<detail::unit_schedule<gather_communicator>>(gathers, sharding_, std::move(units));
+    auto& gathers = detail::separate_process_group<typename base::communicator_type>(this->timeout_);
+    schedule_ =
+        std::make_shared<detail::unit_schedule<gather_communicator>>(gathers, this->sharding_, std::move(units));
     for (std::size_t u = 0; u < units_.size(); ++u) units_[u]->attach(schedule_, u);
-  }
-
-  /// Where a shard's gradient is kept apart from the full one: stage 2's reducers keep each process's reduced
-  /// slices (null: none kept, the shard is a slice of the full gradient).
-  auto reduced_gradient() {
-    return [this](const at::Tensor& full) -> at::Tensor* {
-      if constexpr (gradients == detail::gradient_layout::sharded)
-        return this->shard_gradient(full);
-      else
-        return nullptr;
-    };
-  }
-
-  /// The gradients of `parameters` this process accounts for: its slice of each sharded one, and the replicated
-  /// ones whole on process 0 (on every process with `everywhere`: a maximum, or a scaling, counts them once anyway).
-  std::vector<at::Tensor> owned_gradients(const std::vector<at::Tensor>& parameters, bool everywhere) {
-    std::vector<at::Tensor> pieces;
-    for (const auto& p : parameters) {
-      std::optional<at::Tensor> owned;
-      for (auto& [optimizer, shards] : shards_)
-        if ((owned = shards->owned_gradient(p))) break;
-      if (owned && owned->defined() && owned->numel() > 0)  // nothing owned: no piece (an empty one has no inf-norm)
-        pieces.push_back(*owned);
-      else if (!owned && p.grad().defined() && (everywhere || this->process_index() == 0))
-        pieces.push_back(p.grad());
-    }
-    return pieces;
   }
 
   using gather_communicator =
       std::remove_reference_t<decltype(*std::declval<typename base::communicator_type&>().separate(std::string()))>;
 
-  bucket_options buckets_;
-  sharding_options sharding_;
-  std::chrono::milliseconds timeout_;
-  std::unordered_set<const void*> prepared_;
-  std::vector<std::pair<const torch::optim::Optimizer*, std::unique_ptr<detail::optimizer_shards>>> shards_;
-  std::vector<detail::shard_unit_base*> units_;           // stage 3: the prepared models' units, in order
-  std::unordered_map<const void*, std::size_t> unit_of_;  // stage 3: a parameter's TensorImpl -> its unit + 1
+  std::vector<detail::shard_unit_base*> units_;           // the prepared models' units, in order
+  std::unordered_map<const void*, std::size_t> unit_of_;  // a parameter's TensorImpl -> its unit + 1
   std::vector<detail::compat::grad_accumulator_handle> unit_accumulators_;
   std::shared_ptr<detail::unit_schedule<gather_communicator>> schedule_;
 };
-
-/// ZeRO stage 1: the optimizer state sharded across processes.
-template <class Backend>
-using zero1 = sharded_data_parallel<Backend, shard_stage::optimizer>;
-/// ZeRO stage 2: the optimizer state and the gradients sharded across processes.
-template <class Backend>
-using zero2 = sharded_data_parallel<Backend, shard_stage::gradients>;
-/// Fully sharded data parallelism (FSDP, ZeRO stage 3): the parameters sharded too, gathered for the whole model
-/// around forward and backward, or per `accel::shard_unit`.
-template <class Backend>
-using fully_sharded = sharded_data_parallel<Backend, shard_stage::parameters>;
 
 }  // namespace accel

@@ -37,8 +37,8 @@
 #include <variant>
 #include <vector>
 
-#include "detail/json.hpp"
-#include "detail/tensorboard.hpp"
+#include "detail/support/json.hpp"
+#include "detail/tracking/tensorboard.hpp"
 #include "options.hpp"
 
 namespace accel {

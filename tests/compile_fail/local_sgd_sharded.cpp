@@ -1,4 +1,4 @@
-// expect-error: accel::local_sgd averages whole parameters: use it with data_parallel, not zero1, zero2 or fully_sharded
+// expect-error: accel::local_sgd averages whole parameters, each process stepping its whole model alone
 #include <accel/accel.hpp>
 #include <torch/nn/modules/linear.h>
 void average(accel::accelerator<accel::fp32, accel::zero2<accel::gloo>>& acc, torch::nn::Linear net) {

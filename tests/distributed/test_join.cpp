@@ -4,9 +4,12 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "policies/step_synchronised.hpp"
 #include "support.hpp"
 
 namespace {
@@ -22,7 +25,8 @@ std::vector<at::Tensor> counting_samples(std::int64_t n) {
 }
 
 /// Every process's copy of `tensor`, in process order.
-std::vector<at::Tensor> everyone(gloo_accelerator& acc, const at::Tensor& tensor) {
+template <class Accelerator>
+std::vector<at::Tensor> everyone(Accelerator& acc, const at::Tensor& tensor) {
   return acc.gather(tensor.detach().reshape({1, -1})).unbind(0);
 }
 
@@ -124,15 +128,17 @@ TEST_CASE("B4 join_uneven_inputs overrides even_batches for the scope and restor
   }
 }
 
-TEST_CASE(
+// Also for a parallel policy written against the facets, with a join of its own (tests/policies/step_synchronised.hpp),
+// whose own state (the steps it took) every process then takes from the last process too.
+TEMPLATE_TEST_CASE(
     "join_uneven_inputs trains as the arithmetic says: each round's gradient is the sum of the processes still "
-    "training over P; afterwards every process holds the last one's parameters, AdamW and scheduler state",
-    "[join]") {
+    "training over P; afterwards every process holds the last one's parameters, AdamW, scheduler and policy state",
+    "[join]", accel::data_parallel<accel::gloo>, accel_test::step_synchronised) {
   const int P = accel::read_process_environment().world_size;
   const std::int64_t batch = 2;
   for (std::int64_t n : {batch * (P + 1), batch * (2 * P + 1) - 1, std::int64_t{3}}) {  // P + 1, 2P + 1, 2 batches
     INFO("N " << n << ", B " << batch);
-    gloo_accelerator acc({.even_batches = false});
+    accel::accelerator<accel::fp32, TestType> acc({.even_batches = false});
     torch::manual_seed(11);
     mlp net(1, 4, 1), baseline(1, 4, 1);
     {
@@ -184,9 +190,33 @@ TEST_CASE(
     for (const auto& copy : everyone(acc, state)) CHECK(torch::allclose(copy, baseline_state, 1e-5, 1e-7));
     const auto lr = torch::tensor({optimizer.param_groups()[0].options().get_lr()}, torch::kDouble);
     for (const auto& copy : everyone(acc, lr))
-      CHECK(copy.item<double>() == baseline_optimizer.param_groups()[0].options().get_lr());
+      CHECK(copy.template item<double>() == baseline_optimizer.param_groups()[0].options().get_lr());
     const auto steps = torch::tensor({acc.completed_steps()}, torch::kLong);
-    for (const auto& copy : everyone(acc, steps)) CHECK(copy.item<std::int64_t>() == (input_batches + P - 1) / P);
+    for (const auto& copy : everyone(acc, steps))
+      CHECK(copy.template item<std::int64_t>() == (input_batches + P - 1) / P);
+    if constexpr (std::is_same_v<TestType, accel_test::step_synchronised>) {
+      // Process 0 read the most batches; the others took fewer steps, and then its count.
+      const auto own = torch::tensor({acc.parallel().steps, acc.parallel().joins}, torch::kLong);
+      for (const auto& copy : everyone(acc, own)) {
+        CHECK(copy[0].template item<std::int64_t>() == (input_batches + P - 1) / P);
+        CHECK(copy[1].template item<std::int64_t>() == 1);
+      }
+      // Its state is in each process's checkpoint file, and loads back into a fresh accelerator.
+      const auto dir = job_directory("join_facet_policy_" + std::to_string(n));
+      acc.save_state(dir);
+      accel::accelerator<accel::fp32, TestType> fresh({.even_batches = false});
+      mlp fresh_net(1, 4, 1);
+      torch::optim::AdamW fresh_optimizer(fresh_net->parameters(), torch::optim::AdamWOptions(0.05));
+      torch::optim::StepLR fresh_scheduler(fresh_optimizer, 2, 0.5);
+      [[maybe_unused]] auto [fresh_model, fresh_opt, fresh_sched, fresh_batches] = fresh.prepare(
+          fresh_net, fresh_optimizer, fresh_scheduler, accel::data_loader(counting_samples(n), {.batch_size = batch}));
+      fresh.load_state(dir);
+      CHECK(fresh.parallel().steps == (input_batches + P - 1) / P);
+      CHECK(fresh.parallel().joins == 1);
+      CHECK(torch::equal(flat_state(*fresh_net), flat_state(*net)));
+      acc.wait_for_everyone();
+      if (acc.is_main_process()) std::filesystem::remove_all(dir);
+    }
   }
 }
 

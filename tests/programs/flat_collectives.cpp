@@ -1,7 +1,7 @@
 // The flat collectives the sharded policies build on, checked by arithmetic in a real job (tests/CMakeLists.txt
 // starts it on 3 Gloo processes under `accel launch`), in both LibTorch builds: the all-gather is Gloo's
 // `_allgather_base` in 2.x and the list form into views in 1.13 (detail/compat.hpp); the reduce-scatter is an
-// all-to-all and a sum (detail/gloo_communicator.hpp).
+// all-to-all and a sum (detail/comm/gloo_communicator.hpp).
 // Prints one line per failed check and exits 1 if any failed.
 #include <accel/accel.hpp>
 

@@ -1,5 +1,5 @@
 // A reader of TensorBoard event files for the tests, written from the formats' documentation and sharing no code
-// with accel's writer (include/accel/detail/tensorboard.hpp):
+// with accel's writer (include/accel/detail/tracking/tensorboard.hpp):
 //   - TFRecord (tensorflow/core/lib/io/record_writer.h): uint64 length, uint32 masked CRC-32C of the length,
 //     the data, uint32 masked CRC-32C of the data; all little-endian; masked = ((crc >> 15) | (crc << 17)) +
 //     0xa282ead8.

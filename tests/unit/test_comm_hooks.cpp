@@ -1,5 +1,5 @@
-// Gradient communication hooks (accel/detail/comm_hooks.hpp), the pieces that need no second process: the random
-// draws against NumPy's and PyTorch's (numbers printed by the .venv's Python, given with each case), PyTorch's
+// Gradient communication hooks (accel/detail/gradient_sync/comm_hooks.hpp), the pieces that need no second process: the
+// random draws against NumPy's and PyTorch's (numbers printed by the .venv's Python, given with each case), PyTorch's
 // orthogonalisation and compression rule, the refused settings, and each hook on one process (whose all-reduce is the
 // identity). tests/scripts/check_comm_hooks.py compares them with PyTorch's DDP on 2 processes.
 #include <catch2/catch.hpp>

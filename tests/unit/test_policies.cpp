@@ -123,10 +123,12 @@ TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accel
     accel::options options;
     accel::gradient_state gradient_state;
     accel::detail::checkpoint_schedule schedule;
-    accel::detail::checkpoint_settings checkpoints;
     std::optional<std::filesystem::path> resumed_from;
     bool trigger;
     accel::detail::prepared_registry registry;
+    accel::detail::training_state<accel::single_process, accel::fp32, accel::no_accumulation, accel::single_process,
+                                  accel::detail::checkpoint_schedule>
+        state;
     accel::detail::tracker_set trackers;
   };
   STATIC_REQUIRE(sizeof(accel::accelerator<>) == sizeof(same_members_without_empty_policies));

@@ -1,5 +1,6 @@
-// The policy seams: a test-only parallel policy (tests/policies/counting_parallel.hpp) and a test-only precision
-// policy with state (tests/policies/watching_precision.hpp), each one file, driven by the accelerator through its
+// The policy seams: test-only parallel policies (tests/policies/counting_parallel.hpp, derived from data_parallel;
+// tests/policies/step_synchronised.hpp, written against the facets) and a test-only precision policy with state
+// (tests/policies/watching_precision.hpp), each one file, driven by the accelerator through its
 // hooks and checkpointed through save_state/load_state; and a checkpoint written by accel 0.1, before the policies
 // saved their own state, still loads (tests/data/checkpoint-v0.1).
 #include <catch2/catch.hpp>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "policies/counting_parallel.hpp"
+#include "policies/step_synchronised.hpp"
 #include "policies/watching_precision.hpp"
 #include "support.hpp"
 
@@ -66,6 +68,39 @@ TEST_CASE("a parallel policy in one file: the accelerator steps, clips and prepa
   CHECK(precision.largest_loss > 0);
   CHECK(bitwise_equal(*net, *reference_net));  // counting changed nothing
   CHECK(acc.device() == reference.device());
+}
+
+TEST_CASE(
+    "a parallel policy written against the facets trains as single_process on one process, and its own state "
+    "round-trips through save_state / load_state",
+    "[policies][seams][checkpoint]") {
+  STATIC_REQUIRE(accel::parallel_policy<step_synchronised>);
+  STATIC_REQUIRE(accel::detail::uneven_inputs<step_synchronised>);
+  using facet_accelerator = accel::accelerator<accel::fp32, step_synchronised, accel::accumulate<2>>;
+  using reference_accelerator = accel::accelerator<accel::fp32, accel::single_process, accel::accumulate<2>>;
+  torch::manual_seed(1);
+  mlp net(3, 8, 1);
+  torch::manual_seed(1);
+  mlp reference_net(3, 8, 1);
+  torch::optim::SGD optimizer(net->parameters(), 0.1), reference_optimizer(reference_net->parameters(), 0.1);
+  const auto dir = scratch_directory("facet_policy");
+  {
+    facet_accelerator acc{{.cpu = true}};
+    reference_accelerator reference{{.cpu = true}};
+    train_clipped(acc, net, optimizer);
+    train_clipped(reference, reference_net, reference_optimizer);
+    CHECK(bitwise_equal(*net, *reference_net));  // one process: its average is its own gradient
+    CHECK(acc.parallel().steps == 3);            // one per synchronising micro-step
+    CHECK(acc.parallel().averagings == 3);       // clip, unscale and step asked; averaged once each step
+    acc.save_state(dir / "state");
+  }
+  CHECK(keys_of(dir / "state" / "random_states_0.bin").contains("step_synchronised_steps"));
+  facet_accelerator acc{{.cpu = true}};
+  auto model = acc.prepare(net);
+  acc.load_state(dir / "state");
+  CHECK(acc.parallel().steps == 3);
+  CHECK(acc.parallel().joins == 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("fp16's overflow check is agreed through the parallel policy, once per optimizer step", "[policies][seams]") {

@@ -4,7 +4,7 @@
 
 #include <array>
 #include <vector>
-#include "accel/detail/text.hpp"
+#include "accel/detail/support/text.hpp"
 
 namespace accel::cli {
 namespace {

@@ -21,13 +21,12 @@
 #include <string_view>
 #include <system_error>
 
-#include "../checkpoint_error.hpp"
-#include "atomic_file.hpp"
-#include "crc32c.hpp"
+#include "../../checkpoint_error.hpp"
+#include "../support/atomic_file.hpp"
+#include "../support/crc32c.hpp"
+#include "format.hpp"
 
 namespace accel::detail {
-
-inline constexpr std::string_view manifest_name = "accel_checksums.txt";
 
 class checkpoint_manifest {
  public:
@@ -98,7 +97,7 @@ class checkpoint_manifest {
 
 /// The manifest of the checkpoint in `directory`, or none for one written before accel had checksums (v0.1).
 inline std::optional<checkpoint_manifest> read_manifest(const std::filesystem::path& directory) {
-  const auto path = directory / manifest_name;
+  const auto path = directory / checkpoint_files::manifest;
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     if (std::filesystem::exists(path))
@@ -120,8 +119,9 @@ inline std::string read_checkpoint_file(const std::filesystem::path& directory, 
   if (!manifest) return bytes;
   const auto listed = manifest->files().find(name);
   if (listed == manifest->files().end())
-    throw checkpoint_error("accel::load_state: " + std::string(manifest_name) + " in " + directory.string() +
-                           " does not list " + name + ": the directory mixes files of two checkpoints");
+    throw checkpoint_error("accel::load_state: " + std::string(checkpoint_files::manifest) + " in " +
+                           directory.string() + " does not list " + name +
+                           ": the directory mixes files of two checkpoints");
   if (bytes.size() != listed->second.size || crc32c(bytes) != listed->second.crc32c)
     throw checkpoint_error(
         "accel::load_state: " + path.string() + " is damaged: its " +

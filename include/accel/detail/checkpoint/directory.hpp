@@ -26,9 +26,10 @@
 #include <utility>
 #include <vector>
 
-#include "../checkpoint_error.hpp"
-#include "atomic_file.hpp"
-#include "checkpoint_manifest.hpp"
+#include "../../checkpoint_error.hpp"
+#include "../support/atomic_file.hpp"
+#include "format.hpp"
+#include "manifest.hpp"
 
 namespace accel::detail {
 
@@ -37,37 +38,8 @@ struct staging_busy : checkpoint_error {
   using checkpoint_error::checkpoint_error;
 };
 
-/// `text` is `prefix` followed by decimal digits only.
-inline bool is_numbered(std::string_view text, std::string_view prefix) {
-  if (text.substr(0, prefix.size()) != prefix || text.size() == prefix.size()) return false;
-  return text.substr(prefix.size()).find_first_not_of("0123456789") == std::string_view::npos;
-}
-
-/// A name `save_state` writes (docs/checkpoint-format.md), or one of its temporary files: only these are ever
-/// removed from a checkpoint directory.
-inline bool is_checkpoint_file(std::string_view name) {
-  if (const auto temporary = name.rfind(".tmp");
-      temporary != std::string_view::npos && is_numbered(name.substr(temporary), ".tmp"))
-    name = name.substr(0, temporary);
-  if (name == "accel_state.bin" || name == manifest_name || name == "shard_layout.bin") return true;
-  const auto dot = name.find('.');
-  if (dot == std::string_view::npos) return false;
-  auto stem = name.substr(0, dot);
-  const auto extension = name.substr(dot);
-  if (extension == ".bin" && is_numbered(stem, "random_states_")) return true;
-  // A sharded checkpoint's `model_shard_3.safetensors`, `optimizer_1_shard_0.safetensors`: a kind's own name, shard.
-  if (const auto shard = stem.rfind("_shard_"); shard != std::string_view::npos && extension == ".safetensors") {
-    if (!is_numbered(stem.substr(shard + 1), "shard_")) return false;
-    stem = stem.substr(0, shard);
-    return stem == "model" || stem == "optimizer" || is_numbered(stem, "model_") || is_numbered(stem, "optimizer_");
-  }
-  for (const auto kind : {"model", "pytorch_model", "optimizer", "scheduler", "custom_checkpoint"}) {
-    const std::string_view k = kind;
-    if (extension != (k == "model" ? ".safetensors" : ".bin")) continue;
-    if (stem == k || is_numbered(stem, std::string(k) + "_")) return true;
-  }
-  return false;
-}
+/// What a save may remove from a checkpoint directory: only names save_state writes (format.hpp).
+using checkpoint_files::is_checkpoint_file;
 
 /// The directory `save_state(directory)` writes: `directory` made absolute and normal, without a trailing
 /// separator (`"ckpt/"` is `ckpt`), a symbolic link followed to its target. An empty path, a file, and the
@@ -255,7 +227,7 @@ class staging_directory {
 /// the prefix, or a number beyond int64.
 inline std::optional<std::int64_t> checkpoint_number(std::string_view name) {
   constexpr std::string_view prefix = "checkpoint_";
-  if (!is_numbered(name, prefix)) return std::nullopt;
+  if (!checkpoint_files::is_numbered(name, prefix)) return std::nullopt;
   std::int64_t number = 0;
   if (std::from_chars(name.data() + prefix.size(), name.data() + name.size(), number).ec != std::errc{})
     return std::nullopt;

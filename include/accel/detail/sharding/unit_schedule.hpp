@@ -19,18 +19,18 @@
 #include <utility>
 #include <vector>
 
-#include "../collectives.hpp"
-#include "../options.hpp"
-#include "../shard_unit.hpp"
-#include "optimizer_shards.hpp"
-#include "reducer.hpp"
+#include "../../collectives.hpp"
+#include "../../options.hpp"
+#include "owned_shards.hpp"
+#include "unit_hooks.hpp"
+#include "../gradient_sync/reducer.hpp"
 
 namespace accel::detail {
 
 /// The parameters of one unit: the shards that hold them (`group` in each), and the sharded parameters themselves.
 struct unit_parameters {
   std::size_t group = 0;
-  std::vector<optimizer_shards*> shards;
+  std::vector<owned_shards*> shards;
   std::vector<at::Tensor> parameters;
 };
 
@@ -86,7 +86,7 @@ class unit_schedule final : public unit_hooks, public std::enable_shared_from_th
     if (options_.prefetch && previous_[unit] != none) start_gather(previous_[unit]);
   }
 
-  /// The most units whose parameters were whole, or on their way, at once (tests: two with prefetch and resharding).
+  /// The most units whose parameters were full, or on their way, at once (tests: two with prefetch and resharding).
   [[nodiscard]] std::size_t most_units_gathered() const noexcept { return most_units_gathered_; }
   /// How many units there are.
   [[nodiscard]] std::size_t size() const noexcept { return units_.size(); }
@@ -120,8 +120,8 @@ class unit_schedule final : public unit_hooks, public std::enable_shared_from_th
   void count_gathered() {
     std::size_t gathered = 0;
     for (const auto& unit : units_)
-      gathered += std::any_of(unit.shards.begin(), unit.shards.end(), [&unit](const optimizer_shards* shards) {
-        return shards->gathering(unit.group) || shards->state(unit.group) == parameter_state::whole;
+      gathered += std::any_of(unit.shards.begin(), unit.shards.end(), [&unit](const owned_shards* shards) {
+        return shards->gathering(unit.group) || shards->state(unit.group) == parameter_state::gathered;
       });
     most_units_gathered_ = std::max(most_units_gathered_, gathered);
   }

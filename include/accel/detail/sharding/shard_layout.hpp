@@ -1,9 +1,9 @@
 /// \file
 /// How a sharded policy splits a parameter: on its flattened elements, in chunks of ceil(n / P), process r owning
-/// elements [r * chunk, (r + 1) * chunk) (possibly none of a small parameter). The gradient reducer (stage 2) and the
-/// optimizer's shards (stage 1) both lay buckets out with it, so that process r's slices of every parameter of a
-/// bucket are one contiguous segment, the r-th, of the bucket (DeepSpeed's coalesced layout): one reduce-scatter or
-/// all-gather per bucket then gives each process its segment.
+/// elements [r * chunk, (r + 1) * chunk) (possibly none of a small parameter). The gradient reducer (zero2,
+/// fully_sharded) and the optimizer's shards both lay buckets out with it, so that process r's slices of every
+/// parameter of a bucket are one contiguous segment, the r-th, of the bucket (DeepSpeed's coalesced layout): one
+/// reduce-scatter or all-gather per bucket then gives each process its segment.
 // IWYU pragma: private, include <accel/sharded_data_parallel.hpp>
 #pragma once
 
@@ -41,7 +41,7 @@ inline shard_span shard_span_of(std::int64_t numel, int rank, int world) {
   return {begin, std::min(numel, begin + chunk) - begin};
 }
 
-/// Whether a parallel policy's gradient reducer all-reduces whole gradients (data_parallel, zero1) or
+/// Whether a parallel policy's gradient reducer all-reduces full gradients (data_parallel, zero1) or
 /// reduce-scatters them so that each process keeps its shard only (zero2 and up).
 enum class gradient_layout { replicated, sharded };
 

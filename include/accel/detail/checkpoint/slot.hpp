@@ -10,9 +10,12 @@
 
 #include <cstdint>
 #include <functional>
-#include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
+
+#include "../support/archive.hpp"
+#include "format.hpp"
 
 namespace accel::detail {
 
@@ -22,18 +25,11 @@ enum class state_scope { shared, per_process };
 
 /// Empty functions: the object cannot be checkpointed (`save_state` says which).
 struct checkpoint_slot {
-  std::string kind;  // the file stem (shared) or archive key (per process): "scheduler", "range", ...
+  std::string kind;  // one of format.hpp's kinds: the file stem (shared) or archive key (per process)
   state_scope scope = state_scope::shared;
   std::function<void(torch::serialize::OutputArchive&)> save = {};
   std::function<void(torch::serialize::InputArchive&)> load = {};
 };
-
-/// `archive`'s bytes, serialised in memory (for a file accel writes itself, or a message between processes).
-inline std::string serialised(torch::serialize::OutputArchive& archive) {
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  return std::move(bytes).str();
-}
 
 /// LibTorch's schedulers keep their step count in a protected member; a derived class may name it.
 struct lr_scheduler_access : torch::optim::LRScheduler {
@@ -42,21 +38,12 @@ struct lr_scheduler_access : torch::optim::LRScheduler {
   }
 };
 
-/// The customisation point of user types: `save(torch::serialize::OutputArchive&) const` and
-/// `load(torch::serialize::InputArchive&)` members (checkpoints, and the object collectives: ivalue_form.hpp).
-template <class T>
-concept archive_serialisable =
-    requires(const T& t, T& u, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
-      t.save(out);
-      u.load(in);
-    };
-
 /// `archive_serialisable` objects; LibTorch LR schedulers (their step count; learning rates travel with the
 /// optimizer); else not checkpointable.
 /// `object` must not move while the slot lives (prepared objects keep what they own in place: `pinned`).
 template <class T>
-checkpoint_slot slot_for(std::string kind, T& object) {
-  checkpoint_slot slot{.kind = std::move(kind)};
+checkpoint_slot slot_for(std::string_view kind, T& object) {
+  checkpoint_slot slot{.kind = std::string(kind)};
   if constexpr (archive_serialisable<T>) {
     slot.save = [&object](torch::serialize::OutputArchive& out) { object.save(out); };
     slot.load = [&object](torch::serialize::InputArchive& in) { object.load(in); };

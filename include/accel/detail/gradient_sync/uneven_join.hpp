@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "../collectives.hpp"
+#include "../../collectives.hpp"
 
 namespace accel::detail {
 

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint_slot.hpp"
+#include "../support/archive.hpp"
 
 namespace accel::detail {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <utility>
 
-#include "../options.hpp"
+#include "../../options.hpp"
 
 namespace accel::detail {
 

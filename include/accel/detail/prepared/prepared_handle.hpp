@@ -9,7 +9,7 @@
 
 #include "accelerator_access.hpp"
 #include "registry.hpp"
-#include "stored.hpp"
+#include "../support/stored.hpp"
 
 namespace accel::detail {
 

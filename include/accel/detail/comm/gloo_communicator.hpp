@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "../launch.hpp"
-#include "../collectives.hpp"
-#include "compat.hpp"
+#include "../../launch.hpp"
+#include "../../collectives.hpp"
+#include "../compat.hpp"
 #include "rendezvous.hpp"
 
 namespace accel::detail {

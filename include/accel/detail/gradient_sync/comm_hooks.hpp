@@ -27,9 +27,9 @@
 #include <utility>
 #include <vector>
 
-#include "../collectives.hpp"
-#include "../options.hpp"
-#include "compat.hpp"
+#include "../../collectives.hpp"
+#include "../../options.hpp"
+#include "../compat.hpp"
 
 namespace accel::detail {
 
@@ -203,11 +203,11 @@ inline void fill_normal(const std::vector<at::Tensor>& qs, std::uint32_t seed) {
   for (const auto& q : qs) q.copy_(at::randn(q.sizes(), generator, at::TensorOptions().dtype(q.scalar_type())));
 }
 
-/// Throws `std::invalid_argument`, naming the fix, for settings PyTorch refuses or that cannot work (on Gloo when
-/// `gloo`). The PowerSGD settings are read only when a PowerSGD hook is asked for, as Accelerate passes
-/// `comm_state_option` only then.
-inline void check_comm_hook_options(const comm_hook_options& options, bool gloo) {
-  if (gloo && !compat::gloo_sums_bfloat16 && (options.hook == comm_hook::bf16 || options.wrapper == comm_wrapper::bf16))
+/// Throws `std::invalid_argument`, naming the fix, for settings PyTorch refuses or that cannot work (bfloat16
+/// all-reduces on a backend that cannot sum them: `sums_bfloat16` false). The PowerSGD settings are read only when a
+/// PowerSGD hook is asked for, as Accelerate passes `comm_state_option` only then.
+inline void check_comm_hook_options(const comm_hook_options& options, bool sums_bfloat16) {
+  if (!sums_bfloat16 && (options.hook == comm_hook::bf16 || options.wrapper == comm_wrapper::bf16))
     throw std::invalid_argument(
         "accel: options::comm_hook asks for bfloat16 all-reduces, which this LibTorch's Gloo cannot sum (LibTorch " +
         std::to_string(ACCEL_TORCH_VERSION / 100) + "." + std::to_string(ACCEL_TORCH_VERSION % 100) +
@@ -323,7 +323,7 @@ class power_sgd_hook final : public power_sgd_base<C> {
     std::vector<at::Tensor> whole;
     std::vector<at::Tensor> batches;
     std::vector<std::vector<at::Tensor>> stacked;  // by batch: the members it stacks (empty: a view)
-    std::int64_t whole_elements = 0;
+    std::int64_t gathered_elements = 0;
     std::int64_t p_elements = 0;
     std::int64_t q_elements = 0;
   };
@@ -338,7 +338,7 @@ class power_sgd_hook final : public power_sgd_base<C> {
       if (rows == 0 || columns == 0 ||
           !worth_compressing(rows, columns, rank_for(rows, columns), this->settings().min_compression_rate)) {
         parts.whole.push_back(member);
-        parts.whole_elements += member.numel();
+        parts.gathered_elements += member.numel();
         continue;
       }
       const std::vector<std::int64_t> shape{rows, columns};
@@ -387,7 +387,7 @@ class power_sgd_hook final : public power_sgd_base<C> {
     auto parts = split_bucket(bucket);
     // One all-reduce for the whole members, the flags and the Ps.
     const auto flags = bucket.flags.numel();
-    auto sent = at::empty({parts.whole_elements + flags + parts.p_elements}, bucket.flat.options());
+    auto sent = at::empty({parts.gathered_elements + flags + parts.p_elements}, bucket.flat.options());
     std::int64_t offset = 0;
     for (const auto& member : parts.whole) {
       sent.narrow(0, offset, member.numel()).copy_(member.reshape({-1}));

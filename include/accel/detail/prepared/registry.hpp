@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint_slot.hpp"
+#include "../checkpoint/slot.hpp"
 
 namespace accel::detail {
 

@@ -37,12 +37,12 @@
 #include <utility>
 #include <vector>
 
-#include "../collectives.hpp"
-#include "../options.hpp"
+#include "../../collectives.hpp"
+#include "../../options.hpp"
 #include "comm_hooks.hpp"
-#include "compat.hpp"
-#include "shard_layout.hpp"
-#include "text.hpp"
+#include "../compat.hpp"
+#include "../sharding/shard_layout.hpp"
+#include "../support/text.hpp"
 
 namespace accel::detail {
 

@@ -12,8 +12,8 @@
 #include <exception>
 #include <string>
 
-#include "../collectives.hpp"
-#include "../launch.hpp"
+#include "../../collectives.hpp"
+#include "../../launch.hpp"
 
 namespace accel::detail {
 

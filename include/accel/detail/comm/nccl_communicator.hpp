@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "../collectives.hpp"
-#include "compat.hpp"
+#include "../../collectives.hpp"
+#include "../compat.hpp"
 #include "rendezvous.hpp"
 
 namespace accel::detail {

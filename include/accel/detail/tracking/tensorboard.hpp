@@ -23,7 +23,7 @@
 #include <string>
 #include <string_view>
 
-#include "crc32c.hpp"
+#include "../support/crc32c.hpp"
 
 namespace accel::detail {
 

@@ -3,14 +3,14 @@
 /// writes its own slices, nothing is gathered, and any number of processes reads them back.
 /// - `model_shard_{r}.safetensors` (`model_{i}_shard_{r}` for the i-th model): process r's slice (flat) of each
 ///   parameter its policy shards, under the parameter's name; process 0's file also holds what no policy shards
-///   (frozen parameters, buffers, everything under data_parallel), whole.
+///   (frozen parameters, buffers, everything under data_parallel), in full.
 /// - `optimizer_shard_{r}.safetensors` (`optimizer_{i}_shard_{r}`): process r's slice of each state tensor of its
 ///   optimizer, under `{model}.{parameter}/{field}` (`model.l1.weight/exp_avg`, `model_1.fc.bias/step`), the step
 ///   counts as 0-d int64 tensors; `optimizer.bin` (main process): the optimizer's groups and options, no state.
 /// - `shard_layout.bin` (main process): the number of processes, and each model tensor's name, full shape and
 ///   whether it is sharded. Process r's slice of a sharded tensor of n elements is its elements [r c, (r + 1) c)
 ///   flattened, c = ceil(n / P) (shard_layout.hpp): concatenated in process order, the slices are the tensor.
-/// Loading assembles the full tensors (and whole states) from every process's file, then loads them as a full
+/// Loading assembles the full tensors (and full states) from every process's file, then loads them as a full
 /// checkpoint: so a sharded checkpoint loads under any number of processes and any parallel policy.
 // IWYU pragma: private, include <accel/checkpoint.hpp>
 #pragma once
@@ -30,27 +30,19 @@
 #include <utility>
 #include <vector>
 
-#include "../checkpoint_error.hpp"
-#include "../collectives.hpp"
-#include "../model_weights.hpp"
-#include "../safetensors.hpp"
-#include "atomic_file.hpp"
-#include "checkpoint_slot.hpp"
-#include "checkpoint_manifest.hpp"
-#include "compat.hpp"
-#include "optimizer_state.hpp"
-#include "shard_layout.hpp"
+#include "../../checkpoint_error.hpp"
+#include "../../collectives.hpp"
+#include "../../model_weights.hpp"
+#include "../../safetensors.hpp"
+#include "../support/atomic_file.hpp"
+#include "format.hpp"
+#include "slot.hpp"
+#include "manifest.hpp"
+#include "../compat.hpp"
+#include "../support/optimizer_state.hpp"
+#include "../sharding/shard_layout.hpp"
 
 namespace accel::detail {
-
-inline constexpr const char* shard_layout_name = "shard_layout.bin";
-
-/// `model_shard_3.safetensors`, `optimizer_1_shard_0.safetensors`.
-inline std::string shard_file(const std::string& kind, std::size_t index, int process) {
-  std::string name = kind;
-  if (index > 0) name.append("_").append(std::to_string(index));
-  return name.append("_shard_").append(std::to_string(process)).append(".safetensors");
-}
 
 /// A model's part of the layout table: each tensor (parameters, then buffers) by name, its full shape, and whether
 /// its elements are spread over the processes' files.
@@ -111,14 +103,15 @@ struct shard_layout_table {
       archive.write("model_" + std::to_string(i), model);
     }
     const auto bytes = serialised(archive);
-    return write_atomically<checkpoint_error>(directory / shard_layout_name, [&](auto& out) { out.write(bytes); });
+    return write_atomically<checkpoint_error>(directory / checkpoint_files::shard_layout,
+                                              [&](auto& out) { out.write(bytes); });
   }
   /// The table of the checkpoint in `directory`, checked against its manifest; none for a full checkpoint.
   static std::optional<shard_layout_table> load(const std::filesystem::path& directory,
                                                 const std::optional<checkpoint_manifest>& manifest) {
-    if (!std::filesystem::exists(directory / shard_layout_name)) return std::nullopt;
-    const auto bytes = read_checkpoint_file(directory, shard_layout_name, manifest);
-    const auto where = (directory / shard_layout_name).string();
+    if (!std::filesystem::exists(directory / checkpoint_files::shard_layout)) return std::nullopt;
+    const auto bytes = read_checkpoint_file(directory, std::string(checkpoint_files::shard_layout), manifest);
+    const auto where = (directory / checkpoint_files::shard_layout).string();
     torch::serialize::InputArchive archive;
     c10::IValue processes, models;
     try {
@@ -142,7 +135,7 @@ struct shard_layout_table {
 };
 
 /// A model's layout, and this process's tensors of it: the slice of each tensor `shard_of` gives, and the others
-/// whole on the main process only.
+/// in full on the main process only.
 template <class ShardOf>
 std::pair<model_layout, safetensors::tensor_list> model_shards(const torch::nn::Module& module, ShardOf&& shard_of,
                                                                bool main) {
@@ -163,12 +156,15 @@ std::pair<model_layout, safetensors::tensor_list> model_shards(const torch::nn::
 
 /// The name a state field is saved under: `model.l1.weight/exp_avg` (`model_1.` for the second model).
 inline std::string state_field_name(std::size_t model, const std::string& parameter, std::string_view field) {
-  std::string name = model == 0 ? std::string("model") : "model_" + std::to_string(model);
-  return name.append(".").append(parameter).append("/").append(field);
+  return checkpoint_files::numbered(checkpoint_files::kind::model, model, "")
+      .append(".")
+      .append(parameter)
+      .append("/")
+      .append(field);
 }
 
 /// This process's part of `optimizer`'s state, field by field: the slices of the parameters `shard_of` gives, and
-/// the whole state of the others on the main process only.
+/// the full state of the others on the main process only.
 template <class ShardOf>
 safetensors::tensor_list optimizer_shards_of(torch::optim::Optimizer& optimizer,
                                              const std::vector<std::shared_ptr<torch::nn::Module>>& models,
@@ -216,9 +212,9 @@ void without_state(torch::optim::Optimizer& optimizer, Save&& save) {
 /// (name -> tensor) before the next is read.
 template <class Use>
 void for_each_shard_file(const std::filesystem::path& directory, const std::optional<checkpoint_manifest>& manifest,
-                         const std::string& kind, std::size_t index, std::int64_t processes, Use&& use) {
+                         std::string_view kind, std::size_t index, std::int64_t processes, Use&& use) {
   for (std::int64_t r = 0; r < processes; ++r) {
-    const auto name = shard_file(kind, index, static_cast<int>(r));
+    const auto name = checkpoint_files::shard(kind, index, static_cast<int>(r));
     auto loaded = safetensors::parse(read_checkpoint_file(directory, name, manifest), (directory / name).string());
     use(static_cast<int>(r), std::map<std::string, at::Tensor>(loaded.begin(), loaded.end()), name);
   }
@@ -242,28 +238,30 @@ inline safetensors::tensor_list assemble_model(const std::filesystem::path& dire
                                                const shard_layout_table& table, std::size_t index) {
   const auto& layout = table.models.at(index);
   std::vector<at::Tensor> whole(layout.names.size());
-  for_each_shard_file(directory, manifest, "model", index, table.processes, [&](int r, auto tensors, auto& file) {
-    for (std::size_t t = 0; t < layout.names.size(); ++t) {
-      const auto found = tensors.find(layout.names[t]);
-      if (!layout.sharded[t] && r != 0) continue;
-      if (found == tensors.end())
-        throw checkpoint_error("accel::load_state: " + file + " lacks " + layout.names[t] + " (a damaged checkpoint?)");
-      if (!layout.sharded[t]) {
-        whole[t] = found->second;
-        continue;
-      }
-      const auto numel = c10::multiply_integers(layout.shapes[t]);
-      if (r == 0) whole[t] = at::empty({numel}, found->second.options());
-      place_slice(whole[t], found->second, numel, r, table.processes, layout.names[t], file);
-    }
-  });
+  for_each_shard_file(directory, manifest, checkpoint_files::kind::model, index, table.processes,
+                      [&](int r, auto tensors, auto& file) {
+                        for (std::size_t t = 0; t < layout.names.size(); ++t) {
+                          const auto found = tensors.find(layout.names[t]);
+                          if (!layout.sharded[t] && r != 0) continue;
+                          if (found == tensors.end())
+                            throw checkpoint_error("accel::load_state: " + file + " lacks " + layout.names[t] +
+                                                   " (a damaged checkpoint?)");
+                          if (!layout.sharded[t]) {
+                            whole[t] = found->second;
+                            continue;
+                          }
+                          const auto numel = c10::multiply_integers(layout.shapes[t]);
+                          if (r == 0) whole[t] = at::empty({numel}, found->second.options());
+                          place_slice(whole[t], found->second, numel, r, table.processes, layout.names[t], file);
+                        }
+                      });
   safetensors::tensor_list tensors;
   for (std::size_t t = 0; t < layout.names.size(); ++t)
     tensors.emplace_back(layout.names[t], layout.sharded[t] ? whole[t].view(layout.shapes[t]) : whole[t]);
   return tensors;
 }
 
-/// Optimizer `index`'s whole state from every process's shard file: each field of each parameter's state under its
+/// Optimizer `index`'s full state from every process's shard file: each field of each parameter's state under its
 /// name (`state_field_name`), full tensors shaped as their parameters, steps as 0-d tensors.
 inline std::map<std::string, at::Tensor> assemble_optimizer_state(const std::filesystem::path& directory,
                                                                   const std::optional<checkpoint_manifest>& manifest,
@@ -275,24 +273,26 @@ inline std::map<std::string, at::Tensor> assemble_optimizer_state(const std::fil
       parameters[state_field_name(m, table.models[m].names[t], "")] = {table.models[m].shapes[t],
                                                                        table.models[m].sharded[t]};
   std::map<std::string, at::Tensor> state;
-  for_each_shard_file(directory, manifest, "optimizer", index, table.processes, [&](int r, auto tensors, auto& file) {
-    for (auto& [name, piece] : tensors) {
-      const auto slash = name.rfind('/');
-      const auto parameter = parameters.find(name.substr(0, slash == std::string::npos ? 0 : slash + 1));
-      if (slash == std::string::npos || parameter == parameters.end())
-        throw checkpoint_error("accel::load_state: " + file + " holds " + name +
-                               ", the state of no parameter of the layout (a damaged checkpoint?)");
-      const auto& [shape, sharded] = parameter->second;
-      if (piece.dim() == 0 || !sharded) {  // a step count, the same everywhere, or a whole state tensor
-        state.try_emplace(name, piece);
-        continue;
-      }
-      const auto numel = c10::multiply_integers(shape);
-      auto found = state.find(name);
-      if (found == state.end()) found = state.emplace(name, at::empty({numel}, piece.options())).first;
-      place_slice(found->second, piece, numel, r, table.processes, name, file);
-    }
-  });
+  for_each_shard_file(
+      directory, manifest, checkpoint_files::kind::optimizer, index, table.processes,
+      [&](int r, auto tensors, auto& file) {
+        for (auto& [name, piece] : tensors) {
+          const auto slash = name.rfind('/');
+          const auto parameter = parameters.find(name.substr(0, slash == std::string::npos ? 0 : slash + 1));
+          if (slash == std::string::npos || parameter == parameters.end())
+            throw checkpoint_error("accel::load_state: " + file + " holds " + name +
+                                   ", the state of no parameter of the layout (a damaged checkpoint?)");
+          const auto& [shape, sharded] = parameter->second;
+          if (piece.dim() == 0 || !sharded) {  // a step count, the same everywhere, or a full state tensor
+            state.try_emplace(name, piece);
+            continue;
+          }
+          const auto numel = c10::multiply_integers(shape);
+          auto found = state.find(name);
+          if (found == state.end()) found = state.emplace(name, at::empty({numel}, piece.options())).first;
+          place_slice(found->second, piece, numel, r, table.processes, name, file);
+        }
+      });
   for (auto& [name, tensor] : state) {
     const auto& [shape, sharded] = parameters.at(name.substr(0, name.rfind('/') + 1));
     if (sharded && tensor.dim() == 1 && tensor.numel() == c10::multiply_integers(shape)) tensor = tensor.view(shape);
@@ -300,11 +300,11 @@ inline std::map<std::string, at::Tensor> assemble_optimizer_state(const std::fil
   return state;
 }
 
-/// Gives each parameter `optimizer` lists its whole state from `state` (assemble_optimizer_state), by the name
+/// Gives each parameter `optimizer` lists its full state from `state` (assemble_optimizer_state), by the name
 /// `name_of` gives it; a parameter with nothing saved gets no state, as one that never had a gradient.
 template <class NameOf>
-void set_whole_state(torch::optim::Optimizer& optimizer, const std::map<std::string, at::Tensor>& state,
-                     NameOf&& name_of) {
+void set_full_state(torch::optim::Optimizer& optimizer, const std::map<std::string, at::Tensor>& state,
+                    NameOf&& name_of) {
   auto& states = optimizer.state();
   for (auto& group : optimizer.param_groups())
     for (auto& parameter : group.params()) {

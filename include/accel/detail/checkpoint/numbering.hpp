@@ -1,0 +1,88 @@
+/// \file
+/// The project's automatic checkpoints, `{project_dir}/checkpoints/checkpoint_{i}`: which number the next save
+/// takes (the same on every process), and which checkpoint is the newest complete one.
+// IWYU pragma: private, include <accel/checkpoint.hpp>
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <string>
+#include <system_error>
+
+#include "../../checkpoint_error.hpp"
+#include "../../collectives.hpp"
+#include "agreement.hpp"
+#include "directory.hpp"
+#include "format.hpp"
+#include "settings.hpp"
+
+namespace accel::detail {
+
+/// `{project_dir}/checkpoints`, where the automatic checkpoints go.
+inline std::filesystem::path checkpoints_root(const project_options& project) {
+  return std::filesystem::path(project.project_dir) / "checkpoints";
+}
+
+/// After `load_state(directory)`: when `directory` is the project's `checkpoint_{k}`, the next automatic save is
+/// `checkpoint_{k + 1}`.
+inline void count_from_loaded(checkpoint_settings& settings, const std::filesystem::path& directory) {
+  auto path = std::filesystem::absolute(directory).lexically_normal();
+  if (!path.has_filename()) path = path.parent_path();
+  const auto number = checkpoint_number(path.filename().string());
+  std::error_code error;
+  if (!number || *number == std::numeric_limits<std::int64_t>::max() ||
+      !std::filesystem::equivalent(path.parent_path(), checkpoints_root(settings.project), error))
+    return;
+  settings.next_number = *number + 1;
+}
+
+/// The number the next `save_state()` writes, as this process sees it: the one fixed (`project.iteration`, then the
+/// number after each automatic save, or after the `checkpoint_{k}` loaded), else one above the highest
+/// `checkpoint_{i}` under the project's checkpoints directory (0 when there is none).
+inline std::int64_t next_checkpoint_number(const checkpoint_settings& settings) {
+  if (settings.next_number) return *settings.next_number;
+  const auto existing = numbered_checkpoints(checkpoints_root(settings.project));
+  if (existing.empty()) return 0;
+  if (existing.rbegin()->first == std::numeric_limits<std::int64_t>::max())
+    throw checkpoint_error("accel::save_state(): " + existing.rbegin()->second.string() +
+                           " has the largest number a checkpoint can have; move the checkpoints away to go on");
+  return existing.rbegin()->first + 1;
+}
+
+/// The number of the next automatic checkpoint, the same on every process (a collective): the one fixed, refused on
+/// every process when a process sees its directory already; else one above the highest any process sees.
+template <class Parallel>
+std::int64_t agree_on_checkpoint_number(const checkpoint_settings& settings, Parallel& parallel) {
+  std::int64_t next = 0;
+  on_every_process_or_none(parallel, "save_state", "choosing the checkpoint's number", [&] {
+    next = next_checkpoint_number(settings);
+    const auto directory = checkpoints_root(settings.project) / ("checkpoint_" + std::to_string(next));
+    if (settings.next_number && std::filesystem::exists(std::filesystem::symlink_status(directory)))
+      throw checkpoint_error("accel::save_state(): " + directory.string() + " already exists (save_iteration() is " +
+                             std::to_string(next) +
+                             "): an automatic save never replaces a checkpoint; move it away, or number on from "
+                             "another checkpoint with acc.set_save_iteration(n) (options::project.iteration at start)");
+  });
+  if (settings.next_number) return next;
+  auto&& comm = parallel.communicator();
+  return reduce(comm, at::full({1}, next, at::kLong), reduction::max).template item<std::int64_t>();
+}
+
+/// The project's newest complete automatic checkpoint (one with its manifest: a directory whose removal beyond
+/// `total_limit` was cut short is passed over), if any.
+inline std::optional<std::filesystem::path> newest_complete_checkpoint(const project_options& project) {
+  const auto existing = numbered_checkpoints(checkpoints_root(project));
+  for (auto it = existing.rbegin(); it != existing.rend(); ++it)
+    if (std::filesystem::is_regular_file(it->second / checkpoint_files::manifest)) return it->second;
+  return std::nullopt;
+}
+inline std::filesystem::path newest_checkpoint(const project_options& project) {
+  if (auto newest = newest_complete_checkpoint(project)) return *newest;
+  throw checkpoint_error("accel::load_state(): no complete checkpoint_{i} under " + checkpoints_root(project).string());
+}
+
+}  // namespace accel::detail

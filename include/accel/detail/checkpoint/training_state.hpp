@@ -1,0 +1,281 @@
+/// \file
+/// `training_state`: everything a checkpoint holds, as one object the accelerator builds once. It knows the parallel
+/// policy (every save and load is a collective over it), the registry of prepared objects, the checkpoint settings,
+/// and the participants: the policies and objects that keep state of their own in each process's file (anything
+/// with `save_state(archive) const` / `load_state(archive)`). `save_state`, `load_state`, `join_uneven_inputs`'s
+/// sharing of the last process's state and `free_memory` all go through it, so the participants are listed once.
+// IWYU pragma: private, include <accel/checkpoint.hpp>
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/Device.h>
+#include <torch/nn/module.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../../collectives.hpp"
+#include "../../concepts.hpp"
+#include "../../options.hpp"
+#include "../prepared/registry.hpp"
+#include "../support/archive.hpp"
+#include "../support/generators.hpp"
+#include "agreement.hpp"
+#include "archives.hpp"
+#include "directory.hpp"
+#include "format.hpp"
+#include "numbering.hpp"
+#include "reader.hpp"
+#include "settings.hpp"
+#include "sharded_format.hpp"
+#include "transaction.hpp"
+#include "writer.hpp"
+
+namespace accel::detail {
+
+/// Runs `action` with the parameters of `models[first...]` full (a policy that shards parameters gathers them for
+/// the while, on every process), keeping what it writes into them.
+template <class Parallel, class Action>
+void with_full_weights(Parallel& parallel, const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                       Action&& action, std::size_t first = 0) {
+  if (first == models.size()) return std::forward<Action>(action)();
+  parallel.with_full_parameters(*models[first], [&] { with_full_weights(parallel, models, action, first + 1); });
+}
+
+/// Where `load_state` reads the optimizers' state to: `where`, by default (Accelerate's) `on_device` when several
+/// processes each have a device of their own (not the CPU), else `cpu`.
+inline c10::Device read_device(std::optional<map_location> where, int processes, const c10::Device& device) {
+  const auto chosen = where.value_or(processes > 1 && !device.is_cpu() ? map_location::on_device : map_location::cpu);
+  return chosen == map_location::on_device ? device : c10::Device(c10::kCPU);
+}
+
+/// `participant` in a tuple of one reference when it has state of its own (`stateful_policy`), else an empty tuple.
+template <class Participant>
+auto reference_if_stateful(Participant& participant) {
+  if constexpr (stateful_policy<Participant>)
+    return std::tuple<Participant&>(participant);
+  else
+    return std::tuple<>();
+}
+
+/// The training state of one accelerator: `Parallel` for the collectives, `Participants` for the state each process
+/// keeps of its own. Only those that are `stateful_policy` are kept (the others have nothing to save), so an empty
+/// policy costs nothing here either.
+template <class Parallel, class... Participants>
+class training_state {
+ public:
+  training_state(Parallel& parallel, prepared_registry& registry, const project_options& project,
+                 Participants&... participants)
+      : parallel_(parallel),
+        registry_(registry),
+        settings_(project),
+        participants_(std::tuple_cat(reference_if_stateful(participants)...)) {}
+  training_state(const training_state&) = delete;
+  training_state& operator=(const training_state&) = delete;
+
+  [[nodiscard]] checkpoint_settings& settings() noexcept { return settings_; }
+  [[nodiscard]] const checkpoint_settings& settings() const noexcept { return settings_; }
+
+  /// Saves into `directory`, atomically (writer.hpp): in the format the parallel policy asks for, the full one with
+  /// the weights full (gathered for the while). A collective.
+  void save(const std::filesystem::path& directory, bool safe_serialization) {
+    as_collective("save_state", [&] {
+      const auto own_state = [this] { return process_state(); };
+      if (parallel_.checkpoint_format() == state_dict_type::sharded)  // nothing gathered
+        return checkpoint_writer(parallel_, registry_, settings_, {.sharded = true, .safe_serialization = true})
+            .write(directory, own_state);
+      with_full_weights(parallel_, registry_.models(), [&] {
+        checkpoint_writer(parallel_, registry_, settings_, {.sharded = false, .safe_serialization = safe_serialization})
+            .write(directory, own_state);
+      });
+    });
+  }
+
+  /// Saves into the project's next automatic checkpoint (numbering.hpp), then removes the oldest beyond
+  /// `total_limit`. Returns the directory written.
+  std::filesystem::path save_next(bool safe_serialization) {
+    const auto& project = settings_.project;
+    if (!project.automatic_checkpoint_naming)
+      throw std::invalid_argument(
+          "accel::save_state(): without a directory it needs "
+          "options::project.automatic_checkpoint_naming; or pass the directory to save to");
+    const auto root = checkpoints_root(project);
+    auto existing = numbered_checkpoints(root);
+    std::int64_t next = 0;
+    as_collective("save_state", [&] { next = agree_on_checkpoint_number(settings_, parallel_); });
+    const auto directory = root / ("checkpoint_" + std::to_string(next));
+    save(directory, safe_serialization);
+    if (settings_.next_number) settings_.next_number = next + 1;
+    // Only now that the new checkpoint is complete and synced: a save that fails (a full disk) loses no checkpoint.
+    // Each writer prunes its own directory (each machine's, with save_on_each_node).
+    on_every_process_or_none(parallel_, "save_state", "removing checkpoints beyond total_limit", [&] {
+      if (!writes_shared_files(project, parallel_) || project.total_limit <= 0) return;
+      for (; !existing.empty() && static_cast<int>(existing.size()) + 1 > project.total_limit;
+           existing.erase(existing.begin()))
+        remove_checkpoint_files(existing.begin()->second);  // what accel did not write stays
+    });
+    return directory;
+  }
+
+  /// Restores what `save` wrote: the load_state pre-hooks run first; then everything is read and checked
+  /// (reader.hpp); then the participants, optimizers and slots load all or none, and the weights and generators,
+  /// checked, go last. A problem throws `checkpoint_error`, and the program's state is as it was. The optimizers'
+  /// state is read where `where` says and placed on its parameters' devices. A collective.
+  void load(const std::filesystem::path& directory, std::optional<map_location> where) {
+    const auto read_to = read_device(where, parallel_.num_processes(), parallel_.device());
+    as_collective("load_state", [&] {
+      with_full_weights(parallel_, registry_.models(), [&] {
+        const auto models = hooked_models(parallel_, registry_, settings_, directory);
+        auto contents =
+            checkpoint_reader(directory, registry_, parallel_.process_index(), parallel_.num_processes(), read_to)
+                .read(models, !settings_.load_hooks.empty());
+        apply(contents, models, read_to);
+      });
+    });
+    count_from_loaded(settings_, directory);
+  }
+
+  /// Every process takes process `source`'s copy of what a checkpoint saves once for the job (each optimizer's state
+  /// with its learning rates, the shared slots: schedulers and registered objects) and of every participant's state,
+  /// sent instead of written: after join_uneven_inputs, the processes that stopped early take the state of the last
+  /// to stop, so that every process goes on from the same state. A collective.
+  void share_from(int source) {
+    for (auto* optimizer : registry_.optimizers())
+      share(
+          source, [optimizer](auto& out) { save_optimizer(*optimizer, out); },
+          [optimizer](auto& in) {
+            load_optimizer(*optimizer, in);
+            place_state_on_parameters(*optimizer, c10::Device(c10::kCPU));
+          });
+    for (const auto& [kind, list] : registry_.slots_by_kind())
+      for (const auto& slot : list)
+        if (slot->scope == state_scope::shared && slot->save) share(source, slot->save, slot->load);
+    for_each_stateful([&](auto& participant) {
+      share(
+          source, [&participant](auto& out) { participant.save_state(out); },
+          [&participant](auto& in) { participant.load_state(in); });
+    });
+  }
+
+  /// Forgets every prepared object and model (`free_memory`); registered objects stay.
+  void release_prepared() {
+    registry_.release_prepared();
+    parallel_.release_models();
+  }
+
+ private:
+  /// Runs `f` on each participant with state of its own, in the order they were given.
+  template <class F>
+  void for_each_stateful(F&& f) {
+    std::apply([&f](auto&... participant) { (f(participant), ...); }, participants_);
+  }
+
+  /// This process's own file, serialised: its generators, its participants' state and its per-process slots.
+  std::string process_state() {
+    torch::serialize::OutputArchive mine;
+    for (auto& [key, generator] : generators()) {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      mine.write(key, generator.get_state());
+    }
+    for_each_stateful([&mine](auto& participant) { std::as_const(participant).save_state(mine); });
+    for (const auto& [kind, list] : registry_.slots_by_kind())
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        if (list[i]->scope != state_scope::per_process) continue;
+        torch::serialize::OutputArchive slot;
+        list[i]->save(slot);
+        mine.write(checkpoint_files::slot_key(kind, i), slot);
+      }
+    return serialised(mine);
+  }
+
+  /// The apply step: the participants, optimizers and slots all or none (load_transaction), then the weights and
+  /// generators, checked by the reader.
+  void apply(checkpoint_contents& contents, const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+             const c10::Device& read_to) {
+    load_transaction transaction;
+    for_each_stateful([&](auto& participant) {
+      transaction.load(
+          contents.process_file, [p = &participant](torch::serialize::OutputArchive& out) { p->save_state(out); },
+          [p = &participant](torch::serialize::InputArchive& in) { p->load_state(in); }, contents.process_state);
+    });
+    load_optimizers(transaction, contents, models, read_to);
+    for (const auto& [kind, list] : registry_.slots_by_kind())
+      for (std::size_t i = 0; i < list.size(); ++i)
+        transaction.load(kind + " " + std::to_string(i) + "'s state in the checkpoint", list[i]->save, list[i]->load,
+                         contents.slot_archives[kind][i]);
+    transaction.commit();
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < models.size(); ++i) copy_weights(*models[i], contents.weights[i]);
+    for (auto& [generator, state] : contents.generator_states) {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(state);
+    }
+  }
+
+  /// Each optimizer loads a full state, which the parallel policy may shard; what is kept to undo is the
+  /// optimizer's own state, put back as it is. A sharded checkpoint names each state by its parameter's name.
+  void load_optimizers(load_transaction& transaction, checkpoint_contents& contents,
+                       const std::vector<std::shared_ptr<torch::nn::Module>>& models, const c10::Device& read_to) {
+    std::map<const void*, std::string> state_names;
+    for (std::size_t m = 0; contents.sharded && m < models.size(); ++m)
+      for (const auto& item : models[m]->named_parameters())
+        state_names.emplace(item.value().unsafeGetTensorImpl(), state_field_name(m, item.key(), ""));
+    const auto state_name = [&state_names](const at::Tensor& parameter) {
+      const auto found = state_names.find(parameter.unsafeGetTensorImpl());
+      return found == state_names.end() ? std::string() : found->second;
+    };
+    const auto optimizers = registry_.optimizers();
+    for (std::size_t i = 0; i < optimizers.size(); ++i) {
+      auto* optimizer = optimizers[i];
+      transaction.load(
+          checkpoint_files::optimizer(i),
+          [optimizer](torch::serialize::OutputArchive& out) { save_optimizer(*optimizer, out); },
+          [&, optimizer, i](torch::serialize::InputArchive& in) {
+            parallel_.load_full_optimizer_state(*optimizer, [&] {
+              load_optimizer(*optimizer, in);
+              if (contents.sharded) set_full_state(*optimizer, contents.optimizer_states[i], state_name);
+            });
+            place_state_on_parameters(*optimizer, read_to);
+          },
+          contents.optimizer_archives[i],
+          [optimizer](torch::serialize::InputArchive& in) { load_optimizer(*optimizer, in); });
+    }
+  }
+
+  /// Process `source`'s `save` of one object, broadcast and loaded with `load` by every other process. Read to the
+  /// CPU: the sender's tensors name its device, which is another process's GPU under NCCL.
+  template <class Save, class Load>
+  void share(int source, const Save& save, const Load& load) {
+    auto&& comm = parallel_.communicator();
+    std::vector<char> bytes;
+    if (comm.rank() == source) {
+      torch::serialize::OutputArchive archive;
+      save(archive);
+      const auto text = serialised(archive);
+      bytes.assign(text.begin(), text.end());
+    }
+    bytes = broadcast_bytes(comm, bytes, source);
+    if (comm.rank() == source) return;
+    torch::serialize::InputArchive archive;
+    archive.load_from(bytes.data(), bytes.size(), c10::Device(c10::kCPU));
+    load(archive);
+  }
+
+  Parallel& parallel_;
+  prepared_registry& registry_;
+  checkpoint_settings settings_;
+  decltype(std::tuple_cat(reference_if_stateful(std::declval<Participants&>())...)) participants_;
+};
+
+}  // namespace accel::detail
