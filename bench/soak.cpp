@@ -22,15 +22,11 @@
 #include <utility>
 #include <vector>
 
+#include "../tests/support/resident.hpp"
+
 namespace {
 
-/// This process's resident set in bytes (/proc/self/statm's second field, in pages).
-std::int64_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  std::int64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * static_cast<std::int64_t>(sysconf(_SC_PAGESIZE));
-}
+using accel_test::resident_bytes;
 
 struct sample {
   double seconds;

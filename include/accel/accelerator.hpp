@@ -452,7 +452,12 @@ class accelerator {
   /// read to (Accelerate's `map_location`; by default `on_device` with several processes on devices of their own,
   /// else `cpu`); it ends on its parameters' devices either way.
   void load_state(const std::filesystem::path& directory, std::optional<accel::map_location> where = std::nullopt) {
-    state_.load(directory, where);
+    load_state(directory, load_options{.map_location = where});
+  }
+  /// The same with `load_options`: also `allow_unchecked`, for a checkpoint without a manifest (written by accel
+  /// 0.1), whose files nothing checks: `acc.load_state(dir, {.allow_unchecked = true})`, then save it again.
+  void load_state(const std::filesystem::path& directory, const load_options& how) {
+    state_.load(directory, how);
     resumed_from_ = directory;
   }
   /// The checkpoint this run last loaded (by `load_state` or `options::project.resume`); empty when none.
@@ -507,7 +512,10 @@ class accelerator {
       std::vector<std::pair<std::shared_ptr<detail::even_batches_switch>, bool>> overridden;
       if (num_processes() > 1 && join.even_batches) overridden = override_even_batches(*join.even_batches);
       const bool active = num_processes() > 1 && !join.even_batches.value_or(options_.even_batches);
-      if (active) parallel_.begin_join({&detail::module_of(models)...});
+      if (active) {
+        parallel_.begin_join({&detail::module_of(models)...});
+        schedule_.hold_saves();
+      }
       const auto restore = [overridden] {
         for (const auto& [range, was] : overridden) range->set(was);
       };
@@ -518,7 +526,9 @@ class accelerator {
           },
           [this, restore, active]() noexcept {
             restore();
-            if (active) parallel_.abandon_join();
+            if (!active) return;
+            parallel_.abandon_join();
+            (void)schedule_.release_saves();
           });
     }
   }
@@ -631,8 +641,12 @@ class accelerator {
     return overridden;
   }
   /// The end of join_uneven_inputs on this process: shadow the others until all are done, then every process takes
-  /// the last one's training state.
-  void finish_join() { state_.share_from(parallel_.finish_join()); }
+  /// the last one's training state; an automatic save that came due on any process during the join is made now,
+  /// once, by every process.
+  void finish_join() {
+    state_.share_from(parallel_.finish_join());
+    if (detail::on_any_process(parallel_, schedule_.release_saves())) save_state();
+  }
 
   template <class Model>
   auto gradient_sync_scope(const Model& model, bool enabled, bool this_backward) {

@@ -31,6 +31,7 @@ inline std::vector<std::filesystem::path> merge_weights(const std::filesystem::p
   if (!std::filesystem::is_directory(checkpoint))
     throw checkpoint_error("accel::merge_weights: no checkpoint at " + checkpoint.string());
   const auto manifest = detail::read_manifest(checkpoint);
+  if (!manifest) throw detail::unchecked_checkpoint(checkpoint, "accel::merge_weights");
   auto shared = detail::read_archive(checkpoint, std::string(detail::checkpoint_files::accel_state), manifest);
   c10::IValue models;
   if (!shared.try_read("models", models) || !models.isInt() || models.toInt() < 0)

@@ -134,21 +134,28 @@ std::vector<std::vector<char>> all_gather_bytes(C& comm, const std::vector<char>
   return out;
 }
 
-/// Debug mode's check: the shapes every process passed to `operation` must be equal.
+/// Debug mode's check: the shapes and dtypes every process passed to `operation` must be equal. Without it, a gather
+/// of differing shapes gives some processes wrong values and then fails in the backend (Gloo: "op.preamble.length
+/// <= op.nbytes"), or hangs, as in Accelerate; the check costs one more collective, which is why it is opt-in.
 template <communicator C>
 void verify_same_shapes(C& comm, const at::Tensor& tensor, const char* operation) {
   if (comm.size() == 1 || !debug_mode()) return;
-  auto shapes = all_gather_bytes(comm, torch::jit::pickle_save(c10::IValue(tensor.sizes().vec())));
+  auto described = tensor.sizes().vec();
+  described.insert(described.begin(), static_cast<std::int64_t>(tensor.scalar_type()));
+  auto shapes = all_gather_bytes(comm, torch::jit::pickle_save(c10::IValue(described)));
   std::vector<std::vector<std::int64_t>> all;
   for (const auto& bytes : shapes) all.push_back(torch::jit::pickle_load(bytes).toIntVector());
   if (std::ranges::all_of(all, [&](const auto& shape) { return shape == all.front(); })) return;
   std::string listing;
-  for (std::size_t r = 0; r < all.size(); ++r)
-    listing += (r ? ", " : "") + std::string("process ") + std::to_string(r) + ": " + shape_text(all[r]);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const auto dtype = c10::toString(static_cast<at::ScalarType>(all[r].front()));
+    listing += (r ? ", " : "") + std::string("process ") + std::to_string(r) + ": " + dtype + " " +
+               shape_text(at::IntArrayRef(all[r]).slice(1));
+  }
   throw distributed_operation_error(std::string("accel: cannot ") + operation +
-                                    ": the tensor shapes differ between processes (" + listing +
-                                    "); every process must pass the same shape (pad_across_processes equalises a "
-                                    "dimension)");
+                                    ": the tensor shapes or dtypes differ between processes (" + listing +
+                                    "); every process must pass the same shape and dtype (pad_across_processes "
+                                    "equalises a dimension)");
 }
 
 template <communicator C, class T>
@@ -293,18 +300,36 @@ auto gather_object(C& comm, const T& value) {
   }
 }
 
+/// `gather` of tensors whose first dimension may differ between processes: each padded to the longest, gathered,
+/// and each process's own rows kept. The last batch of `dispatch_batches` is such a case: a process's slice of a short
+/// global batch can hold fewer samples, or none (Accelerate slices it so too).
+template <communicator C, class T>
+T gather_ragged(C& comm, const T& data) {
+  require_tensor_structure<T>();
+  if (comm.size() == 1) return data;
+  auto one = [&](const at::Tensor& tensor) {
+    const auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor;
+    const auto rows = comm.all_gather(at::tensor({input.size(0)}, at::kLong));
+    const auto padded = pad_across_processes(comm, input, 0, 0, false);
+    auto parts = comm.all_gather(padded.contiguous());
+    for (std::size_t r = 0; r < parts.size(); ++r) parts[r] = parts[r].narrow(0, 0, rows[r].template item<std::int64_t>());
+    return at::cat(parts, 0);
+  };
+  return map_tensors(data, one);
+}
+
 /// `gather`, then only the first `keep` samples (all when `keep` <= 0): Accelerate's `gather_for_metrics`, which
-/// drops what even_batches duplicated on the last batch. Tensors (nested or not) are gathered; a `std::vector` of
-/// other values, or of any values with `use_gather_object` (tensors whose shapes differ between samples, say), goes
-/// through `gather_object`: every process's elements, one sample each.
+/// drops what even_batches duplicated on the last batch (where the processes' batches may differ in length, and be
+/// empty: `gather_ragged`). Tensors (nested or not) are gathered; a `std::vector` of other values, or of any values
+/// with `use_gather_object` (tensors whose shapes differ between samples, say), goes through `gather_object`: every
+/// process's elements, one sample each.
 template <communicator C, class Data>
 Data gather_for_metrics(C& comm, const Data& data, std::int64_t keep, bool use_gather_object = false) {
   if constexpr (is_tensor_structure<Data>) {
     if (!use_gather_object) {
-      auto gathered = gather(comm, data);
-      if (keep <= 0) return gathered;
+      if (keep <= 0) return gather(comm, data);
       auto truncate = [keep](const at::Tensor& t) { return t.narrow(0, 0, std::min(keep, t.size(0))); };
-      return map_tensors(gathered, truncate);
+      return map_tensors(gather_ragged(comm, data), truncate);
     }
   }
   if constexpr (is_vector<Data>) {

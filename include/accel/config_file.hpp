@@ -184,6 +184,9 @@ inline void check_config(const config_values& values, const std::string& where) 
 /// Parses a config file's text; `name` (the file's path) goes into the messages.
 inline config_values parse_config(std::string_view text, const std::string& name) {
   config_values values;
+  // A UTF-8 byte-order mark, which many Windows editors write first, is not part of the first key.
+  if (constexpr std::string_view byte_order_mark = "\xEF\xBB\xBF"; text.starts_with(byte_order_mark))
+    text.remove_prefix(byte_order_mark.size());
   std::istringstream lines{std::string(text)};
   std::string line;
   for (int number = 1; std::getline(lines, line); ++number) {

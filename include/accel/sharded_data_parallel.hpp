@@ -34,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -324,8 +325,10 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
   }
 
   /// The shard units of `module`, numbered from 1 on in the order of its modules (0: a parameter of no unit); a
-  /// parameter belongs to the innermost unit that holds it.
+  /// parameter belongs to the innermost unit that holds it. A parameter registered in modules of two units (a tied
+  /// weight) is refused: each unit gathers and frees its own parameters, so the other would find it freed.
   void find_units(torch::nn::Module& module) {
+    refuse_tied_across_units(module);
     for (const auto& submodule : module.modules()) {  // each module before its own submodules
       auto* unit = dynamic_cast<detail::shard_unit_base*>(submodule.get());
       if (unit == nullptr) continue;
@@ -335,6 +338,28 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
         // Taken now, while the parameter has its full shape, which the node records: one made at rest would
         // expect gradients of the slice's shape (the unit schedule hooks these same nodes).
         if (p.requires_grad()) unit_accumulators_.push_back(torch::autograd::impl::grad_accumulator(p));
+      }
+    }
+  }
+  /// Throws when a parameter is registered directly in two modules whose innermost units differ (or one of which is
+  /// in no unit), naming the parameter by both its names and the two units by theirs.
+  static void refuse_tied_across_units(torch::nn::Module& module) {
+    std::vector<std::string> unit_names;  // in pre-order: an enclosing unit comes before the units inside it
+    std::unordered_map<const void*, std::pair<std::string, std::string>> first_seen;  // name, unit
+    for (const auto& item : module.named_modules()) {
+      if (dynamic_cast<detail::shard_unit_base*>(item.value().get()) != nullptr) unit_names.push_back(item.key());
+      std::string unit = "(no unit)";
+      for (const auto& name : unit_names)  // the innermost: the last that encloses this module
+        if (name.empty() || item.key() == name || item.key().starts_with(name + ".")) unit = "'" + name + "'";
+      for (const auto& parameter : item.value()->named_parameters(/*recurse=*/false)) {
+        const auto name = item.key().empty() ? parameter.key() : item.key() + "." + parameter.key();
+        const auto [seen, first] = first_seen.try_emplace(parameter.value().unsafeGetTensorImpl(), name, unit);
+        if (!first && seen->second.second != unit)
+          throw std::invalid_argument(
+              "accel::fully_sharded: the parameter " + seen->second.first + " is also " + name +
+              " (a tied weight), in the shard units " + seen->second.second + " and " + unit +
+              "; each unit gathers and frees its own parameters, so a parameter shared by two cannot be: wrap the "
+              "modules that share it in one shard unit, or leave both outside any");
       }
     }
   }

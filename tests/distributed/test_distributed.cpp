@@ -240,13 +240,22 @@ TEST_CASE("F4 gather_object and nested gather", "[collectives]") {
   CHECK(std::get<1>(pair).at("k").size(0) == 2 * P);
 }
 
-TEST_CASE("F5 debug mode rejects shapes that differ", "[debug]") {
+TEST_CASE("F5 debug mode rejects shapes that differ (redteam 12: and dtypes; on every process, naming them)",
+          "[debug]") {
   // Run with ACCELERATE_DEBUG_MODE=1 in the environment (tests/CMakeLists.txt).
   gloo_accelerator acc;
   const int r = acc.process_index();
   CHECK(torch::equal(acc.gather(torch::ones({2})), torch::ones({2 * acc.num_processes()})));
   CHECK_THROWS_AS(acc.gather(torch::ones({r + 1})), accel::distributed_operation_error);
-  CHECK_THROWS_WITH(acc.reduce(torch::ones({r + 1})), Catch::Contains("shapes differ between processes"));
+  CHECK_THROWS_WITH(acc.reduce(torch::ones({r + 1})), Catch::Contains("shapes or dtypes differ between processes") &&
+                                                          Catch::Contains("process 0: Float [1]") &&
+                                                          Catch::Contains("process 1: Float [2]"));
+  // The same number of elements in another shape would gather wrong values silently; another dtype, garbage.
+  CHECK_THROWS_WITH(acc.gather(r == 0 ? torch::ones({2, 3}) : torch::ones({3, 2})),
+                    Catch::Contains("process 0: Float [2, 3]") && Catch::Contains("process 1: Float [3, 2]"));
+  CHECK_THROWS_WITH(acc.gather(r == 0 ? torch::ones({2}) : torch::ones({2}, torch::kDouble)),
+                    Catch::Contains("process 0: Float [2]") && Catch::Contains("process 1: Double [2]"));
+  CHECK(torch::equal(acc.gather(torch::ones({2})), torch::ones({2 * acc.num_processes()})));  // still in step
 }
 
 TEST_CASE("G4 set_trigger and check_trigger", "[collectives]") {
@@ -778,6 +787,22 @@ TEST_CASE("D5 a stream of 30 samples (no size), batches of 4: gather_for_metrics
   CHECK(torch::equal(got, torch::arange(30, torch::kLong)));
 }
 
+// Issue 39, item 4: with fewer samples than processes, some processes' slices of the last global batch are empty;
+// gather_for_metrics then aborted in Gloo (SIGFPE on LibTorch 1.13). Each sample is now gathered once.
+TEST_CASE("redteam 4: dispatch_batches with empty slices: gather_for_metrics gives each sample once", "[redteam]") {
+  gloo_accelerator acc({.dispatch_batches = true});
+  const int P = acc.num_processes();
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{P - 1}, std::int64_t{P + 1}}) {
+    if (n < 1 || (n == 1 && P == 2 && n == P - 1)) continue;
+    INFO("N = " << n << ", B = 1");
+    auto batches = acc.prepare(arange_batches(n, 1));
+    CHECK(torch::equal(torch::cat(gathered_steps(acc, batches)), torch::arange(n)));
+  }
+  // Empty tensors on every process gather into an empty tensor (LibTorch 1.13's Gloo divided by zero).
+  CHECK(acc.gather(torch::empty({0, 3})).sizes() == at::IntArrayRef({0, 3}));
+  CHECK(acc.gather_for_metrics(torch::empty({0})).numel() == 0);
+}
+
 TEST_CASE("dispatch_batches: D6, G1 dispatch and dispatch + split, D3 totals; only process 0 reads the range",
           "[data]") {
   const int P = accel::read_process_environment().world_size;
@@ -1152,6 +1177,51 @@ TEST_CASE("a save_state that fails on process 0 fails on every process at once; 
   CHECK_FALSE(std::filesystem::exists(dir.string() + ".partial"));  // and nothing is left beside it
   acc.wait_for_everyone();
   if (acc.is_main_process()) std::filesystem::remove_all(dir);
+}
+
+// Issue 39, item 1: a checkpoint whose random_states_1.bin is damaged loaded on process 0 and was refused on process 1,
+// which left the processes with different weights, silently. Every process now loads or none does.
+TEST_CASE("redteam 1: a load that fails on one process fails on every process, and every process keeps its state",
+          "[redteam]") {
+  const auto dir = accel::detail::checkpoint_directory(accel_test::job_directory("accel_failing_load_"));
+  gloo_accelerator acc;
+  const bool main = acc.is_main_process();
+  torch::manual_seed(1);
+  auto net = torch::nn::Linear(3, 2);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, opt] = acc.prepare(net, sgd);
+  const auto step = [&] {
+    acc.backward(model(torch::ones({4, 3}) * (acc.process_index() + 1)).sum());
+    opt.step();
+    opt.zero_grad();
+  };
+  step();
+  acc.save_state(dir);
+  step();
+  const auto trained = net->weight.detach().clone();
+  for (const bool remove : {false, true}) {
+    acc.wait_for_everyone();
+    if (main) {
+      if (remove) {
+        std::filesystem::remove(dir / "random_states_1.bin");
+      } else {
+        const auto size = std::filesystem::file_size(dir / "random_states_1.bin");
+        std::filesystem::resize_file(dir / "random_states_1.bin", size / 2);
+      }
+    }
+    acc.wait_for_everyone();
+    CHECK_THROWS_WITH(acc.load_state(dir), acc.process_index() == 1
+                                               ? Catch::Contains("random_states_1.bin")
+                                               : Catch::Contains("another process failed while reading " +
+                                                                 dir.string() + " (process 1: accel::load_state: "));
+    CHECK(torch::equal(net->weight, trained));  // nothing was loaded, here or anywhere
+    if (main && !remove) std::filesystem::remove(dir / "random_states_1.bin");
+  }
+  step();  // a program that caught the error goes on: every process from the same weights
+  for (const auto& copy : acc.gather(net->weight.detach().reshape({1, -1})).unbind(0))
+    CHECK(torch::equal(copy, net->weight.detach().reshape({-1})));
+  acc.wait_for_everyone();
+  if (main) std::filesystem::remove_all(dir);
 }
 
 // Issue 22, item 5: models that differ between processes trained silently on scrambled weights (equal sizes) or

@@ -314,3 +314,42 @@ TEST_CASE(
           4 * acc.parallel().reducer_for(*net)->bucket_layout().size());
   }
 }
+
+// Issue 39, item 2: an automatic save that came due while another process had left the loop aborted the job inside
+// Gloo. Saves that come due during a join are held, and made once by every process when it ends.
+TEST_CASE("redteam 2: save_every_steps inside join_uneven_inputs saves once, agreed, when the join ends",
+          "[redteam]") {
+  const int P = accel::read_process_environment().world_size;
+  const auto dir = accel_test::job_directory("accel_join_saves_");
+  const accel::options options{
+      .even_batches = false,
+      .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true, .save_every_steps = 1}};
+  gloo_accelerator acc(options);
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  acc.wait_for_everyone();
+  torch::manual_seed(5);
+  mlp net(1, 4, 1);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, opt, batches] =
+      acc.prepare(net, sgd, accel::data_loader(counting_samples(2 * P + 1), {.batch_size = 1}));
+  {
+    auto join = acc.join_uneven_inputs(model);  // process 0 has 3 batches, the others 2
+    for (auto&& x : batches) {
+      torch::mse_loss(model(x), torch::sin(x)).backward();
+      opt.step();
+      opt.zero_grad();
+    }
+  }
+  CHECK(acc.completed_steps() == 3);
+  const auto saved = accel::detail::numbered_checkpoints(dir / "checkpoints");
+  REQUIRE(saved.size() == 1);  // held during the join, then one save
+  gloo_accelerator fresh({.even_batches = false});
+  mlp fresh_net(1, 4, 1);
+  torch::optim::SGD fresh_sgd(fresh_net->parameters(), 0.1);
+  [[maybe_unused]] auto [fresh_model, fresh_opt] = fresh.prepare(fresh_net, fresh_sgd);
+  fresh.load_state(saved.begin()->second);
+  CHECK(fresh.completed_steps() == 3);
+  CHECK(torch::equal(flat_state(*fresh_net), flat_state(*net)));
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+}

@@ -132,6 +132,22 @@ int main(int argc, char** argv) {
                 whole ? "whole" : "mixed");
     return whole ? 0 : 1;
   }
+  if (mode == "load-loop" && argc == 4) {  // `load-loop DIR N`: N loads while a save-loop re-saves DIR
+    saver s;
+    const int loads = std::stoi(argv[3]);
+    int failed = 0, mixed = 0;
+    for (int i = 0; i < loads; ++i) try {
+        s.acc.load_state(argv[2]);
+        const bool whole = torch::all(s.net->bias == s.net->bias[0]).item<bool>() &&
+                           s.written.value == s.net->bias[0].item<double>();
+        mixed += whole ? 0 : 1;
+      } catch (const accel::checkpoint_error& e) {
+        std::printf("load %d failed: %s\n", i, e.what());
+        ++failed;
+      }
+    std::printf("%d loads while another process re-saved: %d failed, %d mixed\n", loads, failed, mixed);
+    return failed == 0 && mixed == 0 ? 0 : 1;
+  }
   if (mode == "sharded-save-loop") {  // every process: saves until killed, after writing DIR.pid<RANK>
     sharded_saver s;
     std::ofstream(std::string(argv[2]) + ".pid" + std::to_string(s.acc.process_index())) << getpid() << "\n";

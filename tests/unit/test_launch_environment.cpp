@@ -375,6 +375,19 @@ TEST_CASE("dispatch builds the compiled configuration the environment asks for",
   }
 }
 
+TEST_CASE("redteam 11: a config file that starts with a UTF-8 byte-order mark reads as without it", "[config]") {
+  const auto with_mark = accel::parse_config("\xEF\xBB\xBFmixed_precision: bf16\nnum_processes: 2\n", "bom.yaml");
+  CHECK(with_mark.mixed_precision == "bf16");
+  CHECK(with_mark.num_processes == 2);
+  // Only a leading mark: one elsewhere is still part of what it sits in.
+  CHECK_THROWS_WITH(accel::parse_config("num_processes: 2\n\xEF\xBB\xBFmixed_precision: bf16\n", "bom.yaml"),
+                    Catch::Contains("bom.yaml:2: unknown key"));
+  const auto directory = accel_test::scratch_directory("config_bom");
+  std::ofstream(directory / "default_config.yaml", std::ios::binary) << "\xEF\xBB\xBFmixed_precision: fp16\n";
+  CHECK(accel::read_config_file(directory / "default_config.yaml").mixed_precision == "fp16");
+  std::filesystem::remove_all(directory);
+}
+
 TEST_CASE("the config file: parsed, written, checked", "[config]") {
   const auto values = accel::parse_config(
       "# comment\n---\nmixed_precision: \"bf16\"  # trailing\n\n"

@@ -323,6 +323,56 @@ TEST_CASE(
   CHECK_THROWS_WITH(acc.prepare(fresh), Contains("belongs to no prepared model") && Contains("the model first"));
 }
 
+namespace {
+/// A projection whose weight is another module's (a tied embedding): registered here too, under its own name.
+struct tied_projectionImpl : torch::nn::Module {
+  explicit tied_projectionImpl(const torch::Tensor& shared) : weight(register_parameter("weight", shared)) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(tied_projection);
+/// An embedding and its tied projection in one module.
+struct tied_pairImpl : torch::nn::Module {
+  explicit tied_pairImpl(torch::nn::Linear shared)
+      : embed(register_module("embed", shared)), head(register_module("head", tied_projection(shared->weight))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return head(embed(x)); }
+  torch::nn::Linear embed;
+  tied_projection head;
+};
+TORCH_MODULE(tied_pair);
+}  // namespace
+
+TEST_CASE("redteam 7: a weight tied across two shard units is refused at prepare, naming it and both units",
+          "[policies]") {
+  torch::nn::Linear embed(6, 6);
+  const auto tied = [&embed](bool embed_in_unit) {
+    torch::nn::Sequential net;
+    if (embed_in_unit)
+      net->push_back("embed", accel::shard_unit(embed));
+    else
+      net->push_back("embed", embed);
+    net->push_back("head", accel::shard_unit(tied_projection(embed->weight)));
+    return net;
+  };
+  for (const bool embed_in_unit : {true, false}) {
+    accel::accelerator<accel::fp32, accel::fully_sharded<accel::gloo>> acc;
+    auto net = tied(embed_in_unit);
+    CHECK_THROWS_WITH(acc.prepare(net), Catch::Contains("the parameter embed.weight is also head.weight (a tied weight)") &&
+                                            Catch::Contains(embed_in_unit ? "in the shard units 'embed' and 'head'"
+                                                                          : "in the shard units (no unit) and 'head'") &&
+                                            Catch::Contains("wrap the modules that share it in one shard unit"));
+  }
+  // Both uses in one unit: gathered and freed together, so it trains.
+  accel::accelerator<accel::fp32, accel::fully_sharded<accel::gloo>> acc;
+  auto unit = accel::shard_unit(tied_pair(embed));
+  torch::optim::SGD sgd(unit->parameters(), 0.1);
+  auto [model, opt] = acc.prepare(unit, sgd);
+  acc.backward(model(torch::ones({2, 6})).sum());
+  opt.step();
+  CHECK(model(torch::ones({2, 6})).sum().item<float>() != 0);  // gathered again for the next forward, whole
+  CHECK(unit->module()->head->weight.is_same(embed->weight));
+}
+
 // Issue 16: accel::shard_unit is a plain module under every policy but fully_sharded, which gathers and frees its
 // parameters around it (on several processes: tests/distributed/test_sharded.cpp).
 TEST_CASE(

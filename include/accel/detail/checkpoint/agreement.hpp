@@ -9,31 +9,50 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "../../checkpoint_error.hpp"
 #include "../../collectives.hpp"
 #include "../../options.hpp"
+#include "../support/text.hpp"
 
 namespace accel::detail {
 
+/// The first line of the first failing process's reason among every process's (empty: it did not fail), as
+/// "process r: reason".
+inline std::string first_failure(const std::vector<std::vector<char>>& reasons) {
+  for (std::size_t r = 0; r < reasons.size(); ++r)
+    if (!reasons[r].empty())
+      return "process " + std::to_string(r) + ": " + first_line(std::string(reasons[r].begin(), reasons[r].end()));
+  return "no reason given";
+}
+
 /// Runs `step` here, then agrees with every process on whether it succeeded everywhere (one all-reduce, which is
 /// also the barrier between save_state's steps): a failure on any process is raised on all of them, there with
-/// its own error, elsewhere naming the step. `call` is the accelerator's call in messages (`save_state`, ...).
+/// its own error, elsewhere naming the step and the first failing process's reason (gathered only then). `call` is
+/// the accelerator's call in messages (`save_state`, `load_state`).
 template <class Parallel, class Step>
 void on_every_process_or_none(Parallel& parallel, std::string_view call, const std::string& step_name, Step&& step) {
   std::exception_ptr failure;
+  std::string reason;
   try {
     std::forward<Step>(step)();
   } catch (const std::filesystem::filesystem_error& e) {  // the checkpoint's I/O errors are checkpoint_error
-    failure = std::make_exception_ptr(checkpoint_error("accel::" + std::string(call) + ": " + e.what()));
+    reason = "accel::" + std::string(call) + ": " + e.what();
+    failure = std::make_exception_ptr(checkpoint_error(reason));
+  } catch (const std::exception& e) {
+    reason = e.what();
+    failure = std::current_exception();
   } catch (...) {
+    reason = "an exception that is not a std::exception";
     failure = std::current_exception();
   }
-  const bool failed_somewhere = on_any_process(parallel, failure != nullptr);
+  if (!on_any_process(parallel, failure != nullptr)) return;
+  auto&& comm = parallel.communicator();
+  const auto reasons = all_gather_bytes(comm, std::vector<char>(reason.begin(), reason.end()));
   if (failure) std::rethrow_exception(failure);
-  if (failed_somewhere)
-    throw checkpoint_error("accel::" + std::string(call) + ": another process failed while " + step_name +
-                           " (its own error says why)");
+  throw checkpoint_error("accel::" + std::string(call) + ": another process failed while " + step_name + " (" +
+                         first_failure(reasons) + ")");
 }
 
 /// Runs `action`, a collective of the accelerator's `call`: a collective that fails in it (a timeout, a process

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -64,12 +65,37 @@ inline std::filesystem::path checkpoint_directory(const std::filesystem::path& d
   return target;
 }
 
-/// Removes accel's files from `directory`, then the directory if that left it empty. Returns what it left.
-inline std::vector<std::string> remove_checkpoint_files(const std::filesystem::path& directory) {
+/// The files of `directory` that a save of accel wrote: those its manifest lists, and the manifest itself. Without a
+/// manifest, a checkpoint of accel 0.1 (which wrote none) is told by its `accel_state.bin`, and its files by their
+/// names; any other directory holds none of accel's. Only these are ever removed from a checkpoint, so that a file of
+/// the user's that carries one of accel's names (a `pytorch_model.bin` exported with `acc.save`) is never taken for
+/// accel's.
+inline std::set<std::string> files_of_checkpoint(const std::filesystem::path& directory) {
+  std::set<std::string> names;
+  std::optional<checkpoint_manifest> manifest;
+  try {
+    manifest = read_manifest(directory);
+  } catch (const checkpoint_error&) {  // a damaged manifest vouches for nothing
+    return names;
+  }
+  if (manifest) {
+    for (const auto& [name, file] : manifest->files()) names.insert(name);
+    names.insert(std::string(checkpoint_files::manifest));
+  } else if (std::filesystem::is_regular_file(directory / checkpoint_files::accel_state)) {
+    for (const auto& entry : std::filesystem::directory_iterator(directory))
+      if (is_checkpoint_file(entry.path().filename().string())) names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+/// Removes the regular files among `directory`'s entries that `accels(name)` says are accel's, then the directory
+/// if that left it empty. Returns what it left.
+template <class IsAccels>
+std::vector<std::string> remove_accels_files(const std::filesystem::path& directory, IsAccels&& accels) {
   std::vector<std::string> kept;
   for (const auto& entry : std::filesystem::directory_iterator(directory)) {
     const auto name = entry.path().filename().string();
-    if (is_checkpoint_file(name) && entry.is_regular_file() && !entry.is_symlink())
+    if (accels(name) && entry.is_regular_file() && !entry.is_symlink())
       std::filesystem::remove(entry.path());
     else
       kept.push_back(name);
@@ -77,15 +103,29 @@ inline std::vector<std::string> remove_checkpoint_files(const std::filesystem::p
   if (kept.empty()) std::filesystem::remove(directory);
   return kept;
 }
+/// Removes a checkpoint's own files (`files_of_checkpoint`) from `directory`, its manifest last (a removal cut short
+/// leaves the manifest that names what is left, for the next one to finish), then the directory if that left it
+/// empty: pruning beyond total_limit, the old checkpoint after an install. Returns what it left.
+inline std::vector<std::string> remove_checkpoint_files(const std::filesystem::path& directory) {
+  auto listed = files_of_checkpoint(directory);
+  const bool has_manifest = listed.erase(std::string(checkpoint_files::manifest)) > 0;
+  auto kept = remove_accels_files(directory, [&listed](const std::string& name) { return listed.contains(name); });
+  if (!has_manifest) return kept;
+  std::filesystem::remove(directory / checkpoint_files::manifest);
+  std::erase(kept, std::string(checkpoint_files::manifest));
+  if (kept.empty()) std::filesystem::remove(directory);
+  return kept;
+}
 
-/// Moves what accel did not write from `from` into `to`, unless `to` holds that name; an entry `to` holds as the
-/// same file (a hard link made by `install`) or as the same symbolic link (a copy `install` made) is only removed
-/// from `from`.
-inline void move_other_entries(const std::filesystem::path& from, const std::filesystem::path& to) {
+/// Moves what is not accel's (`accels(name)`) from `from` into `to`, unless `to` holds that name; an entry `to` holds
+/// as the same file (a hard link made by `install`) or as the same symbolic link (a copy `install` made) is only
+/// removed from `from`.
+template <class IsAccels>
+void move_other_entries(const std::filesystem::path& from, const std::filesystem::path& to, IsAccels&& accels) {
   for (const auto& entry : std::filesystem::directory_iterator(from)) {
     const auto name = entry.path().filename();
     const bool link = entry.is_symlink(), regular = !link && entry.is_regular_file();
-    if (regular && is_checkpoint_file(name.string())) continue;
+    if (regular && accels(name.string())) continue;
     const auto there = to / name;
     std::error_code error;
     if (!std::filesystem::exists(std::filesystem::symlink_status(there)))
@@ -121,9 +161,10 @@ class staging_directory {
       : target_(target), path_(target.string() + ".partial") {
     for (int attempt = 0; attempt < 3 && fd_ < 0; ++attempt) lock();
     if (fd_ < 0) throw busy();
-    if (std::filesystem::is_directory(target_)) move_other_entries(path_, target_);
+    // The staging directory is accel's own: what carries accel's names there was written by a save.
+    if (std::filesystem::is_directory(target_)) move_other_entries(path_, target_, staged);
     for (const auto& entry : std::filesystem::directory_iterator(path_))
-      if (is_checkpoint_file(entry.path().filename().string()) && entry.is_regular_file() && !entry.is_symlink())
+      if (staged(entry.path().filename().string()) && entry.is_regular_file() && !entry.is_symlink())
         std::filesystem::remove(entry.path());
     if (!std::filesystem::is_empty(path_))
       throw checkpoint_error("accel::save_state: " + path_.string() + " holds entries accel did not write (left by " +
@@ -141,7 +182,7 @@ class staging_directory {
   void discard() noexcept {
     std::error_code ignored;
     if (std::filesystem::is_directory(path_, ignored)) try {
-        remove_checkpoint_files(path_);
+        remove_accels_files(path_, staged);
       } catch (...) {
       }
   }
@@ -180,10 +221,14 @@ class staging_directory {
   // directory, and then it is that save's to tidy.
   void retire(const std::filesystem::path& old) const {
     if_unlocked(old, [&] {
-      move_other_entries(old, target_);
-      remove_checkpoint_files(old);
+      const auto listed = files_of_checkpoint(old);
+      const auto accels = [&listed](const std::string& name) { return listed.contains(name); };
+      move_other_entries(old, target_, accels);
+      remove_accels_files(old, accels);
     });
   }
+  /// A name accel writes in a staging directory (a file of the save, or its temporary).
+  static bool staged(const std::string& name) { return is_checkpoint_file(name); }
 
   // Creates and locks the staging directory; leaves fd_ < 0 if it changed under us (then the caller tries again).
   void lock() {
@@ -204,11 +249,18 @@ class staging_directory {
   }
 
   // Hard links of the user's files (the same file: an open log keeps growing in the new checkpoint) and copies of
-  // their symbolic links.
+  // their symbolic links: everything but what the old checkpoint's manifest lists. A file of the user's that this
+  // save would write over (one of accel's names that no manifest vouched for) refuses the save: nothing is lost.
   void carry_files_and_links() const {
+    const auto listed = files_of_checkpoint(target_);
     for (const auto& entry : std::filesystem::directory_iterator(target_)) {
       const auto name = entry.path().filename();
-      if (is_checkpoint_file(name.string()) && entry.is_regular_file() && !entry.is_symlink()) continue;
+      if (listed.contains(name.string()) && entry.is_regular_file() && !entry.is_symlink()) continue;
+      if (std::filesystem::exists(std::filesystem::symlink_status(path_ / name)))
+        throw checkpoint_error("accel::save_state: " + entry.path().string() +
+                               " is not a file of the checkpoint there (its manifest does not list it), and this "
+                               "save writes a file of that name: move it away (or delete it) and save again; the "
+                               "checkpoint there is left as it was");
       if (entry.is_symlink()) {
         std::filesystem::copy_symlink(entry.path(), path_ / name);
       } else if (entry.is_regular_file()) {

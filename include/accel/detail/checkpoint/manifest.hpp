@@ -107,6 +107,15 @@ inline std::optional<checkpoint_manifest> read_manifest(const std::filesystem::p
   return checkpoint_manifest::parse(std::string(std::istreambuf_iterator<char>(in), {}), path.string());
 }
 
+/// The refusal of a checkpoint without a manifest (by `call`): nothing vouches for its files.
+inline checkpoint_error unchecked_checkpoint(const std::filesystem::path& directory, const std::string& call) {
+  return checkpoint_error(call + ": " + directory.string() + " has no " + std::string(checkpoint_files::manifest) +
+                          ": it was written by accel 0.1 (or its save did not complete), and nothing checks its files "
+                          "before LibTorch parses them (a damaged one can crash the process); if you trust it, load "
+                          "it once with load_state(dir, {.allow_unchecked = true}) and save it again, which writes "
+                          "the manifest");
+}
+
 /// The bytes of `directory/name`, checked against `manifest` (when the checkpoint has one) before anyone parses them.
 inline std::string read_checkpoint_file(const std::filesystem::path& directory, const std::string& name,
                                         const std::optional<checkpoint_manifest>& manifest) {

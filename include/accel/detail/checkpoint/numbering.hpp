@@ -27,8 +27,15 @@ inline std::filesystem::path checkpoints_root(const project_options& project) {
   return std::filesystem::path(project.project_dir) / "checkpoints";
 }
 
+/// Whether `directory` holds a checkpoint whose save completed (its manifest is written last).
+inline bool is_complete_checkpoint(const std::filesystem::path& directory) {
+  return std::filesystem::is_regular_file(directory / checkpoint_files::manifest);
+}
+
 /// After `load_state(directory)`: when `directory` is the project's `checkpoint_{k}`, the next automatic save is
-/// `checkpoint_{k + 1}`.
+/// `checkpoint_{k + 1}` (Accelerate's), or the first number after it that no incomplete checkpoint holds: a save cut
+/// short (a crash, a full disk) left it, and numbering onto it would refuse every later save, so it stays as it is,
+/// passed over. A complete checkpoint there is still refused at the save: loading an older one is a choice.
 inline void count_from_loaded(checkpoint_settings& settings, const std::filesystem::path& directory) {
   auto path = std::filesystem::absolute(directory).lexically_normal();
   if (!path.has_filename()) path = path.parent_path();
@@ -37,7 +44,12 @@ inline void count_from_loaded(checkpoint_settings& settings, const std::filesyst
   if (!number || *number == std::numeric_limits<std::int64_t>::max() ||
       !std::filesystem::equivalent(path.parent_path(), checkpoints_root(settings.project), error))
     return;
-  settings.next_number = *number + 1;
+  const auto existing = numbered_checkpoints(path.parent_path());
+  auto next = *number + 1;
+  for (auto found = existing.find(next); found != existing.end() && !is_complete_checkpoint(found->second);
+       found = existing.find(++next)) {
+  }
+  settings.next_number = next;
 }
 
 /// The number the next `save_state()` writes, as this process sees it: the one fixed (`project.iteration`, then the
@@ -77,7 +89,7 @@ std::int64_t agree_on_checkpoint_number(const checkpoint_settings& settings, Par
 inline std::optional<std::filesystem::path> newest_complete_checkpoint(const project_options& project) {
   const auto existing = numbered_checkpoints(checkpoints_root(project));
   for (auto it = existing.rbegin(); it != existing.rend(); ++it)
-    if (std::filesystem::is_regular_file(it->second / checkpoint_files::manifest)) return it->second;
+    if (is_complete_checkpoint(it->second)) return it->second;
   return std::nullopt;
 }
 inline std::filesystem::path newest_checkpoint(const project_options& project) {

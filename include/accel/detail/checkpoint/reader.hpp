@@ -7,10 +7,12 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <sys/stat.h>
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/serialize/input-archive.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -24,6 +26,7 @@
 
 #include "../../checkpoint_error.hpp"
 #include "../../model_weights.hpp"
+#include "../compat.hpp"
 #include "../prepared/registry.hpp"
 #include "../support/generators.hpp"
 #include "../support/text.hpp"
@@ -56,7 +59,7 @@ inline process_files process_files_to_read(std::int64_t saved_processes, int pro
 inline void check_generator_states(const std::vector<std::pair<at::Generator, at::Tensor>>& states,
                                    const std::string& file) {
   for (const auto& [generator, state] : states) try {
-      generator.clone().set_state(state);
+      compat::check_generator_state(generator, state);
     } catch (const std::exception& e) {
       throw checkpoint_error("accel::load_state: " + file + " holds a damaged " + generator.device().str() +
                              " generator state (" + first_line(e.what()) + "); nothing was loaded");
@@ -108,18 +111,50 @@ std::vector<std::shared_ptr<torch::nn::Module>> hooked_models(Parallel& parallel
 class checkpoint_reader {
  public:
   checkpoint_reader(const std::filesystem::path& directory, const prepared_registry& registry, int process,
-                    int processes, const c10::Device& read_to)
-      : directory_(directory),
+                    int processes, const c10::Device& read_to, bool allow_unchecked = false)
+      : allow_unchecked_(allow_unchecked),
+        directory_(directory),
         process_(process),
         processes_(processes),
         read_to_(read_to),
         optimizers_(registry.optimizers().size()),
         slots_(registry.slots_by_kind()) {}
 
+  /// Every file comes from one checkpoint: a save that replaced the directory while it was read (its staging
+  /// directory exchanged with it, the old files then removed) makes the read fail or mix two checkpoints, which the
+  /// manifest's checksums catch; then the directory is read again, as it is now. A failure while the directory
+  /// stayed the same is the checkpoint's own.
   checkpoint_contents read(const std::vector<std::shared_ptr<torch::nn::Module>>& models, bool hooked) {
+    for (int attempt = 1;; ++attempt) {
+      const auto before = identity();
+      try {
+        return read_once(models, hooked);
+      } catch (const checkpoint_error&) {
+        if (attempt == max_attempts || identity() == before) throw;
+      }
+    }
+  }
+
+ private:
+  static constexpr int max_attempts = 5;
+
+  /// What a save that replaces the checkpoint changes: the directory's inode (saves exchange it with their staging
+  /// directory, so it alternates between two) and its manifest's (each save writes a new file), with their devices.
+  [[nodiscard]] std::array<std::uint64_t, 4> identity() const {
+    const auto of = [](const std::filesystem::path& path) {
+      struct stat status {};
+      return ::stat(path.c_str(), &status) == 0 ? std::pair<std::uint64_t, std::uint64_t>(status.st_dev, status.st_ino)
+                                                 : std::pair<std::uint64_t, std::uint64_t>(0, 0);
+    };
+    const auto directory = of(directory_), manifest = of(directory_ / checkpoint_files::manifest);
+    return {directory.first, directory.second, manifest.first, manifest.second};
+  }
+
+  checkpoint_contents read_once(const std::vector<std::shared_ptr<torch::nn::Module>>& models, bool hooked) {
     if (!std::filesystem::is_directory(directory_))
       throw checkpoint_error("accel::load_state: no checkpoint at " + directory_.string());
     manifest_ = read_manifest(directory_);
+    if (!manifest_ && !allow_unchecked_) throw unchecked_checkpoint(directory_, "accel::load_state");
     const auto files = check_counts(models.size(), hooked);
     checkpoint_contents contents;
     read_weights(models, contents);
@@ -133,7 +168,6 @@ class checkpoint_reader {
     return contents;
   }
 
- private:
   /// `accel_state.bin`'s counts against the program's: the same number of models (`models`), optimizers and slots
   /// of each kind, and no other kind. Returns which process files this process reads.
   process_files check_counts(std::size_t models, bool hooked) {
@@ -219,6 +253,7 @@ class checkpoint_reader {
     check_generator_states(contents.generator_states, file);
   }
 
+  bool allow_unchecked_;
   std::filesystem::path directory_;
   int process_;
   int processes_;

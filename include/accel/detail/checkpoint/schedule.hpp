@@ -44,11 +44,22 @@ class checkpoint_schedule {
     stepped_range_ = yielding_;
     ++steps_;
   }
-  /// `range` moves on from its batch; true when that batch's step makes a checkpoint due now.
+  /// `range` moves on from its batch; true when that batch's step makes a checkpoint due now (held instead while
+  /// saves are held).
   [[nodiscard]] bool batch_done(const void* range) noexcept {
     if (range == nullptr || stepped_range_ != range) return false;
     stepped_range_ = nullptr;
-    return every_ > 0 && steps_ % every_ == 0;
+    const bool due = every_ > 0 && steps_ % every_ == 0;
+    held_ = held_ || (due && holding_);
+    return due && !holding_;
+  }
+  /// join_uneven_inputs begins: a save that comes due is held until it ends, since a process that ran out of data
+  /// could not take part in it.
+  void hold_saves() noexcept { holding_ = true; }
+  /// The join ended: whether a save came due on this process meanwhile (then, agreed, every process saves once).
+  [[nodiscard]] bool release_saves() noexcept {
+    holding_ = false;
+    return std::exchange(held_, false);
   }
   /// True once, at the first pass, when the program resumes from the newest checkpoint.
   [[nodiscard]] bool resume_due() noexcept { return std::exchange(resume_pending_, false); }
@@ -73,6 +84,8 @@ class checkpoint_schedule {
   std::uint64_t stepped_batch_ = 0;      // the batch of the last step
   const void* stepped_range_ = nullptr;  // the range whose batch stepped, until it moves on
   std::int64_t steps_ = 0;
+  bool holding_ = false;  // during join_uneven_inputs
+  bool held_ = false;     // a save came due while holding
 };
 
 }  // namespace accel::detail

@@ -30,6 +30,15 @@ namespace accel {
 /// device, where PyTorch's `load_state_dict` puts it (LibTorch's `Optimizer::load` leaves it where it was read to).
 enum class map_location { cpu, on_device };
 
+/// `load_state`'s options: where the optimizers' state is read to (`map_location`), and whether a checkpoint without a
+/// manifest (`accel_checksums.txt`: one written by accel 0.1) may load, its files unchecked. Without a manifest
+/// nothing vouches for the files before LibTorch parses them, and LibTorch 1.13's reader can crash the process on a
+/// damaged one: load such a checkpoint once with `allow_unchecked`, then save it again to give it a manifest.
+struct load_options {
+  std::optional<accel::map_location> map_location = std::nullopt;
+  bool allow_unchecked = false;
+};
+
 /// `register_save_state_pre_hook`'s hook (Accelerate's): called on every process, before anything is written, with
 /// the prepared models, their weights (each one's parameters and buffers by name, what `model.safetensors` holds;
 /// empty in the sharded format) and the checkpoint's directory. The weights are the hook's to change: the i-th

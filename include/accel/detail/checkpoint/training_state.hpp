@@ -130,17 +130,22 @@ class training_state {
 
   /// Restores what `save` wrote: the load_state pre-hooks run first; then everything is read and checked
   /// (reader.hpp); then the participants, optimizers and slots load all or none, and the weights and generators,
-  /// checked, go last. A problem throws `checkpoint_error`, and the program's state is as it was. The optimizers'
-  /// state is read where `where` says and placed on its parameters' devices. A collective.
-  void load(const std::filesystem::path& directory, std::optional<map_location> where) {
-    const auto read_to = read_device(where, parallel_.num_processes(), parallel_.device());
+  /// checked, go last. Every process loads or none does: the processes agree after reading and after loading, so a
+  /// problem on any process throws `checkpoint_error` on every process, and every program's state is as it was. The
+  /// optimizers' state is read where `how.map_location` says and placed on its parameters' devices. A checkpoint
+  /// without a manifest loads only with `how.allow_unchecked`. A collective.
+  void load(const std::filesystem::path& directory, const load_options& how) {
+    const auto read_to = read_device(how.map_location, parallel_.num_processes(), parallel_.device());
     as_collective("load_state", [&] {
       with_full_weights(parallel_, registry_.models(), [&] {
         const auto models = hooked_models(parallel_, registry_, settings_, directory);
-        auto contents =
-            checkpoint_reader(directory, registry_, parallel_.process_index(), parallel_.num_processes(), read_to)
-                .read(models, !settings_.load_hooks.empty());
-        apply(contents, models, read_to);
+        std::optional<checkpoint_contents> contents;
+        on_every_process_or_none(parallel_, "load_state", "reading " + directory.string(), [&] {
+          contents = checkpoint_reader(directory, registry_, parallel_.process_index(), parallel_.num_processes(),
+                                       read_to, how.allow_unchecked)
+                         .read(models, !settings_.load_hooks.empty());
+        });
+        apply(*contents, models, read_to);
       });
     });
     count_from_loaded(settings_, directory);
@@ -203,17 +208,19 @@ class training_state {
   /// generators, checked by the reader.
   void apply(checkpoint_contents& contents, const std::vector<std::shared_ptr<torch::nn::Module>>& models,
              const c10::Device& read_to) {
-    load_transaction transaction;
-    for_each_stateful([&](auto& participant) {
-      transaction.load(
-          contents.process_file, [p = &participant](torch::serialize::OutputArchive& out) { p->save_state(out); },
-          [p = &participant](torch::serialize::InputArchive& in) { p->load_state(in); }, contents.process_state);
+    load_transaction transaction;  // rolled back unless committed: a failure here, or on another process
+    on_every_process_or_none(parallel_, "load_state", "loading the checkpoint's state", [&] {
+      for_each_stateful([&](auto& participant) {
+        transaction.load(
+            contents.process_file, [p = &participant](torch::serialize::OutputArchive& out) { p->save_state(out); },
+            [p = &participant](torch::serialize::InputArchive& in) { p->load_state(in); }, contents.process_state);
+      });
+      load_optimizers(transaction, contents, models, read_to);
+      for (const auto& [kind, list] : registry_.slots_by_kind())
+        for (std::size_t i = 0; i < list.size(); ++i)
+          transaction.load(kind + " " + std::to_string(i) + "'s state in the checkpoint", list[i]->save,
+                           list[i]->load, contents.slot_archives[kind][i]);
     });
-    load_optimizers(transaction, contents, models, read_to);
-    for (const auto& [kind, list] : registry_.slots_by_kind())
-      for (std::size_t i = 0; i < list.size(); ++i)
-        transaction.load(kind + " " + std::to_string(i) + "'s state in the checkpoint", list[i]->save, list[i]->load,
-                         contents.slot_archives[kind][i]);
     transaction.commit();
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < models.size(); ++i) copy_weights(*models[i], contents.weights[i]);

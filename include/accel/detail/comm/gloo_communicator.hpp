@@ -99,8 +99,10 @@ class gloo_communicator {
     wait_for(*group_->broadcast(tensors, broadcast_options), "broadcast", env_.rank);
   }
 
-  /// Every rank's tensor, in rank order (all of the same shape).
+  /// Every rank's tensor, in rank order (all of the same shape). An empty one needs no communication (every rank's
+  /// is empty, being of the same shape), and Gloo's all-gather of 0 bytes divides by zero in LibTorch 1.13.
   [[nodiscard]] std::vector<at::Tensor> all_gather(const at::Tensor& tensor) {
+    if (tensor.numel() == 0) return std::vector<at::Tensor>(static_cast<std::size_t>(size()), tensor.clone());
     std::vector<at::Tensor> inputs{tensor.contiguous()};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(inputs[0]));
