@@ -34,6 +34,7 @@
 #include "local_sgd.hpp"
 #include "config_file.hpp"
 #include "progress.hpp"
+#include "profile_events.hpp"
 #include "profiler.hpp"
 #include "tracking.hpp"
 #include "dispatch.hpp"

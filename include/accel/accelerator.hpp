@@ -201,6 +201,17 @@ class accelerator {
   [[nodiscard]] int step() const noexcept { return accumulation_.step(); }
   /// Micro-batches per optimizer step.
   [[nodiscard]] int gradient_accumulation_steps() const noexcept { return accumulation_.steps(); }
+  /// Sets the micro-batches per optimizer step (Accelerate's `accelerator.gradient_accumulation_steps = N`), with
+  /// `accumulate_dynamic`: between windows only (where `sync_gradients()` is true: before the first micro-step, after
+  /// a step, at the end of a pass, after `free_memory()`); in the middle of one it throws `std::logic_error` saying
+  /// so. The micro-step count (`step()`) starts again from 0. With an N fixed at compile time it does not compile.
+  void set_gradient_accumulation_steps(int steps) {
+    static_assert(
+        detail::steps_settable<Accumulation>,
+        "accel::accelerator::set_gradient_accumulation_steps: this accelerator's accumulation policy fixes N "
+        "at compile time (accumulate<N>, no_accumulation); use accel::accumulate_dynamic to set N at run time");
+    accumulation_.set_steps(steps);
+  }
   /// Where the data stands for gradient synchronisation (Accelerate's `gradient_state`).
   [[nodiscard]] const accel::gradient_state& gradient_state() const noexcept { return gradient_state_; }
   /// True while a prepared range yields its last batch (Accelerate's `gradient_state.end_of_dataloader`).

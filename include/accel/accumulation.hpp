@@ -5,7 +5,8 @@
 /// - `accel::no_accumulation` (= `accel::accumulate<1>`): every batch steps. Costs nothing: no counter, no branch.
 /// - `accel::accumulate<N>`: N micro-batches per step, known at compile time.
 /// - `accel::accumulate_dynamic`: N read at run time, from `options::gradient_accumulation_steps` or the
-///   environment variable `ACCELERATE_GRADIENT_ACCUMULATION_STEPS` (which wins, as in Accelerate).
+///   environment variable `ACCELERATE_GRADIENT_ACCUMULATION_STEPS` (which wins, as in Accelerate), and settable
+///   between windows: `acc.set_gradient_accumulation_steps(n)`.
 ///
 /// Counting follows Accelerate's GradientState: entering `acc.accumulate(model)` starts a micro-step; it
 /// synchronises when the count reaches a multiple of N, and on the last batch of a prepared range, where the count
@@ -45,6 +46,8 @@ class micro_step_counter {
   }
   [[nodiscard]] int step() const noexcept { return static_cast<int>(step_); }
   [[nodiscard]] bool sync_gradients() const noexcept { return sync_; }
+  /// A new N takes effect at a window's start: the count starts again, so that the next window has N micro-steps.
+  void start_new_window() noexcept { *this = {}; }
   /// Checkpoints: resuming mid-window continues the window (a checkpoint without the count starts a new one).
   void save_state(torch::serialize::OutputArchive& archive) const {
     archive.write("step", c10::IValue(step_));
@@ -82,6 +85,21 @@ inline int accumulation_steps_from(const options& opts) {
     throw std::invalid_argument("accel: options::gradient_accumulation_steps = " + std::to_string(steps) +
                                 " must be at least 1 (micro-batches per optimizer step)");
   return steps;
+}
+
+/// `accumulate_dynamic::set_steps`'s checks: N at least 1, and no window open (its micro-batches' gradients are
+/// accumulating, each divided by the old N).
+inline void check_new_steps(int steps, int current, const micro_step_counter& counter) {
+  if (steps < 1 || steps > 1'000'000)
+    throw std::invalid_argument("accel::accelerator::set_gradient_accumulation_steps(" + std::to_string(steps) +
+                                "): N counts micro-batches per optimizer step and must be at least 1");
+  if (!counter.sync_gradients())
+    throw std::logic_error(
+        "accel::accelerator::set_gradient_accumulation_steps(" + std::to_string(steps) +
+        "): called in the middle of an accumulation window (micro-step " + std::to_string(counter.step()) +
+        ", N = " + std::to_string(current) +
+        "), whose gradients are accumulating, each divided by the old N; set it once the window has stepped (where "
+        "acc.sync_gradients() is true), at the end of a pass, or after acc.free_memory()");
 }
 
 /// A compile-time N, the options and the environment must agree.
@@ -161,6 +179,13 @@ struct accumulate_dynamic : accumulation_defaults {
   [[nodiscard]] int step() const noexcept { return counter_.step(); }
   [[nodiscard]] bool sync_gradients() const noexcept { return counter_.sync_gradients(); }
   [[nodiscard]] at::Tensor scale_loss(const at::Tensor& loss) const { return steps_ == 1 ? loss : loss.div(steps_); }
+  /// A new N between windows (`acc.set_gradient_accumulation_steps`); refused in the middle of one, saying why. The
+  /// micro-step count starts again, so that the next window has `steps` micro-steps.
+  void set_steps(int steps) {
+    detail::check_new_steps(steps, steps_, counter_);
+    steps_ = steps;
+    counter_.start_new_window();
+  }
   void restart() noexcept { counter_ = {}; }
   void save_state(torch::serialize::OutputArchive& archive) const { counter_.save_state(archive); }
   void load_state(torch::serialize::InputArchive& archive) { counter_.load_state(archive); }
@@ -178,6 +203,9 @@ concept always_syncs = requires {
   requires std::integral_constant<int, A::steps()>::value == 1;
   requires std::integral_constant<bool, A::sync_gradients()>::value;
 };
+/// True for a policy whose N can change at run time (`accumulate_dynamic`): it has `set_steps(n)`, an optional hook.
+template <class A>
+concept steps_settable = requires(A& policy) { policy.set_steps(1); };
 }  // namespace detail
 
 }  // namespace accel

@@ -166,6 +166,7 @@ concept uneven_inputs = requires(Q& q, const std::vector<const torch::nn::Module
 template <class Q>
 concept declares_capabilities = requires {
   { Q::name() } -> std::convertible_to<std::string_view>;               // messages, dispatch's list
+  { Q::distributed_type() } -> std::convertible_to<std::string_view>;   // what selects it in accel::dispatch
   requires std::same_as<decltype(Q::joins_uneven_inputs), const bool>;  // has the uneven inputs facet
   requires std::same_as<decltype(Q::steps_alone), const bool>;          // each process can step its whole model alone
 };
@@ -218,7 +219,7 @@ concept parallel_policy =
     (detail::checkpoint_participation<Q> ||
      detail::unsatisfied<"this parallel policy lacks a hook of the checkpoint participation facet: checkpoint_format(), with_full_parameters(module, action), full_parameter(parameter), with_full_optimizer_state(optimizer, write), load_full_optimizer_state(optimizer, load) or shard_of(parameter): derive it from accel::parallel_defaults", Q>()) &&
     (detail::declares_capabilities<Q> ||
-     detail::unsatisfied<"this parallel policy lacks name() or its capabilities (static constexpr bool joins_uneven_inputs, steps_alone): derive it from accel::parallel_defaults", Q>()) &&
+     detail::unsatisfied<"this parallel policy lacks name(), distributed_type() or its capabilities (static constexpr bool joins_uneven_inputs, steps_alone): derive it from accel::parallel_defaults", Q>()) &&
     (!detail::declares_capabilities<Q> || !Q::joins_uneven_inputs || detail::uneven_inputs<Q> ||
      detail::unsatisfied<"this parallel policy declares joins_uneven_inputs but lacks a hook of the uneven inputs facet: begin_join(modules), finish_join() or abandon_join() noexcept: see accel/concepts.hpp", Q>()) &&
     detail::well_formed_state_hooks<Q>;

@@ -6,6 +6,7 @@
 ///     # accel config file
 ///     mixed_precision: bf16
 ///     gradient_accumulation_steps: 4
+///     distributed_type: MULTI_CPU
 ///     num_processes: 2
 ///
 /// Where it is: `$ACCEL_CONFIG_FILE` when set (empty: no config file at all), otherwise
@@ -41,6 +42,7 @@ struct config_error : std::runtime_error {
 struct config_values {
   std::optional<std::string> mixed_precision;      // no, bf16 or fp16
   std::optional<int> gradient_accumulation_steps;  // >= 1
+  std::optional<std::string> distributed_type;     // NO, MULTI_CPU, MULTI_GPU, FSDP or DEEPSPEED
   std::optional<int> num_processes;                // in the whole job, over every machine (as Accelerate)
   std::optional<int> num_machines;                 // >= 1
   std::optional<int> machine_rank;                 // this machine's index, 0 on the main one
@@ -83,6 +85,13 @@ inline void set_mixed_precision(config_values& values, std::string_view text) {
   values.mixed_precision = std::string(text);
 }
 
+/// Accelerate's `distributed_type` values that a built-in parallel policy declares (its `distributed_type()`).
+inline void set_distributed_type(config_values& values, std::string_view text) {
+  if (text != "NO" && text != "MULTI_CPU" && text != "MULTI_GPU" && text != "FSDP" && text != "DEEPSPEED")
+    throw config_error("");
+  values.distributed_type = std::string(text);
+}
+
 inline void set_main_process_ip(config_values& values, std::string_view text) {
   if (text.empty()) throw config_error("");
   values.main_process_ip = std::string(text);
@@ -94,6 +103,8 @@ inline constexpr config_key config_keys[] = {
     {"gradient_accumulation_steps", "a whole number from 1 to 1000000",
      set_number<&config_values::gradient_accumulation_steps, 1, 1000000>,
      get_number<&config_values::gradient_accumulation_steps>},
+    {"distributed_type", "NO, MULTI_CPU, MULTI_GPU, FSDP or DEEPSPEED", set_distributed_type,
+     [](const config_values& v) { return v.distributed_type; }},
     {"num_processes", "a whole number from 1 to 67108864 (processes in the whole job)",
      set_number<&config_values::num_processes, 1, 67108864>, get_number<&config_values::num_processes>},
     {"num_machines", "a whole number from 1 to 65536", set_number<&config_values::num_machines, 1, 65536>,

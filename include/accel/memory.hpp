@@ -1,14 +1,20 @@
 /// \file
-/// Running out of memory and going on: `accel::find_executable_batch_size` (Accelerate's), which retries a training
-/// function at 90% of the batch size each time it runs out of memory; `should_reduce_batch_size`, the test it
-/// applies; `clear_device_cache`, what it (and `acc.free_memory()`) calls to give the device's cached memory back.
+/// Memory: how much is allocated, `accel::memory_stats(device)` (PyTorch's `memory_allocated()`,
+/// `max_memory_allocated()`, `reset_peak_memory_stats()`: the device caching allocator's counters, or on the CPU
+/// accel's counting allocator, turned on by `accel::count_cpu_memory()`); running out of it and going on:
+/// `accel::find_executable_batch_size` (Accelerate's), which retries a training function at 90% of the batch size
+/// each time it runs out of memory; `should_reduce_batch_size`, the test it applies; `clear_device_cache`, what it
+/// (and `acc.free_memory()`) calls to give the device's cached memory back.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <concepts>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <new>
@@ -22,6 +28,8 @@
 
 #include "collectives.hpp"
 #include "detail/compat.hpp"
+#include "detail/support/counting_allocator.hpp"
+#include "detail/support/text.hpp"
 
 namespace accel {
 
@@ -33,6 +41,85 @@ struct batch_size_error : std::runtime_error {
 /// Gives the memory LibTorch's device caching allocator holds unused back to the device (Accelerate's
 /// `clear_device_cache`; CUDA's cache, or another accelerator's, where present; nothing to do on the CPU).
 inline void clear_device_cache() { detail::compat::empty_device_cache(); }
+
+/// Bytes of tensor storage on a device, from `accel::memory_stats(device)`: PyTorch's `torch.cuda.memory_allocated()`,
+/// `max_memory_allocated()`, `memory_reserved()` and `max_memory_reserved()`.
+struct memory_statistics {
+  /// Bytes of storage allocated and not yet freed.
+  std::int64_t allocated = 0;
+  /// The largest `allocated` since the program started or the last `reset_peak_memory_stats`.
+  std::int64_t peak_allocated = 0;
+  /// Bytes the allocator holds, allocated or cached for reuse (CUDA's caching allocator); on the CPU, which caches
+  /// nothing, `allocated`.
+  std::int64_t reserved = 0;
+  /// The largest `reserved`, as `peak_allocated`.
+  std::int64_t peak_reserved = 0;
+};
+
+namespace detail {
+/// The counting allocator `count_cpu_memory()` installed, or null before.
+inline std::atomic<counting_cpu_allocator*>& installed_cpu_counter() noexcept {
+  static std::atomic<counting_cpu_allocator*> installed{nullptr};
+  return installed;
+}
+}  // namespace detail
+
+/// Counts CPU tensor storage from now on, for `memory_stats(cpu)`: puts accel's counting allocator in front of
+/// LibTorch's CPU allocator, for the rest of the process (storage allocated before is not counted, and is freed as
+/// before). Opt in, as a lock and a table entry per allocation cost a little; idempotent and thread-safe. Throws
+/// `std::logic_error` when another CPU allocator of higher priority is installed (`c10::SetAllocator`).
+inline void count_cpu_memory() {
+  static detail::counting_cpu_allocator* const counter = [] {
+    auto* created = new detail::counting_cpu_allocator(c10::GetCPUAllocator());  // never destroyed: see its header
+    c10::SetAllocator(c10::DeviceType::CPU, created, /*priority=*/100);
+    return created;
+  }();
+  if (c10::GetCPUAllocator() != counter)
+    throw std::logic_error(
+        "accel::count_cpu_memory: another CPU allocator is installed with a higher priority (c10::SetAllocator), "
+        "so CPU storage cannot be counted; count with that allocator, or do not install it");
+  detail::installed_cpu_counter().store(counter);
+}
+
+/// Whether `count_cpu_memory()` turned the counting of CPU storage on.
+[[nodiscard]] inline bool counting_cpu_memory() noexcept { return detail::installed_cpu_counter().load() != nullptr; }
+
+/// The bytes of tensor storage allocated on `device` (see `memory_statistics`). A GPU (an accelerator's device):
+/// LibTorch's caching allocator's counters, where this LibTorch reaches them (see detail/compat.hpp). The CPU: what
+/// was allocated since `count_cpu_memory()` (call it first, or this throws `std::logic_error` saying so). Another
+/// device, or a GPU this LibTorch cannot read, throws `std::invalid_argument`.
+[[nodiscard]] inline memory_statistics memory_stats(const c10::Device& device) {
+  if (device.is_cpu()) {
+    const auto* counter = detail::installed_cpu_counter().load();
+    if (counter == nullptr)
+      throw std::logic_error(
+          "accel::memory_stats(cpu): CPU storage is counted only from accel::count_cpu_memory() on; call it at the "
+          "start of the program (before what you measure is allocated)");
+    const auto allocated = counter->current(), peak = counter->peak();
+    return {.allocated = allocated, .peak_allocated = peak, .reserved = allocated, .peak_reserved = peak};
+  }
+  const auto counters = detail::compat::device_memory(device);
+  if (!counters)
+    throw std::invalid_argument(
+        "accel::memory_stats: no memory statistics for " + device.str() +
+        ": this LibTorch has no caching allocator for it that accel can read (CUDA from "
+        "LibTorch 2.9, or with the accel::nccl target before); the CPU: accel::count_cpu_memory()");
+  return {.allocated = counters->allocated,
+          .peak_allocated = counters->peak_allocated,
+          .reserved = counters->reserved,
+          .peak_reserved = counters->peak_reserved};
+}
+
+/// Starts the peaks of `device` again from what is allocated now (PyTorch's `reset_peak_memory_stats`, and
+/// `reset_max_memory_allocated`). Throws as `memory_stats` does.
+inline void reset_peak_memory_stats(const c10::Device& device) {
+  if (device.is_cpu()) {
+    (void)memory_stats(device);  // its error before counting is on
+    detail::installed_cpu_counter().load()->reset_peak();
+  } else if (!detail::compat::reset_device_memory_peaks(device)) {
+    (void)memory_stats(device);  // throws, naming the device
+  }
+}
 
 namespace detail {
 /// What LibTorch's errors say when memory ran out but their type does not (Accelerate's `should_reduce_batch_size`
@@ -119,23 +206,72 @@ batch_attempt<batch_result_t<F>> attempt_batch_size(F& f, int batch_size) {
   return attempt;
 }
 
-/// Accelerate's loop: `f(batch_size)` from `starting_batch_size` down by 10% while the job runs out of memory.
+/// The last attempt that ran out of memory on the job: its batch size, the first process it happened on, and the
+/// error when that is this one.
+struct out_of_memory_record {
+  int batch_size = 0;
+  int process = 0;
+  std::exception_ptr error;
+};
+
+/// An error's message for another message: its first line (LibTorch's without the backtrace).
+inline std::string error_summary(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return first_line(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return first_line(e.what());
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+/// Throws `batch_size_error` once the sizes ran out: the message names the last out-of-memory error, which is
+/// nested in it (`std::rethrow_if_nested`) when it happened on this process.
+[[noreturn]] inline void throw_no_batch_size_left(int starting_batch_size, const out_of_memory_record& last) {
+  const std::string where = "batch size " + std::to_string(last.batch_size);
+  const std::string message =
+      "accel::find_executable_batch_size: no executable batch size found, reached zero: every batch size tried, from " +
+      std::to_string(starting_batch_size) + " down to " + std::to_string(last.batch_size) +
+      ", ran out of memory; the last: " +
+      (last.error ? "at " + where + ", " + error_summary(last.error) + " (nested in this error)"
+                  : "process " + std::to_string(last.process) + " at " + where + " (that process reports it)") +
+      ". If that is not what the batch size sizes (an evaluation batch of fixed size, say), fix it there; otherwise "
+      "free what the program still holds before the search (tensors, models and optimizers no longer needed; "
+      "acc.free_memory()), or make a sample fit: a smaller model or sequence, mixed precision (bf16, fp16), gradient "
+      "checkpointing, or a device with more memory";
+  if (!last.error) throw batch_size_error(message);
+  try {
+    std::rethrow_exception(last.error);
+  } catch (...) {
+    std::throw_with_nested(batch_size_error(message));
+  }
+}
+
+/// The batch size after `batch_size` ran out of memory, from `reduce` (Accelerate's `reduce_batch_size_fn`, given the
+/// size that failed): it must be smaller.
+template <class Reduce>
+int next_batch_size(Reduce& reduce, int batch_size) {
+  const int next = std::invoke(reduce, batch_size);
+  if (next >= batch_size)
+    throw std::invalid_argument("accel::find_executable_batch_size: reduce_batch_size returned " +
+                                std::to_string(next) + " after batch size " + std::to_string(batch_size) +
+                                " ran out of memory; it must return a smaller batch size (0 or less ends the search)");
+  return next;
+}
+
+/// Accelerate's loop: `f(batch_size)` from `starting_batch_size` down by `reduce` while the job runs out of memory.
 /// `agree(outcome)` turns this process's outcome into the job's (itself on one process; a collective on several).
-template <class F, class Agree>
-batch_result_t<F> search_batch_size(F& f, int starting_batch_size, Agree&& agree) {
+template <class F, class Agree, class Reduce>
+batch_result_t<F> search_batch_size(F& f, int starting_batch_size, Agree&& agree, Reduce& reduce) {
   if (starting_batch_size < 1)
     throw std::invalid_argument("accel::find_executable_batch_size: starting_batch_size is " +
                                 std::to_string(starting_batch_size) +
                                 "; it must be at least 1 (the search goes down from it, 10% per attempt)");
   clear_device_cache();
-  for (int batch_size = starting_batch_size;; batch_size = reduced_batch_size(batch_size)) {
-    if (batch_size == 0)
-      throw batch_size_error(
-          "accel::find_executable_batch_size: no executable batch size found, reached zero: every batch size from " +
-          std::to_string(starting_batch_size) +
-          " down to 1 ran out of memory. Free what the program still holds before the search (tensors, models and "
-          "optimizers no longer needed; acc.free_memory()), or make a sample fit: a smaller model or sequence, "
-          "mixed precision (bf16, fp16), gradient checkpointing, or a device with more memory");
+  out_of_memory_record last;
+  for (int batch_size = starting_batch_size; batch_size > 0; batch_size = next_batch_size(reduce, batch_size)) {
     {
       auto attempt = attempt_batch_size(f, batch_size);
       const auto here = attempt.outcome();
@@ -152,9 +288,12 @@ batch_result_t<F> search_batch_size(F& f, int starting_batch_size, Agree&& agree
         else
           return std::move(*attempt.result);
       }
-    }  // the attempt, with its error and whatever that held, is gone before the cache is emptied
+      // Only the error is kept (what LibTorch throws for it holds its message, no tensors), for the final message.
+      last = {batch_size, job.process, here == attempt_outcome::out_of_memory ? attempt.error : nullptr};
+    }  // the attempt, with whatever its result held, is gone before the cache is emptied
     clear_device_cache();
   }
+  throw_no_batch_size_left(starting_batch_size, last);
 }
 
 /// The job's outcome from every process's: `acc.gather` of one number per process (on the accelerator's device, as
@@ -181,8 +320,9 @@ concept batch_size_agreement = requires(A& acc, const at::Tensor& tensor) {
 /// Calls `f(batch_size)` and returns its result; when `f` runs out of memory (`should_reduce_batch_size`: CUDA's
 /// allocator, LibTorch's CPU allocator, `std::bad_alloc`), empties the device cache and calls it again at
 /// int(0.9 * batch_size), as Accelerate's `find_executable_batch_size`: 128, 115, 103, 92, ... 9, 8, ... 1. Reaching
-/// 0 throws `batch_size_error`; any other error leaves `f` untouched, at once. `f` should build everything sized by
-/// the batch (the data loader, say) from its argument, so that a retry starts afresh; its result comes back by value.
+/// 0 throws `batch_size_error`, which names the last out-of-memory error and nests it (`std::rethrow_if_nested`);
+/// any other error leaves `f` untouched, at once. `f` should build everything sized by the batch (the data loader,
+/// say) from its argument, so that a retry starts afresh; its result comes back by value.
 ///
 ///     auto loss = accel::find_executable_batch_size([&](int batch_size) { return train(batch_size); }, 128);
 ///
@@ -190,8 +330,22 @@ concept batch_size_agreement = requires(A& acc, const at::Tensor& tensor) {
 template <class F>
   requires std::invocable<F&, int>
 detail::batch_result_t<F> find_executable_batch_size(F&& f, int starting_batch_size = 128) {
-  return detail::search_batch_size(f, starting_batch_size,
-                                   [](detail::attempt_outcome here) { return detail::job_outcome{here, 0}; });
+  return detail::search_batch_size(
+      f, starting_batch_size, [](detail::attempt_outcome here) { return detail::job_outcome{here, 0}; },
+      detail::reduced_batch_size);
+}
+
+/// The same with the next batch size from `reduce_batch_size(size that ran out)` instead of 90% of it (Accelerate's
+/// `reduce_batch_size_fn`, which takes no argument: a C++ callable is given the size): it must return a smaller
+/// size, and 0 or less ends the search.
+///
+///     accel::find_executable_batch_size(train, 128, [](int size) { return size / 2; });  // 128, 64, 32, ...
+template <class F, class Reduce>
+  requires std::invocable<F&, int> && std::is_invocable_r_v<int, Reduce&, int>
+detail::batch_result_t<F> find_executable_batch_size(F&& f, int starting_batch_size, Reduce&& reduce_batch_size) {
+  return detail::search_batch_size(
+      f, starting_batch_size, [](detail::attempt_outcome here) { return detail::job_outcome{here, 0}; },
+      reduce_batch_size);
 }
 
 /// The same on every process of `acc`'s job, which agree on the batch size: after each attempt the processes gather
@@ -199,7 +353,7 @@ detail::batch_result_t<F> find_executable_batch_size(F&& f, int starting_batch_s
 /// again, at the smaller size, with the others). When one process's `f` fails otherwise, that process rethrows its
 /// error and the others throw `collective_error` naming it. A free function, as Accelerate's (in `accelerate.utils`),
 /// taking the accelerator only for the agreement: it works with any accelerator and keeps `accelerator` itself
-/// smaller.
+/// smaller. A `reduce_batch_size` must return the same on every process.
 ///
 ///     accel::find_executable_batch_size(acc, [&](int batch_size) { train(acc, batch_size); }, 128);
 ///
@@ -210,8 +364,19 @@ detail::batch_result_t<F> find_executable_batch_size(F&& f, int starting_batch_s
 template <detail::batch_size_agreement Accelerator, class F>
   requires std::invocable<F&, int>
 detail::batch_result_t<F> find_executable_batch_size(Accelerator& acc, F&& f, int starting_batch_size = 128) {
-  return detail::search_batch_size(f, starting_batch_size,
-                                   [&](detail::attempt_outcome here) { return detail::agree_on_outcome(acc, here); });
+  return detail::search_batch_size(
+      f, starting_batch_size, [&](detail::attempt_outcome here) { return detail::agree_on_outcome(acc, here); },
+      detail::reduced_batch_size);
+}
+
+/// The same with `reduce_batch_size` choosing each next size (see the one-process overload).
+template <detail::batch_size_agreement Accelerator, class F, class Reduce>
+  requires std::invocable<F&, int> && std::is_invocable_r_v<int, Reduce&, int>
+detail::batch_result_t<F> find_executable_batch_size(Accelerator& acc, F&& f, int starting_batch_size,
+                                                     Reduce&& reduce_batch_size) {
+  return detail::search_batch_size(
+      f, starting_batch_size, [&](detail::attempt_outcome here) { return detail::agree_on_outcome(acc, here); },
+      reduce_batch_size);
 }
 
 }  // namespace accel

@@ -75,6 +75,9 @@ inline double gradient_norm(const std::vector<at::Tensor>& parameters, double no
 /// its shard and gathers the parameters, and reduces the overflow check and the gradient norm across processes.
 struct parallel_defaults {
   [[nodiscard]] static constexpr std::string_view name() noexcept { return "a custom parallel policy"; }
+  /// Accelerate's `distributed_type` value that selects the policy in `accel::dispatch`; empty: none does (only a
+  /// run that names none, by its number of processes).
+  [[nodiscard]] static constexpr std::string_view distributed_type() noexcept { return ""; }
 
   // Capabilities: what the policy can do beyond the facets every policy has, declared rather than probed.
   /// Has the uneven inputs facet (begin_join, finish_join, abandon_join): `join_uneven_inputs` may shadow the
@@ -145,6 +148,7 @@ struct parallel_defaults {
 struct single_process : parallel_defaults {
   using policy_category = parallel_tag;
   [[nodiscard]] static constexpr std::string_view name() noexcept { return "single_process"; }
+  [[nodiscard]] static constexpr std::string_view distributed_type() noexcept { return "NO"; }
 
   explicit single_process(const options& opts)
       : device_(!opts.cpu && torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU)) {}
@@ -171,6 +175,7 @@ struct gloo {
   static constexpr std::string_view name = "gloo";
   /// Whether its all-reduce sums bfloat16 tensors (the bf16 gradient hooks need it): not on LibTorch 1.13's Gloo.
   static constexpr bool sums_bfloat16 = detail::compat::gloo_sums_bfloat16;
+  static constexpr std::string_view distributed_type = "MULTI_CPU";  // data_parallel<gloo>'s, in accel::dispatch
   using communicator_type = detail::gloo_communicator;
   /// Gloo runs on CPU tensors: every process computes on the CPU.
   static c10::Device device(const process_environment&) { return c10::Device(c10::kCPU); }
@@ -181,6 +186,7 @@ struct nccl {
   using policy_category = backend_tag;
   static constexpr std::string_view name = "nccl";
   static constexpr bool sums_bfloat16 = true;
+  static constexpr std::string_view distributed_type = "MULTI_GPU";  // data_parallel<nccl>'s, in accel::dispatch
 #ifdef ACCEL_WITH_NCCL
   using communicator_type = detail::nccl_communicator;
 #else
@@ -339,6 +345,7 @@ struct data_parallel : detail::bucketed_data_parallel<Backend, detail::gradient_
   using base::base;
   [[nodiscard]] static std::string name() { return "data_parallel<" + std::string(Backend::name) + ">"; }
   static constexpr bool joins_uneven_inputs = true;
+  [[nodiscard]] static constexpr std::string_view distributed_type() noexcept { return Backend::distributed_type; }
 
   /// Before each forward of a prepared model: during a join (join_uneven_inputs), a forward of a joined model with
   /// gradients enabled first tells every process that this one is still training; then the reducer is armed.

@@ -3,7 +3,8 @@
 /// `ProfileKwargs`: `accel::profile_options` (activities, a `torch.profiler.schedule`, an on-trace-ready callback,
 /// shapes, memory, stacks, FLOPs, modules, `output_trace_dir`), `accel::profile_schedule` and its actions, and
 /// `accel::profiler`, the scope `acc.profile()` returns: `step()` moves it along the schedule, and its end (or
-/// `finish()`) writes `profile_{process_index}.json` in Chrome trace format on every process.
+/// `finish()`) writes `profile_{process_index}.json` in Chrome trace format on every process. Its events and their
+/// `key_averages()` table are in profile_events.hpp.
 #pragma once
 
 #include <ATen/record_function.h>
@@ -36,6 +37,7 @@
 #include "detail/support/json.hpp"
 #include "detail/support/scope.hpp"
 #include "detail/support/text.hpp"
+#include "profile_events.hpp"
 
 namespace accel {
 
@@ -104,29 +106,6 @@ struct profile_options {
   bool with_modules = false;
   /// Where each process writes `profile_{process_index}.json` (created if needed) when the profile ends; none: no file.
   std::optional<std::filesystem::path> output_trace_dir = std::nullopt;
-};
-
-/// One event of a recorded window, as LibTorch's profiler saw it (its `KinetoEvent`, in a form that does not change
-/// with the LibTorch version).
-struct profile_event {
-  /// The operator (`aten::addmm`), autograd node, `ProfilerStep#N` mark or `[memory]` event.
-  std::string name = {};
-  /// Its kind, as the Chrome trace calls it: "cpu_op", "user_annotation" (a `ProfilerStep#N` mark or another
-  /// user scope), "cpu_instant_event" (`[memory]`) or "kernel" (a device's).
-  std::string category = {};
-  std::int64_t start_ns = 0;
-  std::int64_t duration_ns = 0;
-  /// LibTorch's number of the thread it ran on.
-  std::uint64_t thread = 0;
-  /// One shape per input (empty for a non-tensor input); nothing without `record_shapes`.
-  std::vector<std::vector<std::int64_t>> input_shapes = {};
-  std::vector<std::string> input_types = {};
-  /// Estimated floating-point operations (`with_flops`; 0 for operators without a formula).
-  std::uint64_t flops = 0;
-  /// Bytes allocated (positive) or freed (negative) by a `[memory]` event (`profile_memory`).
-  std::int64_t bytes = 0;
-  /// The autograd sequence number linking a forward operator and its backward; -1 when none.
-  std::int64_t sequence_nr = -1;
 };
 
 namespace detail {
@@ -361,6 +340,11 @@ class profiler {
     }
     static const std::vector<profile_event> none;
     return events_ ? *events_ : none;
+  }
+  /// The events of the last recorded window aggregated per name (torch.profiler's `key_averages()`; per name and
+  /// input shapes with `group_by_input_shape`, which needs `record_shapes`): `.table(sort_by, row_limit)` prints them.
+  [[nodiscard]] profile_averages key_averages(bool group_by_input_shape = false) const {
+    return accel::key_averages(events(), group_by_input_shape);
   }
   /// The last recorded window in Chrome trace format (JSON; chrome://tracing, Perfetto, TensorBoard's profiler):
   /// LibTorch's own trace, or, for a LibTorch without Kineto (Debian's 1.13), accel's of the same events.

@@ -12,6 +12,12 @@
 /// The wrapper registers the wrapped module's parameters, buffers and submodules as its own, so that their names
 /// stay the wrapped module's (`block1.attn.weight`, not `block1.module.attn.weight`): checkpoints, `named_parameters`
 /// and `get_state_dict` read the same with or without units. `unit->module()` is the wrapped module.
+///
+/// A unit is called as the module it wraps: `block(x)`. It has the wrapped module's `forward` signature when the
+/// module has exactly one `forward` that is not a template, so that it also fits in a `torch::nn::Sequential`;
+/// around a module whose `forward` is a template (a `torch::nn::Sequential`) or overloaded, its `forward` is a
+/// template taking what the module's takes: call it directly (a Sequential or AnyModule holding it would need one
+/// signature). Arguments the wrapped module's forward does not take are a compile error saying so.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -29,12 +35,16 @@
 namespace accel {
 namespace detail {
 
-/// The signature of a module's `forward` when it has exactly one that is not a template (`void()` otherwise):
-/// the wrapper then has that same forward, so that `torch::nn::Sequential`, `AnyModule` and ModuleHolder's call
-/// operator, which look for one, take a unit as they take the module it wraps.
+/// What `forward_signature` gives for a module without exactly one `forward` that is not a template (a template, as
+/// `torch::nn::Sequential`'s, overloads, or none): the unit's forward is then a template too.
+struct no_single_forward {};
+
+/// The signature of a module's `forward` when it has exactly one that is not a template (`no_single_forward`
+/// otherwise): the wrapper then has that same forward, so that `torch::nn::Sequential`, `AnyModule` and
+/// ModuleHolder's call operator, which look for one, take a unit as they take the module it wraps.
 template <class F>
 struct member_signature {
-  using type = void();
+  using type = no_single_forward;
 };
 template <class R, class C, class... A>
 struct member_signature<R (C::*)(A...)> {
@@ -46,17 +56,26 @@ struct member_signature<R (C::*)(A...) const> {
 };
 template <class Impl, class = void>
 struct forward_signature {
-  using type = void();
+  using type = no_single_forward;
 };
 template <class Impl>
 struct forward_signature<Impl, std::void_t<decltype(&Impl::forward)>> : member_signature<decltype(&Impl::forward)> {};
 
-/// A unit's `forward`: with the wrapped module's signature where there is one, else a template.
+/// Whether the module `Wrapped` holds has a `forward` that takes `Args`.
+template <class Wrapped, class... Args>
+concept forward_takes =
+    requires(Wrapped& module, Args&&... args) { module_pointer(module)->forward(std::forward<Args>(args)...); };
+
+/// A unit's `forward`: with the wrapped module's signature where there is one, else a template that takes what the
+/// wrapped module's forward takes (a template forward, overloads).
 template <class Unit, class Signature>
 class unit_forward {
  public:
   template <class... Args>
   auto forward(Args&&... args) {
+    static_assert(forward_takes<typename Unit::wrapped_type, Args...>,
+                  "accel::shard_unit: the wrapped module has no forward that takes these arguments (or none at all, "
+                  "as a ModuleList): call the unit as you would call the module it wraps");
     return static_cast<Unit&>(*this).forward_wrapped(std::forward<Args>(args)...);
   }
 };
@@ -78,6 +97,8 @@ class shard_unit_impl
           shard_unit_impl<Wrapped>,
           typename detail::forward_signature<std::remove_cvref_t<decltype(*std::declval<Wrapped&>())>>::type> {
  public:
+  using wrapped_type = Wrapped;
+
   explicit shard_unit_impl(Wrapped module) : module_(std::move(module)) {
     auto& wrapped = *detail::module_pointer(module_);
     for (auto& item : wrapped.named_parameters(/*recurse=*/false))
@@ -118,6 +139,9 @@ class shard_unit : public torch::nn::ModuleHolder<shard_unit_impl<Wrapped>> {
   /// The wrapped module's forward (ModuleHolder's own call operator cannot see a forward that is a template).
   template <class... Args>
   auto operator()(Args&&... args) const {
+    static_assert(detail::forward_takes<Wrapped, Args...>,
+                  "accel::shard_unit: the wrapped module has no forward that takes these arguments (or none at all, "
+                  "as a ModuleList): call the unit as you would call the module it wraps");
     return this->ptr()->forward(std::forward<Args>(args)...);
   }
 };

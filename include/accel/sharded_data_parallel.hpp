@@ -36,6 +36,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
@@ -228,6 +229,8 @@ template <class Backend>
 struct zero1 : detail::zero_redundancy<Backend, detail::gradient_layout::replicated> {
   using detail::zero_redundancy<Backend, detail::gradient_layout::replicated>::zero_redundancy;
   [[nodiscard]] static std::string name() { return "zero1<" + std::string(Backend::name) + ">"; }
+  /// ZeRO stages 1 and 2 are DeepSpeed's in Accelerate.
+  [[nodiscard]] static constexpr std::string_view distributed_type() noexcept { return "DEEPSPEED"; }
 };
 
 /// ZeRO stage 2: the optimizer state and the gradients sharded across processes.
@@ -235,6 +238,7 @@ template <class Backend>
 struct zero2 : detail::zero_redundancy<Backend, detail::gradient_layout::sharded> {
   using detail::zero_redundancy<Backend, detail::gradient_layout::sharded>::zero_redundancy;
   [[nodiscard]] static std::string name() { return "zero2<" + std::string(Backend::name) + ">"; }
+  [[nodiscard]] static constexpr std::string_view distributed_type() noexcept { return "DEEPSPEED"; }
 };
 
 /// Fully sharded data parallelism (FSDP, ZeRO stage 3): the parameters sharded too, gathered for the whole model
@@ -244,6 +248,7 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
   using base = detail::sharded_optimizer<Backend, detail::gradient_layout::sharded, detail::owned_shards>;
   using base::base;
   [[nodiscard]] static std::string name() { return "fully_sharded<" + std::string(Backend::name) + ">"; }
+  [[nodiscard]] static constexpr std::string_view distributed_type() noexcept { return "FSDP"; }
 
   /// As the other sharded policies, and finds the model's shard units first: their gradient buckets stay within
   /// the unit.

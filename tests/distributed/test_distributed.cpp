@@ -1644,6 +1644,36 @@ TEST_CASE("find_executable_batch_size: an error other than out of memory on one 
   CHECK(torch::equal(acc.reduce(torch::ones({2})), torch::full({2}, P)));
 }
 
+// Issue 40, item 7: the final error names the last out-of-memory error; the process that had it nests it.
+TEST_CASE("find_executable_batch_size: process 1 alone runs out at every size; it nests its error, the others name it",
+          "[memory_logging]") {
+  gloo_accelerator acc;
+  const int r = acc.process_index();
+  std::vector<int> tried;
+  try {
+    accel::find_executable_batch_size(
+        acc,
+        [&](int batch_size) {
+          tried.push_back(batch_size);
+          if (r == 1) allocate_too_much();
+          return batch_size;
+        },
+        8, [](int size) { return size / 2; });
+    FAIL("no error");
+  } catch (const accel::batch_size_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("every batch size tried, from 8 down to 1, ran out of memory"));
+    if (r == 1) {
+      CHECK_THAT(e.what(), Catch::Contains("the last: at batch size 1, ") &&
+                               Catch::Contains("DefaultCPUAllocator: can't allocate memory"));
+      CHECK_THROWS_AS(std::rethrow_if_nested(e), c10::Error);
+    } else {
+      CHECK_THAT(e.what(), Catch::Contains("the last: process 1 at batch size 1 (that process reports it)"));
+      CHECK_NOTHROW(std::rethrow_if_nested(e));
+    }
+  }
+  CHECK(tried == std::vector<int>{8, 4, 2, 1});
+}
+
 TEST_CASE("get_logger: in_order lines come out in process order; main_process_only writes once", "[memory_logging]") {
   gloo_accelerator acc;  // the process group: the barrier in_order waits at
   const int P = acc.num_processes(), r = acc.process_index();

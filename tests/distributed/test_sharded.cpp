@@ -2,6 +2,7 @@
 // against data_parallel, trained side by side in the same job from the same start on the same batches.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -12,11 +13,11 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "counting_allocator.hpp"
 #include "support.hpp"
 
 namespace {
@@ -638,12 +639,30 @@ torch::nn::Sequential deep_narrow_mlp(bool units = false) {
   return net;
 }
 
+/// Bytes of CPU storage allocated now, counted by accel (`accel::count_cpu_memory()`, turned on at the first call),
+/// once the count has stopped changing for `quiet` (waiting 2 s at most): Gloo's worker thread lets go of a finished
+/// collective's tensors just after the wait for it returns, so their storage may count for a moment.
+std::int64_t settled_cpu_bytes(std::chrono::milliseconds quiet = std::chrono::milliseconds(20)) {
+  accel::count_cpu_memory();
+  const auto allocated = [] { return accel::memory_stats(c10::Device(c10::kCPU)).allocated; };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  auto last = allocated();
+  auto since = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() < deadline && std::chrono::steady_clock::now() - since < quiet) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (const auto now = allocated(); now != last) {
+      last = now;
+      since = std::chrono::steady_clock::now();
+    }
+  }
+  return last;
+}
+
 /// The peak bytes of CPU storage allocated during the third AdamW step of `Accelerator`, above what was allocated
 /// before the run began (the first two steps allocate the optimizer state and the buffers kept between steps).
 template <class Accelerator>
 std::int64_t peak_step_bytes(const accel::bucket_options& buckets, bool units = false) {
-  auto& counter = accel_test::counting_allocator::installed();
-  const auto before = counter.settled();  // not counting what an earlier test's collective is just letting go of
+  const auto before = settled_cpu_bytes();  // not counting what an earlier test's collective is just letting go of
   std::int64_t peak = 0;
   {
     Accelerator acc(accel::options{.buckets = buckets});
@@ -653,12 +672,12 @@ std::int64_t peak_step_bytes(const accel::bucket_options& buckets, bool units = 
     torch::manual_seed(7 + acc.process_index());
     const auto x = torch::randn({8, 128});
     for (int step = 0; step < 3; ++step) {
-      if (step == 2) counter.reset_peak();
+      if (step == 2) accel::reset_peak_memory_stats(c10::Device(c10::kCPU));
       acc.backward(model(x).pow(2).mean());
       opt.step();
       opt.zero_grad();
     }
-    peak = counter.peak() - before;
+    peak = accel::memory_stats(c10::Device(c10::kCPU)).peak_allocated - before;
   }
   return peak;
 }
@@ -741,7 +760,6 @@ TEST_CASE("zero2 keeps one shard of the gradients after backward, and saves what
       peak_step_bytes<accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>>(buckets);
   const auto sharded_peak = peak_step_bytes<accel::accelerator<accel::fp32, zero2>>(buckets);
 
-  auto& counter = accel_test::counting_allocator::installed();
   // Bytes of CPU storage that the third backward allocated and left allocated: the gradients kept for the step.
   const auto kept_by_backward = [&]<class Policy>(std::type_identity<Policy>) {
     accel::accelerator<accel::fp32, Policy> acc(accel::options{.buckets = buckets});
@@ -752,9 +770,9 @@ TEST_CASE("zero2 keeps one shard of the gradients after backward, and saves what
     const auto x = torch::randn({8, 128});
     std::int64_t kept = 0;
     for (int step = 0; step < 3; ++step) {
-      const auto before = counter.settled();
+      const auto before = settled_cpu_bytes();
       acc.backward(model(x).pow(2).mean());
-      kept = counter.settled() - before;
+      kept = settled_cpu_bytes() - before;
       opt.step();
       opt.zero_grad();
     }
@@ -853,10 +871,9 @@ TEST_CASE("fully_sharded saves what the memory formula says: bytes between steps
   const auto replicated_peak =
       peak_step_bytes<accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>>(buckets);
   const auto sharded_peak = peak_step_bytes<accel::accelerator<accel::fp32, zero3>>(buckets);
-  auto& counter = accel_test::counting_allocator::installed();
   // Bytes of CPU storage held after the third step, the model included.
   const auto held_between_steps = [&]<class Policy>(std::type_identity<Policy>) {
-    const auto before = counter.settled();
+    const auto before = settled_cpu_bytes();
     accel::accelerator<accel::fp32, Policy> acc(accel::options{.buckets = buckets});
     auto net = deep_narrow_mlp();
     torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
@@ -868,7 +885,7 @@ TEST_CASE("fully_sharded saves what the memory formula says: bytes between steps
       opt.step();
       opt.zero_grad();
     }
-    return counter.settled() - before;
+    return settled_cpu_bytes() - before;
   };
   const auto zero2_held = held_between_steps(std::type_identity<zero2>{});
   const auto zero3_held = held_between_steps(std::type_identity<zero3>{});

@@ -217,6 +217,88 @@ TEST_CASE("accumulate_dynamic reads N from the options or the environment", "[ac
   }
 }
 
+// Issue 40, item 2: Accelerate's `accelerator.gradient_accumulation_steps = N` (automatic_gradient_accumulation.py
+// sets it after each out-of-memory retry); accumulate_dynamic read N once, at construction.
+TEST_CASE("set_gradient_accumulation_steps: a new N between windows, refused in the middle of one", "[accumulation]") {
+  using dynamic = accel::accelerator<accel::fp32, accel::single_process, accel::accumulate_dynamic>;
+  dynamic acc{{.cpu = true, .gradient_accumulation_steps = 2}};
+  auto net = torch::nn::Linear(1, 1);
+  const auto micro_steps = [&](int count) {
+    std::vector<bool> syncs;
+    std::vector<int> steps;
+    for (int k = 0; k < count; ++k) {
+      auto scope = acc.accumulate(net);
+      syncs.push_back(acc.sync_gradients());
+      steps.push_back(acc.step());
+    }
+    return std::pair{syncs, steps};
+  };
+  CHECK(micro_steps(2).first == std::vector<bool>{false, true});
+  acc.set_gradient_accumulation_steps(3);  // at a window's end
+  CHECK(acc.gradient_accumulation_steps() == 3);
+  const auto [syncs, steps] = micro_steps(4);
+  CHECK(syncs == std::vector<bool>{false, false, true, false});  // a window of 3: the count started again
+  CHECK(steps == std::vector<int>{1, 2, 3, 4});
+  CHECK_THROWS_AS(acc.set_gradient_accumulation_steps(4), std::logic_error);
+  CHECK_THROWS_WITH(acc.set_gradient_accumulation_steps(4),
+                    Catch::Contains("in the middle of an accumulation window (micro-step 4, N = 3)") &&
+                        Catch::Contains("after acc.free_memory()"));
+  CHECK(acc.gradient_accumulation_steps() == 3);  // unchanged
+  acc.free_memory();                              // forgets the open window
+  acc.set_gradient_accumulation_steps(4);
+  auto w = torch::ones({1}, torch::requires_grad());
+  acc.backward(w * 8);  // the loss divided by the new N
+  CHECK(w.grad().item<float>() == 2.0f);
+  CHECK_THROWS_WITH(acc.set_gradient_accumulation_steps(0), Catch::Contains("must be at least 1"));
+  dynamic fresh{{.cpu = true}};  // before any micro-step: between windows
+  CHECK_NOTHROW(fresh.set_gradient_accumulation_steps(5));
+}
+
+// automatic_gradient_accumulation.py's loop: the batch size found by find_executable_batch_size, N = the batch size
+// asked for / the one that fits, set on the same accelerator after free_memory(). The first attempts run out of
+// memory in the middle of a window; the one that fits trains as an accelerator built with that N from the start.
+TEST_CASE("after an out-of-memory retry, free_memory and a new N train as a fresh accelerator with that N",
+          "[accumulation][memory]") {
+  using dynamic = accel::accelerator<accel::fp32, accel::single_process, accel::accumulate_dynamic>;
+  constexpr int wanted = 32;
+  const auto samples = regression_batches(1, 64, 3, 2, 5).front();
+  const auto train = [&](dynamic& acc, mlp net, int batch_size) {
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05));
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+    for (int start = 0; start + batch_size <= 64; start += batch_size)
+      batches.emplace_back(samples.first.narrow(0, start, batch_size), samples.second.narrow(0, start, batch_size));
+    auto [model, opt, prepared] = acc.prepare(net, sgd, batches);
+    for (auto&& [x, y] : prepared) {
+      auto scope = acc.accumulate(model);
+      acc.backward(torch::mse_loss(model(x), y));
+      if (batch_size > 8) throw std::bad_alloc();  // "out of memory", in the middle of a window when N > 1
+      opt.step();
+      opt.zero_grad();
+    }
+  };
+  const auto fresh_net = [] {
+    torch::manual_seed(11);
+    return mlp(3, 8, 2);
+  };
+  dynamic acc{{.cpu = true, .gradient_accumulation_steps = 1}};
+  auto net = fresh_net();
+  const int found = accel::find_executable_batch_size(
+      [&](int batch_size) {
+        acc.free_memory();
+        acc.set_gradient_accumulation_steps(wanted / batch_size);
+        net = fresh_net();
+        train(acc, net, batch_size);
+        return batch_size;
+      },
+      wanted);
+  CHECK(found == 8);  // 32, 28, 25, 22, 19, 17 (N = 1), 15, 13, 11 (N = 2), 9 (N = 3) ran out of memory
+  CHECK(acc.gradient_accumulation_steps() == 4);
+  dynamic direct{{.cpu = true, .gradient_accumulation_steps = 4}};
+  auto expected = fresh_net();
+  train(direct, expected, 8);
+  CHECK(bitwise_equal(*net, *expected));
+}
+
 TEST_CASE("H1 the scheduler steps with the optimizer, num_processes times", "[accumulation][scheduler]") {
   auto net = torch::nn::Linear(1, 1);
   torch::optim::SGD optimizer(net->parameters(), 1.0);

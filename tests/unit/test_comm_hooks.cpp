@@ -164,6 +164,31 @@ TEST_CASE("bad PowerSGD settings are refused at construction, with the fix, and 
   else
     CHECK_THROWS_WITH(accelerator(bf16_wrapper),
                       Contains("bfloat16 all-reduces, which this LibTorch's Gloo cannot sum") && Contains("fp16"));
+  // Issue 40, item 5: PowerSGD in the fp16 wrapper multiplies float16 matrices on the CPU, which LibTorch 1.13 cannot
+  // (it failed after start_power_sgd_iter steps, on every process): refused at construction there, as bf16 is.
+  const accel::options fp16_wrapper{.comm_hook = {.hook = accel::comm_hook::power_sgd,
+                                                  .wrapper = accel::comm_wrapper::fp16,
+                                                  .power_sgd = {.start_power_sgd_iter = 2}}};
+  auto batched_fp16_wrapper = fp16_wrapper;
+  batched_fp16_wrapper.comm_hook.hook = accel::comm_hook::batched_power_sgd;
+  if (accel::detail::compat::cpu_multiplies_float16) {
+    CHECK_NOTHROW(accelerator(fp16_wrapper));
+    CHECK_NOTHROW(accelerator(batched_fp16_wrapper));
+  } else {
+    CHECK_THROWS_WITH(accelerator(fp16_wrapper), Contains("comm_wrapper::fp16") &&
+                                                     Contains("\"addmm_impl_cpu_\" not implemented for 'Half'") &&
+                                                     Contains("use PowerSGD without the wrapper"));
+    CHECK_THROWS_WITH(accelerator(batched_fp16_wrapper), Contains("comm_wrapper::fp16"));
+  }
+  CHECK_NOTHROW(accelerator(accel::options{.comm_hook = {.hook = accel::comm_hook::fp16}}));
+}
+
+TEST_CASE("compat::cpu_multiplies_float16 is this LibTorch's: a float16 matrix product on the CPU works exactly then") {
+  const auto a = torch::ones({2, 3}, torch::kHalf), b = torch::ones({3, 2}, torch::kHalf);
+  if (accel::detail::compat::cpu_multiplies_float16)
+    CHECK(torch::equal(torch::mm(a, b), torch::full({2, 2}, 3, torch::kHalf)));
+  else
+    CHECK_THROWS_WITH(torch::mm(a, b), Catch::Contains("not implemented for 'Half'"));
 }
 
 TEST_CASE("the fp16 and bf16 hooks send the bucket cast, half the bytes, flags exact, and so does a wrapper alone") {

@@ -388,6 +388,90 @@ TEST_CASE("redteam 11: a config file that starts with a UTF-8 byte-order mark re
   std::filesystem::remove_all(directory);
 }
 
+namespace {
+using by_distributed_type =
+    accel::configs<accel::accelerator<>, accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>,
+                   accel::accelerator<accel::fp32, accel::fully_sharded<accel::gloo>>,
+                   accel::accelerator<accel::fp32, accel::zero2<accel::gloo>>>;
+
+/// The parallel policy dispatch built for the run configuration read now.
+std::string parallel_picked() {
+  return accel::dispatch<by_distributed_type>(accel::read_run_config(), [](auto& acc) {
+    return std::string(std::remove_cvref_t<decltype(acc)>::parallel_type::name());
+  });
+}
+}  // namespace
+
+// Issue 40, item 4: Accelerate takes DDP or FSDP from the config file (accelerate launch turns its distributed_type
+// into ACCELERATE_USE_FSDP / ACCELERATE_USE_DEEPSPEED); dispatch always built the first parallel policy listed.
+TEST_CASE("dispatch chooses the parallel policy by distributed type: ACCELERATE_USE_FSDP, the config file, or none",
+          "[dispatch]") {
+  using Catch::Contains;
+  scoped_environment no_launcher({});
+  scoped_variable no_precision("ACCELERATE_MIXED_PRECISION", nullptr);
+  scoped_variable no_steps("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", nullptr);
+  scoped_variable no_fsdp("ACCELERATE_USE_FSDP", nullptr);
+  scoped_variable no_deepspeed("ACCELERATE_USE_DEEPSPEED", nullptr);
+  {
+    scoped_variable no_file("ACCEL_CONFIG_FILE", "");
+    CHECK(accel::read_run_config().distributed_type.empty());
+    CHECK(parallel_picked() == "single_process");  // none named: the first that fits one process
+    {
+      scoped_variable fsdp("ACCELERATE_USE_FSDP", "true");
+      CHECK(accel::read_run_config().distributed_type == "FSDP");
+      CHECK(parallel_picked() == "fully_sharded<gloo>");
+    }
+    {
+      scoped_variable fsdp("ACCELERATE_USE_FSDP", "False");
+      CHECK(parallel_picked() == "single_process");
+    }
+    {
+      scoped_variable deepspeed("ACCELERATE_USE_DEEPSPEED", "1");
+      scoped_variable fsdp("ACCELERATE_USE_FSDP", "true");  // Accelerate reads DeepSpeed's first
+      CHECK(parallel_picked() == "zero2<gloo>");
+    }
+    scoped_variable bad("ACCELERATE_USE_FSDP", "maybe");
+    CHECK_THROWS_WITH(accel::read_run_config(),
+                      Contains("ACCELERATE_USE_FSDP must be true or false") && Contains("not 'maybe'"));
+  }
+  {
+    scoped_config_file file("distributed_type: MULTI_CPU\n");
+    CHECK(parallel_picked() == "data_parallel<gloo>");
+    scoped_variable fsdp("ACCELERATE_USE_FSDP", "yes");  // the variable wins over the file
+    CHECK(parallel_picked() == "fully_sharded<gloo>");
+  }
+  {
+    scoped_config_file file("distributed_type: NO\n");
+    CHECK(parallel_picked() == "single_process");
+  }
+  {
+    scoped_config_file file("distributed_type: MULTI_GPU\n");
+    CHECK_THROWS_WITH(parallel_picked(),
+                      Contains("no compiled configuration fits mixed_precision=no") &&
+                          Contains("distributed_type=MULTI_GPU") &&
+                          Contains("accelerator<fp32, data_parallel<gloo>, accumulate<1>> (MULTI_CPU)"));
+  }
+  CHECK_THROWS_WITH(accel::parse_config("distributed_type: MULTI_XPU\n", "c.yaml"),
+                    Contains("c.yaml:1: distributed_type must be NO, MULTI_CPU, MULTI_GPU, FSDP or DEEPSPEED"));
+  // A run of 2 processes that names no type: the first policy that fits 2 processes, as before.
+  using traits = accel::detail::config_traits<accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>>;
+  using single = accel::detail::config_traits<accel::accelerator<>>;
+  CHECK(traits::fits({.num_processes = 2}));
+  CHECK_FALSE(single::fits({.num_processes = 2}));
+  CHECK_FALSE(traits::fits({.num_processes = 2, .distributed_type = "FSDP"}));
+  // What makes an entry unreachable (a compile error in dispatch): an earlier one that fits all it fits.
+  using accel::detail::shadows;
+  using ddp = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  using fsdp = accel::accelerator<accel::fp32, accel::fully_sharded<accel::gloo>>;
+  using ddp_dynamic = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>, accel::accumulate_dynamic>;
+  using ddp_4 = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>, accel::accumulate<4>>;
+  STATIC_REQUIRE_FALSE(shadows<ddp, fsdp>());  // the issue's pair: FSDP selects the second
+  STATIC_REQUIRE(shadows<ddp_dynamic, ddp_4>());
+  STATIC_REQUIRE_FALSE(shadows<ddp_4, ddp_dynamic>());
+  STATIC_REQUIRE_FALSE(shadows<accel::accelerator<>, ddp>());  // one process only, "NO"
+  STATIC_REQUIRE_FALSE(shadows<ddp, accel::accelerator<accel::bf16, accel::data_parallel<accel::gloo>>>());
+}
+
 TEST_CASE("the config file: parsed, written, checked", "[config]") {
   const auto values = accel::parse_config(
       "# comment\n---\nmixed_precision: \"bf16\"  # trailing\n\n"

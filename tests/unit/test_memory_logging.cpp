@@ -167,6 +167,145 @@ TEST_CASE("find_executable_batch_size: every size out of memory ends at zero wit
   CHECK_THROWS_WITH(accel::find_executable_batch_size([](int) {}, 0), Catch::Contains("must be at least 1"));
 }
 
+// Issue 40, item 7: the final error said every size ran out of memory when the evaluation's fixed batch did; it
+// names the last out-of-memory error, and nests it.
+TEST_CASE("find_executable_batch_size: the final error names the last out-of-memory error and nests it") {
+  int trained = 0;
+  try {
+    accel::find_executable_batch_size(
+        [&](int batch_size) {
+          trained = batch_size;             // training at this size fits...
+          accel_test::allocate_too_much();  // ...an evaluation batch of a fixed size does not
+        },
+        64);
+    FAIL("no error");
+  } catch (const accel::batch_size_error& e) {
+    CHECK(trained == 1);
+    CHECK_THAT(e.what(), Catch::Contains("from 64 down to 1, ran out of memory; the last: at batch size 1, ") &&
+                             Catch::Contains("DefaultCPUAllocator: can't allocate memory") &&
+                             Catch::Contains("(nested in this error)") && Catch::Contains("an evaluation batch"));
+    try {
+      std::rethrow_if_nested(e);
+      FAIL("nothing nested");
+    } catch (const c10::Error& nested) {
+      CHECK_THAT(nested.what_without_backtrace(), Catch::Contains("DefaultCPUAllocator: can't allocate memory"));
+    }
+  }
+}
+
+// Issue 40, item 7: Accelerate's reduce_batch_size_fn (given the size that ran out here).
+TEST_CASE("find_executable_batch_size with reduce_batch_size: its sizes, a size that does not shrink refused") {
+  std::vector<int> tried;
+  const auto halve = [](int batch_size) { return batch_size / 2; };
+  const int fitted = accel::find_executable_batch_size(
+      [&](int batch_size) {
+        tried.push_back(batch_size);
+        if (batch_size > 20) throw std::bad_alloc();
+        return batch_size;
+      },
+      128, halve);
+  CHECK(fitted == 16);
+  CHECK(tried == std::vector<int>{128, 64, 32, 16});
+  tried.clear();
+  CHECK_THROWS_WITH(accel::find_executable_batch_size(
+                        [&](int batch_size) {
+                          tried.push_back(batch_size);
+                          throw std::bad_alloc();
+                        },
+                        8, halve),
+                    Catch::Contains("from 8 down to 1, ran out of memory") && Catch::Contains("std::bad_alloc"));
+  CHECK(tried == std::vector<int>{8, 4, 2, 1});
+  CHECK_THROWS_WITH(
+      accel::find_executable_batch_size([](int) { throw std::bad_alloc(); }, 8, [](int size) { return size; }),
+      Catch::Contains("reduce_batch_size returned 8 after batch size 8") &&
+          Catch::Contains("must return a smaller batch size"));
+  accel::accelerator<accel::fp32, accel::single_process> acc{{.cpu = true}};
+  tried.clear();
+  CHECK(accel::find_executable_batch_size(
+            acc,
+            [&](int batch_size) {
+              tried.push_back(batch_size);
+              if (batch_size > 50) throw std::bad_alloc();
+              return batch_size;
+            },
+            100, [](int size) { return size - 30; }) == 40);
+  CHECK(tried == std::vector<int>{100, 70, 40});
+}
+
+// Issue 40, item 3: PyTorch's memory_allocated / max_memory_allocated / reset_peak_memory_stats, on the CPU through
+// accel's counting allocator. CTest runs each case in a process of its own, so counting is off when this one starts.
+TEST_CASE(
+    "memory_stats(cpu): storage counted from count_cpu_memory() on, its peak and reset, a block made before freed",
+    "[memory_stats]") {
+  const c10::Device cpu(c10::kCPU);
+  at::Tensor made_before;
+  void* raw_before = nullptr;
+  if (!accel::counting_cpu_memory()) {  // always so under CTest; run with other cases, this part is skipped
+    made_before = torch::ones({1000});
+    raw_before = c10::GetCPUAllocator()->raw_allocate(64);
+    CHECK_THROWS_WITH(accel::memory_stats(cpu), Catch::Contains("call it at the start of the program"));
+  }
+  accel::count_cpu_memory();
+  accel::count_cpu_memory();  // once is enough; again changes nothing
+  REQUIRE(accel::counting_cpu_memory());
+  const auto start = accel::memory_stats(cpu);
+  if (raw_before != nullptr) {
+    // Blocks allocated before counting was on are freed as before, uncounted: the tensor's by its own deleter, the
+    // raw block through the counting allocator now installed (LibTorch's raw_deallocate), which hands it on.
+    made_before = at::Tensor();
+    c10::GetCPUAllocator()->raw_deallocate(raw_before);
+    CHECK(accel::memory_stats(cpu).allocated == start.allocated);
+  }
+  accel::reset_peak_memory_stats(cpu);
+  CHECK(accel::memory_stats(cpu).peak_allocated == start.allocated);
+  {
+    const auto floats = torch::empty({1000});                  // 4000 bytes
+    const auto doubles = torch::empty({250}, torch::kDouble);  // 2000
+    const auto now = accel::memory_stats(cpu);
+    CHECK(now.allocated == start.allocated + 6000);
+    CHECK(now.reserved == now.allocated);  // the CPU caches nothing
+  }
+  const auto after = accel::memory_stats(cpu);
+  CHECK(after.allocated == start.allocated);
+  CHECK(after.peak_allocated == start.allocated + 6000);
+  CHECK(after.peak_reserved == after.peak_allocated);
+  accel::reset_peak_memory_stats(cpu);
+  CHECK(accel::memory_stats(cpu).peak_allocated == start.allocated);
+  if (!torch::cuda::is_available())  // no GPU here: said so, naming the device
+    CHECK_THROWS_WITH(accel::memory_stats(c10::Device(c10::kCUDA, 0)),
+                      Catch::Contains("no memory statistics for cuda:0"));
+}
+
+TEST_CASE("the counting allocator frees blocks it did not make through the allocator that made them, uncounted",
+          "[memory_stats]") {
+  using accel::detail::counting_cpu_allocator;
+  c10::Allocator* libtorch = c10::GetDefaultCPUAllocator();
+  // Never destroyed, as the installed one: the blocks they made may outlive them.
+  auto& counter = *new counting_cpu_allocator(libtorch);
+  auto& later = *new counting_cpu_allocator(&counter);  // one installed in front of it later
+  void* foreign = libtorch->raw_allocate(64);
+  counter.raw_deallocate(foreign);  // LibTorch's block: handed to LibTorch's deleter
+  CHECK(counter.current() == 0);
+  void* own = counter.raw_allocate(128);
+  CHECK(counter.current() == 128);
+  later.raw_deallocate(own);  // freed through the allocator installed later: still counted back to its maker
+  CHECK(counter.current() == 0);
+  CHECK(later.current() == 0);
+  {
+    const auto block = later.allocate(256);  // through both: each counts it
+    CHECK(later.current() == 256);
+    CHECK(counter.current() == 256);
+    CHECK(block.get() == block.get_context());  // what raw_allocate requires of an allocator
+  }
+  CHECK(later.current() == 0);
+  CHECK(counter.current() == 0);
+  CHECK(counter.peak() == 256);
+  counter.reset_peak();
+  CHECK(counter.peak() == 0);
+  CHECK(later.allocate(0).get() == nullptr);  // nothing to count
+  CHECK(later.current() == 0);
+}
+
 TEST_CASE("find_executable_batch_size returns f's result by value (move-only too), or nothing for void") {
   auto owned = accel::find_executable_batch_size(
       [](int batch_size) {

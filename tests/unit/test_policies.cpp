@@ -424,3 +424,56 @@ TEST_CASE(
   REQUIRE(sharded.size() == replicated.size());
   for (std::size_t i = 0; i < sharded.size(); ++i) CHECK(torch::equal(sharded[i], replicated[i]));
 }
+
+namespace {
+/// A block whose forward is overloaded: no single signature, as for a template forward.
+struct two_forwards_impl : torch::nn::Module {
+  two_forwards_impl() : linear(register_module("linear", torch::nn::Linear(3, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return linear(x); }
+  torch::Tensor forward(const torch::Tensor& x, double scale) { return linear(x) * scale; }
+  torch::nn::Linear linear;
+};
+TORCH_MODULE_IMPL(two_forwards, two_forwards_impl);
+
+/// `block`'s parameters after 4 Adam steps on `loss(model(x))` under `Policy`, with `block(x)` as the model's call.
+template <class Policy, class Block>
+std::vector<torch::Tensor> trained_block(Block block) {
+  accel::accelerator<accel::fp32, Policy> acc;
+  torch::optim::Adam adam(block->parameters(), torch::optim::AdamOptions(0.1));
+  auto [model, opt] = acc.prepare(block, adam);
+  for (int step = 0; step < 4; ++step) {
+    acc.backward(model(torch::ones({4, 3}) * step).pow(2).sum());
+    opt.step();
+    opt.zero_grad();
+  }
+  std::vector<torch::Tensor> weights;
+  for (auto& [name, tensor] : acc.get_state_dict(model)) weights.push_back(tensor);
+  return weights;
+}
+}  // namespace
+
+// Issue 40, item 1: a unit around a module whose forward is a template (Sequential) or overloaded was not callable:
+// its forward fell back to one taking nothing. It takes what the wrapped module's forward takes.
+TEST_CASE("shard_unit around a Sequential or an overloaded forward is called as block(x), and trains as the module",
+          "[policies]") {
+  torch::manual_seed(5);
+  torch::nn::Sequential sequential(torch::nn::Linear(3, 4), torch::nn::Tanh(), torch::nn::Linear(4, 2));
+  accel::shard_unit block(sequential);
+  const auto x = torch::randn({5, 3});
+  CHECK(torch::equal(block(x), sequential->forward(x)));
+  CHECK(torch::equal(block->forward(x), sequential->forward(x)));
+  two_forwards overloaded;
+  accel::shard_unit unit(overloaded);
+  CHECK(torch::equal(unit(x), overloaded->forward(x)));
+  CHECK(torch::equal(unit(x, 2.0), overloaded->forward(x, 2.0)));
+
+  // fully_sharded on one process trains a Sequential unit as data_parallel trains the Sequential.
+  const auto fresh = [] {
+    torch::manual_seed(6);
+    return torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::Tanh(), torch::nn::Linear(4, 2));
+  };
+  const auto sharded = trained_block<accel::fully_sharded<accel::gloo>>(accel::shard_unit(fresh()));
+  const auto replicated = trained_block<accel::data_parallel<accel::gloo>>(fresh());
+  REQUIRE(sharded.size() == replicated.size());
+  for (std::size_t i = 0; i < sharded.size(); ++i) CHECK(torch::equal(sharded[i], replicated[i]));
+}

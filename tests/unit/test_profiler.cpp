@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -280,6 +281,96 @@ TEST_CASE("with_flops counts the matrix multiplications' FLOPs, profile_memory r
   for (const auto& event : trace_events(json::parse(prof.chrome_trace())))
     memory_in_trace = memory_in_trace || (event.at("name").text == "[memory]" && event.at("ph").text == "i");
   CHECK(memory_in_trace);
+}
+
+// Issue 40, item 6: torch.profiler's prof.key_averages().table(sort_by=..., row_limit=...), which Accelerate's
+// examples print.
+TEST_CASE("key_averages: self and total time, calls, memory and FLOPs per name, and their table, exactly") {
+  // Thread 1: a step mark around two linears, each around an addmm (one allocation in the first, a free in the
+  // second); thread 2: an addmm of its own.
+  const auto op = [](std::string name, std::int64_t start, std::int64_t duration, std::uint64_t thread = 1,
+                     std::uint64_t flops = 0) {
+    return accel::profile_event{.name = std::move(name),
+                                .category = "cpu_op",
+                                .start_ns = start,
+                                .duration_ns = duration,
+                                .thread = thread,
+                                .flops = flops};
+  };
+  const auto memory = [](std::int64_t at, std::int64_t bytes) {
+    return accel::profile_event{
+        .name = "[memory]", .category = "cpu_instant_event", .start_ns = at, .thread = 1, .bytes = bytes};
+  };
+  const std::vector<accel::profile_event> events{
+      op("step", 0, 10'000), op("aten::linear", 1'000, 4'000), op("aten::addmm", 1'500, 3'000, 1, 2'000'000),
+      memory(2'000, 4096),   op("aten::linear", 6'000, 3'000), op("aten::addmm", 6'500, 2'000, 1, 1'000'000),
+      memory(7'000, -1024),  op("aten::addmm", 500, 1'000, 2)};
+  const auto averages = accel::key_averages(events);
+  REQUIRE(averages.size() == 3);  // [memory] is no row
+  CHECK(averages[0].key == "step");
+  CHECK(averages[1].key == "aten::linear");
+  const auto& step = averages.at("step");
+  CHECK((step.count == 1 && step.cpu_time_total_ns == 10'000 && step.self_cpu_time_total_ns == 3'000));
+  CHECK((step.cpu_memory_usage == 3072 && step.self_cpu_memory_usage == 0));
+  const auto& linear = averages.at("aten::linear");
+  CHECK((linear.count == 2 && linear.cpu_time_total_ns == 7'000 && linear.self_cpu_time_total_ns == 2'000));
+  CHECK((linear.cpu_time_ns() == 3'500 && linear.cpu_memory_usage == 3072 && linear.self_cpu_memory_usage == 0));
+  const auto& addmm = averages.at("aten::addmm");
+  CHECK((addmm.count == 3 && addmm.cpu_time_total_ns == 6'000 && addmm.self_cpu_time_total_ns == 6'000));
+  CHECK((addmm.cpu_memory_usage == 3072 && addmm.self_cpu_memory_usage == 3072 && addmm.flops == 3'000'000));
+  CHECK_THROWS_WITH(averages.at("aten::mm"), Contains("no event named \"aten::mm\""));
+
+  const auto right = [](const std::string& text, std::size_t width) {
+    return std::string(width - text.size(), ' ') + text;
+  };
+  const std::vector<std::size_t> widths{11, 10, 8, 11, 9, 12, 7, 12, 10, 12};  // the rows shown decide
+  const auto line = [&](const std::vector<std::string>& cells) {
+    std::string text;
+    for (std::size_t c = 0; c < cells.size(); ++c) text += (c == 0 ? "" : "  ") + right(cells[c], widths[c]);
+    return text + "\n";
+  };
+  std::string rule;
+  for (std::size_t c = 0; c < widths.size(); ++c) rule += (c == 0 ? "" : "  ") + std::string(widths[c], '-');
+  rule += "\n";
+  const std::string expected =
+      rule +
+      line({"Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg", "CPU Mem", "Self CPU Mem",
+            "# of Calls", "Total MFLOPs"}) +
+      rule +
+      line({"aten::addmm", "54.55%", "6.000us", "54.55%", "6.000us", "2.000us", "3.00 Kb", "3.00 Kb", "3", "3.000"}) +
+      line({"step", "27.27%", "3.000us", "90.91%", "10.000us", "10.000us", "3.00 Kb", "0 b", "1", "0.000"}) + rule +
+      "Self CPU time total: 11.000us\n";
+  CHECK(averages.table("self_cpu_time_total", 2) == expected);
+  CHECK_THAT(averages.table(), Contains("aten::linear") && Contains("18.18%") && Contains("3.500us"));
+  CHECK_THROWS_WITH(averages.table("cuda_time_total"), Contains("sort_by \"cuda_time_total\" is not one of"));
+  CHECK(accel::detail::profile_time(1'234'567) == "1.235ms");
+  CHECK(accel::detail::profile_time(2'000'000'000) == "2.000s");
+  CHECK(accel::detail::profile_memory(3 * 1024 * 1024 / 2) == "1.50 Mb");
+  CHECK(accel::detail::profile_memory(-8) == "-8 b");
+}
+
+TEST_CASE("key_averages over a real profile: calls per operator, self within total, grouped by input shapes") {
+  accel::accelerator<> acc;
+  training run(acc);
+  auto prof = acc.profile({.record_shapes = true});
+  for (int i = 0; i < 3; ++i) run.step(5);
+  prof.finish();
+  const auto averages = prof.key_averages();
+  CHECK(averages.at("aten::addmm").count == 6);  // 2 per step
+  for (const auto& row : averages) {
+    CHECK(row.self_cpu_time_total_ns >= 0);
+    CHECK(row.self_cpu_time_total_ns <= row.cpu_time_total_ns);
+  }
+  const auto by_shape = prof.key_averages(/*group_by_input_shape=*/true);
+  std::map<std::string, std::int64_t> addmm_calls;  // by input shapes
+  for (const auto& row : by_shape)
+    if (row.key == "aten::addmm") addmm_calls[accel::detail::profile_shapes(row.input_shapes)] = row.count;
+  CHECK(addmm_calls == std::map<std::string, std::int64_t>{{"[[2], [5, 8], [8, 2], [], []]", 3},
+                                                           {"[[8], [5, 4], [4, 8], [], []]", 3}});
+  CHECK_THAT(by_shape.table("count"), Contains("Input Shapes") && Contains("[[8], [5, 4], [4, 8], [], []]"));
+  const auto table = averages.table("cpu_time_total", 5);
+  CHECK(std::count(table.begin(), table.end(), '\n') == 10);  // 3 rules, the header, 5 rows, the total
+  CHECK_THAT(table, Contains("Self CPU time total: "));
 }
 
 TEST_CASE("an output_trace_dir that cannot be written: finish() throws naming it, the destructor prints it") {

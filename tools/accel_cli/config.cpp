@@ -28,6 +28,8 @@ const char* config_usage() {
          "                                   ~/.config/accel/default_config.yaml)\n"
          "  --mixed_precision M              no, bf16 or fp16\n"
          "  --gradient_accumulation_steps N  micro-batches per optimizer step\n"
+         "  --distributed_type T             NO, MULTI_CPU, MULTI_GPU, FSDP or DEEPSPEED: the parallel policy\n"
+         "                                   accel::dispatch builds, among those the program compiled\n"
          "  --num_processes N                processes in the whole job (over every machine)\n"
          "  --num_machines K                 machines (nodes)\n"
          "  --machine_rank I                 this machine's index, 0 on the main one\n"

@@ -2,13 +2,16 @@
 /// Every difference between the LibTorch versions accel supports (Debian's 1.13 and PyTorch 2.x) lives here:
 /// the autograd node handle, `zero_grad(set_to_none)`, the autocast state functions and what autocast supports,
 /// the fused unscale kernel, Gloo's flat all-gather, LibTorch's current CUDA stream for NCCL, emptying the device
-/// cache, the profiler's event times and Chrome traces, whether Gloo sums bfloat16, and how a generator state is
+/// cache and reading its memory counters, the CPU allocator's interface, the profiler's event times and Chrome
+/// traces, whether Gloo sums bfloat16, whether the CPU multiplies float16 matrices, and how a generator state is
 /// checked.
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <torch/csrc/autograd/variable.h>
@@ -18,7 +21,10 @@
 #include <c10/util/string_utils.h>  // c10::guts::to_string, 1.13's optimizer state keys
 #endif
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -155,6 +161,77 @@ inline void empty_device_cache() {
 #endif
 }
 
+/// The device caching allocator's byte counters (all pools together): what `torch.cuda.memory_allocated()`,
+/// `max_memory_allocated()`, `memory_reserved()` and `max_memory_reserved()` read (`accel::memory_stats`).
+struct device_memory_counters {
+  std::int64_t allocated = 0;
+  std::int64_t peak_allocated = 0;
+  std::int64_t reserved = 0;
+  std::int64_t peak_reserved = 0;
+};
+
+/// The counters of `device`'s caching allocator, or nothing where this LibTorch cannot reach one: from 2.9 through
+/// `at::accelerator` (checked on 2.13: compiled, not run, as this machine has no GPU), where `device` is of the
+/// accelerator's type; before, CUDA's allocator where the CUDA headers are (the `accel::nccl` target with a CUDA
+/// LibTorch). A CPU LibTorch (Debian's 1.13) has no device allocator.
+inline std::optional<device_memory_counters> device_memory(const c10::Device& device) {
+#if ACCEL_TORCH_VERSION >= 209
+  const auto accelerator = at::accelerator::getAccelerator(false);
+  if (!accelerator || *accelerator != device.type() || at::accelerator::deviceCount() == 0) return std::nullopt;
+  // As torch.accelerator.memory_stats: an allocator that has allocated nothing yet has nothing to report (and its
+  // statistics cannot be read).
+  if (!c10::getDeviceAllocator(device.type())->initialized()) return device_memory_counters{};
+  const auto index = device.has_index() ? device.index() : at::accelerator::getDeviceIndex();
+  const auto stats = at::accelerator::getDeviceStats(index);
+#elif defined(ACCEL_WITH_NCCL) && ACCEL_TORCH_CUDA
+  if (device.type() != c10::DeviceType::CUDA || !torch::cuda::is_available()) return std::nullopt;
+  const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+#else
+  (void)device;
+  return std::nullopt;
+#endif
+#if ACCEL_TORCH_VERSION >= 209 || (defined(ACCEL_WITH_NCCL) && ACCEL_TORCH_CUDA)
+  constexpr std::size_t all_pools = 0;  // StatType::AGGREGATE
+  return device_memory_counters{.allocated = stats.allocated_bytes[all_pools].current,
+                                .peak_allocated = stats.allocated_bytes[all_pools].peak,
+                                .reserved = stats.reserved_bytes[all_pools].current,
+                                .peak_reserved = stats.reserved_bytes[all_pools].peak};
+#endif
+}
+
+/// Resets the peaks of `device`'s caching allocator to its current values; false where `device_memory` has none.
+inline bool reset_device_memory_peaks(const c10::Device& device) {
+  if (!device_memory(device)) return false;
+#if ACCEL_TORCH_VERSION >= 209
+  if (c10::getDeviceAllocator(device.type())->initialized())
+    at::accelerator::resetPeakStats(device.has_index() ? device.index() : at::accelerator::getDeviceIndex());
+#elif defined(ACCEL_WITH_NCCL) && ACCEL_TORCH_CUDA
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : c10::cuda::current_device());
+#endif
+  return true;
+}
+
+/// `c10::Allocator` as this LibTorch declares it, for an allocator `Derived` whose `allocate_bytes(n) const` does the
+/// work: `allocate` is const in 1.13 and not in 2.x, which adds the pure `copy_data` (told apart by `allocate`'s own
+/// type, so no version test is needed).
+template <class Derived, class Allocate = decltype(&c10::Allocator::allocate)>
+struct allocator_interface;
+template <class Derived>
+struct allocator_interface<Derived, c10::DataPtr (c10::Allocator::*)(std::size_t) const> : c10::Allocator {
+  c10::DataPtr allocate(std::size_t bytes) const override {
+    return static_cast<const Derived&>(*this).allocate_bytes(bytes);
+  }
+};
+template <class Derived>
+struct allocator_interface<Derived, c10::DataPtr (c10::Allocator::*)(std::size_t)> : c10::Allocator {
+  c10::DataPtr allocate(std::size_t bytes) override { return static_cast<const Derived&>(*this).allocate_bytes(bytes); }
+  // Not marked override: the LibTorch versions whose allocate is not const declare it, which is all this needs.
+  void copy_data(void* destination, const void* source, std::size_t count) const {
+    std::memcpy(destination, source, count);
+  }
+};
+
 // The profiler (accel/profiler.hpp). The functions take the event type as a template parameter, so that this header
 // does not include the profiler's.
 
@@ -198,6 +275,10 @@ inline void check_generator_state(const at::Generator& generator, const at::Tens
               own.scalar_type());
 #endif
 }
+/// Whether LibTorch multiplies float16 matrices on the CPU (PowerSGD under `comm_wrapper::fp16` on Gloo): 2.13 does;
+/// 1.13 fails with `"addmm_impl_cpu_" not implemented for 'Half'` (both measured). Reports show 2.1 failing too; the
+/// kernels arrived with 2.2's float16 CPU support, so 2.2 is where this takes them to start.
+inline constexpr bool cpu_multiplies_float16 = ACCEL_TORCH_VERSION >= 202;
 
 #ifdef ACCEL_WITH_NCCL
 /// LibTorch's current CUDA stream on `device`, which NCCL work must be ordered with. A LibTorch without CUDA

@@ -213,6 +213,13 @@ inline void check_comm_hook_options(const comm_hook_options& options, bool sums_
         std::to_string(ACCEL_TORCH_VERSION / 100) + "." + std::to_string(ACCEL_TORCH_VERSION % 100) +
         "; 2.13's can): use comm_hook::fp16 or comm_wrapper::fp16, or LibTorch 2.x");
   if (options.hook != comm_hook::power_sgd && options.hook != comm_hook::batched_power_sgd) return;
+  if (gloo && !compat::cpu_multiplies_float16 && options.wrapper == comm_wrapper::fp16)
+    throw std::invalid_argument(
+        "accel: options::comm_hook wraps PowerSGD in comm_wrapper::fp16, whose float16 matrices PowerSGD multiplies "
+        "on the CPU under Gloo, which this LibTorch cannot (LibTorch " +
+        std::to_string(ACCEL_TORCH_VERSION / 100) + "." + std::to_string(ACCEL_TORCH_VERSION % 100) +
+        ": \"addmm_impl_cpu_\" not implemented for 'Half', from the first compressed step on; 2.13's can): use "
+        "PowerSGD without the wrapper (it compresses already), or LibTorch 2.x");
   const auto& settings = options.power_sgd;
   const std::string where = "accel: options::comm_hook.power_sgd.";
   if (settings.matrix_approximation_rank < 1)

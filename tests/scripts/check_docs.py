@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Keeps the README and the docs true to the code: one check (a case) per run.
+
+usage: check_docs.py SOURCE_DIR CASE [PROGRAM...]
+
+Each `def case_NAME(programs)` below is one CTest test, docs.NAME (tests/CMakeLists.txt reads the names from this
+file and passes the programs a case needs). Python standard library only.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from checks import CheckFailed, check
+
+SOURCE = ""
+
+
+def text_of(relative):
+    with open(os.path.join(SOURCE, relative), encoding="utf-8") as f:
+        return f.read()
+
+
+def options_fields():
+    """The fields of `struct options` in options.hpp, in declaration order."""
+    header = text_of("include/accel/options.hpp")
+    body = re.search(r"^struct options \{\n(.*?)^\};", header, re.S | re.M)
+    check(body is not None, "options.hpp has no `struct options { ... };`")
+    fields = []
+    for line in body.group(1).splitlines():
+        line = line.split("//")[0].strip()
+        declared = re.match(r"[\w:<>, ]+?\s(\w+)\s*=.*;$", line)
+        if declared:
+            fields.append(declared.group(1))
+    check(len(fields) > 10, f"read only {fields} from struct options")
+    return fields
+
+
+def case_options_order(programs):
+    """The designated-initializer order lists in getting-started.md and api.md name every field, in order."""
+    fields = options_fields()
+    for doc in ("docs/getting-started.md", "docs/api.md"):
+        paragraph = re.search(r"Designated\s+initializers\s+must\s+follow.*?(?:\n\n|$)", text_of(doc), re.S)
+        check(paragraph is not None, f"{doc} no longer says that designated initializers follow an order")
+        listed = [name for name in re.findall(r"`([^`]+)`", paragraph.group(0)) if re.fullmatch(r"\w+", name)]
+        check(listed == fields, f"{doc} lists the options' fields as {listed}; options.hpp declares {fields}")
+    print(f"both lists name the {len(fields)} fields in order")
+
+
+def readme_cpp_blocks():
+    return re.findall(r"^```cpp\n(.*?)^```", text_of("README.md"), re.S | re.M)
+
+
+def case_readme_includes(programs):
+    """A README snippet that uses LibTorch's modules or optimizers includes <torch/torch.h>: accel.hpp does not."""
+    blocks = readme_cpp_blocks()
+    check(blocks, "README.md has no C++ snippet")
+    for block in blocks:
+        if re.search(r"torch::(nn|optim)::", block):
+            check("#include <torch/torch.h>" in block,
+                  f"a README snippet uses torch::nn or torch::optim without #include <torch/torch.h>:\n{block}")
+    print(f"{len(blocks)} snippets checked")
+
+
+def example_environment(changes=None):
+    """What `scripts/example.sh` runs the examples in: no ACCELERATE_* setting, no config file, LibTorch's own
+    number of threads."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_") and k != "OMP_NUM_THREADS"}
+    env["ACCEL_CONFIG_FILE"] = ""
+    env.update(changes or {})
+    return env
+
+
+def run(command, work, changes=None):
+    print("$", " ".join(command), flush=True)
+    result = subprocess.run(command, capture_output=True, text=True, env=example_environment(changes), cwd=work,
+                            timeout=900)
+    print(result.stdout + result.stderr, flush=True)
+    check(result.returncode == 0, f"{command[0]} exited with {result.returncode}")
+    return result.stdout
+
+
+def stated_lines(cell):
+    """The printed lines a README cell states (in backticks), not the commands it names."""
+    return [text for text in re.findall(r"`([^`]+)`", cell) if "scripts/example.sh" not in text]
+
+
+def check_printed(output, stated, what):
+    for text in stated:
+        printed = any(re.search(re.escape(text) + r"(?![0-9])", line) for line in output.splitlines())
+        check(printed, f"{what}: the README says it prints `{text}`; it printed:\n{output}")
+        print(f"{what} prints `{text}`, as the README says")
+
+
+def example_row(command):
+    """The cell of the README's examples table that states what `scripts/example.sh COMMAND` prints."""
+    for line in text_of("README.md").splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) >= 4 and cells[2] == f"`scripts/example.sh {command}`":
+            return cells[3]
+    raise CheckFailed(f"the README's examples table has no row for `scripts/example.sh {command}`")
+
+
+def case_readme_output_linear_regression(programs):
+    stated = re.search(r"Expected output of `scripts/example.sh` \(last line\): `([^`]+)`", text_of("README.md"))
+    check(stated is not None, "the README no longer states the linear regression's last line")
+    with tempfile.TemporaryDirectory(prefix="accel-docs-") as work:
+        output = run([programs[0]], work)
+    last = output.strip().splitlines()[-1]
+    check(last == stated.group(1), f"the README says the last line is `{stated.group(1)}`; it is `{last}`")
+    print(f"linear_regression's last line is `{last}`, as the README says")
+
+
+def case_readme_output_classifier(programs):
+    accel, classifier = programs
+    with tempfile.TemporaryDirectory(prefix="accel-docs-") as work:
+        output = run([accel, "launch", "--nproc_per_node", "2", "--master_port", "0", classifier], work)
+    check_printed(output, stated_lines(example_row("classifier")), "the classifier")
+
+
+def main():
+    global SOURCE
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    SOURCE, name, programs = sys.argv[1], sys.argv[2], [os.path.abspath(p) for p in sys.argv[3:]]
+    case = globals().get("case_" + name)
+    if case is None:
+        sys.exit(f"unknown case {name!r}")
+    try:
+        case(programs)
+    except CheckFailed as failure:
+        print(f"FAILED: {failure}", flush=True)
+        sys.exit(1)
+    print("passed")
+
+
+if __name__ == "__main__":
+    main()
