@@ -13,13 +13,11 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <iterator>
-#include <limits>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -27,85 +25,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "char_transformer.hpp"
+
 struct settings {
   int64_t steps = 1000;  // optimizer steps in all, counting those of earlier runs
   int64_t save_every = 250;
   std::string out = "char_lm_run";
   std::string text = CHAR_LM_TEXT;  // examples/data/sonnets.txt, set by CMake
 };
-
-// Causal multi-head self-attention: each position attends to itself and to the positions before it.
-struct SelfAttentionImpl : torch::nn::Module {
-  SelfAttentionImpl(int64_t dim, int64_t head_count)
-      : heads(head_count),
-        qkv(register_module("qkv", torch::nn::Linear(dim, 3 * dim))),
-        out(register_module("out", torch::nn::Linear(dim, dim))) {}
-
-  torch::Tensor forward(const torch::Tensor& x) {  // x: [batch, time, dim]
-    const auto batch = x.size(0), time = x.size(1), dim = x.size(2);
-    // Queries, keys and values of every head: [3, batch, heads, time, dim / heads].
-    const auto qkv_heads = qkv(x).view({batch, time, 3, heads, dim / heads}).permute({2, 0, 3, 1, 4});
-    const auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];
-    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dim / heads));
-    const auto future = torch::ones({time, time}, x.options().dtype(torch::kBool)).triu(1);
-    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
-    const auto mixed = torch::matmul(scores.softmax(-1), v);        // [batch, heads, time, dim / heads]
-    return out(mixed.transpose(1, 2).reshape({batch, time, dim}));  // heads side by side again
-  }
-
-  int64_t heads;
-  torch::nn::Linear qkv, out;
-};
-TORCH_MODULE(SelfAttention);
-
-// A transformer block, normalised before each part: x + attention(norm(x)), then x + mlp(norm(x)). Dropout on
-// both branches while training, because 28 KB of text is soon learnt by heart.
-struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t dim, int64_t heads, double dropout)
-      : norm1(register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
-        attention(register_module("attention", SelfAttention(dim, heads))),
-        norm2(register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
-        mlp(register_module("mlp", torch::nn::Sequential(torch::nn::Linear(dim, 4 * dim), torch::nn::GELU(),
-                                                         torch::nn::Linear(4 * dim, dim)))),
-        drop(register_module("drop", torch::nn::Dropout(dropout))) {}
-
-  torch::Tensor forward(torch::Tensor x) {
-    x = x + drop(attention(norm1(x)));
-    return x + drop(mlp->forward(norm2(x)));
-  }
-
-  torch::nn::LayerNorm norm1;
-  SelfAttention attention;
-  torch::nn::LayerNorm norm2;
-  torch::nn::Sequential mlp;
-  torch::nn::Dropout drop;
-};
-TORCH_MODULE(Block);
-
-// Decoder-only transformer: token and position embeddings, blocks, a final norm, and logits for the next character.
-struct CharTransformerImpl : torch::nn::Module {
-  CharTransformerImpl(int64_t vocabulary, int64_t context, int64_t dim, int64_t heads, int64_t layers, double dropout)
-      : token_embedding(register_module("token_embedding", torch::nn::Embedding(vocabulary, dim))),
-        position_embedding(register_module("position_embedding", torch::nn::Embedding(context, dim))),
-        blocks(register_module("blocks", torch::nn::ModuleList())),
-        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
-        head(register_module("head", torch::nn::Linear(dim, vocabulary))) {
-    for (int64_t i = 0; i < layers; ++i) blocks->push_back(Block(dim, heads, dropout));
-  }
-
-  torch::Tensor forward(const torch::Tensor& tokens) {  // [batch, time] -> logits [batch, time, vocabulary]
-    const auto positions = torch::arange(tokens.size(1), tokens.options());
-    auto x = token_embedding(tokens) + position_embedding(positions);
-    for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
-    return head(norm(x));
-  }
-
-  torch::nn::Embedding token_embedding, position_embedding;
-  torch::nn::ModuleList blocks;
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear head;
-};
-TORCH_MODULE(CharTransformer);
 
 // The training examples: every window of `context` characters, with the same window shifted by one as targets.
 struct text_windows {

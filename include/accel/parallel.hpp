@@ -175,6 +175,8 @@ struct gloo {
   static constexpr std::string_view name = "gloo";
   /// Whether its all-reduce sums bfloat16 tensors (the bf16 gradient hooks need it): not on LibTorch 1.13's Gloo.
   static constexpr bool sums_bfloat16 = detail::compat::gloo_sums_bfloat16;
+  /// Its collectives take CPU tensors: what a communication hook computes, it computes on the CPU.
+  static constexpr bool computes_on_cpu = true;
   static constexpr std::string_view distributed_type = "MULTI_CPU";  // data_parallel<gloo>'s, in accel::dispatch
   using communicator_type = detail::gloo_communicator;
   /// Gloo runs on CPU tensors: every process computes on the CPU.
@@ -186,6 +188,7 @@ struct nccl {
   using policy_category = backend_tag;
   static constexpr std::string_view name = "nccl";
   static constexpr bool sums_bfloat16 = true;
+  static constexpr bool computes_on_cpu = false;
   static constexpr std::string_view distributed_type = "MULTI_GPU";  // data_parallel<nccl>'s, in accel::dispatch
 #ifdef ACCEL_WITH_NCCL
   using communicator_type = detail::nccl_communicator;
@@ -285,7 +288,7 @@ struct bucketed_data_parallel : parallel_defaults, process_group_topology<Backen
           "accel: options::comm_hook compresses the all-reduce of data_parallel and zero1; zero2 and fully_sharded "
           "reduce-scatter their gradient buckets, which no hook applies to: leave options::comm_hook at its default");
     // On one process too, where no reducer (and so no hook) is made.
-    check_comm_hook_options(comm_hook_, Backend::sums_bfloat16);
+    check_comm_hook_options(comm_hook_, Backend::sums_bfloat16, Backend::computes_on_cpu);
   }
 
   /// Broadcasts process 0's parameters and buffers, then hooks the gradient all-reduce (with several processes);

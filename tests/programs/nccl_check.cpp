@@ -1,7 +1,8 @@
 // data_parallel<nccl>, zero1<nccl>, zero2<nccl> and fully_sharded<nccl> (also with its layer as a shard unit, gathered
-// on the separate NCCL communicator) with one process: built and linked wherever NCCL is; on a GPU each trains a few
-// steps (the sharded ones to data_parallel's weights), and NCCL's all-reduce and reduce-scatter are checked against
-// Gloo's and against the identity of one process. Without a GPU it exits 77 (CTest: skipped).
+// on the separate NCCL communicator): built and linked wherever NCCL is; on a GPU each trains a few steps (the sharded
+// ones to data_parallel's weights), and NCCL's all-reduce and reduce-scatter are checked: on one process against
+// Gloo's and against the identity, on several (scripts/gpu.sh starts two on one GPU, where NCCL allows it) against
+// the sums of the values every process contributed. Without a GPU it exits 77 (CTest: skipped).
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
@@ -36,6 +37,42 @@ auto train(bool unit = false) {
   return std::tuple{first, last, acc.get_state_dict(model)[0].second};  // fully_sharded: net->weight is a slice
 }
 
+/// Several processes: the all-reduce and reduce-scatter of values that say which process sent them, against their
+/// sums (small integers: exact in float32).
+bool collectives_of_several(accel::accelerator<accel::fp32, accel::data_parallel<accel::nccl>>& acc) {
+  const int processes = acc.num_processes(), rank = acc.process_index();
+  const auto positions = torch::arange(processes * 250, torch::kFloat);
+  auto values = (positions * (rank + 1)).to(acc.device());
+  const auto sum_of_ranks = static_cast<float>(processes * (processes + 1) / 2);
+  const bool all_reduce_matches = torch::equal(acc.reduce(values).cpu(), positions * sum_of_ranks);
+  auto scattered = torch::empty({250}, values.options());
+  accel::detail::process_group<accel::detail::nccl_communicator>(std::chrono::seconds(60))
+      .reduce_scatter_into(scattered, values)
+      .wait();
+  const bool reduce_scatter_matches =
+      torch::equal(scattered.cpu(), positions.narrow(0, rank * 250, 250) * sum_of_ranks);
+  std::cout << "process " << rank << " of " << processes << ": all-reduce is the sum: " << all_reduce_matches
+            << ", reduce-scatter is this process's part of the sum: " << reduce_scatter_matches << "\n";
+  return all_reduce_matches && reduce_scatter_matches;
+}
+
+/// One process: NCCL's all-reduce against Gloo's, and a reduce-scatter that must be the identity.
+bool collectives_of_one(accel::accelerator<accel::fp32, accel::data_parallel<accel::nccl>>& acc) {
+  auto values = torch::randn({1000}, acc.device());
+  auto nccl_sum = acc.reduce(values).cpu();
+  accel::detail::gloo_communicator gloo(accel::process_environment{}, std::chrono::seconds(60));
+  const bool all_reduce_matches =
+      torch::allclose(nccl_sum, accel::detail::reduce(gloo, values.cpu(), accel::reduction::sum));
+  auto scattered = torch::empty_like(values);
+  accel::detail::process_group<accel::detail::nccl_communicator>(std::chrono::seconds(60))
+      .reduce_scatter_into(scattered, values)
+      .wait();
+  const bool reduce_scatter_matches = torch::equal(scattered.cpu(), values.cpu());
+  std::cout << "all-reduce matches Gloo: " << all_reduce_matches
+            << ", reduce-scatter of one process is the identity: " << reduce_scatter_matches << "\n";
+  return all_reduce_matches && reduce_scatter_matches;
+}
+
 }  // namespace
 
 int main() {
@@ -48,22 +85,10 @@ int main() {
   const bool zero2_same = torch::equal(std::get<2>(train<accel::zero2<accel::nccl>>()), weight);
   const bool fully_sharded_same = torch::equal(std::get<2>(train<accel::fully_sharded<accel::nccl>>()), weight) &&
                                   torch::equal(std::get<2>(train<accel::fully_sharded<accel::nccl>>(true)), weight);
-
   accel::accelerator<accel::fp32, accel::data_parallel<accel::nccl>> acc;
-  auto values = torch::randn({1000}, acc.device());
-  auto nccl_sum = acc.reduce(values).cpu();
-  accel::detail::gloo_communicator gloo(accel::process_environment{}, std::chrono::seconds(60));
-  const bool all_reduce_matches =
-      torch::allclose(nccl_sum, accel::detail::reduce(gloo, values.cpu(), accel::reduction::sum));
-  auto scattered = torch::empty_like(values);
-  accel::detail::process_group<accel::detail::nccl_communicator>(std::chrono::seconds(60))
-      .reduce_scatter_into(scattered, values)
-      .wait();
-  const bool reduce_scatter_matches = torch::equal(scattered.cpu(), values.cpu());  // one process: the identity
-  std::cout << "all-reduce matches Gloo: " << all_reduce_matches
-            << ", reduce-scatter of one process is the identity: " << reduce_scatter_matches
-            << ", zero1 == data_parallel: " << zero1_same << ", zero2 == data_parallel: " << zero2_same
+  const bool collectives_match = acc.num_processes() == 1 ? collectives_of_one(acc) : collectives_of_several(acc);
+  std::cout << "zero1 == data_parallel: " << zero1_same << ", zero2 == data_parallel: " << zero2_same
             << ", fully_sharded == data_parallel: " << fully_sharded_same << "\n";
   const bool sharded_same = zero1_same && zero2_same && fully_sharded_same;
-  return last < first && all_reduce_matches && reduce_scatter_matches && sharded_same ? EXIT_SUCCESS : EXIT_FAILURE;
+  return last < first && collectives_match && sharded_same ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -338,7 +338,7 @@ TEST_CASE("redteam 10: load_state keeps no memory from one call to the next (no 
   const auto dir = scratch("load-leak");
   accel::accelerator<> acc{{.cpu = true}};
   torch::manual_seed(1);
-  mlp net(3, 8, 1);
+  accel_test::mlp net(3, 8, 1);
   torch::optim::AdamW optimizer(net->parameters());
   auto [model, opt] = acc.prepare(net, optimizer);
   acc.save_state(dir / "state");

@@ -203,17 +203,18 @@ inline void fill_normal(const std::vector<at::Tensor>& qs, std::uint32_t seed) {
   for (const auto& q : qs) q.copy_(at::randn(q.sizes(), generator, at::TensorOptions().dtype(q.scalar_type())));
 }
 
-/// Throws `std::invalid_argument`, naming the fix, for settings PyTorch refuses or that cannot work (bfloat16
-/// all-reduces on a backend that cannot sum them: `sums_bfloat16` false). The PowerSGD settings are read only when a
-/// PowerSGD hook is asked for, as Accelerate passes `comm_state_option` only then.
-inline void check_comm_hook_options(const comm_hook_options& options, bool sums_bfloat16) {
+/// Throws `std::invalid_argument`, naming the fix, for settings PyTorch refuses or that cannot work on the backend,
+/// as it declares itself: bfloat16 all-reduces where it cannot sum them (`sums_bfloat16` false), float16 matrices
+/// PowerSGD multiplies on the CPU (`computes_on_cpu`) where LibTorch cannot. The PowerSGD settings are read only when
+/// a PowerSGD hook is asked for, as Accelerate passes `comm_state_option` only then.
+inline void check_comm_hook_options(const comm_hook_options& options, bool sums_bfloat16, bool computes_on_cpu) {
   if (!sums_bfloat16 && (options.hook == comm_hook::bf16 || options.wrapper == comm_wrapper::bf16))
     throw std::invalid_argument(
         "accel: options::comm_hook asks for bfloat16 all-reduces, which this LibTorch's Gloo cannot sum (LibTorch " +
         std::to_string(ACCEL_TORCH_VERSION / 100) + "." + std::to_string(ACCEL_TORCH_VERSION % 100) +
         "; 2.13's can): use comm_hook::fp16 or comm_wrapper::fp16, or LibTorch 2.x");
   if (options.hook != comm_hook::power_sgd && options.hook != comm_hook::batched_power_sgd) return;
-  if (gloo && !compat::cpu_multiplies_float16 && options.wrapper == comm_wrapper::fp16)
+  if (computes_on_cpu && !compat::cpu_multiplies_float16 && options.wrapper == comm_wrapper::fp16)
     throw std::invalid_argument(
         "accel: options::comm_hook wraps PowerSGD in comm_wrapper::fp16, whose float16 matrices PowerSGD multiplies "
         "on the CPU under Gloo, which this LibTorch cannot (LibTorch " +

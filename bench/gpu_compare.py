@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""accel on one device (CUDA on a GPU machine; scripts/gpu.sh runs it there) side by side with the hand-written
+LibTorch loop (step overhead) and with Hugging Face Accelerate and plain PyTorch (bench/gpu_step.py), for the tiny MLP
+(fp32) and the small character transformer (fp32 and bf16), batch 32, AdamW. Every job is a fresh process that
+reports the median of its rounds; each outer round runs the four jobs of a case in an order that rotates; the table
+gives medians over outer rounds, ratios the median of per-round ratios.
+
+Usage: gpu_compare.py BENCH_GPU_STEP PYTHON DEVICE [--quick]
+--quick: few steps of batch 4, for scripts/gpu.sh --dry-run on the CPU (checks the plumbing, not the speed).
+Prints each case's rows of the table between `TABLE` and `END TABLE` as soon as it is measured, then its
+`RESULT NAME VALUE MET DETAIL` lines, one per figure with a target (MET: yes or no).
+"""
+import os
+import statistics
+import subprocess
+import sys
+
+BATCH = 32
+# (model, precision, steps, warm-up steps, rounds inside a job); --quick: steps and warm-up divided.
+CASES = [("mlp", "fp32", 500, 50, 3), ("transformer", "fp32", 60, 10, 3), ("transformer", "bf16", 60, 10, 3)]
+JOBS = ["accel", "raw LibTorch", "Accelerate", "raw PyTorch"]
+
+
+def command(job, bench, python, model, device, precision, batch, steps, warmup, rounds):
+    args = [model, None, device, precision, str(batch), str(steps), str(warmup), str(rounds)]
+    if job in ("accel", "raw LibTorch"):
+        args[1] = "accel" if job == "accel" else "raw"
+        return [bench, *args]
+    args[1] = "accelerate" if job == "Accelerate" else "raw"
+    return [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_step.py"), *args]
+
+
+def run(cmd):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        sys.exit(f"job failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+    fields = out.stdout.strip().splitlines()[-1].split()
+    return float(fields[5]), float(fields[6])  # ms per step, tokens per second
+
+
+def measure(bench, python, device, case, outer_rounds, quick):
+    model, precision, steps, warmup, rounds = case
+    batch = BATCH
+    if quick:
+        batch, steps, warmup, rounds = 4, max(steps // 25, 2), max(warmup // 10, 1), 2
+    ms = {job: [] for job in JOBS}
+    tokens = {job: [] for job in JOBS}
+    for r in range(outer_rounds):
+        for job in JOBS[r % len(JOBS):] + JOBS[:r % len(JOBS)]:
+            m, t = run(command(job, bench, python, model, device, precision, batch, steps, warmup, rounds))
+            ms[job].append(m)
+            tokens[job].append(t)
+    return ms, tokens
+
+
+def ratio(ms, job, baseline):
+    return statistics.median(a / b for a, b in zip(ms[job], ms[baseline]))
+
+
+def main():
+    if len(sys.argv) not in (4, 5) or (len(sys.argv) == 5 and sys.argv[4] != "--quick"):
+        sys.exit(__doc__)
+    bench, python, device = sys.argv[1:4]
+    quick = len(sys.argv) == 5
+    outer_rounds = 1 if quick else 2
+    print(f"batch {4 if quick else BATCH}, AdamW, one thread per process, {outer_rounds} outer rounds, device {device}")
+    for case in CASES:
+        ms, tokens = measure(bench, python, device, case, outer_rounds, quick)
+        name = f"{case[0]} {case[1]}"
+        print("TABLE")  # each case's rows, then its RESULT lines, as soon as measured: a run stopped early keeps them
+        if case is CASES[0]:
+            print(f"{'case':<18} {'job':<13} {'ms/step':>9} {'tokens/s':>12} {'/ accel':>8}")
+        for job in JOBS:
+            print(f"{name:<18} {job:<13} {statistics.median(ms[job]):>9.3f} {statistics.median(tokens[job]):>12.0f} "
+                  f"{ratio(ms, job, 'accel'):>8.3f}")
+        print("END TABLE")
+        key = f"{case[0]}_{case[1]}"
+        overhead = ratio(ms, "accel", "raw LibTorch")
+        speedup = ratio(ms, "Accelerate", "accel")
+        speedup_target = 1.5 if case[0] == "mlp" else 1.0
+        print(f"RESULT step_overhead.{key} {overhead:.3f} {'yes' if overhead <= 1.02 else 'no'} accel / raw LibTorch "
+              f"time on {device} (target <= 1.02)")
+        print(f"RESULT vs_accelerate.{key} {speedup:.3f} {'yes' if speedup >= speedup_target else 'no'} Accelerate / "
+              f"accel time on {device} (target >= {speedup_target}); accel {statistics.median(ms['accel']):.3f} "
+              f"ms/step, {statistics.median(tokens['accel']):.0f} tokens/s; Accelerate "
+              f"{statistics.median(ms['Accelerate']):.3f} ms/step", flush=True)
+
+
+if __name__ == "__main__":
+    main()
