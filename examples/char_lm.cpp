@@ -1,7 +1,8 @@
 // A small character-level transformer language model trained on Shakespeare's Sonnets 1 to 50.
 //
-// - fp32 or bf16 is chosen when the program starts, from ACCELERATE_MIXED_PRECISION (`no`, the default, or `bf16`),
-//   with accel::dispatch: the training loop is compiled once for each configuration.
+// - fp32, bf16 or fp8 is chosen when the program starts, from ACCELERATE_MIXED_PRECISION (`no`, the default, `bf16` or
+//   `fp8`: the Linear layers inside the blocks in float8, torchao's tensorwise scaling), with accel::dispatch: the
+//   training loop is compiled once for each configuration.
 // - The whole training state is saved every --save-every steps, and at the end, with acc.save_state() into
 //   OUT/checkpoints/checkpoint_{i} (the last 2 are kept). When OUT holds checkpoints, the program resumes from the
 //   newest one: stop it, start it again, and it goes on where it was (delete OUT to start afresh).
@@ -105,8 +106,8 @@ void train(Accelerator& acc, const settings& s) {
   auto [model, opt, batches] = acc.prepare(net, optimizer, loader);
   int64_t parameters = 0;
   for (const auto& p : net->parameters()) parameters += p.numel();
-  const bool bf16 = std::is_same_v<typename Accelerator::precision_type, accel::bf16>;  // what dispatch chose
-  acc.print(parameters, "parameters,", alphabet.size(), "different characters,", bf16 ? "bf16" : "fp32");
+  const auto precision = std::string(Accelerator::precision_type::name());  // what dispatch chose
+  acc.print(parameters, "parameters,", alphabet.size(), "different characters,", precision);
 
   progress done;
   acc.register_for_checkpointing(done);
@@ -199,7 +200,8 @@ int main(int argc, char** argv) {
   const accel::options options{
       .project = {.project_dir = s->out, .automatic_checkpoint_naming = true, .total_limit = 2}};
   // The configurations this program is compiled for; ACCELERATE_MIXED_PRECISION picks one when it starts.
-  using supported = accel::configs<accel::accelerator<accel::fp32>, accel::accelerator<accel::bf16>>;
+  using supported = accel::configs<accel::accelerator<accel::fp32>, accel::accelerator<accel::bf16>,
+                                   accel::accelerator<accel::fp8<>>>;
   try {
     accel::dispatch<supported>(accel::read_run_config(), [&](auto& acc) { train(acc, *s); }, options);
   } catch (const std::exception& error) {  // a missing file, an unsupported configuration, a bad checkpoint...

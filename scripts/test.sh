@@ -28,7 +28,8 @@ echo "== LibTorch 1.13.1 (Debian's libtorch-dev): every header on its own, the u
 ACCEL_TORCH=debian source "$root/scripts/torch.sh"
 cmake -S "$root" -B "$build$torch_build_suffix" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
   -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_WARNINGS_AS_ERRORS=ON -DACCEL_PYTHON="$venv_python" "${torch_cmake_args[@]}"
-cmake --build "$build$torch_build_suffix" -j2 --target accel_tests accel_header_check accel_flat_collectives accel_cli
+cmake --build "$build$torch_build_suffix" -j2 --target accel_tests accel_fp8_tests accel_header_check accel_flat_collectives \
+  accel_cli
 ctest --test-dir "$build$torch_build_suffix" --output-on-failure -j2 -R '^(unit\.|dist\.gloo\.P3\.flat_collectives$)' ||
   status=1
 

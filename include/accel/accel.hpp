@@ -7,6 +7,7 @@
 #include "concepts.hpp"
 #include "options.hpp"
 #include "precision.hpp"
+#include "fp8.hpp"
 #include "parallel.hpp"
 #include "sharded_data_parallel.hpp"
 #include "shard_unit.hpp"

@@ -40,7 +40,7 @@ struct config_error : std::runtime_error {
 
 /// What a config file may hold; a key the file does not set stays empty.
 struct config_values {
-  std::optional<std::string> mixed_precision;      // no, bf16 or fp16
+  std::optional<std::string> mixed_precision;      // no, bf16, fp16 or fp8
   std::optional<int> gradient_accumulation_steps;  // >= 1
   std::optional<std::string> distributed_type;     // NO, MULTI_CPU, MULTI_GPU, FSDP or DEEPSPEED
   std::optional<int> num_processes;                // in the whole job, over every machine (as Accelerate)
@@ -81,7 +81,7 @@ std::optional<std::string> get_number(const config_values& values) {
 }
 
 inline void set_mixed_precision(config_values& values, std::string_view text) {
-  if (text != "no" && text != "bf16" && text != "fp16") throw config_error("");
+  if (text != "no" && text != "bf16" && text != "fp16" && text != "fp8") throw config_error("");
   values.mixed_precision = std::string(text);
 }
 
@@ -98,7 +98,7 @@ inline void set_main_process_ip(config_values& values, std::string_view text) {
 }
 
 inline constexpr config_key config_keys[] = {
-    {"mixed_precision", "no, bf16 or fp16", set_mixed_precision,
+    {"mixed_precision", "no, bf16, fp16 or fp8", set_mixed_precision,
      [](const config_values& v) { return v.mixed_precision; }},
     {"gradient_accumulation_steps", "a whole number from 1 to 1000000",
      set_number<&config_values::gradient_accumulation_steps, 1, 1000000>,

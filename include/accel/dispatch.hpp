@@ -38,7 +38,7 @@ namespace accel {
 template <class... Accelerators>
 struct configs {};
 
-/// What a run asks for: Accelerate's `ACCELERATE_MIXED_PRECISION` (`no`, `bf16`, `fp16`),
+/// What a run asks for: Accelerate's `ACCELERATE_MIXED_PRECISION` (`no`, `bf16`, `fp16`, `fp8`),
 /// `ACCELERATE_GRADIENT_ACCUMULATION_STEPS`, the number of processes the launcher started, and the distributed
 /// type (`NO`, `MULTI_CPU`, `MULTI_GPU`, `FSDP`, `DEEPSPEED`; empty when the run names none: then any parallel policy
 /// that fits the number of processes).

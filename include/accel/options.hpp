@@ -5,11 +5,16 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "fwd.hpp"
+
+namespace torch::nn {
+class Module;
+}
 
 namespace accel {
 
@@ -108,6 +113,42 @@ struct grad_scaler_options {
   int growth_interval = 2000;
 };
 
+/// Which float8 types `accel::fp8` casts to (TransformerEngine's `Format`, Accelerate's `fp8_format`): `hybrid`
+/// e4m3 for the forward's inputs and weights and e5m2 for the gradients (more range, less precision), `e4m3` or
+/// `e5m2` for all three.
+enum class fp8_format { hybrid, e4m3, e5m2 };
+
+/// How delayed scaling picks the amax a scale is computed from (TransformerEngine's `amax_compute_algo`): the
+/// largest in the history window, or the most recent one.
+enum class amax_compute_algo { max, most_recent };
+
+/// `accel::fp8`'s settings, with the names of Accelerate's `TERecipeKwargs` (delayed scaling) and `AORecipeKwargs`
+/// (which Linear layers, padding). See docs/fp8.md.
+struct fp8_options {
+  /// The float8 types; unset: the recipe's own (tensorwise and delayed: hybrid, as torchao's default and
+  /// TransformerEngine's; rowwise: e4m3, the only one it takes).
+  std::optional<accel::fp8_format> fp8_format = std::nullopt;
+  /// `delayed_scaling`: the amaxes kept per tensor, one per optimizer step (TransformerEngine's default 1024).
+  int amax_history_len = 1024;
+  /// `delayed_scaling`: the amax of the window, or the most recent.
+  accel::amax_compute_algo amax_compute_algo = accel::amax_compute_algo::max;
+  /// `delayed_scaling`: the scale is divided by 2^margin, headroom for amaxes that grow between updates.
+  int margin = 0;
+  /// Which Linear layers compute in float8 (Accelerate's `module_filter_func`, torchao's `module_filter_fn`): called
+  /// with each Linear whose dimensions are multiples of 16 and its name in the model (`blocks.0.mlp.0`); empty:
+  /// Accelerate's `filter_first_and_last_linear_layers` (all but the model's first and last Linear).
+  std::function<bool(const torch::nn::Module& linear, const std::string& name)> module_filter_func = {};
+  /// Pad the dimension a matmul reduces over to a multiple of 16 with zeros when it is not (torchao's
+  /// `pad_inner_dim`, on in Accelerate): the weight gradient reduces over the tokens of the batch, which CUDA's
+  /// float8 matmul needs in multiples of 16. The zeros add nothing to the sums.
+  bool pad_inner_dim = true;
+  /// Compute each float8 matmul as a float32 matmul of the float8 values divided by their scales (torchao's
+  /// `Float8LinearConfig.emulate`: the same products, summed in another order) instead of `at::_scaled_mm`. Unset:
+  /// emulated on the CPU, whose `_scaled_mm` in LibTorch 2.13 is a reference kernel thousands of times slower than a
+  /// bfloat16 matmul (measured: 2048 x 96 by 96 x 384 takes 9.7 s, 1.8 ms in bfloat16), `_scaled_mm` elsewhere.
+  std::optional<bool> emulate = std::nullopt;
+};
+
 /// Whether a program picks up where an earlier run of it stopped (`project_options::resume`).
 enum class resume {
   /// Start afresh; `load_state()` loads by hand.
@@ -190,6 +231,8 @@ struct options {
   sharding_options sharding = {};
   /// Loss scaling of `accel::fp16`.
   grad_scaler_options grad_scaler = {};
+  /// The recipe settings of `accel::fp8` (Accelerate's `TERecipeKwargs` and `AORecipeKwargs`).
+  fp8_options fp8 = {};
   /// Where checkpoints go (`save_state()` / `load_state()` without a path).
   project_options project = {};
 

@@ -243,7 +243,7 @@ struct precision_defaults {
   /// (none: only by its type).
   [[nodiscard]] static constexpr std::string_view name() noexcept { return "a custom precision policy"; }
   [[nodiscard]] static constexpr std::string_view mixed_precision() noexcept { return ""; }
-  /// At `prepare(model)`, on the device, before the parallel policy sees the model (fp8 would swap layers here).
+  /// At `prepare(model)`, on the device, before the parallel policy sees the model (fp8 lists its float8 layers here).
   static constexpr void prepare_model(torch::nn::Module&) noexcept {}
   static void backward(const at::Tensor& loss) { loss.backward(); }
   /// Nothing to unscale without loss scaling.

@@ -579,7 +579,7 @@ def case_config_writes_and_updates():
 
 def case_config_usage_errors():
     path = os.path.join(WORK, "config.yaml")
-    for args, needles in ((["--mixed_precision", "bf32"], ["--mixed_precision", "no, bf16 or fp16", "'bf32'"]),
+    for args, needles in ((["--mixed_precision", "bf32"], ["--mixed_precision", "no, bf16, fp16 or fp8", "'bf32'"]),
                           (["--num_processes", "0"], ["--num_processes", "'0'"]),
                           (["--mixed_precison", "bf16"], ["unknown key 'mixed_precison'", "mixed_precision"]),
                           (["--num_processes", "3", "--num_machines", "2"], ["not a multiple of num_machines 2"]),
@@ -648,7 +648,7 @@ def case_launch_config_file_errors():
     path = os.path.join(WORK, "bad.yaml")
     with open(path, "w") as f:
         f.write("# a config\nnum_processes: 2\nmixed_precision: bf32\n")
-    check_usage_error(["--config_file", path, PROBE], f"{path}:3: mixed_precision must be no, bf16 or fp16, not 'bf32'")
+    check_usage_error(["--config_file", path, PROBE], f"{path}:3: mixed_precision must be no, bf16, fp16 or fp8, not 'bf32'")
     with open(path, "w") as f:
         f.write("num_process: 2\n")
     check_usage_error(["--config_file", path, PROBE], f"{path}:1: unknown key 'num_process'", "num_processes")

@@ -492,7 +492,7 @@ TEST_CASE("the config file: parsed, written, checked", "[config]") {
 
   using Catch::Contains;
   CHECK_THROWS_WITH(accel::parse_config("num_processes: 2\nmixed_precision: bf32\n", "c.yaml"),
-                    Contains("c.yaml:2: mixed_precision must be no, bf16 or fp16, not 'bf32'"));
+                    Contains("c.yaml:2: mixed_precision must be no, bf16, fp16 or fp8, not 'bf32'"));
   CHECK_THROWS_WITH(
       accel::parse_config("gradient_accumulation: 4\n", "c.yaml"),
       Contains("c.yaml:1: unknown key 'gradient_accumulation'") && Contains("gradient_accumulation_steps"));
@@ -543,7 +543,7 @@ TEST_CASE("read_run_config: variables over the config file over the defaults", "
     scoped_variable precision("ACCELERATE_MIXED_PRECISION", "bf32");
     CHECK_THROWS_WITH(
         accel::read_run_config(),
-        Catch::Contains("ACCELERATE_MIXED_PRECISION: mixed_precision must be no, bf16 or fp16, not 'bf32'"));
+        Catch::Contains("ACCELERATE_MIXED_PRECISION: mixed_precision must be no, bf16, fp16 or fp8, not 'bf32'"));
   }
   // accumulate_dynamic takes its N from the config file too.
   using dynamic = accel::configs<accel::accelerator<accel::bf16, accel::single_process, accel::accumulate_dynamic>>;

@@ -26,7 +26,7 @@ const char* config_usage() {
          "  --config_file F                  the file (default: $ACCEL_CONFIG_FILE, else\n"
          "                                   $XDG_CONFIG_HOME/accel/default_config.yaml or\n"
          "                                   ~/.config/accel/default_config.yaml)\n"
-         "  --mixed_precision M              no, bf16 or fp16\n"
+         "  --mixed_precision M              no, bf16, fp16 or fp8\n"
          "  --gradient_accumulation_steps N  micro-batches per optimizer step\n"
          "  --distributed_type T             NO, MULTI_CPU, MULTI_GPU, FSDP or DEEPSPEED: the parallel policy\n"
          "                                   accel::dispatch builds, among those the program compiled\n"

@@ -355,7 +355,7 @@ const char* launch_usage() {
          "  --max_restarts R    after a worker fails, start all the workers again, up to R times (0 to 1000,\n"
          "                      default 0; with --nnodes 1 only)\n"
          "  --restart_delay S   seconds to wait before each restart (default 1)\n"
-         "  --mixed_precision M no, bf16 or fp16: sets ACCELERATE_MIXED_PRECISION for the workers\n"
+         "  --mixed_precision M no, bf16, fp16 or fp8: sets ACCELERATE_MIXED_PRECISION for the workers\n"
          "  --gradient_accumulation_steps N  sets ACCELERATE_GRADIENT_ACCUMULATION_STEPS for the workers\n"
          "  --config_file F     the config file to read (default: $ACCEL_CONFIG_FILE, or\n"
          "                      ~/.config/accel/default_config.yaml if it exists; see 'accel config')\n"

@@ -3,8 +3,8 @@
 /// the autograd node handle, `zero_grad(set_to_none)`, the autocast state functions and what autocast supports,
 /// the fused unscale kernel, Gloo's flat all-gather, LibTorch's current CUDA stream for NCCL, emptying the device
 /// cache and reading its memory counters, the CPU allocator's interface, the profiler's event times and Chrome
-/// traces, whether Gloo sums bfloat16, whether the CPU multiplies float16 matrices, and how a generator state is
-/// checked.
+/// traces, whether Gloo sums bfloat16, whether the CPU multiplies float16 matrices, how a generator state is
+/// checked, and whether float8 exists.
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
@@ -45,6 +45,12 @@
 
 /// LibTorch's version as MAJOR * 100 + MINOR (113 for 1.13, 204 for 2.4).
 #define ACCEL_TORCH_VERSION (TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR)
+
+/// Whether this LibTorch has what `accel::fp8` computes with: the float8 types (`at::kFloat8_e4m3fn`,
+/// `at::kFloat8_e5m2`, from 2.1) and `at::_scaled_mm` taking its scales and returning one tensor (2.4 on; 2.1-2.3
+/// returned the output and an amax). LibTorch 1.13 has neither. Checked on 2.13, where `_scaled_mm` runs on the CPU
+/// too (tensorwise and rowwise scales, e4m3 and e5m2 operands, bfloat16 and float32 outputs).
+#define ACCEL_HAS_FLOAT8 (ACCEL_TORCH_VERSION >= 204)
 
 namespace accel::detail::compat {
 

@@ -1,0 +1,105 @@
+/// \file
+/// The arithmetic of float8 training, written once for every recipe: scales from amaxes, saturating casts, and the
+/// scaled matmul with the operand layouts `at::_scaled_mm` takes. Each function is the sequence of LibTorch calls
+/// that torchao's `float8` package (tensorwise and rowwise) and TransformerEngine's `DelayedScaling` perform, so
+/// that tests/scripts/fp8_reference.py can repeat it with PyTorch's own ops and compare bit for bit.
+// IWYU pragma: private, include <accel/fp8.hpp>
+#pragma once
+
+#include "../compat.hpp"  // ACCEL_HAS_FLOAT8: on a LibTorch without float8 this header is empty
+
+#if ACCEL_HAS_FLOAT8
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "../../options.hpp"
+
+namespace accel::detail::fp8 {
+
+/// What a float8 tensor plays in a Linear's three matmuls (TransformerEngine's tensor indices, torchao's
+/// `GemmInputRole`): the forward's input and weight, the backward's gradient of the output.
+enum class role : int { input = 0, weight = 1, grad_output = 2 };
+inline constexpr int roles = 3;
+
+/// The float8 type of `r` in `format`.
+inline c10::ScalarType dtype_of(fp8_format format, role r) {
+  if (format == fp8_format::e5m2 || (format == fp8_format::hybrid && r == role::grad_output)) return at::kFloat8_e5m2;
+  return at::kFloat8_e4m3fn;
+}
+
+/// The largest finite value of a float8 type: 448 for e4m3fn, 57344 for e5m2 (`torch.finfo(dtype).max`).
+inline double largest(c10::ScalarType dtype) { return dtype == at::kFloat8_e5m2 ? 57344.0 : 448.0; }
+
+/// torchao's `tensor_to_amax`: max |x| over the tensor, or along `axis` kept as a dimension of 1.
+inline at::Tensor amax(const at::Tensor& x, std::optional<int64_t> axis) {
+  return axis ? at::amax(at::abs(x), {*axis}, /*keepdim=*/true) : at::max(at::abs(x));
+}
+
+/// torchao's `amax_to_scale`: largest / max(amax, 1e-12) in float64, then float32; with `power_of_2`, rounded down
+/// to a power of two (`_round_scale_down_to_power_of_2`, the rowwise recipe).
+inline at::Tensor amax_to_scale(const at::Tensor& amax, c10::ScalarType dtype, bool power_of_2) {
+  auto scale =
+      (at::scalar_tensor(largest(dtype), amax.options().dtype(at::kDouble)) / at::clamp(amax.to(at::kDouble), 1e-12))
+          .to(at::kFloat);
+  return power_of_2 ? at::exp2(at::floor(at::log2(scale))) : scale;
+}
+
+/// `x` times `scale` in float32, clamped to the type's range and cast (torchao's `hp_tensor_and_scale_to_float8`
+/// and `to_fp8_saturated`; TransformerEngine's cast saturates likewise).
+inline at::Tensor cast(const at::Tensor& x, const at::Tensor& scale, c10::ScalarType dtype) {
+  const double top = largest(dtype);
+  return at::clamp(x.to(at::kFloat) * scale, -top, top).to(dtype);
+}
+
+/// A float8 tensor and the scale it was multiplied by (float32: a scalar, or one per row or column).
+struct scaled {
+  at::Tensor data;
+  at::Tensor scale;
+};
+
+/// Dynamic scaling (torchao): the scale from `x`'s own amax, over the tensor or along `axis`.
+inline scaled cast_dynamic(const at::Tensor& x, c10::ScalarType dtype, std::optional<int64_t> axis, bool power_of_2) {
+  auto scale = amax_to_scale(amax(x, axis), dtype, power_of_2);
+  return {cast(x, scale, dtype), scale};
+}
+
+/// `t` padded with zero columns (`dim` 1) or rows (`dim` 0) to a multiple of 16 (torchao's `pad_tensor_for_matmul`).
+inline at::Tensor padded(const at::Tensor& t, int64_t dim) {
+  const auto size = t.size(dim), missing = (16 - size % 16) % 16;
+  if (missing == 0) return t;
+  return dim == 1 ? at::constant_pad_nd(t, {0, missing}) : at::constant_pad_nd(t, {0, 0, 0, missing});
+}
+
+/// a @ b through `at::_scaled_mm`, with a's and b's float8 data and the scales they were multiplied by: row-major a,
+/// column-major b (what cuBLASLt takes), the reciprocal scales, the output in `out_dtype` (torchao's
+/// `preprocess_addmm` and `addmm_float8_unwrapped`). Rowwise scales without fast accumulation run the tensorwise
+/// kernel and scale the output afterwards, as torchao does (its rowwise kernel is slow without fast accumulation).
+/// `emulate`: a float32 matmul of the float8 values divided by their scales instead (`fp8_options::emulate`).
+inline at::Tensor scaled_mm(const scaled& a, const scaled& b, c10::ScalarType out_dtype, bool fast_accumulation,
+                            bool pad_inner_dim, bool emulate = false) {
+  if (emulate)  // torchao's emulation (`float8_mm` with `emulate`)
+    return at::mm(a.data.to(at::kFloat) / a.scale, b.data.to(at::kFloat) / b.scale).to(out_dtype);
+  auto a_data = pad_inner_dim ? padded(a.data, 1) : a.data;
+  auto b_data = pad_inner_dim ? padded(b.data, 0) : b.data;
+  if (!a_data.is_contiguous()) a_data = a_data.contiguous();
+  if (b_data.is_contiguous()) b_data = b_data.t().contiguous().t();
+  auto a_inverse = a.scale.reciprocal(), b_inverse = b.scale.reciprocal();
+  const bool rowwise = a.scale.dim() == 2;
+  // CUDA's rowwise kernel writes bfloat16 only: a float16 or float32 output goes through it (torchao's workaround).
+  const auto written = rowwise && out_dtype != at::kBFloat16 ? at::kBFloat16 : out_dtype;
+  std::optional<at::Tensor> after;
+  if (rowwise && !fast_accumulation) {
+    after = a_inverse * b_inverse;
+    a_inverse = b_inverse = a_inverse.new_ones({});
+  }
+  auto out = at::_scaled_mm(a_data, b_data, a_inverse, b_inverse, {}, {}, written, fast_accumulation);
+  if (after) out.mul_(*after);
+  return written == out_dtype ? out : out.to(out_dtype);
+}
+
+}  // namespace accel::detail::fp8
+
+#endif  // ACCEL_HAS_FLOAT8

@@ -1,0 +1,104 @@
+/// \file
+/// TransformerEngine's delayed scaling (`DelayedScaling`): each float8 tensor is cast with a scale computed from the
+/// amaxes of earlier steps, and its own amax is recorded for later ones.
+// IWYU pragma: private, include <accel/fp8.hpp>
+#pragma once
+
+#include "../compat.hpp"  // ACCEL_HAS_FLOAT8: on a LibTorch without float8 this header is empty
+
+#if ACCEL_HAS_FLOAT8
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../../options.hpp"
+
+namespace accel::detail::fp8 {
+
+/// The amax histories and scales of every tensor a policy casts with delayed scaling, one column each
+/// (TransformerEngine's `amax_history` [length, tensors] and `scale` [tensors], float32). TransformerEngine's rules:
+/// - a cast uses its column's scale as it is (1 at first) and records the tensor's amax in row 0 (the largest of
+///   the amaxes since the last update: several forwards of an accumulation window, or evaluation passes, share it);
+/// - `update` takes each column's amax (the largest of its history, or row 0 with `most_recent`), sets the scale
+///   to (largest float8 value / amax) / 2^margin where that amax is positive and finite (else the scale stays), then
+///   rolls the history by one row towards 0 (row 0 goes to the end) and zeroes row 0, so that an amax counts in the
+///   next `length` updates and then drops out of the window.
+class amax_history {
+ public:
+  amax_history(const fp8_options& options, c10::Device device)
+      : algorithm_(options.amax_compute_algo),
+        margin_(checked(options).margin),
+        history_(at::zeros({options.amax_history_len, 0}, at::TensorOptions().dtype(at::kFloat).device(device))),
+        scale_(at::ones({0}, history_.options())),
+        largest_(at::ones({0}, history_.options())) {}
+
+  /// Adds a column for a tensor cast to a type whose largest value is `largest_value` (scale 1, empty history);
+  /// returns its index. At prepare, before any cast: it reallocates.
+  int add(double largest_value) {
+    history_ = at::cat({history_, at::zeros({history_.size(0), 1}, history_.options())}, 1);
+    scale_ = at::cat({scale_, at::ones({1}, scale_.options())});
+    largest_ = at::cat({largest_, at::full({1}, largest_value, largest_.options())});
+    return static_cast<int>(scale_.size(0)) - 1;
+  }
+
+  /// The scale column `column` is cast with now (a view: it follows updates).
+  [[nodiscard]] at::Tensor scale(int column) const { return scale_[column]; }
+  /// Row 0's entry of `column` (a view), where a cast records its amax.
+  [[nodiscard]] at::Tensor slot(int column) const { return history_[0][column]; }
+  /// Records `amax` (a float32 scalar) in `slot`: the largest since the last update.
+  static void record(const at::Tensor& slot, const at::Tensor& amax) {
+    slot.copy_(at::maximum(slot, amax.to(at::kFloat)));
+  }
+
+  /// Row 0, what the processes reduce with a max before `update` (TransformerEngine's `reduce_amax`).
+  [[nodiscard]] at::Tensor current() const { return history_[0]; }
+
+  /// New scales from the histories, then the window moves on (see the class comment). In place: the views handed out
+  /// stay valid.
+  void update() {
+    if (scale_.size(0) == 0) return;
+    const auto amax = algorithm_ == amax_compute_algo::max ? std::get<0>(history_.max(0)) : history_[0].clone();
+    auto computed = at::div(largest_, amax) / std::ldexp(1.0, margin_);
+    computed = at::where(amax > 0, computed, scale_);
+    computed = at::where(at::isfinite(amax), computed, scale_);
+    scale_.copy_(computed);
+    history_.copy_(at::roll(history_, {-1}, {0}));
+    history_[0].zero_();
+  }
+
+  [[nodiscard]] const at::Tensor& history() const noexcept { return history_; }
+  [[nodiscard]] const at::Tensor& scales() const noexcept { return scale_; }
+  /// Whether a checkpoint's state has this one's shapes; `assign` then copies it in place.
+  [[nodiscard]] bool fits(const at::Tensor& history, const at::Tensor& scales) const {
+    return history.sizes() == history_.sizes() && scales.sizes() == scale_.sizes();
+  }
+  void assign(const at::Tensor& history, const at::Tensor& scales) {
+    history_.copy_(history);
+    scale_.copy_(scales);
+  }
+
+ private:
+  static const fp8_options& checked(const fp8_options& options) {
+    if (options.amax_history_len < 1)
+      throw std::invalid_argument("accel::fp8: options.fp8.amax_history_len must be at least 1, not " +
+                                  std::to_string(options.amax_history_len));
+    if (options.margin < 0)
+      throw std::invalid_argument("accel::fp8: options.fp8.margin must be 0 or more, not " +
+                                  std::to_string(options.margin));
+    return options;
+  }
+
+  amax_compute_algo algorithm_;
+  int margin_;
+  at::Tensor history_;
+  at::Tensor scale_;
+  at::Tensor largest_;  // each column's largest float8 value
+};
+
+}  // namespace accel::detail::fp8
+
+#endif  // ACCEL_HAS_FLOAT8

@@ -1,0 +1,84 @@
+// For tests/scripts/fp8_reference.py: `fp8_layer RECIPE FILE` trains one Linear(32, 48) converted by accel::fp8 with
+// RECIPE (tensorwise, rowwise or delayed through at::_scaled_mm; tensorwise_emulated: options::fp8.emulate) for 3 SGD
+// steps on fixed inputs and output gradients, and writes to FILE (safetensors) what the reference recomputes with
+// PyTorch's own ops: the inputs and starting weights, the first step's float8 casts and scales (as accel::detail::fp8
+// computes them), and each step's output, input gradient, weight and bias gradients (and with delayed scaling the amax
+// history and scales after the step).
+#include <accel/accel.hpp>
+#include <torch/torch.h>
+
+#include <iostream>
+#include <string>
+
+#if ACCEL_HAS_FLOAT8
+namespace {
+
+namespace f = accel::detail::fp8;
+
+template <class Recipe>
+int run(const std::string& file, bool emulate) {
+  accel::options options{.cpu = true};
+  options.fp8.amax_history_len = 2;
+  options.fp8.emulate = emulate;  // at::_scaled_mm on the CPU too, unless asked
+  options.fp8.module_filter_func = [](const torch::nn::Module&, const std::string&) { return true; };
+  accel::accelerator<accel::fp8<Recipe>> acc(options);
+  torch::manual_seed(0);
+  torch::nn::Linear net(32, 48);
+  accel::safetensors::tensor_list out{{"weight", net->weight.detach().clone()}, {"bias", net->bias.detach().clone()}};
+  torch::optim::SGD sgd(net->parameters(), 0.5);
+  auto [model, opt] = acc.prepare(net, sgd);
+  if (acc.precision().converted_layers().size() != 1) return 3;
+
+  // The first step's casts, by the functions the layer runs (24 rows: the weight gradient's reduction is padded).
+  const auto x0 = torch::randn({24, 32}) * 4;
+  const auto x16 = x0.to(torch::kBFloat16);
+  const bool rows = std::is_same_v<Recipe, accel::rowwise_scaling>;
+  const auto axis = rows ? std::optional<int64_t>(1) : std::nullopt;
+  const auto e4m3 = torch::kFloat8_e4m3fn;
+  const auto x8 = f::cast_dynamic(x16, e4m3, axis, rows), w8 = f::cast_dynamic(net->weight, e4m3, axis, rows);
+  out.insert(out.end(), {{"x8", x8.data.view(torch::kByte)},
+                         {"x_scale", x8.scale},
+                         {"w8", w8.data.view(torch::kByte)},
+                         {"w_scale", w8.scale}});
+
+  for (int step = 0; step < 3; ++step) {
+    const auto name = [&](const char* what) { return std::string(what) + "_" + std::to_string(step); };
+    const auto x = (step == 0 ? x0 : torch::randn({24, 32}) * (step + 1)).requires_grad_();
+    const auto g = torch::randn({24, 48}) * 1e-3;
+    const auto y = model(x);
+    y.backward(g);
+    out.insert(out.end(), {{name("x"), x.detach()},
+                           {name("g"), g},
+                           {name("y"), y.detach()},
+                           {name("x_grad"), x.grad()},
+                           {name("w_grad"), net->weight.grad().clone()},
+                           {name("b_grad"), net->bias.grad().clone()}});
+    opt.step();
+    opt.zero_grad();
+    if constexpr (std::is_same_v<Recipe, accel::delayed_scaling>)
+      out.insert(out.end(), {{name("history"), acc.precision().scaling_state().history().clone()},
+                             {name("scales"), acc.precision().scaling_state().scales().clone()}});
+  }
+  out.emplace_back("weight_end", net->weight.detach().clone());
+  accel::safetensors::save(file, out);
+  return 0;
+}
+
+}  // namespace
+#endif
+
+int main(int argc, char** argv) {
+#if !ACCEL_HAS_FLOAT8
+  (void)argc, (void)argv;
+  std::cerr << "fp8_layer: this LibTorch has no float8 (accel::fp8 needs 2.4 or newer)\n";
+  return 77;
+#else
+  const std::string recipe = argc == 3 ? argv[1] : "";
+  if (recipe == "tensorwise") return run<accel::tensorwise_scaling>(argv[2], false);
+  if (recipe == "tensorwise_emulated") return run<accel::tensorwise_scaling>(argv[2], true);
+  if (recipe == "rowwise") return run<accel::rowwise_scaling>(argv[2], false);
+  if (recipe == "delayed") return run<accel::delayed_scaling>(argv[2], false);
+  std::cerr << "usage: fp8_layer tensorwise|tensorwise_emulated|rowwise|delayed FILE\n";
+  return 2;
+#endif
+}
