@@ -65,11 +65,14 @@ def main():
     quick = len(sys.argv) == 5
     outer_rounds = 1 if quick else 2
     print(f"batch {4 if quick else BATCH}, AdamW, one thread per process, {outer_rounds} outer rounds, device {device}")
-    for case in CASES:
+    # ACCEL_BENCH_CASES=transformer (say): only those models, for a rerun that has little time.
+    wanted = os.environ.get("ACCEL_BENCH_CASES", "").split(",")
+    cases = [case for case in CASES if wanted == [""] or case[0] in wanted]
+    for case in cases:
         ms, tokens = measure(bench, python, device, case, outer_rounds, quick)
         name = f"{case[0]} {case[1]}"
         print("TABLE")  # each case's rows, then its RESULT lines, as soon as measured: a run stopped early keeps them
-        if case is CASES[0]:
+        if case is cases[0]:
             print(f"{'case':<18} {'job':<13} {'ms/step':>9} {'tokens/s':>12} {'/ accel':>8}")
         for job in JOBS:
             print(f"{name:<18} {job:<13} {statistics.median(ms[job]):>9.3f} {statistics.median(tokens[job]):>12.0f} "

@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
       std::printf("%-8d %8.0f %13.1f MiB %10.1f MiB %6.1f MiB %12.1f MiB\n", r, row[0].item<double>(),
                   row[1].item<double>(), row[2].item<double>(), row[3].item<double>(), row[4].item<double>());
     }
-    std::filesystem::remove_all(dir);
+    accel::detail::remove_tree(dir);
   }
   return 0;
 }

@@ -6,15 +6,17 @@
 #   scripts/gpu.sh                   on the GPU machine: builds accel's tests, examples and benchmarks against that
 #                                    machine's LibTorch (python3's torch) and NCCL (its nvidia-nccl wheel) on every
 #                                    core, then runs the NCCL checks, fp16/bf16 training against torch.autocast +
-#                                    GradScaler, the CUDA generator resume, the benchmarks and the test suite; logs
+#                                    GradScaler, the CUDA generator resume, fp8 (against the Python recipe, and its
+#                                    speed against bf16), the benchmarks and the test suite; logs
 #                                    and summary.txt in $OUT
 #   scripts/gpu.sh --dry-run         here: the same code paths on the CPU (build-gpu/, nice -n 10, -j2); what needs
 #                                    CUDA says "skipped: no GPU"; logs in build-gpu/out
-# Options: --only PHASES   comma-separated among build, nccl, autocast, resume, bench, suite (default: all); the
+# Options: --only PHASES   comma-separated among build, nccl, autocast, resume, fp8, bench, suite (default: all); the
 #                          build is limited to what the phases need
 #          --budget S      seconds for the whole run (GPU default 420, dry run unlimited): a phase that no longer
 #                          fits is skipped and says so, and the suite stops in time
-# Environment: ACCEL_GPU_PYTHON (default: python3 on the GPU, .venv's here), ACCEL_GPU_SUITE_REGEX (ctest -R).
+# Environment: ACCEL_GPU_PYTHON (default: python3 on the GPU, .venv's here), ACCEL_GPU_SUITE_REGEX (ctest -R),
+#              ACCEL_GPU_TARGETS (the build's targets, for a targeted rerun), ACCEL_BENCH_CASES (gpu_compare.py's).
 # Exit status: 1 if any line of the summary is FAIL.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -186,6 +188,10 @@ print(next(iter(sorted(p for root in nvidia.__path__ for p in glob.glob(os.path.
 # run those of its share of the suite (dry_suite_regex).
 build_targets() {
   local targets=(accel_cli)
+  if [[ -n ${ACCEL_GPU_TARGETS:-} ]]; then
+    printf -- '--target %s ' $ACCEL_GPU_TARGETS
+    return 0
+  fi
   needs() { wanted "$1" || [[ ",$only," == *",build,"* ]]; }
   if needs suite; then
     [[ $mode == gpu ]] && return 0
@@ -193,6 +199,7 @@ build_targets() {
   fi
   needs nccl && targets+=(accel_nccl_check)
   { needs autocast || needs resume; } && targets+=(accel_mixed_precision_training)
+  needs fp8 && targets+=(accel_fp8_layer bench_fp8_step)
   needs bench && targets+=(bench_mlp_step bench_gpu_step)
   printf -- '--target %s ' "${targets[@]}"
 }
@@ -299,8 +306,9 @@ nccl_two_processes_one_gpu() {
   done
   if ((codes[0] == 0 && codes[1] == 0)); then
     record PASS nccl.P2_one_gpu "$(grep -v '^\s*$' "${logs[0]}" | tail -1 | cut -c1-300)"
-  elif grep -qi 'duplicate GPU' "${logs[@]}"; then
-    record INFO nccl.P2_one_gpu "NCCL refuses 2 processes on one GPU: $(grep -hi -m1 'duplicate GPU' "${logs[@]}" | head -1 | cut -c1-200)"
+  elif grep -qiE 'duplicate GPU|ncclCommInitRank failed: invalid usage' "${logs[@]}"; then
+    # NCCL returns ncclInvalidUsage ("Duplicate GPU detected" in its WARN line, which 2.28 did not print here)
+    record INFO nccl.P2_one_gpu "NCCL refuses 2 processes on one GPU: $(grep -hiE -m1 'duplicate GPU|invalid usage' "${logs[@]}" | head -1 | cut -c1-200)"
   else
     record FAIL nccl.P2_one_gpu "exit codes ${codes[*]}: $(grep -hv '^\s*$' "${logs[@]}" | tail -1 | cut -c1-240)"
   fi
@@ -350,6 +358,46 @@ run_resume_check() {
 }
 
 # ------------------------------------------------------------------------------------------------ benchmarks
+
+# fp8 (issue 36): one converted Linear against the recipe in Python, both through CUDA's _scaled_mm, bit for bit; then
+# bench_fp8_step's tokens/s against bf16 (target: 1.2x), on a transformer where the matmuls dominate.
+run_fp8_checks() {
+  local log=$out/checks.log layer=$build/tests/accel_fp8_layer bench=$build/bench/bench_fp8_step recipe part ratio
+  [[ -x $layer && -x $bench ]] || {
+    record FAIL fp8 "accel_fp8_layer or bench_fp8_step was not built (build.log)"
+    return
+  }
+  for recipe in tensorwise rowwise delayed; do
+    fits 30 "fp8.$recipe" || continue
+    part=$(mktemp)
+    section "fp8 $recipe: one Linear against tests/scripts/fp8_reference.py on cuda" >>"$log"
+    timeout 120 "$python" "$root/tests/scripts/fp8_reference.py" "$layer" "$recipe" "$build/gpu-work/fp8" cuda \
+      >"$part" 2>&1
+    record_exit "fp8.$recipe" $? "$part"
+    cat "$part" >>"$log"
+    rm -f "$part"
+  done
+  [[ $mode == gpu ]] && has_gpu || {
+    record SKIP fp8.speed "skipped: no GPU (bench_fp8_step on the CPU: docs/performance.md)"
+    return
+  }
+  fits 100 fp8.speed || return
+  section "bench_fp8_step on cuda" >>"$log"
+  part=$(mktemp)
+  timeout 150 "$bench" --rounds 3 >"$part" 2>&1
+  cat "$part" >>"$log"
+  for recipe in tensorwise delayed; do
+    ratio=$(sed -n "s/^fp8<${recipe}_scaling> .*tokens\/s *\([0-9.]*\)x bf16.*/\1/p" "$part")
+    if [[ -z $ratio ]]; then
+      record FAIL "fp8.speed.$recipe" "bench_fp8_step printed no ratio: $(tail -1 "$part" | cut -c1-200)"
+    elif awk -v r="$ratio" 'BEGIN { exit !(r >= 1.2) }'; then
+      record PASS "fp8.speed.$recipe" "${ratio}x bf16's tokens/s ($(sed -n 's/^bf16 *\([0-9]*\) tokens.*/\1/p' "$part") bf16)"
+    else
+      record FAIL "fp8.speed.$recipe" "${ratio}x bf16's tokens/s, target 1.2x (bench in checks.log)"
+    fi
+  done
+  rm -f "$part"
+}
 
 run_benchmarks() {
   local log=$out/bench.log device quick=() status
@@ -497,9 +545,9 @@ while (($#)); do
 done
 for phase in ${only//,/ }; do
   case "$phase" in
-    all | build | nccl | autocast | resume | bench | suite) ;;
+    all | build | nccl | autocast | resume | fp8 | bench | suite) ;;
     *)
-      echo "scripts/gpu.sh: --only takes build, nccl, autocast, resume, bench, suite; not '$phase'" >&2
+      echo "scripts/gpu.sh: --only takes build, nccl, autocast, resume, fp8, bench, suite; not '$phase'" >&2
       exit 2
       ;;
   esac
@@ -543,7 +591,7 @@ if configure_and_build; then
   wanted nccl && run_nccl_checks
   wanted autocast && run_autocast_checks
   wanted resume && run_resume_check
-  [[ $only == all ]] && record SKIP fp8 "accel has no fp8 policy yet"
+  wanted fp8 && run_fp8_checks
   wanted suite && run_suite_device_part
   wanted bench && run_benchmarks
   wanted suite && run_suite_rest

@@ -112,7 +112,7 @@ void check_checkpoint(gloo_accelerator& acc) {
   acc.load_state(directory);
   require(torch::equal(net->parameters()[0], saved), "save_state/load_state: the weights did not come back");
   acc.wait_for_everyone();
-  if (acc.is_main_process()) std::filesystem::remove_all(directory);
+  if (acc.is_main_process()) accel::detail::remove_tree(directory);
   acc.print("ok: save_state and load_state");
 }
 

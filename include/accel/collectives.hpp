@@ -312,7 +312,8 @@ T gather_ragged(C& comm, const T& data) {
     const auto rows = comm.all_gather(at::tensor({input.size(0)}, at::kLong));
     const auto padded = pad_across_processes(comm, input, 0, 0, false);
     auto parts = comm.all_gather(padded.contiguous());
-    for (std::size_t r = 0; r < parts.size(); ++r) parts[r] = parts[r].narrow(0, 0, rows[r].template item<std::int64_t>());
+    for (std::size_t r = 0; r < parts.size(); ++r)
+      parts[r] = parts[r].narrow(0, 0, rows[r].template item<std::int64_t>());
     return at::cat(parts, 0);
   };
   return map_tensors(data, one);

@@ -23,6 +23,7 @@
 
 #include "checkpoint_error.hpp"
 #include "detail/support/atomic_file.hpp"
+#include "detail/support/directory_entries.hpp"
 #include "detail/support/json.hpp"
 #include "detail/support/text.hpp"
 #include "safetensors.hpp"
@@ -154,7 +155,7 @@ inline safetensors::tensor_list unpickle_tensors(const std::string& bytes, const
 inline void save_model(const torch::nn::Module& module, const std::filesystem::path& directory,
                        std::int64_t max_shard_bytes = 10'000'000'000) {
   std::filesystem::create_directories(directory);
-  for (const auto& file : std::filesystem::directory_iterator(directory)) {
+  for (const auto& file : detail::directory_entries(directory)) {
     const auto name = file.path().filename().string();
     if (name.rfind("model", 0) == 0 && (name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")))
       std::filesystem::remove(file.path());

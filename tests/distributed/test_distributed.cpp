@@ -146,7 +146,7 @@ TEST_CASE("broadcast_object_list from any process, lengths differing; save write
   acc.save(weights, dir / "weights.pt");
   acc.save(weights, dir / "weights.safetensors", /*safe_serialization=*/true);
   acc.wait_for_everyone();
-  CHECK(std::distance(std::filesystem::directory_iterator(dir), {}) == 2);  // no temporary file is left
+  CHECK(accel::detail::directory_entries(dir).size() == 2);  // no temporary file is left
   auto safe = accel::safetensors::load(dir / "weights.safetensors");
   REQUIRE(safe.size() == 2);
   CHECK(safe[0].first == "w");
@@ -157,7 +157,7 @@ TEST_CASE("broadcast_object_list from any process, lengths differing; save write
   CHECK(torch::equal(pickled.at("w").toTensor(), torch::zeros({2})));
   CHECK(torch::equal(pickled.at("b").toTensor(), torch::arange(3)));
   acc.wait_for_everyone();
-  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (acc.is_main_process()) accel::detail::remove_tree(dir);
 }
 
 TEST_CASE("set_seed: the same draws on every process, or with device_specific one stream per process",
@@ -272,7 +272,7 @@ TEST_CASE("G5 main_process_first and on_process", "[collectives]") {
   gloo_accelerator acc;
   const int P = acc.num_processes(), r = acc.process_index();
   const auto dir = accel_test::job_directory("accel_main_first_");
-  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (acc.is_main_process()) accel::detail::remove_tree(dir);
   acc.wait_for_everyone();
   {
     auto scope = acc.main_process_first();
@@ -293,7 +293,7 @@ TEST_CASE("G5 main_process_first and on_process", "[collectives]") {
   acc.on_last_process([&] { ran += 10; });
   CHECK(ran == (acc.is_local_main_process() ? 1 : 0) + (acc.is_last_process() ? 10 : 0));
   acc.wait_for_everyone();
-  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (acc.is_main_process()) accel::detail::remove_tree(dir);
 }
 
 TEST_CASE("prepare broadcasts process 0's parameters and buffers", "[ddp]") {
@@ -503,7 +503,7 @@ TEST_CASE(
   auto model = acc.prepare(net);
   const auto dir = accel_test::job_directory("accel_save_alone_");
   if (acc.is_main_process()) {
-    std::filesystem::remove_all(dir);
+    accel::detail::remove_tree(dir);
     CHECK_THROWS_WITH(acc.save_state(dir), Catch::Contains("every process must call it") &&
                                                Catch::Contains("accel::save_state is a collective"));
     CHECK_FALSE(std::filesystem::exists(dir));
@@ -940,7 +940,7 @@ TEST_CASE("resume on P processes: 10 steps == 5, save, load into other objects, 
   CHECK(bitwise_equal(*resumed.net, *uninterrupted.net));
   CHECK(resumed.schedule.steps() == uninterrupted.schedule.steps());
   resumed.acc.wait_for_everyone();
-  if (resumed.acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (resumed.acc.is_main_process()) accel::detail::remove_tree(dir);
 }
 
 namespace {
@@ -1064,7 +1064,7 @@ TEST_CASE("trackers live on the main process: the others write nothing and never
                      .log_with = {accel::tracker::csv, accel::tracker::json_lines, accel::tracker::tensorboard}});
   const int P = acc.num_processes(), r = acc.process_index();
   REQUIRE(P >= 2);
-  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (acc.is_main_process()) accel::detail::remove_tree(dir);
   acc.wait_for_everyone();
   CHECK_THROWS_AS(acc.log({{"loss", 1}}), std::logic_error);  // on every process, not only where trackers live
 
@@ -1089,8 +1089,7 @@ TEST_CASE("trackers live on the main process: the others write nothing and never
   }
   // One process's records, whichever process reads them (the directory is shared).
   std::set<std::string> files;
-  for (const auto& file : std::filesystem::directory_iterator(dir / "run"))
-    files.insert(file.path().filename().string());
+  for (const auto& file : accel::detail::directory_entries(dir / "run")) files.insert(file.path().filename().string());
   CHECK(files.size() == 4);
   CHECK(files.count("config.json") == 1);
   CHECK(files.count("metrics.csv") == 1);
@@ -1104,7 +1103,7 @@ TEST_CASE("trackers live on the main process: the others write nothing and never
   CHECK(events[1].scalars.at(0).tag == "loss");
   CHECK(events[1].scalars.at(0).value == 0.5f);
   acc.wait_for_everyone();
-  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (acc.is_main_process()) accel::detail::remove_tree(dir);
 }
 
 TEST_CASE("the progress bar shows on the local main process only", "[tracking]") {
@@ -1176,7 +1175,7 @@ TEST_CASE("a save_state that fails on process 0 fails on every process at once; 
   CHECK(std::filesystem::exists(dir / "model.safetensors"));        // the good checkpoint is in place
   CHECK_FALSE(std::filesystem::exists(dir.string() + ".partial"));  // and nothing is left beside it
   acc.wait_for_everyone();
-  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (acc.is_main_process()) accel::detail::remove_tree(dir);
 }
 
 // Issue 39, item 1: a checkpoint whose random_states_1.bin is damaged loaded on process 0 and was refused on process 1,
@@ -1221,7 +1220,7 @@ TEST_CASE("redteam 1: a load that fails on one process fails on every process, a
   for (const auto& copy : acc.gather(net->weight.detach().reshape({1, -1})).unbind(0))
     CHECK(torch::equal(copy, net->weight.detach().reshape({-1})));
   acc.wait_for_everyone();
-  if (main) std::filesystem::remove_all(dir);
+  if (main) accel::detail::remove_tree(dir);
 }
 
 // Issue 22, item 5: models that differ between processes trained silently on scrambled weights (equal sizes) or
@@ -1717,7 +1716,7 @@ TEST_CASE("profile on P processes: each writes profile_{rank}.json with its own 
   const int P = acc.num_processes(), r = acc.process_index();
   REQUIRE(P >= 2);
   const auto dir = accel_test::job_directory("accel_profile_");
-  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (acc.is_main_process()) accel::detail::remove_tree(dir);
   acc.wait_for_everyone();
   const auto pids = acc.gather(torch::tensor({static_cast<std::int64_t>(::getpid())}));
   mlp net(4, 8, 2);
@@ -1750,5 +1749,5 @@ TEST_CASE("profile on P processes: each writes profile_{rank}.json with its own 
     CHECK(rows == std::set<std::int64_t>{3 + process});
   }
   acc.wait_for_everyone();
-  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (acc.is_main_process()) accel::detail::remove_tree(dir);
 }

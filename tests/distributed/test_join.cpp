@@ -215,7 +215,7 @@ TEMPLATE_TEST_CASE(
       CHECK(fresh.parallel().joins == 1);
       CHECK(torch::equal(flat_state(*fresh_net), flat_state(*net)));
       acc.wait_for_everyone();
-      if (acc.is_main_process()) std::filesystem::remove_all(dir);
+      if (acc.is_main_process()) accel::detail::remove_tree(dir);
     }
   }
 }
@@ -317,15 +317,14 @@ TEST_CASE(
 
 // Issue 39, item 2: an automatic save that came due while another process had left the loop aborted the job inside
 // Gloo. Saves that come due during a join are held, and made once by every process when it ends.
-TEST_CASE("redteam 2: save_every_steps inside join_uneven_inputs saves once, agreed, when the join ends",
-          "[redteam]") {
+TEST_CASE("redteam 2: save_every_steps inside join_uneven_inputs saves once, agreed, when the join ends", "[redteam]") {
   const int P = accel::read_process_environment().world_size;
   const auto dir = accel_test::job_directory("accel_join_saves_");
   const accel::options options{
-      .even_batches = false,
-      .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true, .save_every_steps = 1}};
+      .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true, .save_every_steps = 1},
+      .even_batches = false};
   gloo_accelerator acc(options);
-  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (acc.is_main_process()) accel::detail::remove_tree(dir);
   acc.wait_for_everyone();
   torch::manual_seed(5);
   mlp net(1, 4, 1);
@@ -346,10 +345,12 @@ TEST_CASE("redteam 2: save_every_steps inside join_uneven_inputs saves once, agr
   gloo_accelerator fresh({.even_batches = false});
   mlp fresh_net(1, 4, 1);
   torch::optim::SGD fresh_sgd(fresh_net->parameters(), 0.1);
-  [[maybe_unused]] auto [fresh_model, fresh_opt] = fresh.prepare(fresh_net, fresh_sgd);
+  // The same objects as when saving: the training range's position is part of the state.
+  [[maybe_unused]] auto [fresh_model, fresh_opt, fresh_batches] =
+      fresh.prepare(fresh_net, fresh_sgd, accel::data_loader(counting_samples(2 * P + 1), {.batch_size = 1}));
   fresh.load_state(saved.begin()->second);
   CHECK(fresh.completed_steps() == 3);
   CHECK(torch::equal(flat_state(*fresh_net), flat_state(*net)));
   acc.wait_for_everyone();
-  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (acc.is_main_process()) accel::detail::remove_tree(dir);
 }

@@ -464,8 +464,8 @@ void check_resume_across_policies(const std::string& stem) {
   check_same_parameters<Sharded>(sharded_from_replicated, uninterrupted, acc.num_processes());
   acc.wait_for_everyone();
   if (acc.is_main_process()) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::remove_all(replicated_dir);
+    accel::detail::remove_tree(dir);
+    accel::detail::remove_tree(replicated_dir);
   }
 }
 }  // namespace
@@ -521,8 +521,8 @@ TEMPLATE_TEST_CASE(
     const auto weights = accel::safetensors::load(files.front());
     REQUIRE(weights.size() == saved.size());
     for (std::size_t i = 0; i < saved.size(); ++i) CHECK(torch::equal(weights[i].second, saved[i]));
-    std::filesystem::remove_all(dir);
-    std::filesystem::remove_all(merged);
+    accel::detail::remove_tree(dir);
+    accel::detail::remove_tree(merged);
   }
 }
 
@@ -543,7 +543,7 @@ TEST_CASE("fully_sharded writes a sharded checkpoint without gathering anything,
     acc.save_state(dir);
     const auto gathers = shards->all_gather_count() - before;
     acc.wait_for_everyone();
-    if (acc.is_main_process()) std::filesystem::remove_all(dir);
+    if (acc.is_main_process()) accel::detail::remove_tree(dir);
     return gathers;
   };
   CHECK(gathers_of_a_save(sharded_files) == 0u);
@@ -595,7 +595,7 @@ TEMPLATE_TEST_CASE(
   sharded acc;
   check_same_parameters<TestType>(trained, expected, acc.num_processes());
   acc.wait_for_everyone();
-  if (acc.is_main_process()) std::filesystem::remove_all(again);
+  if (acc.is_main_process()) accel::detail::remove_tree(again);
 }
 
 TEMPLATE_TEST_CASE(
@@ -620,7 +620,7 @@ TEMPLATE_TEST_CASE(
   check_same_parameters<TestType>(trained, expected, acc.num_processes());
   CHECK_FALSE(torch::equal(trained[0], loaded[0]));  // it trained
   acc.wait_for_everyone();
-  if (acc.is_main_process()) std::filesystem::remove_all(again);
+  if (acc.is_main_process()) accel::detail::remove_tree(again);
 }
 
 namespace {
@@ -1173,5 +1173,5 @@ TEMPLATE_TEST_CASE(
     CHECK(torch::equal(saved[0].second, own_weight));  // the main process's evaluation model, saved first
   }
   acc.wait_for_everyone();
-  if (acc.is_main_process()) std::filesystem::remove_all(dir);
+  if (acc.is_main_process()) accel::detail::remove_tree(dir);
 }

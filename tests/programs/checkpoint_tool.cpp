@@ -138,8 +138,8 @@ int main(int argc, char** argv) {
     int failed = 0, mixed = 0;
     for (int i = 0; i < loads; ++i) try {
         s.acc.load_state(argv[2]);
-        const bool whole = torch::all(s.net->bias == s.net->bias[0]).item<bool>() &&
-                           s.written.value == s.net->bias[0].item<double>();
+        const bool whole =
+            torch::all(s.net->bias == s.net->bias[0]).item<bool>() && s.written.value == s.net->bias[0].item<double>();
         mixed += whole ? 0 : 1;
       } catch (const accel::checkpoint_error& e) {
         std::printf("load %d failed: %s\n", i, e.what());

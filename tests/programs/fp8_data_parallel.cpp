@@ -12,20 +12,12 @@
 #include <iostream>
 #include <string>
 
+#include "fp8_tower.hpp"
+
 #if ACCEL_HAS_FLOAT8
 namespace {
 
-/// Two Linear layers of suitable shapes between a first and a last one.
-struct tower_impl : torch::nn::Module {
-  tower_impl()
-      : first(register_module("first", torch::nn::Linear(16, 32))),
-        a(register_module("a", torch::nn::Linear(32, 64))),
-        b(register_module("b", torch::nn::Linear(64, 32))),
-        last(register_module("last", torch::nn::Linear(32, 4))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return last(torch::gelu(b(torch::gelu(a(torch::gelu(first(x))))))); }
-  torch::nn::Linear first, a, b, last;
-};
-TORCH_MODULE_IMPL(tower, tower_impl);
+using accel_test::tower;
 
 int failures = 0;
 void expect(bool condition, const std::string& what) {

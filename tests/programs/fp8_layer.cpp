@@ -1,9 +1,10 @@
-// For tests/scripts/fp8_reference.py: `fp8_layer RECIPE FILE` trains one Linear(32, 48) converted by accel::fp8 with
-// RECIPE (tensorwise, rowwise or delayed through at::_scaled_mm; tensorwise_emulated: options::fp8.emulate) for 3 SGD
-// steps on fixed inputs and output gradients, and writes to FILE (safetensors) what the reference recomputes with
+// For tests/scripts/fp8_reference.py: `fp8_layer RECIPE FILE [cuda]` trains one Linear(32, 48) converted by accel::fp8
+// with RECIPE (tensorwise, rowwise or delayed through at::_scaled_mm; tensorwise_emulated: options::fp8.emulate) for 3
+// SGD steps on fixed inputs and output gradients, and writes to FILE (safetensors) what the reference recomputes with
 // PyTorch's own ops: the inputs and starting weights, the first step's float8 casts and scales (as accel::detail::fp8
 // computes them), and each step's output, input gradient, weight and bias gradients (and with delayed scaling the amax
-// history and scales after the step).
+// history and scales after the step). With `cuda` the layer runs on the GPU (the tensors are made on the CPU, then
+// moved; FILE holds CPU copies).
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
@@ -16,8 +17,8 @@ namespace {
 namespace f = accel::detail::fp8;
 
 template <class Recipe>
-int run(const std::string& file, bool emulate) {
-  accel::options options{.cpu = true};
+int run(const std::string& file, bool emulate, bool cuda) {
+  accel::options options{.cpu = !cuda};
   options.fp8.amax_history_len = 2;
   options.fp8.emulate = emulate;  // at::_scaled_mm on the CPU too, unless asked
   options.fp8.module_filter_func = [](const torch::nn::Module&, const std::string&) { return true; };
@@ -30,7 +31,8 @@ int run(const std::string& file, bool emulate) {
   if (acc.precision().converted_layers().size() != 1) return 3;
 
   // The first step's casts, by the functions the layer runs (24 rows: the weight gradient's reduction is padded).
-  const auto x0 = torch::randn({24, 32}) * 4;
+  const auto on_device = [&](const at::Tensor& t) { return t.to(acc.device()); };
+  const auto x0 = on_device(torch::randn({24, 32}) * 4);
   const auto x16 = x0.to(torch::kBFloat16);
   const bool rows = std::is_same_v<Recipe, accel::rowwise_scaling>;
   const auto axis = rows ? std::optional<int64_t>(1) : std::nullopt;
@@ -43,8 +45,8 @@ int run(const std::string& file, bool emulate) {
 
   for (int step = 0; step < 3; ++step) {
     const auto name = [&](const char* what) { return std::string(what) + "_" + std::to_string(step); };
-    const auto x = (step == 0 ? x0 : torch::randn({24, 32}) * (step + 1)).requires_grad_();
-    const auto g = torch::randn({24, 48}) * 1e-3;
+    const auto x = (step == 0 ? x0 : on_device(torch::randn({24, 32}) * (step + 1))).requires_grad_();
+    const auto g = on_device(torch::randn({24, 48}) * 1e-3);
     const auto y = model(x);
     y.backward(g);
     out.insert(out.end(), {{name("x"), x.detach()},
@@ -60,6 +62,7 @@ int run(const std::string& file, bool emulate) {
                              {name("scales"), acc.precision().scaling_state().scales().clone()}});
   }
   out.emplace_back("weight_end", net->weight.detach().clone());
+  for (auto& entry : out) entry.second = entry.second.cpu();
   accel::safetensors::save(file, out);
   return 0;
 }
@@ -73,12 +76,17 @@ int main(int argc, char** argv) {
   std::cerr << "fp8_layer: this LibTorch has no float8 (accel::fp8 needs 2.4 or newer)\n";
   return 77;
 #else
-  const std::string recipe = argc == 3 ? argv[1] : "";
-  if (recipe == "tensorwise") return run<accel::tensorwise_scaling>(argv[2], false);
-  if (recipe == "tensorwise_emulated") return run<accel::tensorwise_scaling>(argv[2], true);
-  if (recipe == "rowwise") return run<accel::rowwise_scaling>(argv[2], false);
-  if (recipe == "delayed") return run<accel::delayed_scaling>(argv[2], false);
-  std::cerr << "usage: fp8_layer tensorwise|tensorwise_emulated|rowwise|delayed FILE\n";
+  const bool cuda = argc == 4 && std::string(argv[3]) == "cuda";
+  const std::string recipe = argc == 3 || cuda ? argv[1] : "";
+  if (cuda && !torch::cuda::is_available()) {
+    std::cerr << "skipped: no GPU\n";
+    return 77;
+  }
+  if (recipe == "tensorwise") return run<accel::tensorwise_scaling>(argv[2], false, cuda);
+  if (recipe == "tensorwise_emulated") return run<accel::tensorwise_scaling>(argv[2], true, cuda);
+  if (recipe == "rowwise") return run<accel::rowwise_scaling>(argv[2], false, cuda);
+  if (recipe == "delayed") return run<accel::delayed_scaling>(argv[2], false, cuda);
+  std::cerr << "usage: fp8_layer tensorwise|tensorwise_emulated|rowwise|delayed FILE [cuda]\n";
   return 2;
 #endif
 }

@@ -1,6 +1,6 @@
 """fp8.python_reference.RECIPE: accel::fp8's arithmetic against the recipe written here with torch 2.13's own ops.
 
-    fp8_reference.py FP8_LAYER RECIPE WORK_DIR
+    fp8_reference.py FP8_LAYER RECIPE WORK_DIR [cuda]
 
 Runs `FP8_LAYER RECIPE FILE` (tests/programs/fp8_layer.cpp: one Linear(32, 48), converted, 3 SGD steps of lr 0.5 on
 fixed inputs and output gradients), then recomputes from the same inputs, bit for bit:
@@ -13,7 +13,8 @@ fixed inputs and output gradients), then recomputes from the same inputs, bit fo
 RECIPE tensorwise_emulated checks options::fp8.emulate (what the CPU uses unless told: torchao's emulation, a float32
 matmul of the float8 values divided by their scales) the same way; the others run torch._scaled_mm.
 Where torchao is installed (it is not in requirements.txt), tensorwise and rowwise are also compared with torchao's
-Float8Linear on the first step; a missing torchao is said, not failed.
+Float8Linear on the first step; a missing torchao is said, not failed. With `cuda` (scripts/gpu.sh) both sides run on
+the GPU: accel's layer and the reference, each through CUDA's _scaled_mm.
 """
 import os
 import subprocess
@@ -49,6 +50,7 @@ def pad16(t, dim):
 
 
 EMULATE = False
+DEVICE = "cpu"
 
 
 def scaled_mm(a, a_scale, b, b_scale, out_dtype, fast):
@@ -76,9 +78,9 @@ class Delayed:
     """TransformerEngine's delayed scaling for the layer's three tensors (input, weight, grad_output), HYBRID."""
 
     def __init__(self, length):
-        self.history = torch.zeros(length, 3)
-        self.scale = torch.ones(3)
-        self.largest = torch.tensor([448.0, 448.0, 57344.0])
+        self.history = torch.zeros(length, 3, device=DEVICE)
+        self.scale = torch.ones(3, device=DEVICE)
+        self.largest = torch.tensor([448.0, 448.0, 57344.0], device=DEVICE)
 
     def cast(self, x, column, dtype):
         self.history[0, column] = torch.maximum(self.history[0, column], torch.max(torch.abs(x)).float())
@@ -151,16 +153,18 @@ def compare_with_torchao(recipe, t):
 
 
 def main():
-    global EMULATE
+    global EMULATE, DEVICE
     program, recipe, work = sys.argv[1:4]
+    DEVICE = sys.argv[4] if len(sys.argv) > 4 else "cpu"
     os.makedirs(work, exist_ok=True)
     path = os.path.join(work, f"{recipe}.safetensors")
-    result = subprocess.run([program, recipe, path], capture_output=True, text=True, timeout=240)
+    result = subprocess.run([program, recipe, path] + ([DEVICE] if DEVICE != "cpu" else []), capture_output=True,
+                            text=True, timeout=240)
     if result.returncode == 77:
         print(result.stderr)
         sys.exit(77)
     check(result.returncode == 0, f"fp8_layer {recipe} exited with {result.returncode}: {result.stderr}")
-    t = load_file(path)
+    t = load_file(path, device=DEVICE)
     EMULATE = recipe.endswith("_emulated")
     recipe = recipe.removesuffix("_emulated")
     rows = recipe == "rowwise"
@@ -181,8 +185,8 @@ def main():
             same(f"step {step}'s amax history", t[f"history_{step}"], delayed.history)
             same(f"step {step}'s scales", t[f"scales_{step}"], delayed.scale)
     same("the weight after 3 steps", t["weight_end"], weight)
-    print(f"{recipe}{' (emulated)' if EMULATE else ''}: casts, scales, outputs and gradients of 3 steps equal the reference bit for bit")
-    if recipe != "delayed":
+    print(f"{recipe}{' (emulated)' if EMULATE else ''} on {DEVICE}: casts, scales, outputs and gradients of 3 steps equal the reference bit for bit")
+    if recipe != "delayed" and DEVICE == "cpu":
         compare_with_torchao(recipe, t)
 
 

@@ -39,9 +39,24 @@ class scoped_variable {
 /// An empty directory of this test process's own under the temporary directory (emptied if it was there).
 inline std::filesystem::path scratch_directory(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / ("accel_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+/// Copies the directory `from` with everything under it to `to` (std::filesystem::copy with copy_options::recursive
+/// iterates with the directory iterators that lint.directory_iterators keeps out: accel/detail/support/
+/// directory_entries.hpp says why).
+inline void copy_tree(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::filesystem::create_directories(to);
+  for (const auto& entry : accel::detail::directory_entries(from)) {
+    if (entry.is_symlink())
+      std::filesystem::copy_symlink(entry.path(), to / entry.path().filename());
+    else if (entry.is_directory())
+      copy_tree(entry.path(), to / entry.path().filename());
+    else
+      std::filesystem::copy_file(entry.path(), to / entry.path().filename());
+  }
 }
 
 /// A directory path shared by the processes of one multi-process job, and by no other job: `stem` followed by the

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <accel/detail/support/directory_entries.hpp>
+
 namespace tensorboard_reader {
 
 struct read_error : std::runtime_error {
@@ -204,7 +206,7 @@ inline std::string file_bytes(const std::filesystem::path& file) {
 /// The one event file in `directory`.
 inline std::filesystem::path event_file(const std::filesystem::path& directory) {
   std::vector<std::filesystem::path> found;
-  for (const auto& entry : std::filesystem::directory_iterator(directory))
+  for (const auto& entry : accel::detail::directory_entries(directory))
     if (entry.path().filename().string().starts_with("events.out.tfevents.")) found.push_back(entry.path());
   if (found.size() != 1)
     throw read_error(std::to_string(found.size()) + " event files in " + directory.string() + ", expected one");

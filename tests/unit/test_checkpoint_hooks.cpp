@@ -24,7 +24,7 @@ std::filesystem::path scratch(const std::string& name) { return accel_test::scra
 /// The names `save_state` wrote into `directory`: its regular files.
 std::set<std::string> files_in(const std::filesystem::path& directory) {
   std::set<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(directory))
+  for (const auto& entry : accel::detail::directory_entries(directory))
     if (entry.is_regular_file()) names.insert(entry.path().filename().string());
   return names;
 }
@@ -147,7 +147,7 @@ TEST_CASE(
     outlived = gone.register_load_state_pre_hook([](module_list&, const std::filesystem::path&) {});
   }
   outlived.remove();  // its accelerator is gone: nothing to do
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }
 
 TEST_CASE(
@@ -204,7 +204,7 @@ TEST_CASE(
   });
   resumed.acc.load_state(ckpt);
   CHECK(accel_test::all_equal(resumed.snapshot(), saved));
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }
 
 TEST_CASE(
@@ -238,7 +238,7 @@ TEST_CASE(
   failing_save.remove();
   run.acc.save_state(ckpt);
   CHECK(accel_test::text_of(ckpt / "accel_checksums.txt") == manifest);  // the same state, the same files
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }
 
 TEST_CASE(
@@ -274,7 +274,7 @@ TEST_CASE(
     resumed.train(3);
     CHECK(accel_test::bitwise_equal(*resumed.net, *uninterrupted.net));
   }
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }
 
 TEST_CASE("map_location's default is Accelerate's: on_device with several processes on devices of their own, else cpu",
@@ -387,7 +387,7 @@ TEST_CASE(
                     "more (below the largest int64)");
   CHECK_THROWS_WITH(accel::accelerator<>({.cpu = true, .project = {.iteration = -3}}),
                     Contains("accel::options: project.iteration = -3 is not a checkpoint number"));
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }
 
 TEST_CASE(
@@ -415,13 +415,12 @@ TEST_CASE(
   CHECK(acc.save_iteration() == 4);
   CHECK(acc.save_state() == root / "checkpoint_4");
   std::filesystem::create_directories(dir / "elsewhere");
-  std::filesystem::copy(root / "checkpoint_4", dir / "elsewhere" / "checkpoint_9",
-                        std::filesystem::copy_options::recursive);
+  accel_test::copy_tree(root / "checkpoint_4", dir / "elsewhere" / "checkpoint_9");
   acc.load_state(dir / "elsewhere" / "checkpoint_9");  // not the project's: the numbering stays
   CHECK(acc.save_iteration() == 5);
   acc.load_state((root / "checkpoint_4").string() + "/");
   CHECK(acc.save_iteration() == 5);
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }
 
 TEST_CASE(
@@ -469,5 +468,5 @@ TEST_CASE(
                         Catch::Contains("use state_dict_type::full with save_on_each_node"));
   CHECK_FALSE(std::filesystem::exists(dir / "each_node"));
   CHECK_FALSE(std::filesystem::exists(dir / "each_node.partial"));
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }

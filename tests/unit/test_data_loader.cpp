@@ -69,9 +69,7 @@ void check_same(const std::vector<example_batch>& got, const std::vector<example
 }
 
 /// Threads of this process, counted by the kernel.
-std::size_t thread_count() {
-  return static_cast<std::size_t>(std::distance(std::filesystem::directory_iterator("/proc/self/task"), {}));
-}
+std::size_t thread_count() { return accel::detail::directory_entries("/proc/self/task").size(); }
 
 /// Waits (up to 30 s) until `value` stops changing for 100 ms, and returns it.
 int settled(const std::atomic<int>& value) {

@@ -233,7 +233,7 @@ TEST_CASE("print formats tensors and devices as operator<< does", "[accelerator]
 
 TEST_CASE("a user-defined precision policy is driven through its hooks", "[policies][custom]") {
   STATIC_REQUIRE(accel::precision_policy<counting_precision>);
-  accel::accelerator<counting_precision> acc;
+  accel::accelerator<counting_precision> acc{{.cpu = true}};
   torch::manual_seed(3);
   mlp net(2, 4, 1);
   torch::optim::SGD optimizer(net->parameters(), 0.1);
@@ -357,10 +357,11 @@ TEST_CASE("redteam 7: a weight tied across two shard units is refused at prepare
   for (const bool embed_in_unit : {true, false}) {
     accel::accelerator<accel::fp32, accel::fully_sharded<accel::gloo>> acc;
     auto net = tied(embed_in_unit);
-    CHECK_THROWS_WITH(acc.prepare(net), Catch::Contains("the parameter embed.weight is also head.weight (a tied weight)") &&
-                                            Catch::Contains(embed_in_unit ? "in the shard units 'embed' and 'head'"
-                                                                          : "in the shard units (no unit) and 'head'") &&
-                                            Catch::Contains("wrap the modules that share it in one shard unit"));
+    CHECK_THROWS_WITH(acc.prepare(net),
+                      Catch::Contains("the parameter embed.weight is also head.weight (a tied weight)") &&
+                          Catch::Contains(embed_in_unit ? "in the shard units 'embed' and 'head'"
+                                                        : "in the shard units (no unit) and 'head'") &&
+                          Catch::Contains("wrap the modules that share it in one shard unit"));
   }
   // Both uses in one unit: gathered and freed together, so it trains.
   accel::accelerator<accel::fp32, accel::fully_sharded<accel::gloo>> acc;

@@ -100,7 +100,7 @@ TEST_CASE(
   acc.load_state(dir / "state");
   CHECK(acc.parallel().steps == 3);
   CHECK(acc.parallel().joins == 0);
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }
 
 TEST_CASE("fp16's overflow check is agreed through the parallel policy, once per optimizer step", "[policies][seams]") {
@@ -158,7 +158,7 @@ TEST_CASE("the test-only policies' own state round-trips through save_state / lo
   CHECK(acc.precision().backwards == 6);
   CHECK(acc.parallel().optimizer_steps == 3);
   CHECK(torch::equal(net->parameters()[0], before));
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }
 
 // docs/checkpoint-format.md stays true: a checkpoint written before the policies saved their own state loads, its
@@ -205,10 +205,9 @@ TEST_CASE("a checkpoint written by accel 0.1 loads, resumes, and saves again wit
 
   run.acc.save_state(dir / "again");
   std::set<std::string> old_files, new_files;
-  for (const auto& entry : std::filesystem::directory_iterator(data / "checkpoint"))
+  for (const auto& entry : accel::detail::directory_entries(data / "checkpoint"))
     old_files.insert(entry.path().filename());
-  for (const auto& entry : std::filesystem::directory_iterator(dir / "again"))
-    new_files.insert(entry.path().filename());
+  for (const auto& entry : accel::detail::directory_entries(dir / "again")) new_files.insert(entry.path().filename());
   old_files.insert("accel_checksums.txt");  // accel 0.1 wrote no checksums
   CHECK(old_files == new_files);
   for (const auto& name : {"accel_state.bin", "optimizer.bin", "scheduler.bin", "custom_checkpoint.bin"})
@@ -234,5 +233,5 @@ TEST_CASE("a checkpoint written by accel 0.1 loads, resumes, and saves again wit
     CHECK(close(item.value(), uninterrupted.net->named_parameters()[item.key()]));  // resumed == uninterrupted
     CHECK(close(item.value(), after.at(item.key())));
   }
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }

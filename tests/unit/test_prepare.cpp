@@ -96,7 +96,7 @@ TEST_CASE("prepare returns its objects in the order given", "[prepare]") {
 }
 
 TEST_CASE("a prepared model runs the module's forward", "[prepare][model]") {
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   torch::manual_seed(0);
   mlp net(3, 4, 2);
   auto model = acc.prepare(net);
@@ -105,7 +105,7 @@ TEST_CASE("a prepared model runs the module's forward", "[prepare][model]") {
 }
 
 TEST_CASE("a prepared model forwards several arguments", "[prepare][model]") {
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   bilinear_sum net;
   auto model = acc.prepare(net);
   const auto x = torch::randn({2, 3});
@@ -114,7 +114,7 @@ TEST_CASE("a prepared model forwards several arguments", "[prepare][model]") {
 }
 
 TEST_CASE("prepare accepts a std::shared_ptr to a module", "[prepare][model]") {
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   auto net = std::make_shared<mlp_impl>(2, 3, 1);
   auto model = acc.prepare(net);
   const auto x = torch::randn({4, 2});
@@ -262,7 +262,7 @@ TEST_CASE("a prepared range is a C++20 input range", "[prepare][range]") {
 }
 
 TEST_CASE("batches bind to structured bindings", "[prepare][range]") {
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   auto data = regression_batches(2, 3, 4, 1);
   auto batches = acc.prepare(data);
   int i = 0;
@@ -287,7 +287,7 @@ TEST_CASE("a prepared range refers to an lvalue range and owns an rvalue one", "
 }
 
 TEST_CASE("a prepared range works over a LibTorch data loader", "[prepare][range][loader]") {
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   const auto inputs = torch::arange(20, torch::kFloat).reshape({10, 2});
   const auto targets = torch::arange(10, torch::kFloat);
   auto dataset = torch::data::datasets::TensorDataset({inputs})  // 10 samples
@@ -454,7 +454,7 @@ TEST_CASE("send_to_device keeps a torch::data::Example without a target", "[devi
 }
 
 TEST_CASE("get_state_dict: parameters then buffers by name, each a CPU copy of its own", "[prepare][model]") {
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   torch::manual_seed(3);
   torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4));
   auto model = acc.prepare(net);

@@ -96,7 +96,7 @@ std::set<std::int64_t> batch_rows(const std::vector<accel::profile_event>& event
 
 TEST_CASE("acc.profile writes the training steps' Chrome trace to output_trace_dir/profile_0.json") {
   const auto dir = scratch_directory("profile_trace") / "traces" / "run";  // created by the profile
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   training run(acc);
   {
     auto prof = acc.profile({.output_trace_dir = dir});
@@ -124,7 +124,7 @@ TEST_CASE("acc.profile writes the training steps' Chrome trace to output_trace_d
     if (dims == nullptr) continue;
     for (const auto& shape : dims->items) CHECK(shape.items.empty());
   }
-  std::filesystem::remove_all(dir.parent_path().parent_path());
+  accel::detail::remove_tree(dir.parent_path().parent_path());
 }
 
 // Not run by default (hidden): tests/scripts/check_profile_trace.py runs it, then reads the trace with Python's json.
@@ -166,7 +166,7 @@ TEST_CASE("on_trace_ready is called once per recorded window, at its end, with t
   };
   // Step i trains on a batch of i + 1 rows, so that each window's steps show in its shapes.
   const auto profile = [&dir](int repeat, int steps) {
-    accel::accelerator<> acc;
+    accel::accelerator<> acc{{.cpu = true}};
     training run(acc);
     std::vector<window> windows;
     auto prof = acc.profile({.schedule = accel::profile_schedule{.wait = 1, .warmup = 1, .active = 2, .repeat = repeat},
@@ -214,7 +214,7 @@ TEST_CASE("on_trace_ready is called once per recorded window, at its end, with t
     CHECK(json::parse_file(dir / "window_8.json").at("traceEvents").items.size() == trace_events(last).size());
   }
   SECTION("without a schedule: one window, the whole profile, handed over at its end") {
-    accel::accelerator<> acc;
+    accel::accelerator<> acc{{.cpu = true}};
     training run(acc);
     std::vector<std::int64_t> calls;
     std::size_t addmm = 0;
@@ -234,12 +234,12 @@ TEST_CASE("on_trace_ready is called once per recorded window, at its end, with t
     CHECK(calls == std::vector<std::int64_t>{3});
     CHECK(addmm == 6);
   }
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }
 
 TEST_CASE("record_shapes puts each operator's input shapes and types in the trace") {
   const auto dir = scratch_directory("profile_shapes");
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   training run(acc);
   {
     auto prof = acc.profile({.record_shapes = true, .output_trace_dir = dir});
@@ -255,11 +255,11 @@ TEST_CASE("record_shapes puts each operator's input shapes and types in the trac
   const auto& types = addmm[0].at("Input type").items;
   REQUIRE(types.size() == 5);
   for (int i = 0; i < 3; ++i) CHECK(types[i].text == "float");
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }
 
 TEST_CASE("with_flops counts the matrix multiplications' FLOPs, profile_memory records allocations") {
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   training run(acc);
   auto prof = acc.profile({.profile_memory = true, .with_stack = true, .with_flops = true, .with_modules = true});
   run.step(5);
@@ -350,7 +350,7 @@ TEST_CASE("key_averages: self and total time, calls, memory and FLOPs per name, 
 }
 
 TEST_CASE("key_averages over a real profile: calls per operator, self within total, grouped by input shapes") {
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   training run(acc);
   auto prof = acc.profile({.record_shapes = true});
   for (int i = 0; i < 3; ++i) run.step(5);
@@ -377,7 +377,7 @@ TEST_CASE("an output_trace_dir that cannot be written: finish() throws naming it
   const auto scratch = scratch_directory("profile_unwritable");
   std::ofstream(scratch / "a_file") << "not a directory";
   const auto dir = scratch / "a_file" / "traces";  // root may write anywhere, but not below a file
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   training run(acc);
   auto prof = acc.profile({.output_trace_dir = dir});
   run.step(3);
@@ -399,12 +399,12 @@ TEST_CASE("an output_trace_dir that cannot be written: finish() throws naming it
   std::cerr.rdbuf(cerr);
   CHECK_THAT(printed.str(), Contains("cannot create output_trace_dir " + dir.string()) && Contains("call finish()"));
   CHECK_FALSE(profiler_enabled());
-  std::filesystem::remove_all(scratch);
+  accel::detail::remove_tree(scratch);
 }
 
 TEST_CASE("a schedule that never records leaves nothing to write, and says why") {
   const auto dir = scratch_directory("profile_nothing");
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   training run(acc);
   auto prof =
       acc.profile({.schedule = accel::profile_schedule{.wait = 5, .warmup = 1, .active = 2}, .output_trace_dir = dir});
@@ -422,11 +422,11 @@ TEST_CASE("a schedule that never records leaves nothing to write, and says why")
                            "shorten the schedule"));
   CHECK_FALSE(std::filesystem::exists(dir / "profile_0.json"));
   CHECK_FALSE(profiler_enabled());
-  std::filesystem::remove_all(dir);
+  accel::detail::remove_tree(dir);
 }
 
 TEST_CASE("profiles LibTorch cannot run are refused, one runs at a time, an error leaving the scope stops it") {
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   training run(acc);
   CHECK_THROWS_WITH((void)acc.profile({.schedule = accel::profile_schedule{.wait = -1, .active = 0}}),
                     "accel::profile_schedule: wait = -1 (need >= 0), warmup = 0 (need >= 0), active = 0 (need > 0), "
@@ -453,7 +453,7 @@ TEST_CASE("profiles LibTorch cannot run are refused, one runs at a time, an erro
     CHECK(calls == 0);
     CHECK_FALSE(std::filesystem::exists(dir / "profile_0.json"));
     CHECK_FALSE(profiler_enabled());
-    std::filesystem::remove_all(dir);
+    accel::detail::remove_tree(dir);
   }
   SECTION("a callback that throws: step() throws it; the next window is recorded; the end stops the profiler") {
     int calls = 0;

@@ -39,7 +39,7 @@ mlp train_accel(const std::vector<batch>& data, const run_config& config) {
   torch::manual_seed(42);
   mlp net(6, 16, 2, config.dropout);
   auto optimizer = config.make_optimizer(net->parameters());
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};  // against the raw loop on the CPU
   auto [model, opt, batches] = acc.prepare(net, *optimizer, data);
   for (int epoch = 0; epoch < config.epochs; ++epoch) {
     for (auto&& [x, y] : batches) {
@@ -109,7 +109,7 @@ TEST_CASE("the equivalence check notices a different training run", "[training][
 }
 
 TEST_CASE("acc.backward gives the gradients of loss.backward()", "[training]") {
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   torch::manual_seed(5);
   mlp a(4, 6, 1);
   torch::manual_seed(5);
@@ -129,7 +129,7 @@ TEST_CASE("a scheduled run matches the raw loop with the same scheduler", "[trai
     mlp net(6, 16, 2);
     torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
     torch::optim::StepLR scheduler(optimizer, 3, 0.3);
-    accel::accelerator<> acc;
+    accel::accelerator<> acc{{.cpu = true}};
     auto [model, opt, sched, batches] = acc.prepare(net, optimizer, scheduler, data);
     for (int epoch = 0; epoch < 3; ++epoch) {
       for (const auto& [x, y] : data) {
@@ -169,7 +169,7 @@ TEST_CASE("training through a prepared LibTorch data loader matches the raw loop
     mlp net(6, 16, 2);
     torch::optim::AdamW optimizer(net->parameters(), 1e-2);
     auto loader = make_loader();
-    accel::accelerator<> acc;
+    accel::accelerator<> acc{{.cpu = true}};
     auto [model, opt, batches] = acc.prepare(net, optimizer, *loader);
     for (int epoch = 0; epoch < 2; ++epoch) {
       if (with_accel) {
@@ -257,7 +257,7 @@ TEST_CASE("local_sgd on one process only counts steps: training is the raw loop'
   torch::manual_seed(42);
   mlp net(6, 16, 2);
   torch::optim::SGD optimizer(net->parameters(), 0.1);
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};
   auto [model, opt] = acc.prepare(net, optimizer);
   accel::local_sgd local(acc, model, 2);
   CHECK_FALSE(local.enabled());  // one process: nothing to average with

@@ -276,9 +276,8 @@ inline void check_generator_state(const at::Generator& generator, const at::Tens
   generator.clone().set_state(state);
 #else
   const auto own = generator.get_state();
-  TORCH_CHECK(state.scalar_type() == own.scalar_type() && state.numel() == own.numel(), "a state of ",
-              state.numel(), " ", state.scalar_type(), " elements where the generator's has ", own.numel(), " ",
-              own.scalar_type());
+  TORCH_CHECK(state.scalar_type() == own.scalar_type() && state.numel() == own.numel(), "a state of ", state.numel(),
+              " ", state.scalar_type(), " elements where the generator's has ", own.numel(), " ", own.scalar_type());
 #endif
 }
 /// Whether LibTorch multiplies float16 matrices on the CPU (PowerSGD under `comm_wrapper::fp16` on Gloo): 2.13 does;

@@ -29,6 +29,7 @@
 
 #include "../../checkpoint_error.hpp"
 #include "../support/atomic_file.hpp"
+#include "../support/directory_entries.hpp"
 #include "format.hpp"
 #include "manifest.hpp"
 
@@ -82,7 +83,7 @@ inline std::set<std::string> files_of_checkpoint(const std::filesystem::path& di
     for (const auto& [name, file] : manifest->files()) names.insert(name);
     names.insert(std::string(checkpoint_files::manifest));
   } else if (std::filesystem::is_regular_file(directory / checkpoint_files::accel_state)) {
-    for (const auto& entry : std::filesystem::directory_iterator(directory))
+    for (const auto& entry : directory_entries(directory))
       if (is_checkpoint_file(entry.path().filename().string())) names.insert(entry.path().filename().string());
   }
   return names;
@@ -93,7 +94,7 @@ inline std::set<std::string> files_of_checkpoint(const std::filesystem::path& di
 template <class IsAccels>
 std::vector<std::string> remove_accels_files(const std::filesystem::path& directory, IsAccels&& accels) {
   std::vector<std::string> kept;
-  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
+  for (const auto& entry : directory_entries(directory)) {
     const auto name = entry.path().filename().string();
     if (accels(name) && entry.is_regular_file() && !entry.is_symlink())
       std::filesystem::remove(entry.path());
@@ -122,7 +123,7 @@ inline std::vector<std::string> remove_checkpoint_files(const std::filesystem::p
 /// removed from `from`.
 template <class IsAccels>
 void move_other_entries(const std::filesystem::path& from, const std::filesystem::path& to, IsAccels&& accels) {
-  for (const auto& entry : std::filesystem::directory_iterator(from)) {
+  for (const auto& entry : directory_entries(from)) {
     const auto name = entry.path().filename();
     const bool link = entry.is_symlink(), regular = !link && entry.is_regular_file();
     if (regular && accels(name.string())) continue;
@@ -163,10 +164,10 @@ class staging_directory {
     if (fd_ < 0) throw busy();
     // The staging directory is accel's own: what carries accel's names there was written by a save.
     if (std::filesystem::is_directory(target_)) move_other_entries(path_, target_, staged);
-    for (const auto& entry : std::filesystem::directory_iterator(path_))
+    for (const auto& entry : directory_entries(path_))
       if (staged(entry.path().filename().string()) && entry.is_regular_file() && !entry.is_symlink())
         std::filesystem::remove(entry.path());
-    if (!std::filesystem::is_empty(path_))
+    if (!directory_entries(path_).empty())
       throw checkpoint_error("accel::save_state: " + path_.string() + " holds entries accel did not write (left by " +
                              "a save that crashed); move them away and save again");
   }
@@ -253,7 +254,7 @@ class staging_directory {
   // save would write over (one of accel's names that no manifest vouched for) refuses the save: nothing is lost.
   void carry_files_and_links() const {
     const auto listed = files_of_checkpoint(target_);
-    for (const auto& entry : std::filesystem::directory_iterator(target_)) {
+    for (const auto& entry : directory_entries(target_)) {
       const auto name = entry.path().filename();
       if (listed.contains(name.string()) && entry.is_regular_file() && !entry.is_symlink()) continue;
       if (std::filesystem::exists(std::filesystem::symlink_status(path_ / name)))
@@ -290,7 +291,7 @@ inline std::optional<std::int64_t> checkpoint_number(std::string_view name) {
 inline std::map<std::int64_t, std::filesystem::path> numbered_checkpoints(const std::filesystem::path& root) {
   std::map<std::int64_t, std::filesystem::path> found;
   if (!std::filesystem::is_directory(root)) return found;
-  for (const auto& entry : std::filesystem::directory_iterator(root))
+  for (const auto& entry : directory_entries(root))
     if (const auto number = checkpoint_number(entry.path().filename().string()); number && entry.is_directory())
       found[*number] = entry.path();
   return found;

@@ -9,6 +9,10 @@
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +20,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,9 +33,45 @@
 
 namespace accel::detail {
 
+/// The files of one checkpoint directory, opened together (by `read_manifest`): a save that then replaces the
+/// directory (its staging directory exchanged with it, the old files removed) cannot change what these read, so a
+/// load reads one checkpoint whole however long it takes.
+class opened_files {
+ public:
+  opened_files() = default;
+  opened_files(const opened_files&) = delete;
+  opened_files& operator=(const opened_files&) = delete;
+  ~opened_files() {
+    for (const auto& [name, fd] : fds_) ::close(fd);
+  }
+  void add(const std::string& name, int fd) { fds_.emplace(name, fd); }
+
+  /// The whole content of `name`, or none if it was not opened (or cannot be read now).
+  [[nodiscard]] std::optional<std::string> read(const std::string& name) const {
+    const auto found = fds_.find(name);
+    if (found == fds_.end()) return std::nullopt;
+    std::string bytes;
+    char buffer[1 << 16];
+    for (off_t offset = 0;;) {
+      const auto got = ::pread(found->second, buffer, sizeof buffer, offset);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) return std::nullopt;
+      if (got == 0) return bytes;
+      bytes.append(buffer, static_cast<std::size_t>(got));
+      offset += got;
+    }
+  }
+
+ private:
+  std::map<std::string, int> fds_;
+};
+
 class checkpoint_manifest {
  public:
   void add(const written_file& file) { files_[file.name] = file; }
+  /// The listed files as they were when the manifest was read (none for a manifest being written).
+  [[nodiscard]] const opened_files* opened() const noexcept { return opened_.get(); }
+  void keep_open(std::shared_ptr<const opened_files> files) { opened_ = std::move(files); }
   [[nodiscard]] const std::map<std::string, written_file>& files() const noexcept { return files_; }
 
   [[nodiscard]] std::string text() const {
@@ -93,18 +134,39 @@ class checkpoint_manifest {
   }
 
   std::map<std::string, written_file> files_;
+  std::shared_ptr<const opened_files> opened_;
 };
 
-/// The manifest of the checkpoint in `directory`, or none for one written before accel had checksums (v0.1).
+/// The manifest of the checkpoint in `directory`, or none for one written before accel had checksums (v0.1). The
+/// files it lists are opened at once, relative to the same directory (`opened_files`).
 inline std::optional<checkpoint_manifest> read_manifest(const std::filesystem::path& directory) {
   const auto path = directory / checkpoint_files::manifest;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  const int directory_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int fd =
+      directory_fd < 0 ? -1 : ::openat(directory_fd, checkpoint_files::manifest.data(), O_RDONLY | O_CLOEXEC);
+  const auto close_directory = [directory_fd] {
+    if (directory_fd >= 0) ::close(directory_fd);
+  };
+  if (fd < 0) {
+    close_directory();
     if (std::filesystem::exists(path))
       throw checkpoint_error("accel::load_state: cannot read " + path.string() + " (no permission?)");
     return std::nullopt;
   }
-  return checkpoint_manifest::parse(std::string(std::istreambuf_iterator<char>(in), {}), path.string());
+  auto files = std::make_shared<opened_files>();
+  files->add(std::string(checkpoint_files::manifest), fd);
+  const auto text = files->read(std::string(checkpoint_files::manifest));
+  if (!text) {
+    close_directory();
+    throw checkpoint_error("accel::load_state: cannot read " + path.string());
+  }
+  auto manifest = checkpoint_manifest::parse(*text, path.string());
+  for (const auto& [name, file] : manifest.files())
+    if (const int listed = ::openat(directory_fd, name.c_str(), O_RDONLY | O_CLOEXEC); listed >= 0)
+      files->add(name, listed);  // a file missing now is reported when it is read
+  close_directory();
+  manifest.keep_open(std::move(files));
+  return manifest;
 }
 
 /// The refusal of a checkpoint without a manifest (by `call`): nothing vouches for its files.
@@ -116,15 +178,26 @@ inline checkpoint_error unchecked_checkpoint(const std::filesystem::path& direct
                           "the manifest");
 }
 
+/// The refusal of a sharded checkpoint without its manifest: accel has always written one with the sharded format,
+/// so this one is incomplete or damaged, and `allow_unchecked` does not apply.
+inline checkpoint_error sharded_without_manifest(const std::filesystem::path& directory) {
+  return checkpoint_error("accel: " + directory.string() + " is a sharded checkpoint without its " +
+                          std::string(checkpoint_files::manifest) +
+                          ", which every sharded checkpoint has: its save did not complete, or the file was lost; it "
+                          "cannot be checked, and is not loaded");
+}
+
 /// The bytes of `directory/name`, checked against `manifest` (when the checkpoint has one) before anyone parses them.
 inline std::string read_checkpoint_file(const std::filesystem::path& directory, const std::string& name,
                                         const std::optional<checkpoint_manifest>& manifest) {
   const auto path = directory / name;
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
+  auto opened = manifest && manifest->opened() ? manifest->opened()->read(name) : std::nullopt;
+  std::ifstream in;
+  if (!opened) in.open(path, std::ios::binary);
+  if (!opened && !in)
     throw checkpoint_error("accel::load_state: the checkpoint lacks " + path.string() +
                            " (saved by another configuration, or an incomplete copy)");
-  std::string bytes(std::istreambuf_iterator<char>(in), {});
+  std::string bytes = opened ? std::move(*opened) : std::string(std::istreambuf_iterator<char>(in), {});
   if (!manifest) return bytes;
   const auto listed = manifest->files().find(name);
   if (listed == manifest->files().end())

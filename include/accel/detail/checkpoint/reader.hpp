@@ -142,9 +142,9 @@ class checkpoint_reader {
   /// directory, so it alternates between two) and its manifest's (each save writes a new file), with their devices.
   [[nodiscard]] std::array<std::uint64_t, 4> identity() const {
     const auto of = [](const std::filesystem::path& path) {
-      struct stat status {};
+      struct stat status{};
       return ::stat(path.c_str(), &status) == 0 ? std::pair<std::uint64_t, std::uint64_t>(status.st_dev, status.st_ino)
-                                                 : std::pair<std::uint64_t, std::uint64_t>(0, 0);
+                                                : std::pair<std::uint64_t, std::uint64_t>(0, 0);
     };
     const auto directory = of(directory_), manifest = of(directory_ / checkpoint_files::manifest);
     return {directory.first, directory.second, manifest.first, manifest.second};
@@ -154,6 +154,8 @@ class checkpoint_reader {
     if (!std::filesystem::is_directory(directory_))
       throw checkpoint_error("accel::load_state: no checkpoint at " + directory_.string());
     manifest_ = read_manifest(directory_);
+    if (!manifest_ && std::filesystem::exists(directory_ / checkpoint_files::shard_layout))
+      throw sharded_without_manifest(directory_);  // before any file of it is parsed
     if (!manifest_ && !allow_unchecked_) throw unchecked_checkpoint(directory_, "accel::load_state");
     const auto files = check_counts(models.size(), hooked);
     checkpoint_contents contents;

@@ -110,11 +110,7 @@ struct shard_layout_table {
   static std::optional<shard_layout_table> load(const std::filesystem::path& directory,
                                                 const std::optional<checkpoint_manifest>& manifest) {
     if (!std::filesystem::exists(directory / checkpoint_files::shard_layout)) return std::nullopt;
-    if (!manifest)  // accel has always written one with the sharded format: this one is incomplete or damaged
-      throw checkpoint_error("accel: " + directory.string() + " is a sharded checkpoint without its " +
-                             std::string(checkpoint_files::manifest) +
-                             ", which every sharded checkpoint has: its save did not complete, or the file was lost; "
-                             "it cannot be checked, and is not loaded");
+    if (!manifest) throw sharded_without_manifest(directory);
     const auto bytes = read_checkpoint_file(directory, std::string(checkpoint_files::shard_layout), manifest);
     const auto where = (directory / checkpoint_files::shard_layout).string();
     torch::serialize::InputArchive archive;

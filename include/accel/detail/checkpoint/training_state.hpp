@@ -218,8 +218,8 @@ class training_state {
       load_optimizers(transaction, contents, models, read_to);
       for (const auto& [kind, list] : registry_.slots_by_kind())
         for (std::size_t i = 0; i < list.size(); ++i)
-          transaction.load(kind + " " + std::to_string(i) + "'s state in the checkpoint", list[i]->save,
-                           list[i]->load, contents.slot_archives[kind][i]);
+          transaction.load(kind + " " + std::to_string(i) + "'s state in the checkpoint", list[i]->save, list[i]->load,
+                           contents.slot_archives[kind][i]);
     });
     transaction.commit();
     at::NoGradGuard no_grad;
