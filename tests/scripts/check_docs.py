@@ -119,6 +119,12 @@ def case_readme_output_classifier(programs):
     check_printed(output, stated_lines(example_row("classifier")), "the classifier")
 
 
+def case_readme_output_char_lm(programs):
+    with tempfile.TemporaryDirectory(prefix="accel-docs-") as work:  # a fresh run: no checkpoint to resume from
+        output = run([programs[0], "--out", os.path.join(work, "run")], work)
+    check_printed(output, stated_lines(example_row("char_lm")), "char_lm")
+
+
 def main():
     global SOURCE
     if len(sys.argv) < 3:
