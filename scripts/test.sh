@@ -2,8 +2,9 @@
 # Sets up the machine (scripts/setup.sh), then builds and runs accel's tests against both supported LibTorch versions:
 #  1. LibTorch 2.13 from the PyTorch wheel in .venv/ (the primary one): the whole suite, in $ACCEL_BUILD_DIR
 #     (default build/).
-#  2. Debian's libtorch-dev 1.13.1: every header compiled on its own, the unit tests, and the flat collectives of the
-#     sharded policies on 3 Gloo processes (1.13's fallbacks), in $ACCEL_BUILD_DIR-torch1.13.
+#  2. Debian's libtorch-dev 1.13.1: every header compiled (in one translation unit: that each stands alone is the
+#     2.13 build's check), the unit tests, and the flat collectives of the sharded policies on 3 Gloo processes
+#     (1.13's fallbacks), in $ACCEL_BUILD_DIR-torch1.13.
 # Warnings are errors in both (-Wall -Wextra -Wpedantic -Wshadow, cmake/accelDeveloper.cmake). Exits non-zero if
 # anything failed in either.
 set -euo pipefail
@@ -22,14 +23,16 @@ ACCEL_TORCH=pip source "$root/scripts/torch.sh"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON -DACCEL_BUILD_EXAMPLES=ON \
   -DACCEL_WARNINGS_AS_ERRORS=ON -DACCEL_PYTHON="$venv_python" "${torch_cmake_args[@]}"
 cmake --build "$build" -j2
+echo "-- built, $((SECONDS - started)) s since the start"
 ctest --test-dir "$build" --output-on-failure -j2 || status=1
 
-echo "== LibTorch 1.13.1 (Debian's libtorch-dev): every header on its own, the unit tests, the flat collectives"
+echo "== LibTorch 1.13.1 (Debian's libtorch-dev): every header, the unit tests, the flat collectives ($((SECONDS - started)) s so far)"
 ACCEL_TORCH=debian source "$root/scripts/torch.sh"
 cmake -S "$root" -B "$build$torch_build_suffix" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
   -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_WARNINGS_AS_ERRORS=ON -DACCEL_PYTHON="$venv_python" "${torch_cmake_args[@]}"
-cmake --build "$build$torch_build_suffix" -j2 --target accel_tests accel_fp8_tests accel_header_check accel_flat_collectives \
-  accel_cli
+cmake --build "$build$torch_build_suffix" -j2 --target accel_tests accel_fp8_tests accel_headers_together \
+  accel_flat_collectives accel_cli
+echo "-- built, $((SECONDS - started)) s since the start"
 ctest --test-dir "$build$torch_build_suffix" --output-on-failure -j2 -R '^(unit\.|dist\.gloo\.P3\.flat_collectives$)' ||
   status=1
 

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <stdexcept>
@@ -113,7 +114,9 @@ inline bool contains(const profile_event& outer, const profile_event& inner) noe
 inline bool is_memory_event(const profile_event& event) noexcept { return event.category == "cpu_instant_event"; }
 
 /// For each event, the time of the events directly nested in it on its thread, and the bytes allocated during it
-/// (its own and its nested events'): a walk in start order with a stack of the events still open.
+/// (its own and its nested events'): a walk in start order with a stack of the events still open. Time that two
+/// nested events share counts once: LibTorch 1.13 rounds each start and duration to microseconds, so that one event
+/// can begin a microsecond before the one beside it ends, and the parent's self time must not go below zero.
 inline std::vector<event_totals> nested_totals(const std::vector<profile_event>& events) {
   std::vector<std::size_t> order(events.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
@@ -122,6 +125,7 @@ inline std::vector<event_totals> nested_totals(const std::vector<profile_event>&
            std::tuple(events[b].thread, events[b].start_ns, -events[b].duration_ns);
   });
   std::vector<event_totals> totals(events.size());
+  std::vector<std::int64_t> children_end(events.size(), std::numeric_limits<std::int64_t>::min());
   std::vector<std::size_t> open;
   for (const std::size_t i : order) {
     const auto& event = events[i];
@@ -132,7 +136,12 @@ inline std::vector<event_totals> nested_totals(const std::vector<profile_event>&
       for (std::size_t k = 0; k + 1 < open.size(); ++k) totals[open[k]].children_memory += event.bytes;
       continue;
     }
-    if (!open.empty()) totals[open.back()].children_ns += event.duration_ns;
+    if (!open.empty()) {
+      const std::int64_t end = event.start_ns + event.duration_ns;
+      auto& covered = children_end[open.back()];
+      totals[open.back()].children_ns += std::max<std::int64_t>(0, end - std::max(event.start_ns, covered));
+      covered = std::max(covered, end);
+    }
     open.push_back(i);
   }
   return totals;

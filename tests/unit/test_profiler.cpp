@@ -319,6 +319,10 @@ TEST_CASE("key_averages: self and total time, calls, memory and FLOPs per name, 
   CHECK((addmm.count == 3 && addmm.cpu_time_total_ns == 6'000 && addmm.self_cpu_time_total_ns == 6'000));
   CHECK((addmm.cpu_memory_usage == 3072 && addmm.self_cpu_memory_usage == 3072 && addmm.flops == 3'000'000));
   CHECK_THROWS_WITH(averages.at("aten::mm"), Contains("no event named \"aten::mm\""));
+  // Times rounded to microseconds (LibTorch 1.13): two calls side by side share a microsecond, counted once.
+  const auto rounded =
+      accel::key_averages({op("aten::linear", 0, 3'000), op("aten::t", 0, 2'000), op("aten::addmm", 1'000, 2'000)});
+  CHECK(rounded.at("aten::linear").self_cpu_time_total_ns == 0);
 
   const auto right = [](const std::string& text, std::size_t width) {
     return std::string(width - text.size(), ' ') + text;

@@ -1,0 +1,1 @@
+// The translation unit that builds the compile-fail tests' precompiled header (tests/CMakeLists.txt).
