@@ -755,8 +755,10 @@ class accelerator {
     if (how.device_placement.value_or(options_.device_placement))
       model->to(device());  // in place: the parameters keep their identity
     precision_.prepare_model(*model);
-    if (!how.evaluation_mode)
+    if (!how.evaluation_mode) {
+      parallel_.use_gather_encoding(precision_.gather_encoding());
       parallel_.prepare_model(*model);  // before registering: a model the processes disagree on is refused
+    }
     registry_.add_model(detail::module_shared(model));
     return {std::move(model), *this};
   }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <concepts>
+#include <memory>
 #include <string_view>
 #include <vector>
 #include <type_traits>
@@ -45,6 +46,7 @@ class InputArchive;
 
 namespace accel {
 namespace detail {
+class parameter_encoding;  // detail/support/parameter_encoding.hpp
 
 template <class T>
 struct category_of {
@@ -91,6 +93,7 @@ concept precision_defaulted_hooks = requires(P& p, const P& cp, const at::Tensor
   { P::name() } -> std::convertible_to<std::string_view>;
   { P::mixed_precision() } -> std::convertible_to<std::string_view>;  // what selects it in accel::dispatch
   p.prepare_model(module);   // at prepare, before the parallel policy sees the model
+  cp.gather_encoding();      // at prepare: how a sharded policy may gather some parameters (fp8: in float8)
   p.backward(loss);          // runs backward (fp16 scales the loss first)
   p.unscale(opt, parallel);  // divides the optimizer's gradients by the loss scale, once per step
   p.step(opt, parallel);     // decides whether to step (fp16 may skip); the parallel policy steps
@@ -116,11 +119,13 @@ concept process_topology = std::constructible_from<Q, const options&> && require
 
 /// \facet model preparation: what happens to a prepared model, at prepare and before each forward.
 template <class Q>
-concept model_preparation = requires(Q& q, torch::nn::Module& module) {
-  q.prepare_model(module);   // prepare(model): broadcast, gradient hooks, shards
-  q.before_forward(module);  // each forward of a prepared model: arm gradient hooks, sync buffers, gather
-  q.release_models();        // defaults: free_memory forgets every prepared model
-};
+concept model_preparation =
+    requires(Q& q, torch::nn::Module& module, const std::shared_ptr<parameter_encoding>& encoding) {
+      q.prepare_model(module);          // prepare(model): broadcast, gradient hooks, shards
+      q.before_forward(module);         // each forward of a prepared model: arm gradient hooks, sync buffers, gather
+      q.release_models();               // defaults: free_memory forgets every prepared model
+      q.use_gather_encoding(encoding);  // defaults: at prepare, the precision policy's encoding of gathered parameters
+    };
 
 /// \facet gradient synchronisation (required): whether backward communicates gradients.
 template <class Q>
@@ -199,7 +204,7 @@ concept precision_policy =
     (detail::precision_hooks<P> ||
      detail::unsatisfied<"this precision policy lacks a constructor from (accel::options, c10::Device), forward_scope(device) or forward_output(output): see accel/concepts.hpp", P>()) &&
     (detail::precision_defaulted_hooks<P> ||
-     detail::unsatisfied<"this precision policy lacks name(), mixed_precision(), prepare_model(module), backward(loss), unscale(optimizer, parallel), step(optimizer, parallel), step_was_skipped() or loss_scale(): derive it from accel::precision_defaults", P>()) &&
+     detail::unsatisfied<"this precision policy lacks name(), mixed_precision(), prepare_model(module), gather_encoding(), backward(loss), unscale(optimizer, parallel), step(optimizer, parallel), step_was_skipped() or loss_scale(): derive it from accel::precision_defaults", P>()) &&
     detail::well_formed_state_hooks<P>;
 
 /// A parallel policy: `accel::single_process`, `accel::data_parallel<Backend>`, `accel::zero1<Backend>`,
@@ -211,7 +216,7 @@ concept parallel_policy =
     (detail::process_topology<Q> ||
      detail::unsatisfied<"this parallel policy lacks a hook of the process topology facet: a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone() or communicator(): see accel/concepts.hpp", Q>()) &&
     (detail::model_preparation<Q> ||
-     detail::unsatisfied<"this parallel policy lacks a hook of the model preparation facet: prepare_model(module), before_forward(module) or release_models(): see accel/concepts.hpp", Q>()) &&
+     detail::unsatisfied<"this parallel policy lacks a hook of the model preparation facet: prepare_model(module), before_forward(module), release_models() or use_gather_encoding(encoding): see accel/concepts.hpp", Q>()) &&
     (detail::gradient_synchronisation<Q> ||
      detail::unsatisfied<"this parallel policy lacks a hook of the gradient synchronisation facet: gradient_sync(module) or set_gradient_sync(module, bool enabled, bool this_backward): see accel/concepts.hpp", Q>()) &&
     (detail::optimizer_stepping<Q> ||

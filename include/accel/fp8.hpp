@@ -10,7 +10,9 @@
 /// by the recipe, with outputs in the compute type (bfloat16: the forward runs under bfloat16 autocast, as
 /// Accelerate's fp8 does; the model's outputs come back as float32). Weights stay the user's float32 (or bfloat16)
 /// masters, the same parameters the optimizer holds; `unwrap_model` gives the user's modules back, unchanged, with
-/// the trained weights. How: accel/detail/fp8/linear.hpp. Recipes:
+/// the trained weights. How: accel/detail/fp8/linear.hpp. Under `fully_sharded`,
+/// `options::fp8.enable_fsdp_float8_all_gather` (tensorwise only) gathers the converted weights in float8:
+/// accel/detail/fp8/float8_gather.hpp. Recipes:
 /// - `tensorwise_scaling` (the default, torchao's): each tensor scaled by its own amax when it is cast; e4m3 forward,
 ///   e5m2 gradients (`fp8_format` hybrid).
 /// - `rowwise_scaling` (torchao's rowwise): one scale per row of each operand (along the dimension its matmul
@@ -80,6 +82,7 @@ struct require_float8 {
 #include "detail/fp8/casts.hpp"
 #include "detail/fp8/conversion.hpp"
 #include "detail/fp8/delayed_scaling.hpp"
+#include "detail/fp8/float8_gather.hpp"
 #include "detail/fp8/linear.hpp"
 #include "precision.hpp"
 
@@ -101,7 +104,19 @@ inline fp8_format format_for(scaling kind, const fp8_options& options, std::stri
   return fp8_format::e4m3;
 }
 
-/// What an fp8 policy keeps, on the heap: forwards and autograd hold pointers into it.
+/// `options.fp8.enable_fsdp_float8_all_gather` is torchao's for its tensorwise (dynamic) recipe only: refused with
+/// another.
+inline void check_float8_all_gather(scaling kind, const fp8_options& options, std::string_view policy) {
+  if (options.enable_fsdp_float8_all_gather && kind != scaling::tensorwise)
+    throw std::invalid_argument(
+        std::string(policy) +
+        ": options.fp8.enable_fsdp_float8_all_gather casts each weight's slices with the scale of the whole weight's "
+        "current amax, which is tensorwise dynamic scaling (torchao supports the float8 all-gather for that recipe "
+        "only); use accel::fp8<accel::tensorwise_scaling> (accel::fp8<>), or leave the option false");
+}
+
+/// What an fp8 policy keeps, on the heap: forwards and autograd hold pointers into it, and the float8 all-gather
+/// holds its layers.
 struct policy_state {
   layer_table layers;
   std::optional<amax_history> history;  // delayed scaling only
@@ -130,7 +145,8 @@ class fp8 : public precision_defaults {
   fp8(const options& opts, const c10::Device& device)
       : options_(opts.fp8),
         format_(detail::fp8::format_for(kind, opts.fp8, name())),
-        state_(std::make_unique<detail::fp8::policy_state>()) {
+        state_(std::make_shared<detail::fp8::policy_state>()) {
+    detail::fp8::check_float8_all_gather(kind, opts.fp8, name());
     detail::require_autocast(device, at::kBFloat16, "fp8", "use accel::fp32 on this device");
     if constexpr (kind == detail::fp8::scaling::delayed) state_->history.emplace(opts.fp8, device);
     detail::fp8::check_device(device, kind, format_, name());
@@ -151,6 +167,16 @@ class fp8 : public precision_defaults {
   /// At `prepare(model)`, on the device: lists the Linear layers that compute in float8.
   void prepare_model(torch::nn::Module& model) {
     detail::fp8::convert(model, options_, kind, format_, state_->history ? &*state_->history : nullptr, state_->layers);
+    if (options_.enable_fsdp_float8_all_gather)
+      detail::fp8::refuse_tied_gathered_weights(model, state_->layers, name());
+  }
+  /// With `enable_fsdp_float8_all_gather`: the converted weights gathered in float8 by a policy that gathers
+  /// parameters (fully_sharded), the forward computing with them as they come; none without it.
+  [[nodiscard]] std::shared_ptr<detail::parameter_encoding> gather_encoding() const {
+    if (!options_.enable_fsdp_float8_all_gather) return nullptr;
+    return std::make_shared<detail::fp8::float8_gather>(
+        std::shared_ptr<detail::fp8::layer_table>(state_, &state_->layers),
+        detail::fp8::dtype_of(format_, detail::fp8::role::weight));
   }
 
   /// Delayed scaling: once per step (the first optimizer's), the processes' amaxes since the last update are
@@ -172,6 +198,13 @@ class fp8 : public precision_defaults {
     std::vector<std::string> names;
     for (const auto& plan : state_->layers.plans()) names.push_back(plan.name);
     return names;
+  }
+  /// The float8 weight and its scale that the converted layer `layer` computes with as gathered (under fully_sharded
+  /// with `enable_fsdp_float8_all_gather`, between the gather before a forward and the weight's release); none else.
+  [[nodiscard]] std::optional<std::pair<at::Tensor, at::Tensor>> gathered_weight(const std::string& layer) const {
+    for (const auto& plan : state_->layers.plans())
+      if (plan.name == layer && plan.gathered) return std::pair{plan.gathered->data, plan.gathered->scale};
+    return std::nullopt;
   }
   /// The float8 types in use.
   [[nodiscard]] fp8_format format() const noexcept { return format_; }
@@ -207,7 +240,7 @@ class fp8 : public precision_defaults {
  private:
   fp8_options options_;
   fp8_format format_;
-  std::unique_ptr<detail::fp8::policy_state> state_;
+  std::shared_ptr<detail::fp8::policy_state> state_;
 };
 
 }  // namespace accel

@@ -147,6 +147,12 @@ struct fp8_options {
   /// emulated on the CPU, whose `_scaled_mm` in LibTorch 2.13 is a reference kernel thousands of times slower than a
   /// bfloat16 matmul (measured: 2048 x 96 by 96 x 384 takes 9.7 s, 1.8 ms in bfloat16), `_scaled_mm` elsewhere.
   std::optional<bool> emulate = std::nullopt;
+  /// Under `fully_sharded`, all-gather the converted layers' weights in float8 (Accelerate's and torchao's
+  /// `enable_fsdp_float8_all_gather`): the processes agree on each weight's scale (the max of their slices' amaxes),
+  /// each casts its slice, the gather moves 1 byte per element instead of the weight's 4 (or 2), and the layer computes
+  /// with the gathered float8 weight as it is, instead of casting the full weight. `tensorwise_scaling` only (torchao's
+  /// dynamic tensorwise recipe); no effect under a policy that keeps the weights full.
+  bool enable_fsdp_float8_all_gather = false;
 };
 
 /// Whether a program picks up where an earlier run of it stopped (`project_options::resume`).

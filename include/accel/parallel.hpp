@@ -36,6 +36,7 @@
 #include "detail/comm/process_barrier.hpp"
 #include "detail/gradient_sync/reducer.hpp"
 #include "detail/gradient_sync/uneven_join.hpp"
+#include "detail/support/parameter_encoding.hpp"
 #include "launch.hpp"
 #include "options.hpp"
 #ifdef ACCEL_WITH_NCCL
@@ -90,6 +91,9 @@ struct parallel_defaults {
   // Model preparation.
   /// Forgets every prepared model (`free_memory`).
   static constexpr void release_models() noexcept {}
+  /// At prepare, before `prepare_model`: the precision policy's `gather_encoding()`. A policy that keeps every
+  /// parameter full has nothing to gather, so nothing to encode.
+  static constexpr void use_gather_encoding(const std::shared_ptr<detail::parameter_encoding>&) noexcept {}
 
   // Optimizer stepping.
   /// At `prepare(optimizer)`, before the accelerator registers it.

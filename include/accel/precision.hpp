@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -29,6 +30,7 @@
 #include "checkpoint_error.hpp"
 #include "concepts.hpp"
 #include "detail/compat.hpp"
+#include "detail/support/parameter_encoding.hpp"
 #include "detail/support/scope.hpp"
 #include "detail/support/tensor_structure.hpp"
 #include "options.hpp"
@@ -245,6 +247,9 @@ struct precision_defaults {
   [[nodiscard]] static constexpr std::string_view mixed_precision() noexcept { return ""; }
   /// At `prepare(model)`, on the device, before the parallel policy sees the model (fp8 lists its float8 layers here).
   static constexpr void prepare_model(torch::nn::Module&) noexcept {}
+  /// At prepare, handed to the parallel policy: how it may gather some parameters in a smaller type that this
+  /// policy's forward computes with (fp8 with `enable_fsdp_float8_all_gather`); none: in their own.
+  [[nodiscard]] static std::shared_ptr<detail::parameter_encoding> gather_encoding() noexcept { return nullptr; }
   static void backward(const at::Tensor& loss) { loss.backward(); }
   /// Nothing to unscale without loss scaling.
   template <class Parallel>

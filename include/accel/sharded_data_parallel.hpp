@@ -256,11 +256,15 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
     find_units(module);
     base::prepare_model(module, unit_group_of());
   }
+  /// At prepare, before `prepare_model`: the precision policy's encoding (none: every parameter in its own type).
+  /// The shards of the optimizers prepared from now on gather the parameters it encodes that way for each forward
+  /// (fp8's float8 all-gather).
+  void use_gather_encoding(std::shared_ptr<detail::parameter_encoding> encoding) { encoding_ = std::move(encoding); }
   /// Re-points `optimizer` onto shards with storage of their own, in groups by unit, and lets the full parameters
   /// go; then (re)builds the units' schedule from every optimizer's shards.
   template <class Optimizer>
   void prepare_optimizer(Optimizer& optimizer) {
-    base::prepare_optimizer(optimizer, unit_group_of());
+    base::prepare_optimizer(optimizer, unit_group_of(), encoding_);
     schedule_units();
   }
   /// Steps this process's shards, then lets the full parameters go until the next forward gathers them.
@@ -286,7 +290,8 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
         shards->finish_gather_group(group);  // a prefetch on its way lands first
         before.emplace_back(shards, group, shards->state(group));
       }
-    for (auto& [shards, group, state] : before) shards->gather_group(group, this->communicator());
+    for (auto& [shards, group, state] : before)
+      shards->gather_group(group, this->communicator(), detail::gather_purpose::full);
     const auto back_as_before = detail::scope_exit([&] {
       for (auto& [shards, group, state] : before)
         if (state == detail::parameter_state::at_rest)
@@ -403,6 +408,7 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
   std::unordered_map<const void*, std::size_t> unit_of_;  // a parameter's TensorImpl -> its unit + 1
   std::vector<detail::compat::grad_accumulator_handle> unit_accumulators_;
   std::shared_ptr<detail::unit_schedule<gather_communicator>> schedule_;
+  std::shared_ptr<detail::parameter_encoding> encoding_;
 };
 
 }  // namespace accel

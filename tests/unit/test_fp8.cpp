@@ -290,6 +290,51 @@ TEST_CASE("fp8 is chosen by ACCELERATE_MIXED_PRECISION=fp8 and the config file, 
                     Catch::Contains("amax_history_len must be at least 1"));
 }
 
+TEST_CASE(
+    "fp8's float8 all-gather: tensorwise only, its encoding casts slices as the whole weight, tied weights refused",
+    "[fp8]") {
+  namespace f = accel::detail::fp8;
+  const accel::options gather{.cpu = true, .fp8 = {.enable_fsdp_float8_all_gather = true}};
+  CHECK_THROWS_WITH(fp8_delayed(gather), Catch::Contains("enable_fsdp_float8_all_gather") &&
+                                             Catch::Contains("use accel::fp8<accel::tensorwise_scaling>"));
+  CHECK_THROWS_WITH(accel::accelerator<accel::fp8<accel::rowwise_scaling>>(gather),
+                    Catch::Contains("torchao supports the float8 all-gather for that recipe only"));
+  CHECK_FALSE(accel::fp8<>(accel::options{.cpu = true}, c10::Device(c10::kCPU)).gather_encoding());  // off by default
+
+  fp8_tensorwise acc(gather);
+  torch::manual_seed(0);
+  tower net;
+  auto model = acc.prepare(net);
+  const auto encoding = acc.precision().gather_encoding();
+  REQUIRE(encoding);
+  CHECK(encoding->encodes(net->a->weight));
+  CHECK(encoding->encodes(net->b->weight));
+  CHECK_FALSE(encoding->encodes(net->first->weight));  // left in higher precision, gathered as before
+  CHECK_FALSE(encoding->encodes(net->a->bias));
+  CHECK(encoding->encoded_type() == at::kFloat8_e4m3fn);
+  // Two slices encoded with the max of their amaxes are the whole weight's cast, bit for bit.
+  const auto whole = net->a->weight.detach().reshape({-1});
+  const auto left = whole.narrow(0, 0, 1000), right = whole.narrow(0, 1000, whole.numel() - 1000);
+  const auto maximum = at::max(encoding->local_maximum(left), encoding->local_maximum(right));
+  const auto encoded = at::cat({encoding->encode(left, maximum), encoding->encode(right, maximum)});
+  const auto expected = f::cast_dynamic(whole, at::kFloat8_e4m3fn, std::nullopt, false);
+  CHECK(torch::equal(encoded.view(at::kByte), expected.data.view(at::kByte)));
+  CHECK(torch::equal(encoding->decode(encoded, maximum), expected.data.to(at::kFloat) / expected.scale));
+  CHECK(encoding->local_maximum(whole.narrow(0, 0, 0)).item<float>() == 0);  // a process owning none
+  // One process keeps its weights full: nothing is gathered, the layers cast as without the option.
+  (void)model(torch::randn({8, 16}));
+  CHECK_FALSE(acc.precision().gathered_weight("a"));
+
+  struct tied_impl : torch::nn::Module {
+    tied_impl() { register_parameter("shared", inner->a->weight); }
+    tower inner = register_module("inner", tower());
+  };
+  fp8_tensorwise tying(gather);
+  auto tied = std::make_shared<tied_impl>();
+  CHECK_THROWS_WITH(tying.prepare(torch::nn::ModuleHolder<tied_impl>(tied)),
+                    Catch::Contains("inner.a in float8 only, but it is also shared (a tied weight)"));
+}
+
 #else
 
 TEST_CASE("fp8 needs LibTorch 2.4 or newer: this one has no float8 (compile_fail.fp8_without_float8 checks the error)",

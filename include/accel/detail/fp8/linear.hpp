@@ -49,6 +49,9 @@ struct layer_plan {
   bool emulate;                     // float32 matmuls of the float8 values instead of `at::_scaled_mm`
   amax_history* delayed = nullptr;  // delayed scaling: the columns input, weight, grad_output from `column` on
   int column = 0;
+  /// Tensorwise scaling under fully_sharded with `enable_fsdp_float8_all_gather`: the weight as gathered, in float8
+  /// with its scale, while it is (the weight parameter holds it divided by the scale); the forward takes it as is.
+  std::optional<scaled> gathered = std::nullopt;
 };
 
 /// A Linear's three matmuls in float8 (torchao's `matmul_with_hp_or_float8_args`), on a 2-D input x (the rows of
@@ -117,7 +120,7 @@ struct linear_function : torch::autograd::Function<linear_function> {
     switch (plan.kind) {
       case scaling::tensorwise:
         return {cast_dynamic(x, input_type, std::nullopt, false),
-                cast_dynamic(weight, weight_type, std::nullopt, false)};
+                plan.gathered ? *plan.gathered : cast_dynamic(weight, weight_type, std::nullopt, false)};
       case scaling::rowwise:
         return {cast_dynamic(x, input_type, 1, true), cast_dynamic(weight, weight_type, 1, true)};
       case scaling::delayed:
@@ -139,6 +142,12 @@ class layer_table {
     if (!operand.defined() || operand.dim() != 2) return nullptr;
     for (const auto& plan : plans_)
       if (is_weight(operand, plan.weight, transposed)) return &plan;
+    return nullptr;
+  }
+  /// The plan of the layer whose weight is the parameter `weight` itself (whatever storage it holds now), or none.
+  [[nodiscard]] layer_plan* plan_of(const at::Tensor& weight) {
+    for (auto& plan : plans_)
+      if (plan.weight.unsafeGetTensorImpl() == weight.unsafeGetTensorImpl()) return &plan;
     return nullptr;
   }
   void add(layer_plan plan) {

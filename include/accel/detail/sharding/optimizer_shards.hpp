@@ -180,6 +180,9 @@ class optimizer_shards {
   [[nodiscard]] std::uint64_t all_gather_count() const noexcept { return all_gather_count_; }
   /// Elements the all-gathers since construction delivered (every process's padded slices).
   [[nodiscard]] std::uint64_t all_gathered_elements() const noexcept { return all_gathered_elements_; }
+  /// Bytes the all-gathers since construction delivered: their elements times each one's size (an encoded gather,
+  /// fully_sharded's float8 one, counts its encoded bytes), plus the maxima all-reduced before encoded gathers.
+  [[nodiscard]] std::uint64_t all_gathered_bytes() const noexcept { return all_gathered_bytes_; }
   [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
   /// Elements of the buffers the all-gathers keep between steps: per dtype and device, the largest bucket's slices
   /// sent and every process's received.
@@ -200,7 +203,8 @@ class optimizer_shards {
   template <class IsPrepared>
   optimizer_shards(torch::optim::Optimizer& optimizer, int rank, int world, const bucket_options& limits,
                    IsPrepared&& is_prepared, bool own_storage,
-                   const std::function<std::size_t(const at::Tensor&)>& group_of)
+                   const std::function<std::size_t(const at::Tensor&)>& group_of,
+                   const std::function<bool(const at::Tensor&)>& gathered_apart = {})
       : rank_(rank), world_(world) {
     if (!optimizer.state().empty())
       throw std::invalid_argument(
@@ -237,7 +241,7 @@ class optimizer_shards {
         listings_.push_back({g, k, found->second});
         listed = parameters_[found->second].shard;
       }
-    build_gather_buckets(limits);
+    build_gather_buckets(limits, gathered_apart);
   }
   ~optimizer_shards() = default;
 
@@ -277,7 +281,8 @@ class optimizer_shards {
   /// (each padded to its chunk, so every process's slices lie at the same offsets).
   /// A `direct` bucket is one parameter whose elements split evenly (no padding) and of at least
   /// `direct_gather_bytes`: its all-gather goes straight from the slices into its full elements, without buffers or
-  /// copies around it (for view_shards, in place: this process's slice is where it belongs).
+  /// copies around it (for view_shards, in place: this process's slice is where it belongs). An `apart` bucket holds
+  /// parameters that may be gathered encoded (fully_sharded with a parameter_encoding), and no others.
   struct gather_bucket {
     std::vector<std::size_t> members;
     std::vector<std::int64_t> offsets;
@@ -285,6 +290,7 @@ class optimizer_shards {
     tensor_kind kind;
     std::size_t group = 0;
     bool direct = false;
+    bool apart = false;
   };
   static constexpr std::int64_t direct_gather_bytes = 1 << 20;
 
@@ -344,11 +350,13 @@ class optimizer_shards {
     auto work = std::make_shared<decltype(comm.all_gather_into(gathered, mine))>(comm.all_gather_into(gathered, mine));
     ++all_gather_count_;
     all_gathered_elements_ += static_cast<std::uint64_t>(gathered.numel());
+    all_gathered_bytes_ += static_cast<std::uint64_t>(gathered.numel()) * gathered.element_size();
     return [work] { work->wait(); };
   }
   /// Group 0's parameters in buckets capped as `limits` says, through the buffers kept between steps; each unit's
-  /// (fully_sharded) in one bucket per dtype and device, gathered at once.
-  void build_gather_buckets(const bucket_options& limits) {
+  /// (fully_sharded) in one bucket per dtype and device, gathered at once. The parameters `apart` takes are bucketed
+  /// among themselves.
+  void build_gather_buckets(const bucket_options& limits, const std::function<bool(const at::Tensor&)>& apart) {
     const bucket_options whole_unit{.first_bucket_mb = 1e12, .bucket_cap_mb = 1e12};
     for (std::size_t group = 0; group < group_count_; ++group) {
       std::vector<std::size_t> entries;
@@ -358,8 +366,14 @@ class optimizer_shards {
           entries.push_back(i);
           fulls.push_back(parameters_[i].full);
         }
-      const auto add_bucket = [&](const std::vector<std::size_t>& members, bool direct) {
-        gather_bucket bucket{.members = {}, .offsets = {}, .segment = 0, .kind = {}, .group = group, .direct = direct};
+      const auto add_bucket = [&](const std::vector<std::size_t>& members, bool direct, bool set_apart) {
+        gather_bucket bucket{.members = {},
+                             .offsets = {},
+                             .segment = 0,
+                             .kind = {},
+                             .group = group,
+                             .direct = direct,
+                             .apart = set_apart};
         for (auto i : members) {
           bucket.members.push_back(entries[i]);
           bucket.offsets.push_back(bucket.segment);
@@ -369,23 +383,26 @@ class optimizer_shards {
         if (group == 0 && !direct) max_segment_[bucket.kind] = std::max(max_segment_[bucket.kind], bucket.segment);
         buckets_.push_back(std::move(bucket));
       };
-      // Large parameters that split evenly go alone and straight into place; the others in buckets.
-      std::vector<std::size_t> bucketed;
-      std::vector<at::Tensor> bucketed_fulls;
+      // Large parameters that split evenly go alone and straight into place; the others in buckets, those set
+      // apart among themselves.
+      std::vector<std::size_t> bucketed[2];
+      std::vector<at::Tensor> bucketed_fulls[2];
       for (std::size_t i = 0; i < entries.size(); ++i) {
         const auto& full = fulls[i];
-        if (full.numel() % world_ == 0 &&
+        const bool set_apart = apart && apart(full);
+        if (!set_apart && full.numel() % world_ == 0 &&
             full.numel() * static_cast<std::int64_t>(full.element_size()) >= direct_gather_bytes)
-          add_bucket({i}, true);
+          add_bucket({i}, true, false);
         else {
-          bucketed.push_back(i);
-          bucketed_fulls.push_back(full);
+          bucketed[set_apart].push_back(i);
+          bucketed_fulls[set_apart].push_back(full);
         }
       }
-      for (auto& members : assign_buckets(bucketed_fulls, group == 0 ? limits : whole_unit)) {
-        for (auto& m : members) m = bucketed[m];
-        add_bucket(members, false);
-      }
+      for (const bool set_apart : {false, true})
+        for (auto& members : assign_buckets(bucketed_fulls[set_apart], group == 0 ? limits : whole_unit)) {
+          for (auto& m : members) m = bucketed[set_apart][m];
+          add_bucket(members, false, set_apart);
+        }
     }
   }
 
@@ -400,6 +417,7 @@ class optimizer_shards {
   std::size_t group_count_ = 0;                                              // one more than the largest group number
   std::uint64_t all_gather_count_ = 0;
   std::uint64_t all_gathered_elements_ = 0;
+  std::uint64_t all_gathered_bytes_ = 0;
 };
 
 }  // namespace accel::detail
