@@ -21,8 +21,12 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -157,6 +161,40 @@ void check_gathered_weights(const Precision& precision, Blocks& blocks, Blocks& 
     }
 }
 
+/// After a forward (without units the weights stay gathered in float8 until the step), what checkpoints read is
+/// the float32 masters: `get_state_dict` and `save_state` gather them again in full; the next forward
+/// computes as before.
+template <class Accelerator, class Model>
+void check_full_after_forward(Accelerator& on, Accelerator& off, Model& model_on, Model& model_off,
+                              const std::string& name) {
+  torch::manual_seed(300);
+  const auto x = torch::randn({4, 16});
+  (void)model_on(x);
+  (void)model_off(x);
+  const auto state_on = on.get_state_dict(model_on), state_off = off.get_state_dict(model_off);
+  for (std::size_t i = 0; i < state_on.size(); ++i)
+    expect(torch::equal(state_on[i].second, state_off[i].second),
+           name + "get_state_dict after a forward gives the float32 " + state_on[i].first);
+  // save_state gathers the parameters in full around its writes (with_full_parameters): the same model file.
+  const char* port = std::getenv("MASTER_PORT");
+  const auto directory =
+      std::filesystem::temp_directory_path() / ("accel_fp8_gather_" + std::string(port ? port : "0"));
+  on.save_state(directory / "on");
+  off.save_state(directory / "off");
+  if (on.is_main_process()) {
+    const auto read = [](const std::filesystem::path& file) {
+      std::ifstream in(file, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    const auto saved_on = read(directory / "on" / "model.safetensors");
+    expect(!saved_on.empty() && saved_on == read(directory / "off" / "model.safetensors"),
+           name + "save_state after a forward writes the float32 weights");
+  }
+  on.wait_for_everyone();
+  if (on.is_main_process()) std::filesystem::remove_all(directory);
+  expect(torch::equal(model_on(x), model_off(x)), name + "a forward after save_state computes the same");
+}
+
 template <bool Units>
 void compare_gathers(const char* variant) {
   using model = torch::nn::ModuleHolder<stack_impl<Units>>;
@@ -205,6 +243,7 @@ void compare_gathers(const char* variant) {
             << " bytes with the float8 all-gather, " << bytes_off << " without (ratio "
             << static_cast<double>(bytes_on) / static_cast<double>(bytes_off) << "; converted weights " << converted
             << " of " << bytes_off / gathers / 4 << " elements per gather)\n";
+  check_full_after_forward(on, off, model_on, model_off, name);
 }
 
 }  // namespace
