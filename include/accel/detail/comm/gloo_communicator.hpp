@@ -13,6 +13,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,6 +63,26 @@ class gloo_communicator {
   [[nodiscard]] std::unique_ptr<gloo_communicator> separate(const std::string& name) const {
     return std::unique_ptr<gloo_communicator>(
         new gloo_communicator(env_, c10::make_intrusive<c10d::PrefixStore>(name, store_), timeout_));
+  }
+
+  /// A communicator of `members` only (ranks of this one, this process among them): its rank is this process's index
+  /// there, its size theirs. Connected through this one's rendezvous under `name`, which must name these members
+  /// alone; only they create it, each at the same point (a device mesh's groups, device_mesh.hpp).
+  [[nodiscard]] std::unique_ptr<gloo_communicator> subgroup(const std::string& name,
+                                                            const std::vector<int>& members) const {
+    process_environment member = env_;
+    member.rank = -1;
+    for (std::size_t i = 0; i < members.size(); ++i)
+      if (members[i] == env_.rank) member.rank = static_cast<int>(i);
+    if (member.rank < 0)
+      throw std::invalid_argument("accel: rank " + std::to_string(env_.rank) + " creates the group " + name +
+                                  " without being one of its members; only the members create a group");
+    member.world_size = static_cast<int>(members.size());
+    // The same network device as the whole job's: loopback when every process is on this machine.
+    member.local_world_size = env_.single_node() ? member.world_size : 1;
+    member.local_rank = env_.single_node() ? member.rank : 0;
+    return std::unique_ptr<gloo_communicator>(
+        new gloo_communicator(member, c10::make_intrusive<c10d::PrefixStore>(name, store_), timeout_));
   }
 
   [[nodiscard]] int rank() const noexcept { return env_.rank; }

@@ -1,0 +1,326 @@
+/// \file
+/// The device mesh of N-D parallelism, as Accelerate's `ParallelismConfig` builds it: sizes for dp_replicate,
+/// dp_shard, cp and tp; the dimensions of size > 1 in that fixed order; the flattened sub-meshes "dp"
+/// (dp_replicate x dp_shard), "dp_shard_cp" (dp_shard x cp) and "dp_cp" (dp_replicate x dp_shard x cp) wherever one
+/// of their parts is used. Ranks are laid out row-major over the mesh's shape, as PyTorch's `init_device_mesh`:
+/// a dimension's groups are the ranks that vary along it while every other coordinate stays fixed.
+///
+///     accel::mesh_sizes sizes = accel::mesh_sizes_from_environment();  // PARALLELISM_CONFIG_*_SIZE
+///     accel::mesh_layout layout(sizes, world_size);                     // validated as Accelerate's
+///     layout.group_of("dp_shard", rank);                                // the ranks of this process's group
+///
+/// Sizes known when compiling are checked then: `accel::fixed_mesh<accel::mesh_sizes{.dp_shard = 2, .tp = 2}>`.
+/// `accel::device_mesh<Communicator>` holds one process group per dimension and sub-mesh this process is in.
+/// Plain C++ without LibTorch: the process groups come from the communicator it is given.
+#pragma once
+
+#include <array>
+#include <charconv>
+#include <cstddef>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "detail/support/text.hpp"
+#include "launch.hpp"
+
+namespace accel {
+
+/// A mesh that cannot work; the message names the sizes and the fix.
+struct mesh_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+/// The sizes of Accelerate's `ParallelismConfig` (its sequence parallelism, DeepSpeed's, has no counterpart). A size
+/// of 1 leaves its dimension out of the mesh.
+struct mesh_sizes {
+  int dp_replicate = 1;  // data parallel, replicated (HSDP's replicas)
+  int dp_shard = 1;      // data parallel, sharded (FSDP's shard group)
+  int cp = 1;            // context parallel
+  int tp = 1;            // tensor parallel
+
+  /// The number of processes the mesh spans: Accelerate's `total_size`.
+  [[nodiscard]] constexpr int total() const noexcept { return dp_replicate * dp_shard * cp * tp; }
+  friend constexpr bool operator==(const mesh_sizes&, const mesh_sizes&) = default;
+};
+
+namespace detail {
+
+/// The four sizes as a message writes them: "dp_replicate=2, dp_shard=2, cp=1, tp=1".
+inline std::string describe(const mesh_sizes& sizes) {
+  return "dp_replicate=" + std::to_string(sizes.dp_replicate) + ", dp_shard=" + std::to_string(sizes.dp_shard) +
+         ", cp=" + std::to_string(sizes.cp) + ", tp=" + std::to_string(sizes.tp);
+}
+
+/// Accelerate refuses tp or cp beside pure replication (dp_replicate > 1 with dp_shard == 1).
+constexpr bool parallel_beside_pure_replication(const mesh_sizes& sizes) noexcept {
+  return (sizes.tp > 1 || sizes.cp > 1) && sizes.dp_replicate > 1 && sizes.dp_shard == 1;
+}
+
+/// One size's variable: PARALLELISM_CONFIG_<NAME>_SIZE, as `accelerate launch --parallelism_config_*` sets it.
+struct mesh_size_variable {
+  std::string_view variable;
+  int mesh_sizes::* size;
+};
+
+inline constexpr std::array<mesh_size_variable, 4> mesh_size_variables{{
+    {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE", &mesh_sizes::dp_replicate},
+    {"PARALLELISM_CONFIG_DP_SHARD_SIZE", &mesh_sizes::dp_shard},
+    {"PARALLELISM_CONFIG_CP_SIZE", &mesh_sizes::cp},
+    {"PARALLELISM_CONFIG_TP_SIZE", &mesh_sizes::tp},
+}};
+
+}  // namespace detail
+
+/// Sizes fixed when compiling, checked then: each at least 1, and no tp or cp beside pure replication.
+template <mesh_sizes Sizes>
+struct fixed_mesh {
+  static_assert(Sizes.dp_replicate >= 1, "accel::fixed_mesh: dp_replicate must be at least 1 (1: no replicas)");
+  static_assert(Sizes.dp_shard >= 1, "accel::fixed_mesh: dp_shard must be at least 1 (1: no sharding)");
+  static_assert(Sizes.cp >= 1, "accel::fixed_mesh: cp must be at least 1 (1: no context parallelism)");
+  static_assert(Sizes.tp >= 1, "accel::fixed_mesh: tp must be at least 1 (1: no tensor parallelism)");
+  static_assert(!detail::parallel_beside_pure_replication(Sizes),
+                "accel::fixed_mesh: tp or cp beside pure replication (dp_replicate > 1, dp_shard == 1) is refused, "
+                "as in Accelerate; set dp_shard > 1 (HSDP with tp/cp) or dp_replicate = 1 (FSDP with tp/cp)");
+  static constexpr mesh_sizes sizes = Sizes;
+};
+
+/// The sizes from PARALLELISM_CONFIG_{DP_REPLICATE,DP_SHARD,CP,TP}_SIZE; an unset (or empty) one is 1, as in
+/// Accelerate. Throws `accel::mesh_error` naming the variable when one is not a whole number >= 1.
+inline mesh_sizes mesh_sizes_from_environment() {
+  mesh_sizes sizes;
+  for (const auto& [name, size] : detail::mesh_size_variables) {
+    const auto variable = detail::read_variable(name);
+    if (!variable) continue;
+    const auto& text = variable->value;
+    int value = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc{} || end != text.data() + text.size() || value < 1)
+      throw mesh_error("accel: " + std::string(name) + "=\"" + text +
+                       "\" is not a whole number >= 1; set it to the dimension's size, or unset it (1: the "
+                       "dimension is not used)");
+    sizes.*size = value;
+  }
+  return sizes;
+}
+
+/// The sizes checked against a job of `num_processes`, as Accelerate's `ParallelismConfig` (`__post_init__`,
+/// `_validate_accelerator`): every size at least 1; no tp or cp beside pure replication; all sizes 1 on several
+/// processes means plain data parallelism (dp_replicate = the number of processes); otherwise the product must be
+/// the number of processes. Throws `accel::mesh_error` naming the sizes and the fix.
+inline mesh_sizes validate_mesh(mesh_sizes sizes, int num_processes) {
+  for (const auto& [name, size] : detail::mesh_size_variables)
+    if (sizes.*size < 1)
+      throw mesh_error("accel: mesh " + detail::describe(sizes) + ": every size must be at least 1 (1: the " +
+                       "dimension is not used); fix " + std::string(name) + " or the size given in the program");
+  if (detail::parallel_beside_pure_replication(sizes))
+    throw mesh_error("accel: mesh " + detail::describe(sizes) +
+                     ": tp or cp beside pure replication (dp_replicate > 1, dp_shard == 1) is refused, as in "
+                     "Accelerate; set dp_shard > 1 (HSDP with tp/cp) or dp_replicate = 1 (FSDP with tp/cp)");
+  if (sizes.total() == 1) {
+    sizes.dp_replicate = num_processes;
+    return sizes;
+  }
+  if (sizes.total() != num_processes) {
+    const int others = sizes.dp_shard * sizes.cp * sizes.tp;
+    std::string fix = "make their product equal the number of processes";
+    auto suggested = sizes;
+    suggested.dp_replicate = num_processes / others;
+    if (num_processes % others == 0 && !detail::parallel_beside_pure_replication(suggested))
+      fix += " (here dp_replicate = " + std::to_string(num_processes) +
+             " / (dp_shard x cp x tp) = " + std::to_string(num_processes / others) + ")";
+    throw mesh_error("accel: mesh " + detail::describe(sizes) + " spans " + std::to_string(sizes.total()) +
+                     " processes (Accelerate's total_size) but the job has " + std::to_string(num_processes) + "; " +
+                     fix + ", or start " + std::to_string(sizes.total()) + " processes");
+  }
+  return sizes;
+}
+
+/// One dimension of the mesh, or a flattened sub-mesh: its name and the mesh axes it spans, in mesh order.
+struct mesh_dimension {
+  std::string name;
+  std::vector<std::size_t> axes;
+  friend bool operator==(const mesh_dimension&, const mesh_dimension&) = default;
+};
+
+/// Where every rank of a job sits in the mesh, and each dimension's groups: a pure function of the sizes and the
+/// number of processes, the same on every process.
+class mesh_layout {
+ public:
+  /// Validates `sizes` for `num_processes` (`validate_mesh`) and lays the ranks out row-major over the shape.
+  mesh_layout(const mesh_sizes& sizes, int num_processes)
+      : sizes_(validate_mesh(sizes, num_processes)), num_processes_(num_processes) {
+    const std::pair<std::string_view, int> named[] = {
+        {"dp_replicate", sizes_.dp_replicate}, {"dp_shard", sizes_.dp_shard}, {"cp", sizes_.cp}, {"tp", sizes_.tp}};
+    for (const auto& [name, size] : named)
+      if (size > 1) {
+        dimensions_.push_back({std::string(name), {shape_.size()}});
+        shape_.push_back(size);
+      }
+    flatten("dp", {"dp_replicate", "dp_shard"});
+    flatten("dp_shard_cp", {"dp_shard", "cp"});
+    flatten("dp_cp", {"dp_replicate", "dp_shard", "cp"});
+  }
+
+  /// The sizes after validation (all 1 on several processes has become dp_replicate = the number of processes).
+  [[nodiscard]] const mesh_sizes& sizes() const noexcept { return sizes_; }
+  [[nodiscard]] int num_processes() const noexcept { return num_processes_; }
+  /// The mesh's shape: the sizes > 1, in the order dp_replicate, dp_shard, cp, tp (empty on one process).
+  [[nodiscard]] const std::vector<int>& shape() const noexcept { return shape_; }
+  /// The mesh's dimensions, then its flattened sub-meshes ("dp", "dp_shard_cp", "dp_cp" where they exist).
+  [[nodiscard]] const std::vector<mesh_dimension>& dimensions() const noexcept { return dimensions_; }
+  [[nodiscard]] bool has(std::string_view name) const noexcept { return find(name) != nullptr; }
+
+  /// `rank`'s coordinate on each axis of `shape()`.
+  [[nodiscard]] std::vector<int> coordinates(int rank) const {
+    check_rank(rank);
+    std::vector<int> coordinates(shape_.size());
+    for (std::size_t axis = shape_.size(); axis-- > 0; rank /= shape_[axis]) coordinates[axis] = rank % shape_[axis];
+    return coordinates;
+  }
+
+  /// The size of dimension `name`: the product of the axes it spans.
+  [[nodiscard]] int size(std::string_view name) const {
+    int product = 1;
+    for (auto axis : dimension(name).axes) product *= shape_[axis];
+    return product;
+  }
+
+  /// `rank`'s index within its group of `name` (PyTorch's `mesh[name].get_local_rank()`).
+  [[nodiscard]] int local_rank(std::string_view name, int rank) const {
+    const auto at = coordinates(rank);
+    int index = 0;
+    for (auto axis : dimension(name).axes) index = index * shape_[axis] + at[axis];
+    return index;
+  }
+
+  /// The ranks of `rank`'s group of `name`, in group order: those differing from `rank` only on its axes.
+  [[nodiscard]] std::vector<int> group_of(std::string_view name, int rank) const {
+    const auto& axes = dimension(name).axes;
+    const auto fixed = coordinates(rank);
+    std::vector<int> members;
+    for (int index = 0; index < size(name); ++index) {
+      auto at = fixed;
+      int rest = index;
+      for (std::size_t i = axes.size(); i-- > 0; rest /= shape_[axes[i]]) at[axes[i]] = rest % shape_[axes[i]];
+      members.push_back(rank_at(at));
+    }
+    return members;
+  }
+
+  /// Every group of `name`, in the order of their first ranks: each rank is in exactly one.
+  [[nodiscard]] std::vector<std::vector<int>> groups(std::string_view name) const {
+    std::vector<std::vector<int>> all;
+    std::vector<bool> placed(static_cast<std::size_t>(num_processes_), false);
+    for (int rank = 0; rank < num_processes_; ++rank) {
+      if (placed[static_cast<std::size_t>(rank)]) continue;
+      all.push_back(group_of(name, rank));
+      for (int member : all.back()) placed[static_cast<std::size_t>(member)] = true;
+    }
+    return all;
+  }
+
+  /// Dimension `name`; throws `accel::mesh_error` listing the mesh's dimensions when it has none of that name.
+  [[nodiscard]] const mesh_dimension& dimension(std::string_view name) const {
+    if (const auto* found = find(name)) return *found;
+    std::string names;
+    for (const auto& dimension : dimensions_) detail::append_item(names, dimension.name);
+    throw mesh_error("accel: the mesh (" + detail::describe(sizes_) + ") has no dimension \"" + std::string(name) +
+                     "\"; it has " + (names.empty() ? std::string("none (one process)") : names) +
+                     ". A dimension of size 1 is left out: give it a size > 1 to use it");
+  }
+
+ private:
+  const mesh_dimension* find(std::string_view name) const noexcept {
+    for (const auto& dimension : dimensions_)
+      if (dimension.name == name) return &dimension;
+    return nullptr;
+  }
+
+  /// A sub-mesh of the named axes that exist, as Accelerate's `_flatten` calls (none when none exists).
+  void flatten(std::string name, std::initializer_list<std::string_view> parts) {
+    mesh_dimension flattened{std::move(name), {}};
+    for (auto part : parts)
+      if (const auto* dimension = find(part)) flattened.axes.push_back(dimension->axes.front());
+    if (!flattened.axes.empty()) dimensions_.push_back(std::move(flattened));
+  }
+
+  [[nodiscard]] int rank_at(const std::vector<int>& coordinates) const {
+    int rank = 0;
+    for (std::size_t axis = 0; axis < shape_.size(); ++axis) rank = rank * shape_[axis] + coordinates[axis];
+    return rank;
+  }
+
+  void check_rank(int rank) const {
+    if (rank < 0 || rank >= num_processes_)
+      throw mesh_error("accel: rank " + std::to_string(rank) + " is not in the mesh's job of " +
+                       std::to_string(num_processes_) + " processes (ranks 0 to " + std::to_string(num_processes_ - 1) +
+                       ")");
+  }
+
+  mesh_sizes sizes_;
+  int num_processes_;
+  std::vector<int> shape_;
+  std::vector<mesh_dimension> dimensions_;
+};
+
+namespace detail {
+
+/// The group of `members` (this process among them), made once per process over the job's communicator and kept
+/// for the process's life, as the job's process group is: a second mesh with the same group reuses it. Only the
+/// members create it, each at the same point, through the job's rendezvous under a name that the members spell
+/// alike.
+template <class Communicator>
+Communicator& mesh_group(Communicator& world, const std::string& name, const std::vector<int>& members) {
+  static std::mutex guard;
+  static auto* const made = new std::map<std::string, Communicator*>();
+  std::string key = "accel/mesh/" + name + "/";
+  std::string ranks;
+  for (int member : members) append_item(ranks, std::to_string(member), ",");
+  key += ranks;
+  std::lock_guard lock(guard);
+  auto& group = (*made)[key];
+  if (group == nullptr) group = world.subgroup(key, members).release();
+  return *group;
+}
+
+}  // namespace detail
+
+/// The mesh of one process of the job: its layout, and a process group (a communicator of `Communicator`'s kind)
+/// for each dimension and flattened sub-mesh, over the members of this process's group only. Every process of the
+/// job constructs it with the same sizes, at the same point.
+template <class Communicator>
+class device_mesh {
+ public:
+  /// `world` is the job's communicator (its rank and size are this process's and the job's).
+  device_mesh(const mesh_sizes& sizes, Communicator& world) : layout_(sizes, world.size()), rank_(world.rank()) {
+    for (const auto& dimension : layout_.dimensions())
+      groups_.emplace(dimension.name,
+                      &detail::mesh_group(world, dimension.name, layout_.group_of(dimension.name, rank_)));
+  }
+
+  [[nodiscard]] const mesh_layout& layout() const noexcept { return layout_; }
+  /// This process's coordinate on each axis of the mesh's shape.
+  [[nodiscard]] std::vector<int> coordinates() const { return layout_.coordinates(rank_); }
+  /// This process's index within its group of `name`.
+  [[nodiscard]] int local_rank(std::string_view name) const { return layout_.local_rank(name, rank_); }
+  /// The ranks of this process's group of `name`.
+  [[nodiscard]] std::vector<int> members(std::string_view name) const { return layout_.group_of(name, rank_); }
+  /// The process group of `name`; throws `accel::mesh_error` naming the mesh's dimensions for an unknown name.
+  [[nodiscard]] Communicator& group(std::string_view name) const { return *groups_.at(layout_.dimension(name).name); }
+
+ private:
+  mesh_layout layout_;
+  int rank_;
+  std::map<std::string, Communicator*, std::less<>> groups_;
+};
+
+}  // namespace accel
