@@ -3,6 +3,8 @@
 #include <accel/device_mesh.hpp>
 #include <catch2/catch.hpp>
 
+#include "scoped_variable.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
@@ -11,21 +13,7 @@
 
 namespace {
 
-/// Sets (or, with nullptr, unsets) a variable for a scope, then restores it.
-class scoped_variable {
- public:
-  scoped_variable(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) saved_ = old;
-    value != nullptr ? setenv(name, value, 1) : unsetenv(name);
-  }
-  ~scoped_variable() { saved_ ? setenv(name_, saved_->c_str(), 1) : unsetenv(name_); }
-  scoped_variable(const scoped_variable&) = delete;
-  scoped_variable& operator=(const scoped_variable&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> saved_;
-};
+using accel_test::scoped_variable;
 
 std::string refusal(const accel::mesh_sizes& sizes, int num_processes) {
   try {
