@@ -118,6 +118,17 @@ inline void write_all(int fd, const std::string& text) {
   }
 }
 
+/// Gives the process the default reaction to the signals that stop or crash it, unblocked: a test framework's handler
+/// copied from the caller (Catch2's, GoogleTest's) would report a failure of the caller's test from the child, and
+/// hide the signal from the caller, who names it.
+inline void reset_signals() {
+  for (const int signal : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL})
+    std::signal(signal, SIG_DFL);
+  sigset_t all;
+  sigfillset(&all);
+  sigprocmask(SIG_UNBLOCK, &all, nullptr);
+}
+
 /// Runs the function as one process of the job and ends the process: never returns into the caller's code (its
 /// test framework, its destructors), which belongs to the parent.
 template <class Function>
@@ -125,6 +136,7 @@ template <class Function>
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // a parent killed outright (a test runner's timeout) takes the job with it
   if (getppid() != parent) _exit(128 + SIGKILL);
   setpgid(0, 0);  // a group of its own: stopping the process reaches whatever it started
+  reset_signals();
   std::string message;
   int status = 0;
   try {
@@ -278,7 +290,12 @@ class process_job {
   void reap_ended() {
     for (std::size_t rank = 0; rank < processes_.size(); ++rank) {
       auto& process = processes_[rank];
-      if (process.reaped || waitpid(process.pid, &process.status, WNOHANG) != process.pid) continue;
+      if (process.reaped) continue;
+      const pid_t ended = waitpid(process.pid, &process.status, WNOHANG);
+      if (ended == -1 && errno == ECHILD)
+        process.status = 0;  // reaped by the system: the caller ignores SIGCHLD
+      else if (ended != process.pid)
+        continue;
       process.reaped = true;
       read_available(process);  // what it wrote just before it ended
       if (stopping_) continue;  // stopped by us, or failing after the first failure: not the cause

@@ -596,6 +596,8 @@ TEST_CASE("options::timeout under 1 s is refused with the reason", "[launch]") {
 // return values and files, never through Catch's assertions, which would stay in the child.
 namespace {
 
+using accel_test::mlp;
+using accel_test::regression_batches;
 using launcher_accelerator = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
 using seconds = std::chrono::duration<double>;
 
@@ -715,7 +717,7 @@ TEST_CASE("launch_processes: a process that throws is named with its text, the o
           record_pid(dir);
           if (accel::read_process_environment().rank == 1) throw std::runtime_error("process 1 fails on purpose");
           launcher_accelerator acc;  // waits for process 1 in the rendezvous, for ever but for the launcher
-          acc.reduce(torch::ones({1}));
+          static_cast<void>(acc.reduce(torch::ones({1})));
         },
         3, {.timeout = std::chrono::seconds(120)});
     FAIL("launch_processes returned");
@@ -778,21 +780,23 @@ TEST_CASE("launch_processes: a job that hangs fails after the timeout, its proce
 }
 
 TEST_CASE("launch_processes after the caller ran LibTorch on several threads", "[.launcher_after_threads]") {
-  at::set_num_threads(4);
+  const int threads_before = at::get_num_threads();
+  at::set_num_threads(4);  // a child that used the caller's pool would hang here (checked: a timeout without the fix)
   torch::manual_seed(3);
-  const auto a = torch::randn({768, 768}), b = torch::randn({768, 768});
+  const auto a = torch::randn({512, 512}), b = torch::randn({512, 512});
   auto product = torch::matmul(a, b);
-  for (int i = 0; i < 3; ++i) product = torch::matmul(product / 768, b);  // on 4 OpenMP threads
+  for (int i = 0; i < 3; ++i) product = torch::matmul(product / 512, b);  // on 4 OpenMP threads
   const auto expected = (product.sum() + (a + b).exp().sum()).item<double>();
   const auto results = accel::launch_processes(
       [&] {
         auto again = torch::matmul(a, b);
-        for (int i = 0; i < 3; ++i) again = torch::matmul(again / 768, b);
+        for (int i = 0; i < 3; ++i) again = torch::matmul(again / 512, b);
         launcher_accelerator acc;
         const auto mine = torch::tensor({(again.sum() + (a + b).exp().sum()).item<double>()}, torch::kDouble);
         return std::to_string(acc.reduce(mine).item<double>());
       },
-      2, {.timeout = std::chrono::seconds(60)});
-  CHECK(at::get_num_threads() == 4);  // the caller's own setting is left alone
+      2, {.timeout = std::chrono::seconds(20)});  // a hang fails here, before CTest's limit
+  CHECK(at::get_num_threads() == 4);              // the caller's own setting is left alone
   for (const auto& result : results) CHECK(std::stod(result) == Approx(2 * expected).epsilon(1e-6));
+  at::set_num_threads(threads_before);
 }
