@@ -689,6 +689,11 @@ TEST_CASE("launch_processes sets accel launch's variables and returns each proce
   }
   CHECK(std::getenv("RANK") == nullptr);  // the caller's environment is left alone
   CHECK(accel::launch_processes([] {}, 1) == std::vector<std::string>{""});
+  // Results larger than a pipe holds (64 KiB) are read while the processes write them.
+  CHECK(accel::launch_processes([] { return std::string(std::size_t(1) << 20, 'x'); }, 2) ==
+        std::vector<std::string>(2, std::string(std::size_t(1) << 20, 'x')));
+  CHECK_THROWS_WITH(accel::launch_processes([] { std::_Exit(3); }, 1),
+                    Catch::Contains("process 0 of 1 failed: exited with status 3"));
   CHECK_THROWS_WITH(accel::launch_processes([] {}, 0), Catch::Contains("num_processes is 0"));
   CHECK_THROWS_WITH(accel::launch_processes([] {}, 2, {.timeout = std::chrono::seconds(0)}),
                     Catch::Contains("timeout must be positive"));
