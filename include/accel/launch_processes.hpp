@@ -220,8 +220,10 @@ class process_job {
       if (pipe2(ends, O_CLOEXEC) != 0) throw_system_error("cannot make a pipe");
       const pid_t pid = fork();
       if (pid < 0) {
+        const int error = errno;
         close(ends[0]);
         close(ends[1]);
+        errno = error;
         throw_system_error("cannot fork process " + std::to_string(rank));
       }
       if (pid == 0) {
