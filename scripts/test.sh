@@ -26,14 +26,14 @@ cmake --build "$build" -j2
 echo "-- built, $((SECONDS - started)) s since the start"
 ctest --test-dir "$build" --output-on-failure -j2 || status=1
 
-echo "== LibTorch 1.13.1 (Debian's libtorch-dev): every header, the unit tests, the flat collectives, the mesh ($((SECONDS - started)) s so far)"
+echo "== LibTorch 1.13.1 (Debian's libtorch-dev): every header, the unit tests, the launcher's tests, the flat collectives, the mesh ($((SECONDS - started)) s so far)"
 ACCEL_TORCH=debian source "$root/scripts/torch.sh"
 cmake -S "$root" -B "$build$torch_build_suffix" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
   -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_WARNINGS_AS_ERRORS=ON -DACCEL_PYTHON="$venv_python" "${torch_cmake_args[@]}"
 cmake --build "$build$torch_build_suffix" -j2 --target accel_tests accel_fp8_tests accel_headers_together \
   accel_flat_collectives accel_cli accel_mesh_tests accel_mesh_layout accel_mesh_groups
 echo "-- built, $((SECONDS - started)) s since the start"
-ctest --test-dir "$build$torch_build_suffix" --output-on-failure -j2 -R '^(unit\.|mesh\.|dist\.gloo\.P3\.flat_collectives$)' ||
+ctest --test-dir "$build$torch_build_suffix" --output-on-failure -j2 -R '^(unit\.|mesh\.|interop\.launcher\.|dist\.gloo\.P3\.flat_collectives$)' ||
   status=1
 
 echo "scripts/test.sh: $((SECONDS - started)) s in all; $([[ $status == 0 ]] && echo "every test passed" || echo FAILED)"

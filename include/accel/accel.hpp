@@ -21,6 +21,7 @@
 #include "prepared_range.hpp"
 #include "collectives.hpp"
 #include "launch.hpp"
+#include "launch_processes.hpp"
 #include "seed.hpp"
 #include "memory.hpp"
 #include "logging.hpp"

@@ -4,7 +4,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -12,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -584,4 +589,219 @@ TEST_CASE("options::timeout under 1 s is refused with the reason", "[launch]") {
     CHECK_THROWS_WITH(
         gloo_accelerator(accel::options{.timeout = timeout}),
         Contains("options::timeout is " + std::to_string(timeout.count()) + " ms") && Contains("at least 1 s"));
+}
+
+// accel::launch_processes (Accelerate's debug_launcher): hidden cases ("[.launcher]"), each registered by
+// tests/CMakeLists.txt as a CTest test interop.launcher.* of its own. The launched functions report through their
+// return values and files, never through Catch's assertions, which would stay in the child.
+namespace {
+
+using accel_test::mlp;
+using accel_test::regression_batches;
+using launcher_accelerator = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+using seconds = std::chrono::duration<double>;
+
+/// A float tensor as bytes, to return from a launched process; `from_bytes` makes it again in the parent.
+std::string to_bytes(const torch::Tensor& tensor) {
+  const auto flat = tensor.detach().to(torch::kFloat).contiguous().flatten();
+  return std::string(reinterpret_cast<const char*>(flat.data_ptr<float>()), std::size_t(flat.numel()) * sizeof(float));
+}
+torch::Tensor from_bytes(const std::string& bytes) {
+  auto tensor = torch::empty({std::int64_t(bytes.size() / sizeof(float))});
+  std::memcpy(tensor.data_ptr<float>(), bytes.data(), bytes.size());
+  return tensor;
+}
+
+torch::Tensor flat_parameters(torch::nn::Module& module) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : module.parameters()) flat.push_back(p.detach().flatten());
+  return torch::cat(flat);
+}
+
+/// Writes this process's id into `dir`, so that the parent can check that the process is gone.
+void record_pid(const std::filesystem::path& dir) {
+  std::ofstream(dir / ("pid_" + std::to_string(::getpid()))) << ::getpid();
+}
+std::vector<pid_t> recorded_pids(const std::filesystem::path& dir) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : accel::detail::directory_entries(dir)) {
+    const auto name = entry.path().filename().string();
+    if (name.rfind("pid_", 0) == 0) pids.push_back(std::stoi(name.substr(4)));
+  }
+  return pids;
+}
+/// Gone and reaped: a zombie would still answer kill(pid, 0).
+bool process_gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+/// Trains an MLP on `P` processes (each a slice of every global batch) or, with P = 0, alone on whole batches.
+torch::Tensor train_regression(int P) {
+  torch::manual_seed(1);
+  auto net = mlp(3, 16, 2);
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  const auto data = regression_batches(5, 12, 3, 2, 5);
+  if (P == 0) {
+    for (const auto& [x, y] : data) {
+      torch::mse_loss(net(x), y).backward();
+      opt.step();
+      opt.zero_grad();
+    }
+    return flat_parameters(*net);
+  }
+  launcher_accelerator acc;
+  if (acc.num_processes() != P) throw std::runtime_error("WORLD_SIZE is not " + std::to_string(P));
+  auto [model, optimizer] = acc.prepare(net, opt);
+  const auto r = acc.process_index(), per = 12 / P;
+  for (const auto& [x, y] : data) {
+    torch::mse_loss(model(x.narrow(0, r * per, per)), y.narrow(0, r * per, per)).backward();
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  return flat_parameters(*net);
+}
+
+}  // namespace
+
+TEST_CASE("launch_processes sets accel launch's variables and returns each process's result", "[.launcher_variables]") {
+  accel_test::scoped_variable unset_threads("OMP_NUM_THREADS", nullptr);
+  const auto results = accel::launch_processes(
+      [] {
+        std::string seen;
+        for (const char* name :
+             {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE",
+              "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+              "ACCEL_RESTART_COUNT", "OMP_NUM_THREADS"})
+          seen += std::string(name) + "=" + std::getenv(name) + " ";
+        const auto env = accel::read_process_environment();
+        return seen + "port=" + std::to_string(env.master_port) + " threads=" + std::to_string(at::get_num_threads());
+      },
+      3);
+  REQUIRE(results.size() == 3);
+  const auto port = results[0].substr(results[0].find("port="));
+  CHECK(port != "port=29500");  // a free port, not the default
+  for (int r = 0; r < 3; ++r) {
+    const auto R = std::to_string(r);
+    CHECK(results[std::size_t(r)] ==
+          "RANK=" + R + " WORLD_SIZE=3 LOCAL_RANK=" + R +
+              " LOCAL_WORLD_SIZE=3 GROUP_RANK=0 NODE_RANK=0 GROUP_WORLD_SIZE=1 ROLE_RANK=" + R +
+              " ROLE_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 TORCHELASTIC_RESTART_COUNT=0 "
+              "TORCHELASTIC_MAX_RESTARTS=0 ACCEL_RESTART_COUNT=0 OMP_NUM_THREADS=1 " +
+              port.substr(0, port.find(' ')) + " threads=1");
+  }
+  CHECK(std::getenv("RANK") == nullptr);  // the caller's environment is left alone
+  CHECK(accel::launch_processes([] {}, 1) == std::vector<std::string>{""});
+  // Results larger than a pipe holds (64 KiB) are read while the processes write them.
+  CHECK(accel::launch_processes([] { return std::string(std::size_t(1) << 20, 'x'); }, 2) ==
+        std::vector<std::string>(2, std::string(std::size_t(1) << 20, 'x')));
+  CHECK_THROWS_WITH(accel::launch_processes([] { std::_Exit(3); }, 1),
+                    Catch::Contains("process 0 of 1 failed: exited with status 3"));
+  CHECK_THROWS_WITH(accel::launch_processes([] {}, 0), Catch::Contains("num_processes is 0"));
+  CHECK_THROWS_WITH(accel::launch_processes([] {}, 2, {.timeout = std::chrono::seconds(0)}),
+                    Catch::Contains("timeout must be positive"));
+}
+
+TEST_CASE("launch_processes: P data_parallel processes train as one process with the whole batch",
+          "[.launcher_train]") {
+  const int P = GENERATE(2, 3);
+  const auto alone = train_regression(0);
+  const auto results = accel::launch_processes([P] { return to_bytes(train_regression(P)); }, P);
+  for (const auto& result : results) {
+    const auto trained = from_bytes(result);
+    REQUIRE(trained.sizes() == alone.sizes());
+    CHECK(torch::allclose(trained, alone, 1e-5, 1e-5));
+    CHECK_FALSE(torch::equal(trained, flat_parameters(*mlp(3, 16, 2))));  // it trained
+  }
+}
+
+TEST_CASE("launch_processes: a process that throws is named with its text, the others stopped at once",
+          "[.launcher_throw]") {
+  const auto dir = accel_test::scratch_directory("launcher_throw");
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    accel::launch_processes(
+        [&dir] {
+          record_pid(dir);
+          if (accel::read_process_environment().rank == 1) throw std::runtime_error("process 1 fails on purpose");
+          launcher_accelerator acc;  // waits for process 1 in the rendezvous, for ever but for the launcher
+          static_cast<void>(acc.reduce(torch::ones({1})));
+        },
+        3, {.timeout = std::chrono::seconds(120)});
+    FAIL("launch_processes returned");
+  } catch (const accel::launch_failure& e) {
+    CHECK(e.process_index == 1);
+    CHECK_FALSE(e.timed_out);
+    CHECK(e.reason == "threw an exception: process 1 fails on purpose");
+    CHECK_THAT(e.what(), Catch::Contains("process 1 of 3 failed: threw an exception: process 1 fails on purpose"));
+  }
+  CHECK(seconds(std::chrono::steady_clock::now() - start).count() < 10);
+  const auto pids = recorded_pids(dir);
+  CHECK(pids.size() == 3);
+  for (const auto pid : pids) CHECK(process_gone(pid));
+}
+
+TEST_CASE("launch_processes: a process killed by a signal is named with the signal", "[.launcher_signal]") {
+  const int signal = GENERATE(SIGABRT, SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    accel::launch_processes(
+        [signal] {
+          if (accel::read_process_environment().rank != 0) std::this_thread::sleep_for(std::chrono::hours(1));
+          signal == SIGABRT ? std::abort() : static_cast<void>(std::raise(signal));
+        },
+        2);
+    FAIL("launch_processes returned");
+  } catch (const accel::launch_failure& e) {
+    CHECK(e.process_index == 0);
+    CHECK_THAT(e.what(), Catch::Contains("process 0 of 2 failed: killed by signal " +
+                                         std::string(signal == SIGABRT ? "SIGABRT" : "SIGKILL")));
+  }
+  CHECK(seconds(std::chrono::steady_clock::now() - start).count() < 10);
+}
+
+TEST_CASE("launch_processes: a job that hangs fails after the timeout, its processes gone", "[.launcher_timeout]") {
+  const auto dir = accel_test::scratch_directory("launcher_timeout");
+  const auto start = std::chrono::steady_clock::now();
+  const accel::process_launch_options options{.timeout = std::chrono::seconds(1),
+                                              .grace_period = std::chrono::milliseconds(500)};
+  try {
+    accel::launch_processes(
+        [&dir] {
+          record_pid(dir);
+          std::signal(SIGTERM, SIG_IGN);  // only SIGKILL, after the grace period, ends it
+          std::this_thread::sleep_for(std::chrono::hours(1));
+        },
+        2, options);
+    FAIL("launch_processes returned");
+  } catch (const accel::launch_failure& e) {
+    CHECK(e.timed_out);
+    CHECK(e.process_index == 0);
+    CHECK_THAT(e.what(), Catch::Contains("process 0 of 2 was still running after the timeout"));
+  }
+  const auto elapsed = seconds(std::chrono::steady_clock::now() - start).count();
+  CHECK(elapsed >= 1.5);
+  CHECK(elapsed < 10);  // 1 s, the grace period and the reaping; a process left running would take an hour
+  const auto pids = recorded_pids(dir);
+  CHECK(pids.size() == 2);
+  for (const auto pid : pids) CHECK(process_gone(pid));
+}
+
+TEST_CASE("launch_processes after the caller ran LibTorch on several threads", "[.launcher_after_threads]") {
+  const int threads_before = at::get_num_threads();
+  at::set_num_threads(4);  // a child that used the caller's pool would hang here (checked: a timeout without the fix)
+  torch::manual_seed(3);
+  const auto a = torch::randn({512, 512}), b = torch::randn({512, 512});
+  auto product = torch::matmul(a, b);
+  for (int i = 0; i < 3; ++i) product = torch::matmul(product / 512, b);  // on 4 OpenMP threads
+  const auto expected = (product.sum() + (a + b).exp().sum()).item<double>();
+  const auto results = accel::launch_processes(
+      [&] {
+        auto again = torch::matmul(a, b);
+        for (int i = 0; i < 3; ++i) again = torch::matmul(again / 512, b);
+        launcher_accelerator acc;
+        const auto mine = torch::tensor({(again.sum() + (a + b).exp().sum()).item<double>()}, torch::kDouble);
+        return std::to_string(acc.reduce(mine).item<double>());
+      },
+      2, {.timeout = std::chrono::seconds(20)});  // a hang fails here, before CTest's limit
+  CHECK(at::get_num_threads() == 4);              // the caller's own setting is left alone
+  for (const auto& result : results) CHECK(std::stod(result) == Approx(2 * expected).epsilon(1e-6));
+  at::set_num_threads(threads_before);
 }

@@ -1,0 +1,382 @@
+/// \file
+/// `accel::launch_processes(function, n)`: Accelerate's `debug_launcher` and `notebook_launcher` for C++. Runs a
+/// callable in n fresh processes on this machine, each with the variables `accel launch` sets (RANK, WORLD_SIZE,
+/// MASTER_PORT on a free port, ...), and returns in the calling process once all of them returned, or throws
+/// `accel::launch_failure` naming the first process that failed and why (its exception's text, its exit status or
+/// the signal that killed it), the others stopped at once. So a Catch2 or GoogleTest case tests distributed code by
+/// itself, without `accel launch` around the test program.
+///
+/// The processes are fork()ed from the caller: each starts with a copy of its memory (the callable, its captures,
+/// tensors made before), on one thread. LibTorch's intra-op thread pool does not survive fork() (OpenMP's threads
+/// are not copied, and a parallel region would wait for them forever), so each process runs LibTorch's kernels on
+/// one thread (`at::set_num_threads(1)`), as `accel launch` gives each of several workers OMP_NUM_THREADS=1.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <concepts>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "launch.hpp"
+
+namespace accel {
+
+/// How `launch_processes` runs and bounds a job.
+struct process_launch_options {
+  /// The longest the whole job may take: past it every process is stopped and `launch_failure` is thrown (a hang
+  /// fails instead of blocking the test run).
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  /// From SIGTERM to SIGKILL when the processes are stopped (as `accel launch --grace_period`).
+  std::chrono::milliseconds grace_period = std::chrono::seconds(3);
+};
+
+/// A launched job that failed: `process_index` names the first process that failed (its RANK), `reason` says how
+/// (its exception's what(), its exit status, the signal that killed it); for a timeout, `timed_out` is true and
+/// `process_index` is the first process still running.
+struct launch_failure : launch_error {
+  launch_failure(const std::string& message, int process, std::string why, bool timeout)
+      : launch_error(message), process_index(process), reason(std::move(why)), timed_out(timeout) {}
+  int process_index;
+  std::string reason;
+  bool timed_out;
+};
+
+namespace detail::launching {
+
+// What a process writes on its pipe before it ends: a kind, then the function's result or the exception's text.
+inline constexpr char returned_mark = 'R';
+inline constexpr char threw_mark = 'E';
+
+/// A port no one listens on now (another program could take it before rank 0 binds it: torchrun has the same race).
+inline int pick_free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  const bool picked = fd >= 0 && bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0 &&
+                      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  const int error = errno;
+  if (fd >= 0) close(fd);
+  if (!picked)
+    throw launch_error(std::string("accel::launch_processes: cannot pick a free port for MASTER_PORT: ") +
+                       std::strerror(error));
+  return ntohs(address.sin_port);
+}
+
+/// The variables `accel launch` gives worker `rank` of a single-node job of `world_size` (tools/accel_cli/launch.cpp).
+inline std::vector<std::pair<std::string, std::string>> worker_variables(int rank, int world_size, int port) {
+  const auto r = std::to_string(rank), n = std::to_string(world_size);
+  std::vector<std::pair<std::string, std::string>> variables = {{"RANK", r},
+                                                                {"WORLD_SIZE", n},
+                                                                {"LOCAL_RANK", r},
+                                                                {"LOCAL_WORLD_SIZE", n},
+                                                                {"GROUP_RANK", "0"},
+                                                                {"NODE_RANK", "0"},
+                                                                {"GROUP_WORLD_SIZE", "1"},
+                                                                {"ROLE_RANK", r},
+                                                                {"ROLE_WORLD_SIZE", n},
+                                                                {"MASTER_ADDR", "127.0.0.1"},
+                                                                {"MASTER_PORT", std::to_string(port)},
+                                                                {"TORCHELASTIC_RESTART_COUNT", "0"},
+                                                                {"TORCHELASTIC_MAX_RESTARTS", "0"},
+                                                                {"ACCEL_RESTART_COUNT", "0"}};
+  const char* threads = std::getenv("OMP_NUM_THREADS");
+  if (world_size > 1 && (threads == nullptr || *threads == '\0')) variables.emplace_back("OMP_NUM_THREADS", "1");
+  return variables;
+}
+
+/// Writes all of `text` to `fd` (a pipe: a write may take part of it).
+inline void write_all(int fd, const std::string& text) {
+  std::size_t written = 0;
+  while (written < text.size()) {
+    const auto count = ::write(fd, text.data() + written, text.size() - written);
+    if (count < 0 && errno == EINTR) continue;
+    if (count <= 0) return;  // the parent is gone: nothing left to tell
+    written += static_cast<std::size_t>(count);
+  }
+}
+
+/// Gives the process the default reaction to the signals that stop or crash it, unblocked: a test framework's handler
+/// copied from the caller (Catch2's, GoogleTest's) would report a failure of the caller's test from the child, and
+/// hide the signal from the caller, who names it.
+inline void reset_signals() {
+  for (const int signal : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL})
+    std::signal(signal, SIG_DFL);
+  sigset_t all;
+  sigfillset(&all);
+  sigprocmask(SIG_UNBLOCK, &all, nullptr);
+}
+
+/// Runs the function as one process of the job and ends the process: never returns into the caller's code (its
+/// test framework, its destructors), which belongs to the parent.
+template <class Function>
+[[noreturn]] void run_as_process(Function& function, int rank, int world_size, int port, int fd, pid_t parent) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // a parent killed outright (a test runner's timeout) takes the job with it
+  if (getppid() != parent) _exit(128 + SIGKILL);
+  setpgid(0, 0);  // a group of its own: stopping the process reaches whatever it started
+  reset_signals();
+  std::string message;
+  int status = 0;
+  try {
+    for (const auto& [name, value] : worker_variables(rank, world_size, port)) setenv(name.c_str(), value.c_str(), 1);
+    at::set_num_threads(1);  // the parent's OpenMP threads were not copied (see the file's comment)
+    if constexpr (std::is_void_v<std::invoke_result_t<Function&>>) {
+      function();
+      message = returned_mark;
+    } else {
+      message = returned_mark + std::string(function());
+    }
+  } catch (const std::exception& e) {
+    message = threw_mark + ("an exception: " + std::string(e.what()));
+    status = 1;
+  } catch (...) {
+    message = threw_mark + std::string("an exception that is not a std::exception");
+    status = 1;
+  }
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  write_all(fd, message);
+  _exit(status);
+}
+
+/// A signal's name as the shell writes it, or its number.
+inline std::string signal_name(int signal) {
+  static constexpr std::pair<int, const char*> names[] = {
+      {SIGABRT, "SIGABRT"}, {SIGSEGV, "SIGSEGV"}, {SIGKILL, "SIGKILL"}, {SIGTERM, "SIGTERM"}, {SIGBUS, "SIGBUS"},
+      {SIGFPE, "SIGFPE"},   {SIGILL, "SIGILL"},   {SIGINT, "SIGINT"},   {SIGHUP, "SIGHUP"},   {SIGQUIT, "SIGQUIT"},
+      {SIGPIPE, "SIGPIPE"}, {SIGUSR1, "SIGUSR1"}, {SIGUSR2, "SIGUSR2"}, {SIGTRAP, "SIGTRAP"}, {SIGXCPU, "SIGXCPU"}};
+  for (const auto& [number, name] : names)
+    if (number == signal) return std::string(name) + " (" + strsignal(signal) + ")";
+  return "signal " + std::to_string(signal);
+}
+
+/// One started process, as the parent sees it.
+struct launched_process {
+  pid_t pid = -1;
+  int fd = -1;          // the read end of its pipe, until its end is read
+  std::string message;  // what it wrote
+  bool reaped = false;
+  int status = 0;  // waitpid's
+};
+
+/// Why a reaped process failed, or nothing when it returned.
+inline std::string failure_of(const launched_process& process) {
+  const int status = process.status;
+  if (WIFSIGNALED(status)) return "killed by signal " + signal_name(WTERMSIG(status));
+  if (!process.message.empty() && process.message.front() == threw_mark) return "threw " + process.message.substr(1);
+  if (WEXITSTATUS(status) != 0) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (process.message.empty() || process.message.front() != returned_mark)
+    return "exited with status 0 before the function returned (std::exit called inside it?)";
+  return {};
+}
+
+/// The parent's side of a job: starts the processes, waits for all of them within the timeout, stops the others when
+/// one fails. Its destructor kills and reaps whatever still runs, so that no process outlives the call.
+class process_job {
+ public:
+  process_job(int size, process_launch_options options) : options_(options), processes_(std::size_t(size)) {}
+  process_job(const process_job&) = delete;
+  process_job& operator=(const process_job&) = delete;
+  ~process_job() {
+    signal_running(SIGKILL);
+    for (auto& process : processes_) {
+      if (process.fd >= 0) close(process.fd);
+      if (process.pid > 0 && !process.reaped) waitpid(process.pid, &process.status, 0);
+    }
+  }
+
+  template <class Function>
+  void start(Function& function) {
+    const int port = pick_free_port();
+    const pid_t parent = getpid();
+    std::cout.flush();  // what is buffered now would otherwise be written by every process too
+    std::cerr.flush();
+    std::fflush(nullptr);
+    for (std::size_t rank = 0; rank < processes_.size(); ++rank) {
+      int ends[2];
+      if (pipe2(ends, O_CLOEXEC) != 0) throw_system_error("cannot make a pipe");
+      const pid_t pid = fork();
+      if (pid < 0) {
+        const int error = errno;
+        close(ends[0]);
+        close(ends[1]);
+        errno = error;
+        throw_system_error("cannot fork process " + std::to_string(rank));
+      }
+      if (pid == 0) {
+        for (std::size_t earlier = 0; earlier < rank; ++earlier) close(processes_[earlier].fd);
+        close(ends[0]);
+        run_as_process(function, static_cast<int>(rank), static_cast<int>(processes_.size()), port, ends[1], parent);
+      }
+      close(ends[1]);
+      fcntl(ends[0], F_SETFL, O_NONBLOCK);
+      setpgid(pid, pid);  // the child does it too: whichever runs first, the group exists before it is signalled
+      processes_[rank].pid = pid;
+      processes_[rank].fd = ends[0];
+    }
+    deadline_ = std::chrono::steady_clock::now() + options_.timeout;
+  }
+
+  /// Waits for every process; returns what each function returned, or throws `launch_failure`.
+  std::vector<std::string> wait() {
+    while (std::any_of(processes_.begin(), processes_.end(), [](const auto& p) { return !p.reaped; })) {
+      wait_for_news();
+      reap_ended();
+      check_deadlines();
+    }
+    if (failed_ >= 0) throw_failure();
+    std::vector<std::string> results;
+    for (const auto& process : processes_) results.push_back(process.message.substr(1));
+    return results;
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  [[noreturn]] static void throw_system_error(const std::string& what) {
+    throw launch_error("accel::launch_processes: " + what + ": " + std::strerror(errno));
+  }
+
+  // Sleeps until a process writes or ends, or for a tenth of a second (a process's end is also seen by waitpid, when
+  // a process it started still holds its pipe open).
+  void wait_for_news() {
+    std::vector<pollfd> watched;
+    for (const auto& process : processes_)
+      if (process.fd >= 0) watched.push_back({process.fd, POLLIN, 0});
+    const auto until_deadline =
+        std::chrono::duration_cast<std::chrono::milliseconds>((stopping_ ? kill_at_ : deadline_) - clock::now());
+    const auto wait = std::clamp<long long>(until_deadline.count() + 1, 1, 100);
+    poll(watched.data(), watched.size(), static_cast<int>(wait));
+    for (auto& process : processes_) read_available(process);
+  }
+
+  static void read_available(launched_process& process) {
+    char buffer[4096];
+    while (process.fd >= 0) {
+      const auto count = read(process.fd, buffer, sizeof buffer);
+      if (count > 0) {
+        process.message.append(buffer, static_cast<std::size_t>(count));
+      } else if (count == 0 || errno != EINTR) {
+        if (count == 0 || errno != EAGAIN) {  // its end, or a broken pipe: nothing more will come
+          close(process.fd);
+          process.fd = -1;
+        }
+        return;
+      }
+    }
+  }
+
+  void reap_ended() {
+    for (std::size_t rank = 0; rank < processes_.size(); ++rank) {
+      auto& process = processes_[rank];
+      if (process.reaped) continue;
+      const pid_t ended = waitpid(process.pid, &process.status, WNOHANG);
+      if (ended == -1 && errno == ECHILD)
+        process.status = 0;  // reaped by the system: the caller ignores SIGCHLD
+      else if (ended != process.pid)
+        continue;
+      process.reaped = true;
+      read_available(process);  // what it wrote just before it ended
+      if (stopping_) continue;  // stopped by us, or failing after the first failure: not the cause
+      if (failure_of(process).empty()) continue;
+      failed_ = static_cast<int>(rank);
+      begin_stopping();
+    }
+  }
+
+  void check_deadlines() {
+    if (!stopping_ && clock::now() >= deadline_) {
+      timed_out_ = true;
+      const auto running = std::find_if(processes_.begin(), processes_.end(), [](const auto& p) { return !p.reaped; });
+      failed_ = static_cast<int>(running - processes_.begin());
+      begin_stopping();
+    }
+    if (stopping_ && clock::now() >= kill_at_) signal_running(SIGKILL);
+  }
+
+  void begin_stopping() {
+    stopping_ = true;
+    kill_at_ = clock::now() + options_.grace_period;
+    signal_running(SIGTERM);
+  }
+
+  void signal_running(int signal) {
+    for (const auto& process : processes_)
+      if (process.pid > 0 && !process.reaped && kill(-process.pid, signal) != 0) kill(process.pid, signal);
+  }
+
+  [[noreturn]] void throw_failure() const {
+    const std::string job =
+        "accel::launch_processes: process " + std::to_string(failed_) + " of " + std::to_string(processes_.size());
+    if (timed_out_) {
+      const auto seconds = std::chrono::duration<double>(options_.timeout).count();
+      std::ostringstream reason;
+      reason << "still running after the timeout of " << seconds << " s";
+      const auto message =
+          job + " was " + reason.str() + " (process_launch_options::timeout): every process was stopped";
+      throw launch_failure(message, failed_, reason.str(), true);
+    }
+    const std::string reason = failure_of(processes_[std::size_t(failed_)]);
+    throw launch_failure(job + " failed: " + reason + "; the other processes were stopped", failed_, reason, false);
+  }
+
+  process_launch_options options_;
+  std::vector<launched_process> processes_;
+  clock::time_point deadline_{};
+  clock::time_point kill_at_{};
+  bool stopping_ = false;
+  bool timed_out_ = false;
+  int failed_ = -1;
+};
+
+}  // namespace detail::launching
+
+/// Runs `function` in `num_processes` fresh processes of this machine and waits for them (Accelerate's
+/// `debug_launcher(function, num_processes)`, `notebook_launcher(function, num_processes=n)`). Each process gets
+/// the variables `accel launch` sets (RANK = its index, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR =
+/// 127.0.0.1, MASTER_PORT = a free port, the torchrun ones, OMP_NUM_THREADS=1 unless set), so an `accel::accelerator`
+/// made inside it joins the job. Returns what each process's `function` returned (anything convertible to
+/// std::string: a result to check in the caller), by process index; empty strings for a function returning void.
+/// Throws `accel::launch_failure` naming the first process that failed (threw, exited, was killed by a signal) or
+/// that still ran when `options.timeout` passed; every other process is stopped (SIGTERM, then SIGKILL after
+/// `options.grace_period`) and reaped before it is thrown.
+template <class Function>
+  requires std::invocable<Function&> && (std::is_void_v<std::invoke_result_t<Function&>> ||
+                                         std::convertible_to<std::invoke_result_t<Function&>, std::string>)
+std::vector<std::string> launch_processes(Function&& function, int num_processes,
+                                          const process_launch_options& options = {}) {
+  if (num_processes < 1 || num_processes > 1024)
+    throw launch_error("accel::launch_processes: num_processes is " + std::to_string(num_processes) +
+                       "; give from 1 to 1024 processes");
+  if (options.timeout <= std::chrono::milliseconds::zero() || options.grace_period < std::chrono::milliseconds::zero())
+    throw launch_error(
+        "accel::launch_processes: process_launch_options::timeout must be positive and grace_period not negative");
+  detail::launching::process_job job(num_processes, options);
+  job.start(function);
+  return job.wait();
+}
+
+}  // namespace accel
