@@ -24,10 +24,13 @@
 /// compile error that says so.
 #pragma once
 
+#include <concepts>
 #include <string_view>
+#include <type_traits>
 
 #include "concepts.hpp"
 #include "detail/compat.hpp"
+#include "detail/fp8/scaling.hpp"
 #include "options.hpp"
 
 namespace accel {
@@ -35,17 +38,29 @@ namespace accel {
 /// torchao's tensorwise (dynamic) scaling, its default: a tensor's scale from its own amax, when it is cast.
 struct tensorwise_scaling {
   static constexpr std::string_view name = "fp8<tensorwise_scaling>";
+  static constexpr auto scaling = detail::fp8::scaling::tensorwise;
 };
 /// torchao's rowwise scaling: a scale per row (or column) of each operand, powers of 2, e4m3 only.
 struct rowwise_scaling {
   static constexpr std::string_view name = "fp8<rowwise_scaling>";
+  static constexpr auto scaling = detail::fp8::scaling::rowwise;
 };
 /// TransformerEngine's delayed scaling: scales from the amax history of earlier steps.
 struct delayed_scaling {
   static constexpr std::string_view name = "fp8<delayed_scaling>";
+  static constexpr auto scaling = detail::fp8::scaling::delayed;
 };
 
 namespace detail {
+namespace fp8 {
+/// A recipe: its policy's name, and how it scales.
+template <class Recipe>
+concept recipe = requires {
+  { Recipe::name } -> std::convertible_to<std::string_view>;
+  requires std::same_as<std::remove_cv_t<decltype(Recipe::scaling)>, scaling>;
+};
+}  // namespace fp8
+
 /// The compile-time refusal of `accel::fp8` on a LibTorch without float8: a template over the version (so that a
 /// compile-fail test checks its message on any LibTorch) and the recipe (so that it fires where `fp8<...>` is named,
 /// not where the header is included).
@@ -89,11 +104,6 @@ struct require_float8 {
 namespace accel {
 namespace detail::fp8 {
 
-template <class Recipe>
-inline constexpr scaling kind_of = std::is_same_v<Recipe, rowwise_scaling>   ? scaling::rowwise
-                                   : std::is_same_v<Recipe, delayed_scaling> ? scaling::delayed
-                                                                             : scaling::tensorwise;
-
 /// The float8 types of a recipe: `options.fp8_format`, or the recipe's own; rowwise takes e4m3 only.
 inline fp8_format format_for(scaling kind, const fp8_options& options, std::string_view policy) {
   if (kind != scaling::rowwise) return options.fp8_format.value_or(fp8_format::hybrid);
@@ -129,10 +139,9 @@ struct policy_state {
 /// comment. Options: `options::fp8`.
 template <class Recipe = tensorwise_scaling>
 class fp8 : public precision_defaults {
-  static_assert(std::is_same_v<Recipe, tensorwise_scaling> || std::is_same_v<Recipe, rowwise_scaling> ||
-                    std::is_same_v<Recipe, delayed_scaling>,
+  static_assert(detail::fp8::recipe<Recipe>,
                 "accel::fp8's recipe is accel::tensorwise_scaling, accel::rowwise_scaling or accel::delayed_scaling");
-  static constexpr auto kind = detail::fp8::kind_of<Recipe>;
+  static constexpr detail::fp8::scaling kind = Recipe::scaling;
 
  public:
   using policy_category = precision_tag;

@@ -32,12 +32,9 @@
 #include "../../precision.hpp"
 #include "casts.hpp"
 #include "delayed_scaling.hpp"
+#include "scaling.hpp"
 
 namespace accel::detail::fp8 {
-
-/// How a recipe scales: from each tensor's own amax (torchao's tensorwise), per row (torchao's rowwise), or from the
-/// amaxes of earlier steps (TransformerEngine's delayed scaling).
-enum class scaling { tensorwise, rowwise, delayed };
 
 /// One converted Linear: its name, its weight (the parameter itself), how its matmuls scale.
 struct layer_plan {
