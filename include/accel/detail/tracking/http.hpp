@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace accel::detail {
 
@@ -188,6 +189,8 @@ class socket_handle {
     if (fd_ >= 0) ::close(fd_);
   }
   [[nodiscard]] int get() const noexcept { return fd_; }
+  /// Hands the descriptor over (no longer closed here).
+  [[nodiscard]] int release() noexcept { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
@@ -237,7 +240,7 @@ inline int connect_to(const http_endpoint& endpoint, std::chrono::milliseconds t
       continue;
     }
     ::freeaddrinfo(found);
-    return ::dup(fd.get());
+    return fd.release();
   }
   ::freeaddrinfo(found);
   throw http_error("cannot connect to " + endpoint.host + ":" + endpoint.port + ": " + why);
