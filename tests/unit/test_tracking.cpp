@@ -387,7 +387,7 @@ TEST_CASE("write a TensorBoard file for Python", "[.python_tensorboard]") {
 // tests/programs/mlflow_training.cpp logs into a real `mlflow server` for tests/scripts/check_mlflow.py.
 TEST_CASE("http: status lines, Content-Length, chunked and close-delimited bodies", "[tracking][mlflow]") {
   using accel::detail::parse_http_response;
-  const std::string head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\ncontent-length: 11\r\n\r\n";
+  const std::string head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\ncontent-length: 10\r\n\r\n";
   CHECK_FALSE(parse_http_response("HTTP/1.1 200 OK\r\nContent-Le", false));
   CHECK_FALSE(parse_http_response(head + "{\"a\": ", false));
   auto whole = parse_http_response(head + "{\"a\": \"b\"}" + "extra", false);
@@ -459,7 +459,7 @@ TEST_CASE("mlflow: the REST API's JSON bodies, exact", "[tracking][mlflow]") {
   CHECK_FALSE(json_string_field(R"({"run_idx": "1", "x": "run_id"})", "run_id"));
 }
 
-TEST_CASE("mlflow: params as Python's str writes them; MLflow's length limit drops a value", "[tracking][mlflow]") {
+TEST_CASE("mlflow: params as Python's str writes them, and MLflow's length limit drops a value", "[tracking][mlflow]") {
   using accel::detail::python_float_text;
   CHECK(python_float_text(0.001) == "0.001");
   CHECK(python_float_text(1e-5) == "1e-05");
