@@ -7,6 +7,8 @@ Modes (one CTest test each, interop.mlflow.*):
   refused   nothing listens on the port: the program's training completes in bounded time, each log call returns
             promptly, and the outage is one warning.
   hanging   a socket accepts connections and never answers: the same bounds.
+  errors    a stand-in server (http.server) answers 503 to the first 4 requests, then as MLflow's REST API does:
+            every request is retried until it goes through, each metric arrives once, the outage is one warning.
   outage    the server is stopped after step 9 and started again (same store, same port) after step 19: every
             metric, those logged while it was down included, reaches it.
 
@@ -22,6 +24,7 @@ import sys
 import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PYTHON_BIN = os.path.dirname(sys.executable)
 
@@ -160,6 +163,60 @@ def hanging(program, work_dir):
     listener.close()
 
 
+class FlakyMlflow(BaseHTTPRequestHandler):
+    """MLflow's REST API for one run, in memory, after answering 503 to the first `failures` requests."""
+    failures, received, lock = 4, [], threading.Lock()
+
+    def answer(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        with FlakyMlflow.lock:
+            FlakyMlflow.failures -= 1
+            if FlakyMlflow.failures >= 0:
+                return self.answer(503, {"error_code": "TEMPORARILY_UNAVAILABLE"})
+        self.answer(404, {"error_code": "RESOURCE_DOES_NOT_EXIST"})  # get-by-name: no such experiment yet
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with FlakyMlflow.lock:
+            FlakyMlflow.failures -= 1
+            if FlakyMlflow.failures >= 0:
+                return self.answer(503, {"error_code": "TEMPORARILY_UNAVAILABLE"})
+            FlakyMlflow.received.append((self.path, body))
+        replies = {"/api/2.0/mlflow/experiments/create": {"experiment_id": "7"},
+                   "/api/2.0/mlflow/runs/create": {"run": {"info": {"run_id": "r1", "experiment_id": "7"}}}}
+        self.answer(200, replies.get(self.path, {}))
+
+    def log_message(self, *args):
+        pass
+
+
+def errors(program, work_dir):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyMlflow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{server.server_address[1]}", "ACCEL_MLFLOW_FINISH_MS": "10000"}
+    result = run_program(program, "failing", work_dir, env)
+    server.shutdown()
+    check(result.returncode == 0, f"training failed:\n{result.stdout}\n{result.stderr}")
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING:accel.tracking")]
+    check(len(warnings) == 1 and "is not answering (HTTP 503" in warnings[0], f"expected one warning: {warnings}")
+    paths = [path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1] for path, _ in FlakyMlflow.received]
+    check(paths[:2] == ["experiments/create", "runs/create"] and paths[-1] == "runs/update", f"requests {paths}")
+    batches = [body for path, body in FlakyMlflow.received if path.endswith("log-batch")]
+    check(batches[0]["params"] == [{"key": "lr", "value": "0.1"}], f"params {batches[0]}")
+    points = [(m["step"], m["value"]) for body in batches[1:] for m in body["metrics"]]
+    check(points == [(s, 1.0 / (s + 1)) for s in range(20)], f"metrics {points}")
+    check(FlakyMlflow.received[-1][1]["status"] == "FINISHED", "the run was not ended FINISHED")
+    print(f"after 4 answers of 503: {len(FlakyMlflow.received)} requests, each once and in order, 20 metric points; "
+          f"warning: {warnings[0]!r}")
+
+
 def outage(program, work_dir):
     from mlflow.tracking import MlflowClient
 
@@ -196,7 +253,7 @@ def main():
     mode, program, work_dir = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
     shutil.rmtree(work_dir, ignore_errors=True)
     os.makedirs(work_dir)
-    {"readback": readback, "refused": refused, "hanging": hanging, "outage": outage}[mode](program, work_dir)
+    {"readback": readback, "refused": refused, "hanging": hanging, "errors": errors, "outage": outage}[mode](program, work_dir)
 
 
 if __name__ == "__main__":
