@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -508,4 +509,22 @@ TEST_CASE("mlflow: MLFLOW_TAGS and MLFLOW_NESTED_RUN read as Accelerate reads th
   accel::mlflow_settings nowhere;
   nowhere.experiment_name = "e";
   CHECK_THROWS_WITH(accel::mlflow_tracker(nowhere), Contains("MLFLOW_TRACKING_URI"));
+}
+
+TEST_CASE("mlflow: with the queue full, new metric batches are dropped, params and the end kept",
+          "[tracking][mlflow]") {
+  accel::mlflow_settings settings;
+  settings.tracking_uri = "http://127.0.0.1:1";  // nothing listens: no request ever leaves the queue
+  settings.experiment_name = "full";
+  settings.queue_capacity = 3;
+  settings.finish_timeout = std::chrono::milliseconds(100);
+  accel::mlflow_tracker tracker(settings);
+  tracker.log({{"loss", 1.0}}, 0);
+  tracker.store_init_configuration({{"lr", 0.1}});  // essential: queued beyond the capacity
+  for (int step = 1; step < 10; ++step) tracker.log({{"loss", 1.0}}, step);
+  CHECK(tracker.dropped() == 8);  // steps 2-9: step 0, the params and step 1 fill the queue
+  const auto start = std::chrono::steady_clock::now();
+  tracker.finish();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+  CHECK(tracker.run_id().empty());
 }
