@@ -216,7 +216,7 @@ struct join_options {
 };
 
 /// The experiment trackers built into accel (see accel/tracking.hpp), for `options::log_with`.
-enum class tracker { csv, json_lines, tensorboard };
+enum class tracker { csv, json_lines, tensorboard, mlflow };
 
 /// Plain aggregate, so that `accel::accelerator<> acc{{.cpu = true}};` reads as configuration.
 struct options {

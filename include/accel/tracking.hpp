@@ -9,6 +9,8 @@
 ///   - `tracker::json_lines`   `metrics.jsonl`, one JSON object per `log` call: `{"step": 3, "wall_time": ...,
 ///                             "loss": 0.5}`. Non-finite values as Python's json writes them (NaN, Infinity).
 ///   - `tracker::tensorboard`  `events.out.tfevents.{unix seconds}.{hostname}.{pid}.{n}`, for `tensorboard --logdir`.
+///   - `tracker::mlflow`       a run on the MLflow tracking server at `MLFLOW_TRACKING_URI` (http:// only), in the
+///                             experiment named by the project (or `MLFLOW_EXPERIMENT_NAME`); see `mlflow_tracker`.
 /// Each file is appended to (a resumed run continues it) and flushed after every `log` call, so that a crash loses
 /// nothing already logged. Anything else (a database, a web service) derives from `accel::general_tracker` and is
 /// passed to `init_trackers`.
@@ -38,7 +40,10 @@
 #include <vector>
 
 #include "detail/support/json.hpp"
+#include "detail/tracking/mlflow.hpp"
+#include "detail/tracking/mlflow_sender.hpp"
 #include "detail/tracking/tensorboard.hpp"
+#include "logging.hpp"
 #include "options.hpp"
 
 namespace accel {
@@ -52,6 +57,8 @@ constexpr std::string_view tracker_name(tracker kind) noexcept {
       return "json_lines";
     case tracker::tensorboard:
       return "tensorboard";
+    case tracker::mlflow:
+      return "mlflow";
   }
   return "unknown";
 }
@@ -286,6 +293,175 @@ class tensorboard_tracker final : public general_tracker {
   detail::run_file file_;
 };
 
+/// Where and how `mlflow_tracker` logs. `from_environment` reads MLflow's variables as Accelerate's MLflowTracker
+/// does (each over the value given in code).
+struct mlflow_settings {
+  /// The tracking server, `http://host:port` (MLFLOW_TRACKING_URI); https:// needs a local proxy (see
+  /// docs/trackers.md).
+  std::string tracking_uri;
+  /// The experiment, created when missing (MLFLOW_EXPERIMENT_NAME; `init_trackers`' project name without it).
+  std::string experiment_name;
+  /// The new run's name (MLFLOW_RUN_NAME); empty: the server makes one up.
+  std::string run_name;
+  /// Log into this existing run instead of creating one, marking it running again (MLFLOW_RUN_ID).
+  std::string run_id;
+  /// Tags of the run (MLFLOW_TAGS, a JSON object: `{"team": "vision"}`).
+  std::vector<std::pair<std::string, std::string>> tags;
+  /// MLFLOW_NESTED_RUN, read as Accelerate reads it; a C++ process has no active parent run, so the run is a
+  /// top-level one either way (as MLflow's `start_run(nested=True)` without an active run).
+  bool nested_run = false;
+  /// The run's description (the `mlflow.note.content` tag).
+  std::string description;
+  std::chrono::milliseconds connect_timeout{2000};
+  /// From sending a request to the end of its answer.
+  std::chrono::milliseconds response_timeout{5000};
+  /// The longest `end_training` waits for queued requests to reach the server.
+  std::chrono::milliseconds finish_timeout{10000};
+  /// Retries wait 0.1 s, doubling up to this.
+  std::chrono::milliseconds max_backoff{2000};
+  /// Requests waiting for the server at most; beyond it new metric batches are dropped (params and the final
+  /// status are always kept).
+  std::size_t queue_capacity = 10000;
+
+  /// The settings with MLflow's environment variables read over `experiment`.
+  static mlflow_settings from_environment(std::string experiment) {
+    mlflow_settings settings;
+    settings.experiment_name = std::move(experiment);
+    const auto read = [](const char* name, std::string& into) {
+      if (const char* value = std::getenv(name); value != nullptr && *value != '\0') into = value;
+    };
+    read("MLFLOW_TRACKING_URI", settings.tracking_uri);
+    read("MLFLOW_EXPERIMENT_NAME", settings.experiment_name);
+    read("MLFLOW_RUN_NAME", settings.run_name);
+    read("MLFLOW_RUN_ID", settings.run_id);
+    std::string text;
+    read("MLFLOW_TAGS", text);
+    if (!text.empty()) settings.tags = detail::parse_flat_json_object(text, "MLFLOW_TAGS");
+    text.clear();
+    read("MLFLOW_NESTED_RUN", text);
+    if (!text.empty()) settings.nested_run = detail::parse_python_bool(text, "MLFLOW_NESTED_RUN");
+    return settings;
+  }
+};
+
+/// Accelerate's MLflowTracker: a run of an MLflow experiment on a tracking server, through MLflow's REST API.
+/// `init_trackers`' configuration becomes the run's params (as Python's `str` writes the values; values longer than
+/// MLflow's 6000 characters are dropped with a warning, as Accelerate drops them), each `log` call a batch of metrics
+/// at its step, `end_training` ends the run (status FINISHED). The requests go out from a background thread: the
+/// server being down, slow or failing never stops or slows training (see docs/trackers.md).
+class mlflow_tracker final : public general_tracker {
+ public:
+  explicit mlflow_tracker(const mlflow_settings& settings)
+      : logger_(get_logger("accel.tracking")), sender_(sender_config(settings), [this](const std::string& message) {
+          std::lock_guard lock(logging_);
+          logger_.warning_once(message);
+        }) {}
+  ~mlflow_tracker() override { finish(); }
+  [[nodiscard]] std::string name() const override { return std::string(tracker_name(tracker::mlflow)); }
+
+  void store_init_configuration(const hyperparameters& config) override {
+    std::vector<std::string> dropped;
+    const auto params = params_of(config, dropped);
+    for (const auto& name : dropped) {
+      std::lock_guard lock(logging_);
+      logger_.warning_once("accel is attempting to log a value for key \"" + name +
+                           "\" as a parameter. MLflow's log_param() only accepts values no longer than " +
+                           std::to_string(detail::mlflow_max_param_length) +
+                           " characters so we dropped this attribute.");
+    }
+    for (std::size_t i = 0; i < params.size(); i += detail::mlflow_max_params_per_batch) {
+      const auto end = std::min(params.size(), i + detail::mlflow_max_params_per_batch);
+      const detail::mlflow_pairs batch(params.begin() + static_cast<std::ptrdiff_t>(i),
+                                       params.begin() + static_cast<std::ptrdiff_t>(end));
+      sender_.submit({"/api/2.0/mlflow/runs/log-batch", detail::mlflow_log_batch_fields({}, batch, {}), true});
+    }
+  }
+
+  /// The params of `config` as Accelerate's MLflowTracker logs them: each value as `str(value)`, those longer than
+  /// MLflow's limit left out (their names added to `dropped`).
+  static detail::mlflow_pairs params_of(const hyperparameters& config, std::vector<std::string>& dropped) {
+    detail::mlflow_pairs params;
+    for (const auto& entry : config) {
+      auto text = param_text(entry.value);
+      if (text.size() <= detail::mlflow_max_param_length)
+        params.emplace_back(entry.name, std::move(text));
+      else
+        dropped.push_back(entry.name);
+    }
+    return params;
+  }
+
+  /// Queues the metrics (a batch per 1000); returns at once.
+  void log(const std::vector<metric>& metrics, std::int64_t step) override {
+    const auto now = detail::unix_millis();
+    std::vector<detail::mlflow_metric> batch;
+    for (const auto& m : metrics) {
+      batch.push_back({m.name, m.value(), now, step});
+      if (batch.size() == detail::mlflow_max_metrics_per_batch) submit_metrics(std::exchange(batch, {}));
+    }
+    if (!batch.empty()) submit_metrics(std::move(batch));
+  }
+
+  /// Ends the run (status FINISHED), waiting at most `finish_timeout` for the queued requests.
+  void finish() override {
+    sender_.finish(detail::mlflow_request{"/api/2.0/mlflow/runs/update",
+                                          detail::mlflow_update_fields("FINISHED", detail::unix_millis()), true});
+  }
+
+  /// The run's id once the server has created it; "" before (or when it never answered).
+  [[nodiscard]] std::string run_id() const { return sender_.run_id(); }
+  /// Metric batches dropped because the queue was full.
+  [[nodiscard]] std::size_t dropped() const { return sender_.dropped(); }
+
+  /// A param's text as Accelerate's `str(value)` makes it: True/False, 32, 0.001, 1e-05, text as is.
+  static std::string param_text(const hyperparameter::value_type& value) {
+    return std::visit(
+        [](const auto& v) -> std::string {
+          using type = std::remove_cvref_t<decltype(v)>;
+          if constexpr (std::is_same_v<type, bool>)
+            return v ? "True" : "False";
+          else if constexpr (std::is_same_v<type, std::int64_t>)
+            return std::to_string(v);
+          else if constexpr (std::is_same_v<type, double>)
+            return detail::python_float_text(v);
+          else
+            return v;
+        },
+        value);
+  }
+
+ private:
+  void submit_metrics(std::vector<detail::mlflow_metric> batch) {
+    sender_.submit({"/api/2.0/mlflow/runs/log-batch", detail::mlflow_log_batch_fields(batch, {}, {}), false});
+  }
+  static detail::mlflow_sender_config sender_config(const mlflow_settings& settings) {
+    if (settings.tracking_uri.empty())
+      throw std::invalid_argument(
+          "accel::mlflow_tracker: no tracking server; set MLFLOW_TRACKING_URI=http://HOST:PORT (start one with "
+          "`mlflow server --host 127.0.0.1 --port 5000`) or mlflow_settings::tracking_uri");
+    if (settings.experiment_name.empty())
+      throw std::invalid_argument("accel::mlflow_tracker: the experiment name is empty; set MLFLOW_EXPERIMENT_NAME");
+    detail::mlflow_sender_config config{
+        .endpoint = detail::parse_http_uri(settings.tracking_uri, "the MLflow tracking URI (MLFLOW_TRACKING_URI)"),
+        .experiment_name = settings.experiment_name,
+        .run_name = settings.run_name,
+        .run_id = settings.run_id,
+        .tags = settings.tags,
+        .timeouts = {settings.connect_timeout, settings.response_timeout},
+        .queue_capacity = settings.queue_capacity,
+        .max_backoff = settings.max_backoff,
+        .finish_timeout = settings.finish_timeout};
+    if (!settings.description.empty()) config.tags.emplace_back("mlflow.note.content", settings.description);
+    config.tags.emplace_back("mlflow.source.type", "LOCAL");
+    if (const char* user = std::getenv("USER")) config.tags.emplace_back("mlflow.user", user);
+    return config;
+  }
+
+  std::mutex logging_;
+  logger logger_;
+  detail::mlflow_sender sender_;  // last: its thread may warn through logger_
+};
+
 namespace detail {
 
 /// A tracker that ignores everything: what `get_tracker` gives processes other than the main one (as Accelerate's
@@ -326,7 +502,7 @@ class tracker_set {
     if (!log_with_.empty()) {
       const auto directory = make_run_directory(project_name);
       write_config(directory / "config.json", config);
-      for (const auto kind : log_with_) active_.push_back(make(kind, directory));
+      for (const auto kind : log_with_) active_.push_back(make(kind, directory, project_name));
     }
     for (auto& tracker : extra)
       if (tracker) active_.push_back(std::move(tracker));
@@ -398,7 +574,8 @@ class tracker_set {
                                "; set options::project.logging_dir (or project_dir) to a writable directory");
     return directory;
   }
-  static std::shared_ptr<general_tracker> make(tracker kind, const std::filesystem::path& directory) {
+  static std::shared_ptr<general_tracker> make(tracker kind, const std::filesystem::path& directory,
+                                               const std::string& project_name) {
     switch (kind) {
       case tracker::csv:
         return std::make_shared<csv_tracker>(directory);
@@ -406,6 +583,8 @@ class tracker_set {
         return std::make_shared<json_lines_tracker>(directory);
       case tracker::tensorboard:
         return std::make_shared<tensorboard_tracker>(directory);
+      case tracker::mlflow:
+        return std::make_shared<mlflow_tracker>(mlflow_settings::from_environment(project_name));
     }
     throw std::invalid_argument("accel::init_trackers: options::log_with holds an unknown tracker");
   }

@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -381,4 +382,149 @@ TEST_CASE("write a TensorBoard file for Python", "[.python_tensorboard]") {
           100);
   acc.log({{"loss", infinity}, {"big", -infinity}, {"tiny", not_a_number}}, 101);
   acc.end_training();
+}
+
+// MLflow (accel::mlflow_tracker): the HTTP client's parsing, the REST API's bodies and Accelerate's rules for params.
+// tests/programs/mlflow_training.cpp logs into a real `mlflow server` for tests/scripts/check_mlflow.py.
+TEST_CASE("http: status lines, Content-Length, chunked and close-delimited bodies", "[tracking][mlflow]") {
+  using accel::detail::parse_http_response;
+  const std::string head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\ncontent-length: 10\r\n\r\n";
+  CHECK_FALSE(parse_http_response("HTTP/1.1 200 OK\r\nContent-Le", false));
+  CHECK_FALSE(parse_http_response(head + "{\"a\": ", false));
+  auto whole = parse_http_response(head + "{\"a\": \"b\"}" + "extra", false);
+  REQUIRE(whole);
+  CHECK(whole->status == 200);
+  CHECK(whole->body == "{\"a\": \"b\"}");
+  CHECK_THROWS_WITH(parse_http_response(head + "{\"a\"", true), Contains("before the whole HTTP body"));
+
+  const std::string chunked = "HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n";
+  CHECK_FALSE(parse_http_response(chunked + "4\r\nabcd\r\n", false));
+  CHECK_FALSE(parse_http_response(chunked + "4\r\nabcd\r\na;ext=1\r\n0123456789\r\n0\r\n", false));
+  auto dechunked = parse_http_response(chunked + "4\r\nabcd\r\na;ext=1\r\n0123456789\r\n0\r\n\r\n", false);
+  REQUIRE(dechunked);
+  CHECK(dechunked->status == 404);
+  CHECK(dechunked->body == "abcd0123456789");
+  CHECK_THROWS_WITH(parse_http_response(chunked + "zz\r\n", false), Contains("chunk size"));
+
+  const std::string unsized = "HTTP/1.0 503 Service Unavailable\r\nServer: x\r\n\r\ndown";
+  CHECK_FALSE(parse_http_response(unsized, false));
+  auto closed = parse_http_response(unsized, true);
+  REQUIRE(closed);
+  CHECK(closed->status == 503);
+  CHECK(closed->body == "down");
+  CHECK_THROWS_WITH(parse_http_response("SSH-2.0-OpenSSH\r\n\r\n", false), Contains("malformed HTTP status line"));
+  CHECK_THROWS_WITH(parse_http_response("HTTP/1.1 2x0 OK\r\n\r\n", false), Contains("status code"));
+  CHECK_THROWS_WITH(parse_http_response("HTTP/1.1 200", true), Contains("before a complete HTTP response"));
+}
+
+TEST_CASE("http: URIs, https refused naming the fix, the request's text", "[tracking][mlflow]") {
+  using accel::detail::parse_http_uri;
+  const auto plain = parse_http_uri("http://127.0.0.1:5000", "uri");
+  CHECK(plain.host == "127.0.0.1");
+  CHECK(plain.port == "5000");
+  CHECK(plain.base_path.empty());
+  const auto proxied = parse_http_uri("http://tracking.internal/mlflow/", "uri");
+  CHECK(proxied.host == "tracking.internal");
+  CHECK(proxied.port == "80");
+  CHECK(proxied.base_path == "/mlflow");
+  CHECK_THROWS_WITH(parse_http_uri("https://mlflow.example.com", "MLFLOW_TRACKING_URI"),
+                    Contains("MLFLOW_TRACKING_URI") && Contains("plain http:// only") && Contains("proxy"));
+  CHECK_THROWS_WITH(parse_http_uri("file:///tmp/mlruns", "uri"), Contains("expected an http://host:port URI"));
+  CHECK_THROWS_WITH(parse_http_uri("http://host:50x0", "uri"), Contains("port is not a number"));
+  CHECK(accel::detail::http_request_text(proxied, "POST", "/api/2.0/mlflow/runs/create", "{}") ==
+        "POST /mlflow/api/2.0/mlflow/runs/create HTTP/1.1\r\nHost: tracking.internal:80\r\nContent-Type: "
+        "application/json\r\nContent-Length: 2\r\nConnection: close\r\nUser-Agent: accel\r\n\r\n{}");
+  CHECK(accel::detail::http_request_text(plain, "GET", "/x?name=" + accel::detail::url_encode("a b/é-_.~")) ==
+        "GET /x?name=a%20b%2F%C3%A9-_.~ HTTP/1.1\r\nHost: 127.0.0.1:5000\r\nConnection: close\r\nUser-Agent: "
+        "accel\r\n\r\n");
+}
+
+TEST_CASE("mlflow: the REST API's JSON bodies, exact", "[tracking][mlflow]") {
+  using namespace accel::detail;
+  CHECK(mlflow_log_batch_fields({{"loss", 0.1, 1795000000123, 7}, {"x\"y", not_a_number, 5, -1}}, {}, {}) ==
+        R"("metrics": [{"key": "loss", "value": 0.1, "timestamp": 1795000000123, "step": 7}, )"
+        R"({"key": "x\"y", "value": "NaN", "timestamp": 5, "step": -1}], "params": [], "tags": [])");
+  CHECK(mlflow_log_batch_fields({}, {{"lr", "0.001"}, {"name", "a\nb"}}, {{"team", "vision"}}) ==
+        R"("metrics": [], "params": [{"key": "lr", "value": "0.001"}, {"key": "name", "value": "a\u000ab"}], )"
+        R"("tags": [{"key": "team", "value": "vision"}])");
+  CHECK(mlflow_run_body("abc", mlflow_update_fields("FINISHED", 42)) ==
+        R"({"run_id": "abc", "status": "FINISHED", "end_time": 42})");
+  CHECK(mlflow_update_fields("RUNNING", 42) == R"("status": "RUNNING")");
+  CHECK(mlflow_create_run_body("3", "first", 9, {{"k", "v"}}) ==
+        R"({"experiment_id": "3", "start_time": 9, "tags": [{"key": "k", "value": "v"}], "run_name": "first"})");
+  CHECK(proto_double(infinity) == "\"Infinity\"");
+  CHECK(proto_double(-infinity) == "\"-Infinity\"");
+  CHECK(proto_double(1e-300) == "1e-300");
+  CHECK(json_string_field(R"({"experiment": {"experiment_id" : "12", "name": "a"}})", "experiment_id") == "12");
+  CHECK(json_string_field(R"({"run": {"info": {"run_id": "ab\"c\u00e9"}}})", "run_id") == "ab\"c\xC3\xA9");
+  CHECK_FALSE(json_string_field(R"({"run_idx": "1", "x": "run_id"})", "run_id"));
+}
+
+TEST_CASE("mlflow: params as Python's str writes them, and MLflow's length limit drops a value", "[tracking][mlflow]") {
+  using accel::detail::python_float_text;
+  CHECK(python_float_text(0.001) == "0.001");
+  CHECK(python_float_text(1e-5) == "1e-05");
+  CHECK(python_float_text(3.0) == "3.0");
+  CHECK(python_float_text(100000.0) == "100000.0");
+  CHECK(python_float_text(1e16) == "1e+16");
+  CHECK(python_float_text(123456789012345.6) == "123456789012345.6");
+  CHECK(python_float_text(-0.0) == "-0.0");
+  CHECK(python_float_text(0.1 + 0.2) == "0.30000000000000004");
+  CHECK(python_float_text(not_a_number) == "nan");
+  CHECK(python_float_text(-infinity) == "-inf");
+  const accel::hyperparameters config = {{"shuffle", true},
+                                         {"epochs", 3},
+                                         {"lr", 2.5e-4},
+                                         {"name", "adamw"},
+                                         {"fits", std::string(6000, 'x')},
+                                         {"too_long", std::string(6001, 'y')}};
+  std::vector<std::string> dropped;
+  const auto params = accel::mlflow_tracker::params_of(config, dropped);
+  CHECK(dropped == std::vector<std::string>{"too_long"});
+  REQUIRE(params.size() == 5);
+  CHECK(params[0] == std::pair<std::string, std::string>("shuffle", "True"));
+  CHECK(params[1].second == "3");
+  CHECK(params[2].second == "0.00025");
+  CHECK(params[3].second == "adamw");
+  CHECK(params[4].second.size() == 6000);
+}
+
+TEST_CASE("mlflow: MLFLOW_TAGS and MLFLOW_NESTED_RUN read as Accelerate reads them", "[tracking][mlflow]") {
+  using accel::detail::parse_flat_json_object;
+  const auto tags = parse_flat_json_object(R"( {"team": "vi\"sion", "trial": 3, "ok": true} )", "MLFLOW_TAGS");
+  REQUIRE(tags.size() == 3);
+  CHECK(tags[0] == std::pair<std::string, std::string>("team", "vi\"sion"));
+  CHECK(tags[1] == std::pair<std::string, std::string>("trial", "3"));
+  CHECK(tags[2] == std::pair<std::string, std::string>("ok", "True"));
+  CHECK(parse_flat_json_object("{}", "MLFLOW_TAGS").empty());
+  CHECK_THROWS_WITH(parse_flat_json_object("team=vision", "MLFLOW_TAGS"), Contains("MLFLOW_TAGS is not a flat JSON"));
+  CHECK_THROWS_WITH(parse_flat_json_object(R"({"a": [1]})", "MLFLOW_TAGS"), Contains("not a string or a number"));
+  CHECK(accel::detail::parse_python_bool("Yes", "MLFLOW_NESTED_RUN"));
+  CHECK_FALSE(accel::detail::parse_python_bool("0", "MLFLOW_NESTED_RUN"));
+  CHECK_THROWS_WITH(accel::detail::parse_python_bool("maybe", "MLFLOW_NESTED_RUN"), Contains("MLFLOW_NESTED_RUN"));
+  accel::mlflow_settings https;
+  https.tracking_uri = "https://mlflow.example.com";
+  https.experiment_name = "e";
+  CHECK_THROWS_WITH(accel::mlflow_tracker(https), Contains("proxy"));
+  accel::mlflow_settings nowhere;
+  nowhere.experiment_name = "e";
+  CHECK_THROWS_WITH(accel::mlflow_tracker(nowhere), Contains("MLFLOW_TRACKING_URI"));
+}
+
+TEST_CASE("mlflow: with the queue full, new metric batches are dropped, params and the end kept",
+          "[tracking][mlflow]") {
+  accel::mlflow_settings settings;
+  settings.tracking_uri = "http://127.0.0.1:1";  // nothing listens: no request ever leaves the queue
+  settings.experiment_name = "full";
+  settings.queue_capacity = 3;
+  settings.finish_timeout = std::chrono::milliseconds(100);
+  accel::mlflow_tracker tracker(settings);
+  tracker.log({{"loss", 1.0}}, 0);
+  tracker.store_init_configuration({{"lr", 0.1}});  // essential: queued beyond the capacity
+  for (int step = 1; step < 10; ++step) tracker.log({{"loss", 1.0}}, step);
+  CHECK(tracker.dropped() == 8);  // steps 2-9: step 0, the params and step 1 fill the queue
+  const auto start = std::chrono::steady_clock::now();
+  tracker.finish();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+  CHECK(tracker.run_id().empty());
 }
