@@ -1100,7 +1100,7 @@ TEST_CASE("a checkpoint in Accelerate's layout loads back: weights, AdamW state,
   CHECK(accel_test::bitwise_equal(*saved.net, *loaded.net));
   CHECK(accel_test::all_equal(accel_test::adamw_state(saved.adamw), accel_test::adamw_state(loaded.adamw)));
   CHECK(loaded.adamw.param_groups()[0].options().get_lr() == saved.adamw.param_groups()[0].options().get_lr());
-  CHECK(accel::detail::lr_scheduler_access::step_count(loaded.step_lr) == 5);
+  CHECK(accel::detail::lr_scheduler_access::step_count(loaded.step_lr) == 5u);
   CHECK(torch::equal(torch::randn({4}), draw));
   accel::detail::remove_tree(dir);
 }
