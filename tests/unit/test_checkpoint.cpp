@@ -1063,12 +1063,15 @@ struct accelerate_layout_run {
   torch::nn::Sequential net;
   torch::optim::AdamW adamw;
   torch::optim::StepLR step_lr;
+  // Kept: a prepared object's registration for checkpointing lasts as long as it does.
+  decltype(std::declval<accel::accelerator<>&>().prepare(net, adamw, step_lr)) prepared;
   explicit accelerate_layout_run(torch::nn::Sequential model)
       : net(std::move(model)),
         adamw(net->parameters(), torch::optim::AdamWOptions(0.05).weight_decay(0.1)),
-        step_lr(adamw, 2, 0.5) {}
+        step_lr(adamw, 2, 0.5),
+        prepared(acc.prepare(net, adamw, step_lr)) {}
   void train(int steps) {
-    auto [model, opt, sched] = acc.prepare(net, adamw, step_lr);
+    auto& [model, opt, sched] = prepared;
     for (int i = 0; i < steps; ++i) {
       acc.backward(model(torch::randn({3, 2})).pow(2).mean());
       opt.step();
@@ -1095,7 +1098,6 @@ TEST_CASE("a checkpoint in Accelerate's layout loads back: weights, AdamW state,
   const auto draw = torch::randn({4});  // what the generator gives after the save
 
   accelerate_layout_run loaded(two_layers(3));
-  [[maybe_unused]] auto [model, opt, sched] = loaded.acc.prepare(loaded.net, loaded.adamw, loaded.step_lr);
   loaded.acc.load_state(dir / "ckpt");
   CHECK(accel_test::bitwise_equal(*saved.net, *loaded.net));
   CHECK(accel_test::all_equal(accel_test::adamw_state(saved.adamw), accel_test::adamw_state(loaded.adamw)));
@@ -1114,7 +1116,6 @@ TEST_CASE("an Accelerate checkpoint that does not fit the program names the firs
   saved.acc.save_state(dir / "ckpt", {.files = accel::file_set::accelerate});
 
   accelerate_layout_run wider(two_layers(4));  // every weight of another shape
-  [[maybe_unused]] auto [model, opt, sched] = wider.acc.prepare(wider.net, wider.adamw, wider.step_lr);
   const auto before = wider.net->parameters()[0].clone();
   CHECK_THROWS_WITH(wider.acc.load_state(dir / "ckpt"),
                     Catch::Contains("model.safetensors do not fit the prepared model") &&
@@ -1124,7 +1125,6 @@ TEST_CASE("an Accelerate checkpoint that does not fit the program names the firs
   // An extra layer: its keys are missing from the checkpoint, named.
   accelerate_layout_run deeper(torch::nn::Sequential(torch::nn::Linear(2, 3), torch::nn::Tanh(),
                                                      torch::nn::Linear(3, 1), torch::nn::Linear(1, 1)));
-  [[maybe_unused]] auto [model2, opt2, sched2] = deeper.acc.prepare(deeper.net, deeper.adamw, deeper.step_lr);
   CHECK_THROWS_WITH(deeper.acc.load_state(dir / "ckpt"), Catch::Contains("missing: 3.weight"));
 
   // The same shapes, but an optimizer state whose tensor does not fit its parameter (a damaged or foreign file).
@@ -1134,7 +1134,6 @@ TEST_CASE("an Accelerate checkpoint that does not fit the program names the firs
   first.insert_or_assign("exp_avg", torch::zeros({7}));
   accel::detail::write_torch_save(state, dir / "ckpt", "optimizer.bin");
   accelerate_layout_run same(two_layers(3));
-  [[maybe_unused]] auto [model3, opt3, sched3] = same.acc.prepare(same.net, same.adamw, same.step_lr);
   CHECK_THROWS_WITH(
       same.acc.load_state(dir / "ckpt"),
       Catch::Contains("in the Accelerate checkpoint, " + (dir / "ckpt" / "optimizer.bin").string() +
