@@ -2,10 +2,11 @@
 // and accel. The run is the one tests/scripts/checkpoint_accelerate.py makes in Python: a Sequential(Linear(4, 16),
 // Tanh, Linear(16, 2)), AdamW with weight decay, StepLR, batch s of DIR/data.safetensors plus noise from the CPU
 // generator (so its state must cross too), a mean squared error.
-//   accelerate_interop continue DIR FIRST M  loads DIR/python_checkpoint (Accelerate's save_state), trains batches
-//                                           FIRST..FIRST+M-1, writes DIR/accel_continued.safetensors
-//   accelerate_interop train DIR N M          trains N batches, saves DIR/accel_checkpoint in Accelerate's layout,
-//                                           trains M more, writes DIR/accel_after.safetensors
+//   accelerate_interop continue DIR FIRST M CHECKPOINT  loads DIR/CHECKPOINT (Accelerate's save_state), trains
+//                                           batches FIRST..FIRST+M-1, writes DIR/accel_continued_CHECKPOINT.safetensors
+//   accelerate_interop train DIR N M          trains N batches, saves DIR/accel_checkpoint in Accelerate's file set
+//                                           (and DIR/accel_checkpoint_bin with pytorch_model.bin), trains M more,
+//                                           writes DIR/accel_after.safetensors
 //   accelerate_interop sharded DIR N         under `accel launch` (2 processes, zero2, the sharded format): trains N
 //                                           batches, saves DIR/sharded, and writes the model's outputs for batch 0
 //                                           to DIR/accel_outputs.safetensors (for accel merge-weights' output)
@@ -94,11 +95,11 @@ void save_sharded(const std::filesystem::path& dir, int steps) {
 int main(int argc, char** argv) try {
   const std::string mode = argc > 2 ? argv[1] : "";
   const std::filesystem::path dir = argc > 2 ? argv[2] : "";
-  if (mode == "continue" && argc == 5) {
+  if (mode == "continue" && argc == 6) {
     interop_run run(dir);
-    run.acc.load_state(dir / "python_checkpoint");
+    run.acc.load_state(dir / argv[5]);
     run.train(std::stoi(argv[3]), std::stoi(argv[4]));
-    run.write(dir / "accel_continued.safetensors");
+    run.write(dir / ("accel_continued_" + std::string(argv[5]) + ".safetensors"));
     return 0;
   }
   if (mode == "train" && argc == 5) {
@@ -106,6 +107,8 @@ int main(int argc, char** argv) try {
     interop_run run(dir);
     run.train(0, std::stoi(argv[3]));
     run.acc.save_state(dir / "accel_checkpoint", {.files = accel::file_set::accelerate});
+    run.acc.save_state(dir / "accel_checkpoint_bin",
+                       {.safe_serialization = false, .files = accel::file_set::accelerate});
     run.train(std::stoi(argv[3]), std::stoi(argv[4]));
     run.write(dir / "accel_after.safetensors");
     return 0;
@@ -114,7 +117,7 @@ int main(int argc, char** argv) try {
     save_sharded(dir, std::stoi(argv[3]));
     return 0;
   }
-  std::cerr << "usage: accelerate_interop continue DIR FIRST M | train DIR N M | sharded DIR N\n";
+  std::cerr << "usage: accelerate_interop continue DIR FIRST M CHECKPOINT | train DIR N M | sharded DIR N\n";
   return 2;
 } catch (const std::exception& e) {
   std::cerr << "accelerate_interop: " << e.what() << '\n';

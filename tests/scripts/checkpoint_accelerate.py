@@ -2,12 +2,14 @@
 The run is tests/programs/accelerate_interop.cpp's: Sequential(Linear(4, 16), Tanh, Linear(16, 2)), AdamW with
 weight decay, StepLR(3, 0.5), batch s of data.safetensors plus noise from the CPU generator, a mean squared error.
    data DIR N M               writes the N + M batches both languages train on
-   python-first DIR N M       trains N steps with Accelerate, save_state(DIR/python_checkpoint), trains M more:
+   python-first DIR N M       trains N steps with Accelerate, save_state(DIR/python_checkpoint) (and with
+                              safe_serialization=False, DIR/python_checkpoint_bin), trains M more:
                               DIR/python_after.safetensors (what accel, continuing from the checkpoint, must match)
-   python-continue DIR N M    checks DIR/accel_checkpoint's random_states_0.pkl with random.setstate and
+   python-continue DIR N M CHECKPOINT  checks DIR/CHECKPOINT's random_states_0.pkl with random.setstate and
                               np.random.set_state, load_state, trains batches N.. for M steps:
-                              DIR/python_continued.safetensors
-   compare A B                parameters within 1e-6 relative; learning rate and step counts exactly equal
+                              DIR/python_continued_CHECKPOINT.safetensors
+   compare DIR A B            DIR/A.safetensors and DIR/B.safetensors: parameters within 1e-6 relative; learning
+                              rate and step counts exactly equal
    merged DIR                 load_checkpoint_in_model of DIR/merged (accel merge-weights of a sharded checkpoint)
                               into the Python model: its outputs for batch 0 equal accel's (DIR/accel_outputs)"""
 import os
@@ -65,6 +67,7 @@ def python_first(directory, n, m):
     run = Run(directory)
     run.train(0, n)
     run.accelerator.save_state(os.path.join(directory, "python_checkpoint"))
+    run.accelerator.save_state(os.path.join(directory, "python_checkpoint_bin"), safe_serialization=False)
     run.train(n, m)
     run.write(os.path.join(directory, "python_after.safetensors"))
 
@@ -79,8 +82,8 @@ def check_random_states(checkpoint):
     print(f"random_states_0.pkl: random.setstate, np.random.set_state and torch.set_rng_state accept it")
 
 
-def python_continue(directory, n, m):
-    checkpoint = os.path.join(directory, "accel_checkpoint")
+def python_continue(directory, n, m, name):
+    checkpoint = os.path.join(directory, name)
     check_random_states(checkpoint)
     run = Run(directory)
     before = {name: p.detach().clone() for name, p in run.net.named_parameters()}
@@ -88,10 +91,11 @@ def python_continue(directory, n, m):
     assert any(not torch.equal(before[name], p) for name, p in run.net.named_parameters()), "nothing was loaded"
     assert run.optimizer.param_groups[0]["decoupled_weight_decay"], "AdamW loaded as Adam"
     run.train(n, m)
-    run.write(os.path.join(directory, "python_continued.safetensors"))
+    run.write(os.path.join(directory, f"python_continued_{name}.safetensors"))
 
 
-def compare(a_path, b_path):
+def compare(directory, a_name, b_name):
+    a_path, b_path = (os.path.join(directory, name + ".safetensors") for name in (a_name, b_name))
     a, b = load_file(a_path), load_file(b_path)
     assert sorted(a) == sorted(b), f"names {sorted(a)} and {sorted(b)}"
     for name in ("lr", "optimizer_step", "scheduler_step_count"):
@@ -128,9 +132,9 @@ if __name__ == "__main__":
     elif command == "python-first":
         python_first(args[0], int(args[1]), int(args[2]))
     elif command == "python-continue":
-        python_continue(args[0], int(args[1]), int(args[2]))
+        python_continue(args[0], int(args[1]), int(args[2]), args[3])
     elif command == "compare":
-        compare(args[0], args[1])
+        compare(args[0], args[1], args[2])
     elif command == "merged":
         merged(args[0])
     else:
