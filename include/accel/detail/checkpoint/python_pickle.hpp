@@ -288,7 +288,9 @@ class torch_save_unpickler {
     if (name == "collections.OrderedDict") {
       stack_.emplace_back(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
     } else if (name == "torch._utils._rebuild_tensor_v2" || name == "torch._utils._rebuild_tensor") {
-      const auto& items = arguments.toTupleRef().elements();
+      if (!arguments.isTuple()) fail("rebuilds a tensor from unexpected arguments");
+      // A vector: GCC's -O3 warns falsely (-Warray-bounds) on indexing a tuple's inline storage past 3 items.
+      const auto items = arguments.toTupleRef().elements().vec();
       if (items.size() < 4 || !items[0].isTensor()) fail("rebuilds a tensor from unexpected arguments");
       stack_.emplace_back(items[0].toTensor().as_strided(integers(items[2]), integers(items[3]), items[1].toInt()));
     } else {
@@ -307,8 +309,10 @@ class torch_save_unpickler {
   }
   /// A persistent id ('storage', torch.FloatStorage, key, location, numel): the record `data/{key}`, flat.
   at::Tensor storage(const c10::IValue& id) {
-    if (!id.isTuple() || id.toTupleRef().elements().size() < 5) fail("names a persistent object that is no storage");
-    const auto& items = id.toTupleRef().elements();
+    if (!id.isTuple()) fail("names a persistent object that is no storage");
+    const auto items = id.toTupleRef().elements().vec();  // a vector, as in reduce()
+    if (items.size() < 5 || !items[1].isString() || !items[2].isString() || !items[4].isInt())
+      fail("names a persistent object that is no storage");
     const auto key = items[2].toStringRef();
     if (const auto found = storages_.find(key); found != storages_.end()) return found->second;
     const auto dtype = storage_dtype(items[1].toStringRef(), file_);
