@@ -140,7 +140,11 @@ class training_state {
   /// without a manifest loads only with `how.allow_unchecked`. A collective.
   void load(const std::filesystem::path& directory, const load_options& how) {
     const auto read_to = read_device(how.map_location, parallel_.num_processes(), parallel_.device());
-    if (is_accelerate_checkpoint(directory)) return load_from_accelerate(directory, read_to);
+    if (is_accelerate_checkpoint(directory)) {
+      load_from_accelerate(directory, read_to);
+      count_from_loaded(settings_, directory);  // the project's checkpoint_{k}, whoever wrote it
+      return;
+    }
     as_collective("load_state", [&] {
       with_full_weights(parallel_, registry_.models(), [&] {
         const auto models = hooked_models(parallel_, registry_, settings_, directory);
