@@ -426,14 +426,12 @@ class accelerator {
   /// every process its RNG state, fp16 loss scale and data positions (`random_states_{rank}.bin`). The save_state
   /// pre-hooks run first. A collective. With `{.safe_serialization = false}` the model files are Accelerate's
   /// `pytorch_model.bin`, `pytorch_model_1.bin`, ... (pickled dicts of tensors) instead.
-  void save_state(const std::filesystem::path& directory, save_options how = {}) {
-    state_.save(directory, how.safe_serialization);
-  }
+  void save_state(const std::filesystem::path& directory, save_options how = {}) { state_.save(directory, how); }
 
   /// `save_state` into the project's next automatic checkpoint (`options::project`):
   /// `{project_dir}/checkpoints/checkpoint_{save_iteration()}`, then removes the oldest beyond `total_limit`.
   /// Returns the directory written.
-  std::filesystem::path save_state(save_options how = {}) { return state_.save_next(how.safe_serialization); }
+  std::filesystem::path save_state(save_options how = {}) { return state_.save_next(how); }
   /// The number of the checkpoint the next `save_state()` writes (Accelerate's `save_iteration`).
   [[nodiscard]] std::int64_t save_iteration() const { return detail::next_checkpoint_number(state_.settings()); }
   /// Makes the next `save_state()` write `checkpoint_{next}`, and the saves after it count up from there.

@@ -191,10 +191,19 @@ struct project_options {
 };
 
 /// `accelerator::save_state`'s options (Accelerate's `save_state` arguments).
+/// Which files `save_state` writes (docs/python.md): accel's own (`accel_state.bin`, LibTorch archives, a manifest),
+/// or Accelerate's (`optimizer.bin`, `scheduler.bin`, `random_states_{i}.pkl`: PyTorch's state_dicts in
+/// `torch.save`'s format), which Accelerate's `load_state` reads. `load_state` reads either, telling them apart by
+/// their files.
+enum class file_set { accel, accelerate };
+
 struct save_options {
   /// The model files as safetensors (`model.safetensors`); false: Accelerate's pickled `pytorch_model.bin` (a dict
   /// of tensors: `torch.load(path, weights_only=False)` in Python). The sharded format's shards are safetensors.
   bool safe_serialization = true;
+  /// `file_set::accelerate`: Accelerate's file set, for a Python program's `accelerator.load_state`. Only
+  /// the full format; objects without a PyTorch counterpart accel maps (docs/python.md) are refused.
+  file_set files = file_set::accel;
 };
 
 /// `accelerator::prepare_model`'s options (Accelerate's `prepare_model` arguments).

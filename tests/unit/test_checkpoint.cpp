@@ -1053,3 +1053,91 @@ TEST_CASE("directory_entries and remove_tree answer as std::filesystem does, wit
   CHECK(accel::detail::directory_entries(outside).empty());
   accel::detail::remove_tree(outside);
 }
+
+// Issue 37: Accelerate's file set (file_set::accelerate; docs/python.md). What Python reads and writes is
+// checked by interop.checkpoint.*; here, that accel reads back what it writes in that layout (through its own pickle
+// reader), and that a checkpoint that does not fit the program names the first difference.
+namespace {
+struct accelerate_layout_run {
+  accel::accelerator<> acc{{.cpu = true}};
+  torch::nn::Sequential net;
+  torch::optim::AdamW adamw;
+  torch::optim::StepLR step_lr;
+  // Kept: a prepared object's registration for checkpointing lasts as long as it does.
+  decltype(std::declval<accel::accelerator<>&>().prepare(net, adamw, step_lr)) prepared;
+  explicit accelerate_layout_run(torch::nn::Sequential model)
+      : net(std::move(model)),
+        adamw(net->parameters(), torch::optim::AdamWOptions(0.05).weight_decay(0.1)),
+        step_lr(adamw, 2, 0.5),
+        prepared(acc.prepare(net, adamw, step_lr)) {}
+  void train(int steps) {
+    auto& [model, opt, sched] = prepared;
+    for (int i = 0; i < steps; ++i) {
+      acc.backward(model(torch::randn({3, 2})).pow(2).mean());
+      opt.step();
+      sched.step();
+      opt.zero_grad();
+    }
+  }
+};
+torch::nn::Sequential two_layers(int hidden) {
+  return torch::nn::Sequential(torch::nn::Linear(2, hidden), torch::nn::Tanh(), torch::nn::Linear(hidden, 1));
+}
+}  // namespace
+
+TEST_CASE("a checkpoint in Accelerate's layout loads back: weights, AdamW state, learning rate, StepLR, generator",
+          "[checkpoint][interop]") {
+  const auto dir = scratch("accelerate-layout");
+  torch::manual_seed(2);
+  accelerate_layout_run saved(two_layers(3));
+  saved.train(5);
+  saved.acc.save_state(dir / "ckpt", {.files = accel::file_set::accelerate});
+  for (const char* file : {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"})
+    CHECK(std::filesystem::exists(dir / "ckpt" / file));
+  CHECK_FALSE(std::filesystem::exists(dir / "ckpt" / "accel_state.bin"));
+  const auto draw = torch::randn({4});  // what the generator gives after the save
+
+  accelerate_layout_run loaded(two_layers(3));
+  loaded.acc.load_state(dir / "ckpt");
+  CHECK(accel_test::bitwise_equal(*saved.net, *loaded.net));
+  CHECK(accel_test::all_equal(accel_test::adamw_state(saved.adamw), accel_test::adamw_state(loaded.adamw)));
+  CHECK(loaded.adamw.param_groups()[0].options().get_lr() == saved.adamw.param_groups()[0].options().get_lr());
+  CHECK(accel::detail::lr_scheduler_access::step_count(loaded.step_lr) == 5u);
+  CHECK(torch::equal(torch::randn({4}), draw));
+  accel::detail::remove_tree(dir);
+}
+
+TEST_CASE("an Accelerate checkpoint that does not fit the program names the first difference, and nothing changes",
+          "[checkpoint][interop]") {
+  const auto dir = scratch("accelerate-mismatch");
+  torch::manual_seed(4);
+  accelerate_layout_run saved(two_layers(3));
+  saved.train(2);
+  saved.acc.save_state(dir / "ckpt", {.files = accel::file_set::accelerate});
+
+  accelerate_layout_run wider(two_layers(4));  // every weight of another shape
+  const auto before = wider.net->parameters()[0].clone();
+  CHECK_THROWS_WITH(wider.acc.load_state(dir / "ckpt"),
+                    Catch::Contains("model.safetensors do not fit the prepared model") &&
+                        Catch::Contains("0.weight: the file has Float[3, 2], the model Float[4, 2]"));
+  CHECK(torch::equal(wider.net->parameters()[0], before));
+
+  // An extra layer: its keys are missing from the checkpoint, named.
+  accelerate_layout_run deeper(torch::nn::Sequential(torch::nn::Linear(2, 3), torch::nn::Tanh(),
+                                                     torch::nn::Linear(3, 1), torch::nn::Linear(1, 1)));
+  CHECK_THROWS_WITH(deeper.acc.load_state(dir / "ckpt"), Catch::Contains("missing: 3.weight"));
+
+  // The same shapes, but an optimizer state whose tensor does not fit its parameter (a damaged or foreign file).
+  auto state = accel::detail::python_optimizer_state(saved.adamw, "test");
+  auto states = accel::detail::python_item(state, "state", "test").toGenericDict();
+  auto first = states.at(std::int64_t{0}).toGenericDict();
+  first.insert_or_assign("exp_avg", torch::zeros({7}));
+  accel::detail::write_torch_save(state, dir / "ckpt", "optimizer.bin");
+  accelerate_layout_run same(two_layers(3));
+  CHECK_THROWS_WITH(
+      same.acc.load_state(dir / "ckpt"),
+      Catch::Contains("in the Accelerate checkpoint, " + (dir / "ckpt" / "optimizer.bin").string() +
+                      "'s state of parameter 0 (0.weight)'s exp_avg has shape [7], its parameter [3, 2]"));
+  CHECK(same.adamw.state().empty());
+  accel::detail::remove_tree(dir);
+}

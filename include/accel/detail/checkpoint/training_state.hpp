@@ -31,6 +31,7 @@
 #include "../prepared/registry.hpp"
 #include "../support/archive.hpp"
 #include "../support/generators.hpp"
+#include "accelerate_format.hpp"
 #include "agreement.hpp"
 #include "archives.hpp"
 #include "directory.hpp"
@@ -88,8 +89,11 @@ class training_state {
   [[nodiscard]] const checkpoint_settings& settings() const noexcept { return settings_; }
 
   /// Saves into `directory`, atomically (writer.hpp): in the format the parallel policy asks for, the full one with
-  /// the weights full (gathered for the while). A collective.
-  void save(const std::filesystem::path& directory, bool safe_serialization) {
+  /// the weights full (gathered for the while); or, with `file_set::accelerate`, Accelerate's file set
+  /// (accelerate_format.hpp). A collective.
+  void save(const std::filesystem::path& directory, const save_options& how) {
+    if (how.files == ::accel::file_set::accelerate) return save_for_accelerate(directory, how.safe_serialization);
+    const bool safe_serialization = how.safe_serialization;
     as_collective("save_state", [&] {
       const auto own_state = [this] { return process_state(); };
       if (parallel_.checkpoint_format() == state_dict_type::sharded)  // nothing gathered
@@ -104,7 +108,7 @@ class training_state {
 
   /// Saves into the project's next automatic checkpoint (numbering.hpp), then removes the oldest beyond
   /// `total_limit`. Returns the directory written.
-  std::filesystem::path save_next(bool safe_serialization) {
+  std::filesystem::path save_next(const save_options& how) {
     const auto& project = settings_.project;
     if (!project.automatic_checkpoint_naming)
       throw std::invalid_argument(
@@ -115,7 +119,7 @@ class training_state {
     std::int64_t next = 0;
     as_collective("save_state", [&] { next = agree_on_checkpoint_number(settings_, parallel_); });
     const auto directory = root / ("checkpoint_" + std::to_string(next));
-    save(directory, safe_serialization);
+    save(directory, how);
     if (settings_.next_number) settings_.next_number = next + 1;
     // Only now that the new checkpoint is complete and synced: a save that fails (a full disk) loses no checkpoint.
     // Each writer prunes its own directory (each machine's, with save_on_each_node).
@@ -136,6 +140,11 @@ class training_state {
   /// without a manifest loads only with `how.allow_unchecked`. A collective.
   void load(const std::filesystem::path& directory, const load_options& how) {
     const auto read_to = read_device(how.map_location, parallel_.num_processes(), parallel_.device());
+    if (is_accelerate_checkpoint(directory)) {
+      load_from_accelerate(directory, read_to);
+      count_from_loaded(settings_, directory);  // the project's checkpoint_{k}, whoever wrote it
+      return;
+    }
     as_collective("load_state", [&] {
       with_full_weights(parallel_, registry_.models(), [&] {
         const auto models = hooked_models(parallel_, registry_, settings_, directory);
@@ -149,6 +158,22 @@ class training_state {
       });
     });
     count_from_loaded(settings_, directory);
+  }
+
+  /// Restores a checkpoint Accelerate's `save_state` wrote (accelerate_format.hpp): read and checked on every
+  /// process first; then the optimizers and schedulers all or none, then the weights and the CPU generator. A
+  /// collective.
+  void load_from_accelerate(const std::filesystem::path& directory, const c10::Device& read_to) {
+    as_collective("load_state", [&] {
+      with_full_weights(parallel_, registry_.models(), [&] {
+        const auto models = hooked_models(parallel_, registry_, settings_, directory);
+        std::optional<accelerate_contents> contents;
+        on_every_process_or_none(parallel_, "load_state", "reading " + directory.string(), [&] {
+          contents = accelerate_reader(directory, registry_, parallel_.process_index()).read(models);
+        });
+        apply_from_accelerate(directory, *contents, models, read_to);
+      });
+    });
   }
 
   /// Every process takes process `source`'s copy of what a checkpoint saves once for the job (each optimizer's state
@@ -228,6 +253,70 @@ class training_state {
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(state);
     }
+  }
+
+  /// `load_from_accelerate`'s apply step. Each optimizer's parameters are named by their models' names in errors.
+  void apply_from_accelerate(const std::filesystem::path& directory, accelerate_contents& contents,
+                             const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                             const c10::Device& read_to) {
+    std::map<const void*, std::string> names;
+    for (const auto& model : models)
+      for (const auto& item : model->named_parameters()) names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+    const auto name_of = [&names](const at::Tensor& parameter) {
+      const auto found = names.find(parameter.unsafeGetTensorImpl());
+      return found == names.end() ? std::string("a parameter of no prepared model") : found->second;
+    };
+    load_transaction transaction;
+    torch::serialize::InputArchive unused;  // the objects load from `contents`; the transaction keeps what they held
+    on_every_process_or_none(parallel_, "load_state", "loading the checkpoint's state", [&] {
+      const auto optimizers = registry_.optimizers();
+      for (std::size_t i = 0; i < optimizers.size(); ++i) {
+        auto* optimizer = optimizers[i];
+        transaction.load(
+            "in the Accelerate checkpoint,", [optimizer](auto& out) { save_optimizer(*optimizer, out); },
+            [&, optimizer, i](auto&) {
+              parallel_.load_full_optimizer_state(*optimizer, [&] {
+                load_python_optimizer(*optimizer, contents.optimizers[i],
+                                      (directory / checkpoint_files::optimizer(i)).string(), name_of);
+              });
+              place_state_on_parameters(*optimizer, read_to);
+            },
+            unused, [optimizer](auto& in) { load_optimizer(*optimizer, in); });
+      }
+      const auto slots = registry_.slots_by_kind();
+      const auto schedulers = slots.find(std::string(checkpoint_files::kind::scheduler));
+      for (std::size_t i = 0; schedulers != slots.end() && i < schedulers->second.size(); ++i) {
+        const auto& slot = schedulers->second[i];
+        const auto file = (directory / checkpoint_files::slot(checkpoint_files::kind::scheduler, i)).string();
+        transaction.load(
+            "in the Accelerate checkpoint,", slot->save,
+            [&, slot, i, file](auto&) { slot->load_python(contents.schedulers[i], file); }, unused, slot->load);
+      }
+    });
+    transaction.commit();
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < models.size(); ++i) copy_weights(*models[i], contents.weights[i]);
+    for (auto& [generator, state] : contents.generator_states) {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(state);
+    }
+  }
+
+  /// Writes Accelerate's file set (accelerate_format.hpp) with the weights full: the main process the shared files,
+  /// every process its generator states. A collective.
+  void save_for_accelerate(const std::filesystem::path& directory, bool safe_serialization) {
+    as_collective("save_state", [&] {
+      if (parallel_.checkpoint_format() == state_dict_type::sharded)
+        throw checkpoint_error(
+            "accel::save_state: file_set::accelerate (Accelerate's files) writes full state dicts; this "
+            "parallel policy saves the sharded format (save that, then accel merge-weights)");
+      with_full_weights(parallel_, registry_.models(), [&] {
+        on_every_process_or_none(parallel_, "save_state", "writing " + directory.string(), [&] {
+          write_accelerate_checkpoint(directory, registry_, registry_.models(), parallel_.process_index(),
+                                      safe_serialization);
+        });
+      });
+    });
   }
 
   /// Each optimizer loads a full state, which the parallel policy may shard; what is kept to undo is the
