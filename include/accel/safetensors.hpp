@@ -108,16 +108,7 @@ class header_parser {
           if (pos_ + 4 > text_.size()) fail("a \\u escape is cut short");
           const auto code = std::stoul(text_.substr(pos_, 4), nullptr, 16);
           pos_ += 4;
-          if (code < 0x80) {
-            out += static_cast<char>(code);
-          } else if (code < 0x800) {
-            out += static_cast<char>(0xC0 | (code >> 6));
-            out += static_cast<char>(0x80 | (code & 0x3F));
-          } else {
-            out += static_cast<char>(0xE0 | (code >> 12));
-            out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (code & 0x3F));
-          }
+          accel::detail::append_utf8(out, code);
           continue;
         }
         const std::map<char, char> escapes = {{'"', '"'},  {'\\', '\\'}, {'/', '/'},  {'b', '\b'},

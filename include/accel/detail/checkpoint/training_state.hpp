@@ -229,6 +229,19 @@ class training_state {
     return serialised(mine);
   }
 
+  /// What a load sets once its transaction committed: each model's weights and the generators (`Contents`: accel's
+  /// checkpoint_contents or accelerate_contents), which nothing after can fail.
+  template <class Contents>
+  static void install_weights_and_generators(Contents& contents,
+                                             const std::vector<std::shared_ptr<torch::nn::Module>>& models) {
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < models.size(); ++i) copy_weights(*models[i], contents.weights[i]);
+    for (auto& [generator, state] : contents.generator_states) {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(state);
+    }
+  }
+
   /// The apply step: the participants, optimizers and slots all or none (load_transaction), then the weights and
   /// generators, checked by the reader.
   void apply(checkpoint_contents& contents, const std::vector<std::shared_ptr<torch::nn::Module>>& models,
@@ -247,12 +260,7 @@ class training_state {
                            contents.slot_archives[kind][i]);
     });
     transaction.commit();
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < models.size(); ++i) copy_weights(*models[i], contents.weights[i]);
-    for (auto& [generator, state] : contents.generator_states) {
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(state);
-    }
+    install_weights_and_generators(contents, models);
   }
 
   /// `load_from_accelerate`'s apply step. Each optimizer's parameters are named by their models' names in errors.
@@ -294,12 +302,7 @@ class training_state {
       }
     });
     transaction.commit();
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < models.size(); ++i) copy_weights(*models[i], contents.weights[i]);
-    for (auto& [generator, state] : contents.generator_states) {
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(state);
-    }
+    install_weights_and_generators(contents, models);
   }
 
   /// Writes Accelerate's file set (accelerate_format.hpp) with the weights full: the main process the shared files,

@@ -1,5 +1,6 @@
 /// \file
-/// Writing JSON strings: shared by the safetensors header, the shard index, and the trackers' files.
+/// Writing JSON strings (shared by the safetensors header, the shard index, and the trackers' files), and the
+/// UTF-8 of a \u escape (shared by the readers of JSON: the safetensors header, MLflow's answers).
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
@@ -25,6 +26,21 @@ inline std::string json_string(std::string_view text) {
     }
   }
   return out + "\"";
+}
+
+/// Appends the UTF-8 bytes of `code`, a \uXXXX escape's code unit (surrogates are written as they come, as three
+/// bytes each).
+inline void append_utf8(std::string& out, unsigned long code) {
+  if (code < 0x80) {
+    out += static_cast<char>(code);
+  } else if (code < 0x800) {
+    out += static_cast<char>(0xC0 | (code >> 6));
+    out += static_cast<char>(0x80 | (code & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (code >> 12));
+    out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (code & 0x3F));
+  }
 }
 
 }  // namespace accel::detail
