@@ -720,7 +720,13 @@ TEST_CASE("launch_processes: a process that throws is named with its text, the o
     accel::launch_processes(
         [&dir] {
           record_pid(dir);
-          if (accel::read_process_environment().rank == 1) throw std::runtime_error("process 1 fails on purpose");
+          if (accel::read_process_environment().rank == 1) {
+            // Only once every process is recorded, so that the test can check each of them is gone after.
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+            while (recorded_pids(dir).size() < 3 && std::chrono::steady_clock::now() < deadline)
+              std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            throw std::runtime_error("process 1 fails on purpose");
+          }
           launcher_accelerator acc;  // waits for process 1 in the rendezvous, for ever but for the launcher
           static_cast<void>(acc.reduce(torch::ones({1})));
         },
@@ -760,7 +766,8 @@ TEST_CASE("launch_processes: a process killed by a signal is named with the sign
 TEST_CASE("launch_processes: a job that hangs fails after the timeout, its processes gone", "[.launcher_timeout]") {
   const auto dir = accel_test::scratch_directory("launcher_timeout");
   const auto start = std::chrono::steady_clock::now();
-  const accel::process_launch_options options{.timeout = std::chrono::seconds(1),
+  // 3 s: time enough for each process to record itself and ignore SIGTERM on a loaded machine.
+  const accel::process_launch_options options{.timeout = std::chrono::seconds(3),
                                               .grace_period = std::chrono::milliseconds(500)};
   try {
     accel::launch_processes(
@@ -777,8 +784,8 @@ TEST_CASE("launch_processes: a job that hangs fails after the timeout, its proce
     CHECK_THAT(e.what(), Catch::Contains("process 0 of 2 was still running after the timeout"));
   }
   const auto elapsed = seconds(std::chrono::steady_clock::now() - start).count();
-  CHECK(elapsed >= 1.5);
-  CHECK(elapsed < 10);  // 1 s, the grace period and the reaping; a process left running would take an hour
+  CHECK(elapsed >= 3.5);
+  CHECK(elapsed < 15);  // 3 s, the grace period and the reaping; a process left running would take an hour
   const auto pids = recorded_pids(dir);
   CHECK(pids.size() == 2);
   for (const auto pid : pids) CHECK(process_gone(pid));
