@@ -75,9 +75,10 @@ struct require_float8 {
 
 }  // namespace accel
 
-#if ACCEL_HAS_FLOAT8
-
+// Outside the #if: every LibTorch has ATen (and the per-header check then precompiles it, tests/CMakeLists.txt).
 #include <ATen/ATen.h>
+
+#if ACCEL_HAS_FLOAT8
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>

@@ -4,11 +4,12 @@
 // IWYU pragma: private, include <accel/fp8.hpp>
 #pragma once
 
-#include "../compat.hpp"  // ACCEL_HAS_FLOAT8: on a LibTorch without float8 this header is empty
+#include "../compat.hpp"  // ACCEL_HAS_FLOAT8: on a LibTorch without float8 this header declares nothing
+
+// Outside the #if: every LibTorch has ATen (and the per-header check then precompiles it, tests/CMakeLists.txt).
+#include <ATen/ATen.h>
 
 #if ACCEL_HAS_FLOAT8
-
-#include <ATen/ATen.h>
 
 #include <cmath>
 #include <stdexcept>
