@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """The cluster.* tests: jobs across the machines of the namespace cluster (cluster.py), checked.
 
-usage: check_cluster.py ACCEL NODE_CHECKPOINT WORK_DIR CASE
+usage: check_cluster.py ACCEL NODE_CHECKPOINT WORK_DIR CASE [POLICY]
 
-CASE is one of the case_* functions below (CTest runs each as cluster.CASE). Where the host cannot make the cluster
-(not root, iproute2 missing), the test says why and exits with 77, which CTest reports as skipped.
+CASE is one of the case_* functions below (CTest runs each as cluster.CASE); the checkpoint cases take the parallel
+policy (data_parallel or fully_sharded, which gathers its slices into the same files; CTest: cluster.CASE.POLICY).
+Where the host cannot make the cluster (not root, iproute2 missing), the test says why and exits with 77, which CTest
+reports as skipped.
 Processes 0 and 1 of a job are machine0's, 2 and 3 machine1's; the launchers meet at machine0's address.
 Python standard library only.
 """
@@ -261,55 +263,57 @@ def files_on(machine, directory):
     return set(os.listdir(path)) if os.path.isdir(path) else None
 
 
-def case_save_on_each_node(accel, program, work):
+def case_save_on_each_node(accel, program, work, policy):
     """save_on_each_node onto each machine's own disk: each holds the shared files and its processes' states; a job
     resumes from them bit for bit, each machine reading its own."""
     disk = os.path.join(work, "disk")
     ckpt = f"{disk}/ckpt"
     with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
-        Job(cluster, accel, program, ["save", ckpt, "on_each_node"], os.path.join(work, "save.log")).check_every_rank(
-            "save with save_on_each_node", "saved")
+        saved = Job(cluster, accel, program, [policy, "save", ckpt, "on_each_node"], os.path.join(work, "save.log"))
+        saved.check_every_rank("save with save_on_each_node", "saved")
         for machine, ranks in zip(cluster.machines, ((0, 1), (2, 3))):
             got = files_on(machine, ckpt)
             check(got == SHARED_FILES | random_states(*ranks),
                   f"{machine.name}'s disk holds {sorted(got or [])}: expected the shared files and the random states "
                   f"of processes {ranks}")
-        Job(cluster, accel, program, ["resume", ckpt], os.path.join(work, "resume.log")).check_every_rank(
-            "resume from each machine's own disk", "resumed bit for bit")
+        resumed = Job(cluster, accel, program, [policy, "resume", ckpt], os.path.join(work, "resume.log"))
+        resumed.check_every_rank("resume from each machine's own disk", "resumed bit for bit")
     return "each machine's disk held its part, and the job resumed from them bit for bit"
 
 
-def case_main_process_saves(accel, program, work):
+def case_main_process_saves(accel, program, work, policy):
     """Without save_on_each_node, machine0's disk holds the whole checkpoint (machine1's processes send it their
     states) and machine1's none; copied onto machine1's disk, the job resumes bit for bit."""
     disk = os.path.join(work, "disk")
     ckpt = f"{disk}/ckpt"
     with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
-        Job(cluster, accel, program, ["save", ckpt], os.path.join(work, "save.log")).check_every_rank(
-            "save without save_on_each_node", "saved")
+        saved = Job(cluster, accel, program, [policy, "save", ckpt], os.path.join(work, "save.log"))
+        saved.check_every_rank("save without save_on_each_node", "saved")
         machine0, machine1 = cluster.machines
         got = files_on(machine0, ckpt)
         check(got == SHARED_FILES | random_states(0, 1, 2, 3), f"machine0's disk holds {sorted(got or [])}")
         check(files_on(machine1, disk) == set(), f"machine1's disk holds {files_on(machine1, disk)}")
         shutil.copytree(machine0.path(ckpt), machine1.path(ckpt))
-        Job(cluster, accel, program, ["resume", ckpt], os.path.join(work, "resume.log")).check_every_rank(
-            "resume from machine0's checkpoint copied to machine1", "resumed bit for bit")
+        resumed = Job(cluster, accel, program, [policy, "resume", ckpt], os.path.join(work, "resume.log"))
+        resumed.check_every_rank("resume from machine0's checkpoint copied to machine1", "resumed bit for bit")
     return "machine0's disk held the whole checkpoint, machine1's nothing; copied, the job resumed bit for bit"
 
 
 def main():
-    if len(sys.argv) != 5:
+    if len(sys.argv) not in (5, 6):
         sys.exit(__doc__)
     accel, program, work = (os.path.abspath(path) for path in sys.argv[1:4])
     case = globals().get(f"case_{sys.argv[4]}")
     if case is None:
         sys.exit(f"no case {sys.argv[4]!r}")
+    arguments = sys.argv[5:]
     started = time.monotonic()
     try:
         harness.check_host(rate=True)
         shutil.rmtree(work, ignore_errors=True)
         os.makedirs(work)
-        print(f"{sys.argv[4]}: {case(accel, program, work)} ({time.monotonic() - started:.1f} s)", flush=True)
+        print(f"{' '.join(sys.argv[4:])}: {case(accel, program, work, *arguments)} "
+              f"({time.monotonic() - started:.1f} s)", flush=True)
     except harness.ClusterUnavailable as e:
         print(f"SKIPPED: {e}", flush=True)
         sys.exit(harness.SKIP)
