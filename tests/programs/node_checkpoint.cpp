@@ -7,6 +7,11 @@
 //   node_checkpoint [POLICY] resume DIR
 //           10 uninterrupted steps, and load_state(DIR) into objects built from another seed followed by 5 steps;
 //           both must end with the same parameters, bit for bit.
+//   node_checkpoint [POLICY] latest PROJECT_DIR stop|resume [on_each_node]
+//           options::project.resume = resume::latest, an automatic checkpoint every 2 steps under PROJECT_DIR:
+//           `stop` trains 7 steps and ends (checkpoint_0..2 saved); `resume` trains 10 uninterrupted steps, and a run
+//           built from another seed, which resumes by itself from the newest checkpoint complete on every process,
+//           up to step 10: both must end with the same parameters, bit for bit.
 //   node_checkpoint [POLICY] train FILE
 //           10 training steps, then the main process writes the full parameters to FILE (safetensors): the same
 //           bytes whichever machines the processes are on, when the collectives reduce in the same order.
@@ -28,7 +33,7 @@ namespace {
 
 constexpr const char* usage =
     "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] | ... resume DIR | "
-    "... train FILE\n";
+    "... train FILE | ... latest PROJECT_DIR stop|resume [on_each_node]\n";
 
 template <class Accelerator>
 int save(const std::filesystem::path& directory, const accel::options& options) {
@@ -74,6 +79,43 @@ int resume(const std::filesystem::path& directory, const accel::options& options
 }
 
 template <class Accelerator>
+int latest(const std::filesystem::path& project_dir, std::string_view phase, const accel::options& plain) {
+  auto options = plain;
+  options.project.project_dir = project_dir.string();
+  options.project.automatic_checkpoint_naming = true;
+  options.project.resume = accel::resume::latest;
+  options.project.save_every_steps = 2;
+  if (phase == "stop") {
+    accel_test::resumable_run<Accelerator> stopped(1, 64, options);
+    stopped.train(7);
+    std::printf("node_checkpoint: rank %d stopped at step %lld\n", stopped.acc.process_index(),
+                static_cast<long long>(stopped.acc.completed_steps()));
+    return 0;
+  }
+  accel_test::resumable_run<Accelerator> uninterrupted(1, 64, plain);
+  uninterrupted.train(10);
+  accel_test::resumable_run<Accelerator> resumed(99, 64, options);
+  const int rank = resumed.acc.process_index();
+  try {
+    resumed.train_until(10);  // the first pass loads the agreed checkpoint
+  } catch (const accel::checkpoint_error& e) {
+    std::printf("node_checkpoint: rank %d resume failed: %s\n", rank, e.what());
+    std::fflush(stdout);
+    resumed.acc.wait_for_everyone();  // every process prints before any exits (the launcher then ends the others)
+    return 3;
+  }
+  const auto got = resumed.acc.get_state_dict(resumed.model);
+  const auto expected = uninterrupted.acc.get_state_dict(uninterrupted.model);
+  bool same = got.size() == expected.size();
+  for (std::size_t i = 0; same && i < got.size(); ++i) same = torch::equal(got[i].second, expected[i].second);
+  const auto& from = resumed.acc.resumed_from();
+  std::printf("node_checkpoint: rank %d resumed from %s %s\n", rank, from ? from->filename().c_str() : "nothing",
+              same ? "bit for bit" : "with other parameters");
+  std::fflush(stdout);
+  return same ? 0 : 1;
+}
+
+template <class Accelerator>
 int train(const std::filesystem::path& file, const accel::options& options) {
   accel_test::resumable_run<Accelerator> run(1, 64, options);
   run.train(10);
@@ -87,8 +129,11 @@ int train(const std::filesystem::path& file, const accel::options& options) {
 template <class Policy>
 int run_mode(std::string_view mode, const std::vector<std::string>& args) {
   using accelerator = accel::accelerator<accel::fp32, Policy>;
-  const bool on_each_node = args.size() == 3 && args[2] == "on_each_node";
-  if (args.size() < 2 || (args.size() == 3 && (!on_each_node || mode != "save")) || args.size() > 3) {
+  const bool with_phase = mode == "latest";  // latest PROJECT_DIR stop|resume [on_each_node]
+  const std::size_t fixed = with_phase ? 3 : 2;
+  const bool on_each_node = args.size() == fixed + 1 && args[fixed] == "on_each_node";
+  if (args.size() < fixed || (args.size() == fixed + 1 && (!on_each_node || mode == "resume" || mode == "train")) ||
+      args.size() > fixed + 1 || (with_phase && args[2] != "stop" && args[2] != "resume")) {
     std::fputs(usage, stderr);
     return 2;
   }
@@ -97,6 +142,7 @@ int run_mode(std::string_view mode, const std::vector<std::string>& args) {
       .cpu = true, .timeout = std::chrono::seconds(60), .project = {.save_on_each_node = on_each_node}};
   if (mode == "save") return save<accelerator>(args[1], options);
   if (mode == "resume") return resume<accelerator>(args[1], options);
+  if (mode == "latest") return latest<accelerator>(args[1], args[2], options);
   return train<accelerator>(args[1], options);
 }
 
@@ -110,7 +156,7 @@ int main(int argc, char** argv) {
     args.erase(args.begin());
   }
   const std::string mode = args.empty() ? "" : args[0];
-  if (mode != "save" && mode != "resume" && mode != "train") {
+  if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest") {
     std::fputs(usage, stderr);
     return 2;
   }

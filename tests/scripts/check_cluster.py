@@ -4,7 +4,8 @@
 usage: check_cluster.py ACCEL NODE_CHECKPOINT WORK_DIR CASE [POLICY]
 
 CASE is one of the case_* functions below (CTest runs each as cluster.CASE); the checkpoint cases take the parallel
-policy (data_parallel or fully_sharded, which gathers its slices into the same files; CTest: cluster.CASE.POLICY).
+policy (data_parallel or fully_sharded, which gathers its slices into the same files; CTest: cluster.CASE.POLICY),
+resume_latest how the checkpoints were saved (on_each_node or main_process_saves).
 Where the host cannot make the cluster (not root, iproute2 missing), the test says why and exits with 77, which CTest
 reports as skipped.
 Processes 0 and 1 of a job are machine0's, 2 and 3 machine1's; the launchers meet at machine0's address.
@@ -297,6 +298,40 @@ def case_main_process_saves(accel, program, work, policy):
         resumed = Job(cluster, accel, program, [policy, "resume", ckpt], os.path.join(work, "resume.log"))
         resumed.check_every_rank("resume from machine0's checkpoint copied to machine1", "resumed bit for bit")
     return "machine0's disk held the whole checkpoint, machine1's nothing; copied, the job resumed bit for bit"
+
+
+def case_resume_latest(accel, program, work, saves):
+    """resume::latest on disks the machines do not share: a job stopped at step 7 (a checkpoint every 2 steps) is
+    started again and resumes by itself. `on_each_node` (save_on_each_node): each machine's disk holds checkpoint_2
+    whole, and the job resumes from it bit for bit. `main_process_saves`: only machine0's disk holds it, and every
+    process throws at once, naming it, the processes lacking it and the fix (not after the collective timeout)."""
+    disk = os.path.join(work, "disk")
+    project = f"{disk}/project"
+    on_each_node = ["on_each_node"] if saves == "on_each_node" else []
+    with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+        stopped = Job(cluster, accel, program, ["latest", project, "stop", *on_each_node],
+                      os.path.join(work, "stop.log"))
+        stopped.check_every_rank("a job stopped at step 7", "stopped at step 7")
+        holding = [machine.name for machine in cluster.machines
+                   if "accel_checksums.txt" in (files_on(machine, f"{project}/checkpoints/checkpoint_2") or ())]
+        started = time.monotonic()
+        resumed = Job(cluster, accel, program, ["latest", project, "resume", *on_each_node],
+                      os.path.join(work, "resume.log"))
+        seconds = time.monotonic() - started
+    if on_each_node:
+        check(holding == ["machine0", "machine1"], f"checkpoint_2 complete on {holding}, expected on both machines")
+        resumed.check_every_rank("resume::latest from each machine's own disk", "resumed from checkpoint_2 bit for bit")
+        return f"each machine's disk held checkpoint_2; resumed from it by itself, bit for bit, in {seconds:.1f} s"
+    check(holding == ["machine0"], f"checkpoint_2 complete on {holding}, expected on machine0 alone")
+    for rank in range(4):
+        got = resumed.lines.get(rank, "")
+        for part in ("resume failed: ", "no checkpoint is complete on every process", "checkpoint_2",
+                     "missing or incomplete on processes 2, 3", "save_on_each_node", "copy checkpoint_2"):
+            check(part in got, f"rank {rank} printed {got!r}, without {part!r}:\n{resumed.output}")
+    check(resumed.codes != [0, 0], f"the launchers exited with {resumed.codes}")
+    # The job's collective timeout is 60 s (node_checkpoint): an error found only when a collective gave up is late.
+    check(seconds < 30, f"the error came after {seconds:.1f} s")
+    return f"every process named checkpoint_2, machine1's processes and the fix, {seconds:.1f} s after the start"
 
 
 def main():
