@@ -16,6 +16,8 @@ packages=(
   python3 python3-venv
   openmpi-bin                   # mpirun, to test that accel programs start under Open MPI
   strace                        # checkpoint.synced_save: which files and directories a save syncs
+  iproute2                      # ip and tc: the cluster.* tests' machines (tests/scripts/cluster.py; util-linux's
+                                # unshare, nsenter and setpriv are in every Debian, being essential)
 )
 
 missing=()

@@ -451,7 +451,7 @@ class accelerator {
   }
   /// `load_state` from the project's newest complete automatic checkpoint.
   void load_state(std::optional<accel::map_location> where = std::nullopt) {
-    load_state(detail::newest_checkpoint(options_.project), where);
+    load_state(detail::newest_checkpoint(options_.project, parallel_), where);
   }
 
   /// Restores what `save_state` wrote into the prepared objects. The load_state pre-hooks run first; then everything
@@ -625,7 +625,7 @@ class accelerator {
   /// A prepared range starts a pass: resuming, the newest checkpoint loads first (its data position included).
   void before_pass() {
     if (!schedule_.resume_due()) return;
-    if (auto newest = detail::newest_complete_checkpoint(options_.project)) load_state(*newest);
+    if (auto newest = detail::agreed_newest_checkpoint(options_.project, parallel_)) load_state(*newest);
   }
   /// A prepared range moves on from a batch: the automatic checkpoint, when one is due.
   void after_batch(const void* range) {

@@ -944,6 +944,134 @@ TEST_CASE("resume on P processes: 10 steps == 5, save, load into other objects, 
 }
 
 namespace {
+/// A model of 3 weights and a data loader prepared under the project directory `project_dir`: the objects of the
+/// checkpoints of the resume::latest agreement case, saved with weights all equal to the checkpoint's number.
+struct project_run {
+  explicit project_run(const std::filesystem::path& project_dir, accel::resume resume = accel::resume::none)
+      : acc(accel::options{
+            .cpu = true,
+            .project = {.project_dir = project_dir.string(), .automatic_checkpoint_naming = true, .resume = resume}}),
+        net(torch::nn::Linear(torch::nn::LinearOptions(3, 1).bias(false))),
+        model(acc.prepare(net)),
+        batches(acc.prepare(loader)) {}
+  /// The first pass's start: resume::latest loads the agreed checkpoint there. Returns what the main process printed.
+  std::string start_pass() {
+    std::ostringstream printed;
+    auto* const cerr = std::cerr.rdbuf(printed.rdbuf());
+    try {
+      for (auto&& batch : batches) {
+        static_cast<void>(batch);
+        break;
+      }
+    } catch (...) {
+      std::cerr.rdbuf(cerr);
+      throw;
+    }
+    std::cerr.rdbuf(cerr);
+    return printed.str();
+  }
+  gloo_accelerator acc;
+  torch::nn::Linear net;
+  using sample = std::pair<torch::Tensor, torch::Tensor>;
+  std::vector<sample> samples = std::vector<sample>(8, sample(torch::ones({3}), torch::ones({1})));
+  accel::data_loader<std::vector<sample>&> loader{samples, {.batch_size = 2}};
+  decltype(std::declval<gloo_accelerator&>().prepare(std::declval<torch::nn::Linear&>())) model;
+  decltype(std::declval<gloo_accelerator&>().prepare(std::declval<decltype(loader)&>())) batches;
+};
+
+/// This process's view of the checkpoints: `view/checkpoints` holds copies of `saved`'s checkpoint_{k} for each k in
+/// `complete`, and of checkpoint_{k} without its manifest (a save cut short) for each k in `incomplete`.
+void make_view(const std::filesystem::path& saved, const std::filesystem::path& view, const std::vector<int>& complete,
+               const std::vector<int>& incomplete = {}) {
+  std::filesystem::remove_all(view);
+  std::filesystem::create_directories(view / "checkpoints");
+  const auto copy = [&](int k) {
+    const auto name = "checkpoint_" + std::to_string(k);
+    std::filesystem::copy(saved / "checkpoints" / name, view / "checkpoints" / name,
+                          std::filesystem::copy_options::recursive);
+    return view / "checkpoints" / name;
+  };
+  for (const int k : complete) copy(k);
+  for (const int k : incomplete)
+    std::filesystem::remove(copy(k) / std::string(accel::detail::checkpoint_files::manifest));
+}
+}  // namespace
+
+// Issue 35: each process picked the newest checkpoint it saw, so on machines that do not share a disk one loaded
+// checkpoint_2 while another found none, and the job failed at its first collective. The processes now agree on the
+// newest complete on every process; each process here sees checkpoints of its own directory, as such a machine.
+TEST_CASE("resume::latest and load_state() agree on the newest checkpoint complete on every process", "[checkpoint]") {
+  const auto base = accel_test::job_directory("accel_agreed_latest_");
+  const auto saved = base / "saved";
+  std::filesystem::path view;
+  {
+    gloo_accelerator first;  // each section runs the case again: from no checkpoints
+    view = base / ("process_" + std::to_string(first.process_index()));
+    first.wait_for_everyone();
+    if (first.is_main_process()) std::filesystem::remove_all(base);
+    first.wait_for_everyone();
+    project_run saver(saved);
+    for (int k = 0; k < 3; ++k) {
+      torch::NoGradGuard no_grad;
+      saver.net->weight.fill_(k);
+      saver.acc.save_state();  // checkpoint_k
+    }
+  }
+  const auto with_views = [&](const std::vector<int>& on_0, const std::vector<int>& on_1,
+                              const std::vector<int>& incomplete_on_1 = {}) {
+    gloo_accelerator barrier;
+    barrier.wait_for_everyone();
+    const bool first = barrier.process_index() == 0;
+    make_view(saved, view, first ? on_0 : on_1, first ? std::vector<int>{} : incomplete_on_1);
+    barrier.wait_for_everyone();
+  };
+  SECTION("a newer checkpoint some process lacks is passed over, the main process naming it and them") {
+    with_views({0, 1}, {0, 2}, {1});  // process 1's checkpoint_1 is incomplete: checkpoint_0 is the only common one
+    project_run resumed(view, accel::resume::latest);
+    const auto printed = resumed.start_pass();
+    CHECK(resumed.acc.resumed_from() == view / "checkpoints" / "checkpoint_0");
+    CHECK(torch::equal(resumed.net->weight, torch::zeros({1, 3})));
+    if (resumed.acc.is_main_process()) {
+      CHECK_THAT(printed, Catch::Contains("loading checkpoint_0, the newest checkpoint complete on every process") &&
+                              Catch::Contains("checkpoint_2 under ") &&
+                              Catch::Contains("is missing or incomplete on process 0 "));
+    } else {
+      CHECK(printed.empty());
+    }
+  }
+  SECTION("the newest on every process loads, silently") {
+    with_views({1, 2}, {0, 1, 2});
+    project_run resumed(view, accel::resume::latest);
+    CHECK(resumed.start_pass().empty());
+    CHECK(resumed.acc.resumed_from() == view / "checkpoints" / "checkpoint_2");
+    CHECK(torch::equal(resumed.net->weight, torch::full({1, 3}, 2.0f)));
+  }
+  SECTION("none complete on every process while one exists: every process throws, naming it, them and the fix") {
+    with_views({0, 1, 2}, {}, {2});
+    project_run resumed(view, accel::resume::latest);
+    CHECK_THROWS_AS(resumed.start_pass(), accel::checkpoint_error);
+    // Catch's combined matchers refer to their parts: built inside the check, not kept in a variable.
+    CHECK_THROWS_WITH(resumed.acc.load_state(), Catch::Contains("no checkpoint is complete on every process") &&
+                                                    Catch::Contains("checkpoint_2 under ") &&
+                                                    Catch::Contains("missing or incomplete on process 1 ") &&
+                                                    Catch::Contains("save_on_each_node") &&
+                                                    Catch::Contains("copy checkpoint_2"));
+    CHECK_FALSE(resumed.acc.resumed_from());
+  }
+  SECTION("none anywhere: the run starts from its own weights") {
+    with_views({}, {}, {1});
+    project_run resumed(view, accel::resume::latest);
+    const auto initial = resumed.net->weight.detach().clone();
+    CHECK(resumed.start_pass().empty());
+    CHECK_FALSE(resumed.acc.resumed_from());
+    CHECK(torch::equal(resumed.net->weight, initial));
+  }
+  gloo_accelerator last;
+  last.wait_for_everyone();
+  if (last.is_main_process()) accel::detail::remove_tree(base);
+}
+
+namespace {
 /// Where the jobs of the resume-elsewhere cases meet (tests/CMakeLists.txt sets it): a job of 2 processes saves
 /// there, jobs of 1, 3 and 4 processes load what it saved.
 std::filesystem::path cross_job_directory() {

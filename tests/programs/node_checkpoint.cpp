@@ -1,11 +1,22 @@
-// For tests/scripts/save_on_each_node.py: `node_checkpoint save DIR [on_each_node]` and `node_checkpoint resume DIR`,
-// run as a job of 2 nodes of 2 Gloo processes (two `accel launch --nnodes 2` on one machine, each in a working
-// directory of its own, so that a relative DIR is on each "node's disk").
-//   save:   5 training steps (dropout, AdamW, a scheduler, a shuffled loader), then save_state(DIR), with
+// For tests/scripts/save_on_each_node.py and check_cluster.py: a job of 2 nodes of 2 Gloo processes (two
+// `accel launch --nnodes 2`, on one machine in two working directories, or on two machines of the namespace cluster,
+// tests/scripts/cluster.py), or the same job on one node of 4 processes.
+//   node_checkpoint [POLICY] save DIR [on_each_node]
+//           5 training steps (dropout, AdamW, a scheduler, a shuffled loader), then save_state(DIR), with
 //           options::project.save_on_each_node when `on_each_node` is given.
-//   resume: 10 uninterrupted steps, and load_state(DIR) into objects built from another seed followed by 5 steps;
+//   node_checkpoint [POLICY] resume DIR
+//           10 uninterrupted steps, and load_state(DIR) into objects built from another seed followed by 5 steps;
 //           both must end with the same parameters, bit for bit.
-// Every process prints one line saying what it did (or the checkpoint_error it got) and exits non-zero on failure.
+//   node_checkpoint [POLICY] latest PROJECT_DIR stop|resume [on_each_node]
+//           options::project.resume = resume::latest, an automatic checkpoint every 2 steps under PROJECT_DIR:
+//           `stop` trains 7 steps and ends (checkpoint_0..2 saved); `resume` trains 10 uninterrupted steps, and a run
+//           built from another seed, which resumes by itself from the newest checkpoint complete on every process,
+//           up to step 10: both must end with the same parameters, bit for bit.
+//   node_checkpoint [POLICY] train FILE
+//           10 training steps, then the main process writes the full parameters to FILE (safetensors): the same
+//           bytes whichever machines the processes are on, when the collectives reduce in the same order.
+// POLICY is data_parallel (the default), zero2 or fully_sharded, over Gloo. Every process prints one line saying what
+// it did (or the checkpoint_error it got) and exits non-zero on failure.
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
@@ -15,43 +26,39 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace {
-using accelerator = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
-using run = accel_test::resumable_run<accelerator>;
-}  // namespace
 
-int main(int argc, char** argv) {
-  const std::string mode = argc >= 3 ? argv[1] : "";
-  const bool on_each_node = argc == 4 && std::string(argv[3]) == "on_each_node";
-  if ((mode != "save" && mode != "resume") || (argc == 4 && !on_each_node) || argc > 4) {
-    std::fprintf(stderr, "usage: node_checkpoint save DIR [on_each_node] | node_checkpoint resume DIR\n");
-    return 2;
+constexpr const char* usage =
+    "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] | ... resume DIR | "
+    "... train FILE | ... latest PROJECT_DIR stop|resume [on_each_node]\n";
+
+template <class Accelerator>
+int save(const std::filesystem::path& directory, const accel::options& options) {
+  accel_test::resumable_run<Accelerator> first_part(1, 64, options);
+  first_part.train(5);
+  const int rank = first_part.acc.process_index();
+  try {
+    first_part.acc.save_state(directory);
+  } catch (const accel::checkpoint_error& e) {
+    std::printf("node_checkpoint: rank %d save failed: %s\n", rank, e.what());
+    std::fflush(stdout);
+    // The save failed on every process together, so they can still meet: all have printed before any exits (the
+    // launcher ends the others at the first exit).
+    first_part.acc.wait_for_everyone();
+    return 3;
   }
-  const std::filesystem::path directory = argv[2];
-  // A process left alone (its peer failed) gives up within a minute instead of the default half hour.
-  const accel::options options{
-      .cpu = true, .timeout = std::chrono::seconds(60), .project = {.save_on_each_node = on_each_node}};
-  if (mode == "save") {
-    run first_part(1, 64, options);
-    first_part.train(5);
-    const int rank = first_part.acc.process_index();
-    try {
-      first_part.acc.save_state(directory);
-    } catch (const accel::checkpoint_error& e) {
-      std::printf("node_checkpoint: rank %d save failed: %s\n", rank, e.what());
-      std::fflush(stdout);
-      // The save failed on every process together, so they can still meet: all have printed before any exits (the
-      // launcher ends the others at the first exit).
-      first_part.acc.wait_for_everyone();
-      return 3;
-    }
-    std::printf("node_checkpoint: rank %d saved\n", rank);
-    return 0;
-  }
-  run uninterrupted(1, 64, options);
+  std::printf("node_checkpoint: rank %d saved\n", rank);
+  return 0;
+}
+
+template <class Accelerator>
+int resume(const std::filesystem::path& directory, const accel::options& options) {
+  accel_test::resumable_run<Accelerator> uninterrupted(1, 64, options);
   uninterrupted.train(10);
-  run resumed(99, 64, options);
+  accel_test::resumable_run<Accelerator> resumed(99, 64, options);
   const int rank = resumed.acc.process_index();
   try {
     resumed.acc.load_state(directory);
@@ -61,8 +68,99 @@ int main(int argc, char** argv) {
     return 3;
   }
   resumed.train(5);
-  const bool same = accel_test::bitwise_equal(*resumed.net, *uninterrupted.net);
+  // Under fully_sharded each process holds slices: the full parameters are compared (get_state_dict gathers them).
+  const auto got = resumed.acc.get_state_dict(resumed.model);
+  const auto expected = uninterrupted.acc.get_state_dict(uninterrupted.model);
+  bool same = got.size() == expected.size();
+  for (std::size_t i = 0; same && i < got.size(); ++i) same = torch::equal(got[i].second, expected[i].second);
   std::printf("node_checkpoint: rank %d resumed %s\n", rank, same ? "bit for bit" : "with other parameters");
   std::fflush(stdout);
   return same ? 0 : 1;
+}
+
+template <class Accelerator>
+int latest(const std::filesystem::path& project_dir, std::string_view phase, const accel::options& plain) {
+  auto options = plain;
+  options.project.project_dir = project_dir.string();
+  options.project.automatic_checkpoint_naming = true;
+  options.project.resume = accel::resume::latest;
+  options.project.save_every_steps = 2;
+  if (phase == "stop") {
+    accel_test::resumable_run<Accelerator> stopped(1, 64, options);
+    stopped.train(7);
+    std::printf("node_checkpoint: rank %d stopped at step %lld\n", stopped.acc.process_index(),
+                static_cast<long long>(stopped.acc.completed_steps()));
+    return 0;
+  }
+  accel_test::resumable_run<Accelerator> uninterrupted(1, 64, plain);
+  uninterrupted.train(10);
+  accel_test::resumable_run<Accelerator> resumed(99, 64, options);
+  const int rank = resumed.acc.process_index();
+  try {
+    resumed.train_until(10);  // the first pass loads the agreed checkpoint
+  } catch (const accel::checkpoint_error& e) {
+    std::printf("node_checkpoint: rank %d resume failed: %s\n", rank, e.what());
+    std::fflush(stdout);
+    resumed.acc.wait_for_everyone();  // every process prints before any exits (the launcher then ends the others)
+    return 3;
+  }
+  const auto got = resumed.acc.get_state_dict(resumed.model);
+  const auto expected = uninterrupted.acc.get_state_dict(uninterrupted.model);
+  bool same = got.size() == expected.size();
+  for (std::size_t i = 0; same && i < got.size(); ++i) same = torch::equal(got[i].second, expected[i].second);
+  const auto& from = resumed.acc.resumed_from();
+  std::printf("node_checkpoint: rank %d resumed from %s %s\n", rank, from ? from->filename().c_str() : "nothing",
+              same ? "bit for bit" : "with other parameters");
+  std::fflush(stdout);
+  return same ? 0 : 1;
+}
+
+template <class Accelerator>
+int train(const std::filesystem::path& file, const accel::options& options) {
+  accel_test::resumable_run<Accelerator> run(1, 64, options);
+  run.train(10);
+  const auto state = run.acc.get_state_dict(run.model);  // a collective under fully_sharded: every process calls it
+  if (run.acc.is_main_process()) accel::safetensors::save(file, state);
+  std::printf("node_checkpoint: rank %d trained\n", run.acc.process_index());
+  std::fflush(stdout);
+  return 0;
+}
+
+template <class Policy>
+int run_mode(std::string_view mode, const std::vector<std::string>& args) {
+  using accelerator = accel::accelerator<accel::fp32, Policy>;
+  const bool with_phase = mode == "latest";  // latest PROJECT_DIR stop|resume [on_each_node]
+  const std::size_t fixed = with_phase ? 3 : 2;
+  const bool on_each_node = args.size() == fixed + 1 && args[fixed] == "on_each_node";
+  if (args.size() < fixed || (args.size() == fixed + 1 && (!on_each_node || mode == "resume" || mode == "train")) ||
+      args.size() > fixed + 1 || (with_phase && args[2] != "stop" && args[2] != "resume")) {
+    std::fputs(usage, stderr);
+    return 2;
+  }
+  // A process left alone (its peer failed) gives up within a minute instead of the default half hour.
+  const accel::options options{
+      .cpu = true, .timeout = std::chrono::seconds(60), .project = {.save_on_each_node = on_each_node}};
+  if (mode == "save") return save<accelerator>(args[1], options);
+  if (mode == "resume") return resume<accelerator>(args[1], options);
+  if (mode == "latest") return latest<accelerator>(args[1], args[2], options);
+  return train<accelerator>(args[1], options);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::string policy = "data_parallel";
+  if (!args.empty() && (args[0] == "data_parallel" || args[0] == "zero2" || args[0] == "fully_sharded")) {
+    policy = args[0];
+    args.erase(args.begin());
+  }
+  const std::string mode = args.empty() ? "" : args[0];
+  if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest") {
+    std::fputs(usage, stderr);
+    return 2;
+  }
+  if (policy == "zero2") return run_mode<accel::zero2<accel::gloo>>(mode, args);
+  if (policy == "fully_sharded") return run_mode<accel::fully_sharded<accel::gloo>>(mode, args);
+  return run_mode<accel::data_parallel<accel::gloo>>(mode, args);
 }

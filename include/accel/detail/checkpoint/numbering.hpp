@@ -6,12 +6,17 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "../../checkpoint_error.hpp"
 #include "../../collectives.hpp"
@@ -19,6 +24,7 @@
 #include "directory.hpp"
 #include "format.hpp"
 #include "settings.hpp"
+#include "../support/text.hpp"
 
 namespace accel::detail {
 
@@ -92,8 +98,77 @@ inline std::optional<std::filesystem::path> newest_complete_checkpoint(const pro
     if (is_complete_checkpoint(it->second)) return it->second;
   return std::nullopt;
 }
-inline std::filesystem::path newest_checkpoint(const project_options& project) {
-  if (auto newest = newest_complete_checkpoint(project)) return *newest;
+
+/// The numbers of the complete automatic checkpoints each process sees, gathered from every process (a collective:
+/// machines that do not share a disk see different ones). A process that cannot list its directory fails every one.
+template <class Parallel>
+std::vector<std::set<std::int64_t>> complete_checkpoints_everywhere(const project_options& project,
+                                                                    Parallel& parallel) {
+  std::vector<char> mine;
+  on_every_process_or_none(parallel, "load_state", "looking for the newest checkpoint", [&] {
+    for (const auto& [number, directory] : numbered_checkpoints(checkpoints_root(project)))
+      if (is_complete_checkpoint(directory)) {
+        const auto* bytes = reinterpret_cast<const char*>(&number);
+        mine.insert(mine.end(), bytes, bytes + sizeof number);
+      }
+  });
+  auto&& comm = parallel.communicator();
+  std::vector<std::set<std::int64_t>> everywhere;
+  for (const auto& bytes : all_gather_bytes(comm, mine)) {
+    auto& numbers = everywhere.emplace_back();
+    for (std::size_t at = 0; at + sizeof(std::int64_t) <= bytes.size(); at += sizeof(std::int64_t)) {
+      std::int64_t number = 0;
+      std::memcpy(&number, bytes.data() + at, sizeof number);
+      numbers.insert(number);
+    }
+  }
+  return everywhere;
+}
+
+/// The processes (as "processes 2, 3") whose complete checkpoints lack `number`.
+inline std::string processes_lacking(const std::vector<std::set<std::int64_t>>& everywhere, std::int64_t number) {
+  std::string list;
+  for (std::size_t r = 0; r < everywhere.size(); ++r)
+    if (!everywhere[r].contains(number)) append_item(list, std::to_string(r));
+  return (list.find(',') == std::string::npos ? "process " : "processes ") + list;
+}
+
+/// The newest automatic checkpoint complete on every process, decided together (a collective), or none when no
+/// process has one. Each process alone would pick the newest it sees, and processes loading different checkpoints
+/// (or one loading none) fail at their first collective. A newer one that some processes lack is passed over, the
+/// main process says so; when some process has one but none is complete on every process, every process throws
+/// `checkpoint_error`, naming it, the processes lacking it and the fix: never training from scratch silently.
+template <class Parallel>
+std::optional<std::filesystem::path> agreed_newest_checkpoint(const project_options& project, Parallel& parallel) {
+  if (parallel.num_processes() == 1) return newest_complete_checkpoint(project);
+  const auto everywhere = complete_checkpoints_everywhere(project, parallel);
+  std::optional<std::int64_t> newest, common;
+  for (const auto& numbers : everywhere)
+    if (!numbers.empty()) newest = std::max(newest.value_or(*numbers.rbegin()), *numbers.rbegin());
+  if (!newest) return std::nullopt;
+  for (const auto number : everywhere.front())
+    if (std::ranges::all_of(everywhere, [&](const auto& numbers) { return numbers.contains(number); })) common = number;
+  const auto name = [](std::int64_t number) { return "checkpoint_" + std::to_string(number); };
+  const auto root = checkpoints_root(project);
+  const auto lacking = name(*newest) + " under " + root.string() + " is missing or incomplete on " +
+                       processes_lacking(everywhere, *newest) +
+                       " (machines that do not share a disk each see their own)";
+  if (!common)
+    throw checkpoint_error("accel: resume::latest / load_state(): no checkpoint is complete on every process; " +
+                           lacking +
+                           ". Save with options::project.save_on_each_node = true, or put project_dir on "
+                           "a disk every machine shares, or copy " +
+                           name(*newest) + " to the others' disks");
+  if (*common != *newest && parallel.process_index() == 0)
+    std::cerr << "accel: resume::latest / load_state(): loading " << name(*common)
+              << ", the newest checkpoint complete on every process: " << lacking
+              << "; the next automatic save refuses to replace a newer checkpoint on any process: move those away\n";
+  return root / name(*common);
+}
+/// The same, throwing when there is none (`load_state()`).
+template <class Parallel>
+std::filesystem::path newest_checkpoint(const project_options& project, Parallel& parallel) {
+  if (auto newest = agreed_newest_checkpoint(project, parallel)) return *newest;
   throw checkpoint_error("accel::load_state(): no complete checkpoint_{i} under " + checkpoints_root(project).string());
 }
 

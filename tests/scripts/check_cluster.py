@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""The cluster.* tests: jobs across the machines of the namespace cluster (cluster.py), checked.
+
+usage: check_cluster.py ACCEL NODE_CHECKPOINT WORK_DIR CASE [POLICY]
+
+CASE is one of the case_* functions below (CTest runs each as cluster.CASE); the checkpoint cases take the parallel
+policy (data_parallel or fully_sharded, which gathers its slices into the same files; CTest: cluster.CASE.POLICY),
+resume_latest how the checkpoints were saved (on_each_node or main_process_saves).
+Where the host cannot make the cluster (not root, iproute2 missing), the test says why and exits with 77, which CTest
+reports as skipped.
+Processes 0 and 1 of a job are machine0's, 2 and 3 machine1's; the launchers meet at machine0's address.
+Python standard library only.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import cluster as harness
+from checks import CheckFailed, check, job_environment
+from save_on_each_node import SHARED_FILES, random_states
+
+JOB_TIMEOUT = 120  # seconds for a job: a hang fails, a loaded machine does not (a job takes about 3 s alone)
+PORT = "29500"  # every cluster has a network of its own, so tests running at once cannot take each other's port
+LAUNCH = ["launch", "--nnodes", "2", "--node_rank", "{node_rank}", "--nproc_per_node", "2", "--master_addr",
+          "{master_addr}", "--master_port", PORT]
+
+
+class Job:
+    """`node_checkpoint ARGS` on 2 machines x 2 processes, one `accel launch` per machine, run to its end."""
+
+    def __init__(self, cluster, accel, program, args, log):
+        with open(log, "w") as out:
+            self.codes = harness.run_everywhere(cluster, [accel, *LAUNCH, program, *args], JOB_TIMEOUT,
+                                                env=job_environment(), output=out)
+        with open(log) as f:
+            self.output = f.read()
+        check(None not in self.codes, f"{' '.join(args)}: the job did not end within {JOB_TIMEOUT} s:\n{self.output}")
+        self.lines = {}
+        for line in self.output.splitlines():
+            words = line.split(" ", 4)  # [machineN] node_checkpoint: rank R what
+            if len(words) == 5 and words[1] == "node_checkpoint:" and words[2] == "rank":
+                self.lines[int(words[3])] = words[4]
+
+    def check_every_rank(self, what, expected):
+        for rank in range(4):
+            got = self.lines.get(rank)
+            check(got == expected,
+                  f"{what}: rank {rank} printed {got!r}; launchers exited with {self.codes}; output:\n{self.output}")
+        check(self.codes == [0, 0], f"{what}: the launchers exited with {self.codes}:\n{self.output}")
+
+
+def in_machine(machine, code, args=(), timeout=30):
+    """Runs Python `code` on `machine`; returns its output (stripped), failing the check when it fails."""
+    result = machine.run([sys.executable, "-c", code, *args], timeout=timeout)
+    check(result.returncode == 0, f"{machine.name}: {code!r} failed:\n{result.stdout}")
+    return result.stdout.strip()
+
+
+def owned_processes(owner):
+    return [pid for pid in harness.pids() if harness.marker_of(pid) == owner]
+
+
+def wait_until(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return condition()
+
+
+def check_machine_alone(machine, disk):
+    """Its name, its one address and route (no default route), its interface for Gloo, its own disk and /tmp."""
+    check(machine.run(["hostname"]).stdout.strip() == machine.name, f"{machine.name}'s host name")
+    check(machine.run(["sh", "-c", "echo $GLOO_SOCKET_IFNAME"]).stdout.strip() == "eth0", "GLOO_SOCKET_IFNAME")
+    addresses = machine.run(["ip", "-brief", "-4", "address"]).stdout.split()
+    check(len(addresses) == 6 and addresses[:3] == ["lo", "UNKNOWN", "127.0.0.1/8"] and
+          addresses[3].startswith("eth0@") and addresses[4:] == ["UP", f"{machine.address}/24"],
+          f"{machine.name}'s interfaces: {addresses}")
+    routes = machine.run(["ip", "-4", "route"]).stdout.strip()
+    check(routes == f"10.77.0.0/24 dev eth0 proto kernel scope link src {machine.address}",
+          f"{machine.name}'s routes (there must be no default route): {routes!r}")
+    in_machine(machine, f"open('{disk}/only-on-{machine.name}', 'w').write('x'); open('/tmp/{machine.name}', 'w')")
+    listing = in_machine(machine, f"import os; print(sorted(os.listdir('{disk}')), "
+                                  f"sorted(name for name in os.listdir('/tmp') if name.startswith('machine')))")
+    check(listing == f"['only-on-{machine.name}'] ['{machine.name}']",
+          f"{machine.name} sees other machines' files on its disk or /tmp: {listing}")
+    check(os.path.exists(machine.path(f"{disk}/only-on-{machine.name}")), "the harness's view of a machine's disk")
+
+
+CONNECT = """
+import errno, socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
+    print('connected')
+except OSError as e:
+    print(errno.errorcode.get(e.errno) or type(e).__name__)"""
+
+
+def connect(machine, address, port):
+    """How a TCP connection from `machine` to `address`:`port` ends: connected, ECONNREFUSED, TimeoutError..."""
+    return in_machine(machine, CONNECT, args=[address, str(port)])
+
+
+def host_address():
+    """One of the host's own global IPv4 addresses (None when it has none)."""
+    words = subprocess.run(["ip", "-brief", "-4", "address", "show", "scope", "global"], stdout=subprocess.PIPE,
+                           text=True, timeout=30).stdout.split()
+    return next((word.split("/")[0] for word in words if "/" in word), None)
+
+
+def check_network(cluster):
+    """machine1 reaches machine0 at the links' rate and not the host; a cut link carries nothing until restored."""
+    machine0, machine1 = cluster.machines[:2]
+    with socket.create_server(("0.0.0.0", 0)) as host:
+        port = host.getsockname()[1]
+        got = connect(machine1, "127.0.0.1", port)
+        check(got == "ECONNREFUSED", f"machine1 reached the host's loopback: {got}")
+        if address := host_address():
+            got = connect(machine1, address, port)
+            check(got == "ENETUNREACH", f"machine1 reached the host's address {address}: {got}")
+    size = 1_000_000
+    receiver = machine0.start([sys.executable, "-c", f"""
+import socket
+server = socket.create_server(('{machine0.address}', 5000))
+print('listening', flush=True)
+connection, _ = server.accept()
+received = 0
+while chunk := connection.recv(65536):
+    received += len(chunk)
+connection.sendall(b'ok')
+print(received)"""], stdout=subprocess.PIPE, text=True)
+    check(receiver.stdout.readline().strip() == "listening", "machine0's receiver did not start")
+    sent_before, _ = cluster.link_bytes(1)
+    # Timed by the sender, from before it connects until the receiver says it has every byte: all of them crossed
+    # the link in that time, however late the receiver read them.
+    seconds = float(in_machine(machine1, f"""
+import socket, time
+started = time.monotonic()
+connection = socket.create_connection(('{machine0.address}', 5000))
+connection.sendall(bytes({size}))
+connection.shutdown(socket.SHUT_WR)
+assert connection.recv(2) == b'ok'
+print(time.monotonic() - started)"""))
+    received = receiver.communicate(timeout=60)[0].strip()
+    # 1 MB at 8 Mbit/s takes 1 s (less the bucket's 32 KiB): a loaded host is slower, never faster.
+    check(received == str(size) and seconds >= 0.95, f"{received} bytes crossed the 8 Mbit/s link in {seconds} s")
+    sent_after, _ = cluster.link_bytes(1)
+    check(sent_after - sent_before >= size, f"the link's counter: {sent_after - sent_before} bytes, expected >= {size}")
+    cluster.set_link(1, up=False)
+    got = connect(machine1, machine0.address, 22)
+    # Timed out, or unreachable once machine1's neighbour entry for machine0 has expired unanswered.
+    check(got in ("TimeoutError", "EHOSTUNREACH"), f"machine1 to machine0 through a cut link: {got}")
+    cluster.set_link(1, up=True)
+    # Nothing listens there: refused, once the link carries again and machine0's address is resolved anew.
+    outcomes = []
+    check(wait_until(lambda: outcomes.append(connect(machine1, machine0.address, 22)) or outcomes[-1] == "ECONNREFUSED",
+                     20), f"machine1 to machine0 through the restored link, 20 s on: {outcomes}")
+    return seconds
+
+
+def check_harness_killed(work):
+    """A harness killed outright (SIGKILL, as a test runner's timeout) takes its machines' processes with it."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.py")
+    child = subprocess.Popen([sys.executable, script, "--machines", "2", "--disk", os.path.join(work, "killed"),
+                              "--", "sh", "-c", "echo started; exec sleep 100"], stdout=subprocess.PIPE, text=True)
+    owner = f"{child.pid}.{harness.start_time(child.pid)}"
+    try:
+        for _ in range(2):
+            check(child.stdout.readline().endswith("started\n"), "the killed harness's machines did not start")
+        # 3 namespace holders and 2 commands (whose environment cannot be read while they exec sleep: wait)
+        check(wait_until(lambda: len(owned_processes(owner)) == 5, 10),
+              f"the harness's processes: {owned_processes(owner)}")
+    finally:
+        child.kill()
+        child.wait()
+    check(wait_until(lambda: not owned_processes(owner), 10),
+          f"10 s after its harness was killed, processes remain: {owned_processes(owner)}")
+
+
+def check_stale_swept():
+    """A process left by a harness that is gone (here: one marked with an owner that never ran) is killed."""
+    stale = subprocess.Popen(["sleep", "100"], env=dict(os.environ, **{harness.MARKER: "999999999.0"}))
+    with harness.Cluster(1):
+        check(stale.wait(10) == -signal.SIGKILL, "a stale cluster's process was not killed")
+
+
+def check_skipped_unprivileged(work):
+    """Where namespaces cannot be made (here: not root), the harness and these tests say why and exit with 77."""
+    scripts = os.path.dirname(os.path.abspath(__file__))
+    for command in ([os.path.join(scripts, "cluster.py"), "--", "true"],
+                    [os.path.join(scripts, "check_cluster.py"), "accel", "program", work, "zero2"]):
+        result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                                 *command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
+                                cwd=work)
+        check(result.returncode == harness.SKIP and "SKIPPED: " in result.stdout and "root" in result.stdout,
+              f"not root, {os.path.basename(command[0])} exited with {result.returncode}: {result.stdout}")
+
+
+def case_harness(accel, program, work):
+    disk = os.path.join(work, "disk")
+    with harness.Cluster(3, disk, rate=8_000_000, lifetime=300) as cluster:
+        for machine in cluster.machines:
+            check_machine_alone(machine, disk)
+        check(os.listdir(disk) == [], f"the host sees the machines' disks: {os.listdir(disk)}")
+        seconds = check_network(cluster)
+        holders = [holder.pid for holder in cluster.holders]
+        namespaces = {os.readlink(f"/proc/{pid}/ns/net") for pid in holders}
+    left = [pid for pid in harness.pids() if harness.marker_of(pid) == cluster.owner]
+    check(not left, f"processes left after the cluster closed: {left}")
+    check(not any(os.path.exists(f"/proc/{pid}") for pid in holders), "a machine's namespace holder was left")
+    inside = [pid for pid in harness.pids() if os.path.exists(f"/proc/{pid}/ns/net") and
+              os.readlink(f"/proc/{pid}/ns/net") in namespaces]
+    check(not inside, f"processes left in the machines' network namespaces: {inside}")
+    check_harness_killed(work)
+    check_stale_swept()
+    check_skipped_unprivileged(work)
+    return (f"3 machines alone on their network and disks, 1 MB across an 8 Mbit/s link in {seconds:.2f} s, a link cut "
+            f"and restored, nothing left behind")
+
+
+def train_across_machines(accel, program, work, policy):
+    """10 steps of `policy` on 2 machines x 2 processes end with the bytes of the same job on 1 machine x 4."""
+    reference = os.path.join(work, "one_machine.safetensors")
+    one_machine = subprocess.run([accel, "launch", "--nproc_per_node", "4", "--master_port", "0", program, policy,
+                                  "train", reference], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env=job_environment(), timeout=JOB_TIMEOUT)
+    check(one_machine.returncode == 0, f"the job on one machine failed:\n{one_machine.stdout}")
+    disk = os.path.join(work, "disk")
+    with harness.Cluster(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
+        crossed = cluster.link_bytes(1)
+        job = Job(cluster, accel, program, [policy, "train", f"{disk}/trained.safetensors"],
+                  os.path.join(work, "job.log"))
+        job.check_every_rank(f"{policy} across machines", "trained")
+        crossed = [after - before for after, before in zip(cluster.link_bytes(1), crossed)]
+        with open(cluster.machines[0].path(f"{disk}/trained.safetensors"), "rb") as f:
+            trained = f.read()
+        check(not os.path.exists(cluster.machines[1].path(f"{disk}/trained.safetensors")),
+              "machine1 wrote the parameters too: only the main process writes")
+    with open(reference, "rb") as f:
+        check(trained == f.read(), f"{policy}: the parameters trained on 2 machines x 2 processes differ from those "
+                                   f"of 1 machine x 4 processes")
+    # The model's 81 float32 parameters reduced on each of 10 steps: each way at least that many bytes.
+    check(min(crossed) >= 10 * 81 * 4, f"machine1's link carried {crossed} bytes (sent, received)")
+    return f"{len(trained)} bytes of parameters, equal; machine1's link carried {crossed[0]} + {crossed[1]} bytes"
+
+
+def case_data_parallel(accel, program, work):
+    return train_across_machines(accel, program, work, "data_parallel")
+
+
+def case_zero2(accel, program, work):
+    return train_across_machines(accel, program, work, "zero2")
+
+
+def case_fully_sharded(accel, program, work):
+    return train_across_machines(accel, program, work, "fully_sharded")
+
+
+def files_on(machine, directory):
+    path = machine.path(directory)
+    return set(os.listdir(path)) if os.path.isdir(path) else None
+
+
+def case_save_on_each_node(accel, program, work, policy):
+    """save_on_each_node onto each machine's own disk: each holds the shared files and its processes' states; a job
+    resumes from them bit for bit, each machine reading its own."""
+    disk = os.path.join(work, "disk")
+    ckpt = f"{disk}/ckpt"
+    with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+        saved = Job(cluster, accel, program, [policy, "save", ckpt, "on_each_node"], os.path.join(work, "save.log"))
+        saved.check_every_rank("save with save_on_each_node", "saved")
+        for machine, ranks in zip(cluster.machines, ((0, 1), (2, 3))):
+            got = files_on(machine, ckpt)
+            check(got == SHARED_FILES | random_states(*ranks),
+                  f"{machine.name}'s disk holds {sorted(got or [])}: expected the shared files and the random states "
+                  f"of processes {ranks}")
+        resumed = Job(cluster, accel, program, [policy, "resume", ckpt], os.path.join(work, "resume.log"))
+        resumed.check_every_rank("resume from each machine's own disk", "resumed bit for bit")
+    return "each machine's disk held its part, and the job resumed from them bit for bit"
+
+
+def case_main_process_saves(accel, program, work, policy):
+    """Without save_on_each_node, machine0's disk holds the whole checkpoint (machine1's processes send it their
+    states) and machine1's none; copied onto machine1's disk, the job resumes bit for bit."""
+    disk = os.path.join(work, "disk")
+    ckpt = f"{disk}/ckpt"
+    with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+        saved = Job(cluster, accel, program, [policy, "save", ckpt], os.path.join(work, "save.log"))
+        saved.check_every_rank("save without save_on_each_node", "saved")
+        machine0, machine1 = cluster.machines
+        got = files_on(machine0, ckpt)
+        check(got == SHARED_FILES | random_states(0, 1, 2, 3), f"machine0's disk holds {sorted(got or [])}")
+        check(files_on(machine1, disk) == set(), f"machine1's disk holds {files_on(machine1, disk)}")
+        shutil.copytree(machine0.path(ckpt), machine1.path(ckpt))
+        resumed = Job(cluster, accel, program, [policy, "resume", ckpt], os.path.join(work, "resume.log"))
+        resumed.check_every_rank("resume from machine0's checkpoint copied to machine1", "resumed bit for bit")
+    return "machine0's disk held the whole checkpoint, machine1's nothing; copied, the job resumed bit for bit"
+
+
+def case_resume_latest(accel, program, work, saves):
+    """resume::latest on disks the machines do not share: a job stopped at step 7 (a checkpoint every 2 steps) is
+    started again and resumes by itself. `on_each_node` (save_on_each_node): each machine's disk holds checkpoint_2
+    whole, and the job resumes from it bit for bit. `main_process_saves`: only machine0's disk holds it, and every
+    process throws at once, naming it, the processes lacking it and the fix (not after the collective timeout)."""
+    disk = os.path.join(work, "disk")
+    project = f"{disk}/project"
+    on_each_node = ["on_each_node"] if saves == "on_each_node" else []
+    with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+        stopped = Job(cluster, accel, program, ["latest", project, "stop", *on_each_node],
+                      os.path.join(work, "stop.log"))
+        stopped.check_every_rank("a job stopped at step 7", "stopped at step 7")
+        holding = [machine.name for machine in cluster.machines
+                   if "accel_checksums.txt" in (files_on(machine, f"{project}/checkpoints/checkpoint_2") or ())]
+        started = time.monotonic()
+        resumed = Job(cluster, accel, program, ["latest", project, "resume", *on_each_node],
+                      os.path.join(work, "resume.log"))
+        seconds = time.monotonic() - started
+    if on_each_node:
+        check(holding == ["machine0", "machine1"], f"checkpoint_2 complete on {holding}, expected on both machines")
+        resumed.check_every_rank("resume::latest from each machine's own disk", "resumed from checkpoint_2 bit for bit")
+        return f"each machine's disk held checkpoint_2; resumed from it by itself, bit for bit, in {seconds:.1f} s"
+    check(holding == ["machine0"], f"checkpoint_2 complete on {holding}, expected on machine0 alone")
+    for rank in range(4):
+        got = resumed.lines.get(rank, "")
+        for part in ("resume failed: ", "no checkpoint is complete on every process", "checkpoint_2",
+                     "missing or incomplete on processes 2, 3", "save_on_each_node", "copy checkpoint_2"):
+            check(part in got, f"rank {rank} printed {got!r}, without {part!r}:\n{resumed.output}")
+    check(resumed.codes != [0, 0], f"the launchers exited with {resumed.codes}")
+    # The job's collective timeout is 60 s (node_checkpoint): an error found only when a collective gave up is late.
+    check(seconds < 30, f"the error came after {seconds:.1f} s")
+    return f"every process named checkpoint_2, machine1's processes and the fix, {seconds:.1f} s after the start"
+
+
+def main():
+    if len(sys.argv) not in (5, 6):
+        sys.exit(__doc__)
+    accel, program, work = (os.path.abspath(path) for path in sys.argv[1:4])
+    case = globals().get(f"case_{sys.argv[4]}")
+    if case is None:
+        sys.exit(f"no case {sys.argv[4]!r}")
+    arguments = sys.argv[5:]
+    started = time.monotonic()
+    try:
+        harness.check_host(rate=True)
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        print(f"{' '.join(sys.argv[4:])}: {case(accel, program, work, *arguments)} "
+              f"({time.monotonic() - started:.1f} s)", flush=True)
+    except harness.ClusterUnavailable as e:
+        print(f"SKIPPED: {e}", flush=True)
+        sys.exit(harness.SKIP)
+    except CheckFailed as e:
+        print(f"FAILED: {e}\nlogs: {work}", flush=True)
+        sys.exit(1)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
