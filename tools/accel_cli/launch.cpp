@@ -80,7 +80,8 @@ bool is_switch(const option_token& option) {
 
 // The settings the workers read rather than the launcher: checked as the config file's, passed on as variables.
 bool is_run_setting(const option_token& option) {
-  return option.name == "mixed_precision" || option.name == "gradient_accumulation_steps";
+  return option.name == "mixed_precision" || option.name == "gradient_accumulation_steps" ||
+         detail::is_parallelism_key(option.name);
 }
 
 // One option of the command line, with its value (none for a switch).
@@ -141,7 +142,7 @@ given_option read_option(const std::string& argument, const std::string* next, b
                                                 "master_addr",    "master_port",     "grace_period",
                                                 "config_file",    "mixed_precision", "gradient_accumulation_steps",
                                                 "max_restarts",   "restart_delay"};
-  if (std::find(std::begin(valued), std::end(valued), option.name) == std::end(valued)) {
+  if (std::find(std::begin(valued), std::end(valued), option.name) == std::end(valued) && !is_run_setting(option)) {
     throw usage_error("unknown option '" + option.spelling +
                       "'; 'accel launch --help' lists the options (an option meant for the program goes after the "
                       "program's name, or after '--')");
@@ -183,6 +184,26 @@ void apply_config_file(launch_options& options, const std::vector<given_option>&
   if (!environment_has("ACCELERATE_MIXED_PRECISION")) options.run.mixed_precision = values.mixed_precision;
   if (!environment_has("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"))
     options.run.gradient_accumulation_steps = values.gradient_accumulation_steps;
+  for (std::size_t i = 0; i < detail::mesh_size_variables.size(); ++i)
+    if (!environment_has(std::string(detail::mesh_size_variables[i].variable).c_str()))
+      options.run.parallelism_config[i] = values.parallelism_config[i];
+}
+
+// The mesh the workers will build, checked against the job's size before any worker starts: the sizes of
+// --parallelism_config_*, of PARALLELISM_CONFIG_*_SIZE and of the config file's parallelism_config block (each
+// overriding the next, as for mixed_precision), when any of them is set.
+void resolve_mesh(launch_options& options) {
+  try {
+    if (!has_parallelism_config(options.run) && !parallelism_config_in_environment()) return;
+    const mesh_sizes sizes = parallelism_sizes(options.run, mesh_sizes_from_environment());
+    validate_mesh(sizes, options.nnodes * options.nproc_per_node);
+    options.mesh = sizes;
+  } catch (const mesh_error& e) {
+    throw usage_error(std::string(e.what()) +
+                      " (the sizes come from --parallelism_config_*_size, PARALLELISM_CONFIG_*_SIZE and the config "
+                      "file's parallelism_config block, in that order of precedence; the processes from "
+                      "--nproc_per_node x --nnodes)");
+  }
 }
 
 // The config file's num_processes counts the whole job: each node starts its share, unless --nproc_per_node says.
@@ -246,6 +267,11 @@ void append_run_settings(std::vector<std::pair<std::string, std::string>>& varia
                            std::to_string(*options.run.gradient_accumulation_steps));
   }
   if (options.config_file) variables.emplace_back("ACCEL_CONFIG_FILE", options.config_file->string());
+  if (options.mesh) {  // every size, as accelerate launch sets them, and the flag its Accelerator reads
+    variables.emplace_back(detail::use_parallelism_config_variable, "true");
+    for (const auto& entry : detail::mesh_size_variables)
+      variables.emplace_back(entry.variable, std::to_string((*options.mesh).*entry.size));
+  }
 }
 
 // Each local worker's variables (accel/detail/support/worker_variables.hpp, as `accel::launch_processes` gives them)
@@ -294,6 +320,7 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
   apply_job_processes(options);
   options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   check_consistency(options);
+  resolve_mesh(options);
   return options;
 }
 
@@ -320,6 +347,11 @@ const char* launch_usage() {
          "  --restart_delay S   seconds to wait before each restart (default 1)\n"
          "  --mixed_precision M no, bf16, fp16 or fp8: sets ACCELERATE_MIXED_PRECISION for the workers\n"
          "  --gradient_accumulation_steps N  sets ACCELERATE_GRADIENT_ACCUMULATION_STEPS for the workers\n"
+         "  --parallelism_config_dp_replicate_size N, --parallelism_config_dp_shard_size N,\n"
+         "  --parallelism_config_cp_size N, --parallelism_config_tp_size N\n"
+         "                      the device mesh (Accelerate's ParallelismConfig): checked against the job\n"
+         "                      (the sizes must multiply to K*N) before any worker starts, then set as\n"
+         "                      PARALLELISM_CONFIG_*_SIZE (all four) and ACCELERATE_USE_PARALLELISM_CONFIG=true\n"
          "  --config_file F     the config file to read (default: $ACCEL_CONFIG_FILE, or\n"
          "                      ~/.config/accel/default_config.yaml if it exists; see 'accel config')\n"
          "  -h, --help          show this help\n"
