@@ -17,6 +17,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <typeinfo>
@@ -28,6 +29,7 @@
 #include "concepts.hpp"
 #include "checkpoint.hpp"
 #include "data_loader.hpp"
+#include "device_mesh.hpp"
 #include "detail/prepared/accelerator_access.hpp"
 #include "detail/checkpoint/schedule.hpp"
 #include "detail/support/diagnostics.hpp"
@@ -103,6 +105,7 @@ class accelerator {
         precision_(opts, parallel_.device()),
         accumulation_(opts),
         options_(opts),
+        parallelism_(parallelism_config_from_environment(parallel_.num_processes())),
         schedule_(opts.project),
         state_(parallel_, registry_, opts.project, precision_, accumulation_, parallel_, schedule_),
         trackers_(opts.log_with, opts.project) {}
@@ -231,6 +234,19 @@ class accelerator {
   [[nodiscard]] bool is_main_process() const noexcept { return process_index() == 0; }
   [[nodiscard]] bool is_local_main_process() const noexcept { return local_process_index() == 0; }
   [[nodiscard]] bool is_last_process() const noexcept { return process_index() == num_processes() - 1; }
+  /// Accelerate's `parallelism_config`: the device mesh that `accel launch --parallelism_config_*` (or
+  /// PARALLELISM_CONFIG_*_SIZE, or the config file's parallelism_config block through `accel launch`) configures,
+  /// validated for this job when the accelerator was made (`accel::mesh_error` otherwise); none when nothing
+  /// configures one.
+  [[nodiscard]] const std::optional<mesh_layout>& parallelism_config() const noexcept { return parallelism_; }
+  /// This process's index along the mesh's dimensions, 0 along a dimension of size 1, as Accelerate's properties of
+  /// the same names: dp_replicate, dp_shard, tp and cp. Throws `accel::mesh_error` when no mesh is configured.
+  /// (Accelerate's `context_parallel_rank` still raises NotImplementedError; accel's mesh has cp, so it answers.)
+  [[nodiscard]] int data_parallel_rank() const { return mesh_index("dp_replicate", "data_parallel_rank"); }
+  [[nodiscard]] int data_parallel_shard_rank() const { return mesh_index("dp_shard", "data_parallel_shard_rank"); }
+  [[nodiscard]] int tensor_parallel_rank() const { return mesh_index("tp", "tensor_parallel_rank"); }
+  [[nodiscard]] int context_parallel_rank() const { return mesh_index("cp", "context_parallel_rank"); }
+
   /// The policies themselves, read-only: their state (an fp16 loss scale, a process group) for tools built on
   /// accel.
   [[nodiscard]] const Precision& precision() const noexcept { return precision_; }
@@ -612,6 +628,15 @@ class accelerator {
   }
 
  private:
+  [[nodiscard]] int mesh_index(std::string_view dimension, std::string_view query) const {
+    if (!parallelism_)
+      throw mesh_error("accel::accelerator::" + std::string(query) +
+                       "(): no device mesh is configured; start the job with accel launch "
+                       "--parallelism_config_dp_shard_size N (or _dp_replicate_size, _tp_size, _cp_size), or set "
+                       "PARALLELISM_CONFIG_*_SIZE");
+    return parallelism_->index_along(dimension, process_index());
+  }
+
   friend struct detail::accelerator_access;
 
   /// Called by `prepared_optimizer::step()`: steps only when gradients are synchronised; the precision policy
@@ -765,6 +790,7 @@ class accelerator {
   [[no_unique_address]] Precision precision_;
   [[no_unique_address]] Accumulation accumulation_;
   accel::options options_;
+  std::optional<mesh_layout> parallelism_;
   accel::gradient_state gradient_state_;
   detail::checkpoint_schedule schedule_;
   std::optional<std::filesystem::path> resumed_from_;

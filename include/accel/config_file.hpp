@@ -7,7 +7,10 @@
 ///     mixed_precision: bf16
 ///     gradient_accumulation_steps: 4
 ///     distributed_type: MULTI_CPU
-///     num_processes: 2
+///     num_processes: 4
+///     parallelism_config:
+///       parallelism_config_dp_shard_size: 2
+///       parallelism_config_tp_size: 2
 ///
 /// Where it is: `$ACCEL_CONFIG_FILE` when set (empty: no config file at all), otherwise
 /// `$XDG_CONFIG_HOME/accel/default_config.yaml` (`~/.config/accel/default_config.yaml`), read only if it exists.
@@ -15,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +34,7 @@
 
 #include "detail/support/atomic_file.hpp"
 #include "detail/support/text.hpp"
+#include "device_mesh.hpp"
 
 namespace accel {
 
@@ -48,7 +53,23 @@ struct config_values {
   std::optional<int> machine_rank;                 // this machine's index, 0 on the main one
   std::optional<std::string> main_process_ip;      // the main machine's host name or address
   std::optional<int> main_process_port;            // 0 to 65535 (0: `accel launch` picks a free one)
+  /// The `parallelism_config:` block's sizes (Accelerate's ParallelismConfig), in the order of
+  /// `detail::mesh_size_variables`: dp_replicate, dp_shard, cp, tp.
+  std::array<std::optional<int>, 4> parallelism_config;
 };
+
+/// Whether `values` sets any size of the `parallelism_config:` block.
+inline bool has_parallelism_config(const config_values& values) {
+  return std::any_of(values.parallelism_config.begin(), values.parallelism_config.end(),
+                     [](const auto& size) { return size.has_value(); });
+}
+
+/// `base` with the sizes that `values` sets in its `parallelism_config:` block.
+inline mesh_sizes parallelism_sizes(const config_values& values, mesh_sizes base = {}) {
+  for (std::size_t i = 0; i < detail::mesh_size_variables.size(); ++i)
+    if (const auto& size = values.parallelism_config[i]) base.*detail::mesh_size_variables[i].size = *size;
+  return base;
+}
 
 namespace detail {
 
@@ -78,6 +99,23 @@ template <std::optional<int> config_values::* field>
 std::optional<std::string> get_number(const config_values& values) {
   if (!(values.*field)) return std::nullopt;
   return std::to_string(*(values.*field));
+}
+
+template <std::size_t index>
+void set_parallelism_size(config_values& values, std::string_view text) {
+  values.parallelism_config[index] = config_number(text, 1, 65536);
+}
+
+template <std::size_t index>
+std::optional<std::string> get_parallelism_size(const config_values& values) {
+  if (!values.parallelism_config[index]) return std::nullopt;
+  return std::to_string(*values.parallelism_config[index]);
+}
+
+/// A key of the `parallelism_config:` block (Accelerate nests them there).
+inline bool is_parallelism_key(std::string_view key) {
+  return std::any_of(mesh_size_variables.begin(), mesh_size_variables.end(),
+                     [&](const auto& entry) { return entry.config_key == key; });
 }
 
 inline void set_mixed_precision(config_values& values, std::string_view text) {
@@ -115,6 +153,14 @@ inline constexpr config_key config_keys[] = {
      [](const config_values& v) { return v.main_process_ip; }},
     {"main_process_port", "a TCP port from 0 to 65535 (0: accel launch picks a free one)",
      set_number<&config_values::main_process_port, 0, 65535>, get_number<&config_values::main_process_port>},
+    {mesh_size_variables[0].config_key, "a whole number from 1 to 65536 (1: no replicas)", set_parallelism_size<0>,
+     get_parallelism_size<0>},
+    {mesh_size_variables[1].config_key, "a whole number from 1 to 65536 (1: no sharding)", set_parallelism_size<1>,
+     get_parallelism_size<1>},
+    {mesh_size_variables[2].config_key, "a whole number from 1 to 65536 (1: no context parallelism)",
+     set_parallelism_size<2>, get_parallelism_size<2>},
+    {mesh_size_variables[3].config_key, "a whole number from 1 to 65536 (1: no tensor parallelism)",
+     set_parallelism_size<3>, get_parallelism_size<3>},
 };
 
 inline std::string config_key_names() {
@@ -159,6 +205,34 @@ inline std::string_view unquote(std::string_view value) {
   return value;
 }
 
+/// Where a line of the file is: at the top level, or in the `parallelism_config:` block (its indented lines).
+enum class config_block { none, parallelism };
+
+/// Follows the `parallelism_config:` block as Accelerate's YAML nests it: true for the block's own line (nothing to
+/// set); throws config_error for a block key outside the block or another key inside it.
+inline bool places_block(config_block& block, std::string_view line, std::string_view key, std::string_view value,
+                         const std::string& where) {
+  const bool indented = line.starts_with(' ') || line.starts_with('\t');
+  if (!indented) block = config_block::none;
+  if (!indented && key == "parallelism_config" && (value.empty() || value == "{}")) {
+    block = config_block::parallelism;
+    return true;
+  }
+  const bool block_key = is_parallelism_key(key);
+  if (block_key && block != config_block::parallelism)
+    throw config_error(where + ": " + excerpt(key) +
+                       " belongs in the parallelism_config block, indented under it as Accelerate writes it: a line "
+                       "'parallelism_config:', then '  " +
+                       excerpt(key) + ": N'");
+  // Accelerate's other block keys (cp_comm_strategy, ...) are left to set_config_value: unknown here.
+  if (!block_key && block == config_block::parallelism && !key.starts_with("parallelism_config_"))
+    throw config_error(where + ": '" + excerpt(key) +
+                       "' is indented under 'parallelism_config:', which holds only parallelism_config_dp_replicate_"
+                       "size, parallelism_config_dp_shard_size, parallelism_config_cp_size and "
+                       "parallelism_config_tp_size; write it at the start of its line");
+  return false;
+}
+
 }  // namespace detail
 
 /// Sets `key` to `value` in `values`, checked as the file's line would be. `where` prefixes the message (a file
@@ -178,8 +252,8 @@ inline void set_config_value(config_values& values, std::string_view key, std::s
   }
 }
 
-/// The checks that involve more than one key: every machine runs as many processes, and the machine rank is one
-/// of the machines.
+/// The checks that involve more than one key: every machine runs as many processes, the machine rank is one of the
+/// machines, and the `parallelism_config:` sizes fit num_processes (`accel::validate_mesh`).
 inline void check_config(const config_values& values, const std::string& where) {
   const int machines = values.num_machines.value_or(1);
   if (values.num_processes && *values.num_processes % machines != 0)
@@ -190,11 +264,19 @@ inline void check_config(const config_values& values, const std::string& where) 
     throw config_error(where + ": machine_rank " + std::to_string(*values.machine_rank) +
                        " is out of range for num_machines " + std::to_string(machines) + " (0 to " +
                        std::to_string(machines - 1) + ", 0 on the main machine)");
+  if (!has_parallelism_config(values) || !values.num_processes) return;
+  try {
+    validate_mesh(parallelism_sizes(values), values.num_processes.value_or(1));
+  } catch (const mesh_error& e) {
+    throw config_error(where + ": the parallelism_config block with num_processes " +
+                       std::to_string(*values.num_processes) + ": " + e.what());
+  }
 }
 
 /// Parses a config file's text; `name` (the file's path) goes into the messages.
 inline config_values parse_config(std::string_view text, const std::string& name) {
   config_values values;
+  detail::config_block block = detail::config_block::none;
   // A UTF-8 byte-order mark, which many Windows editors write first, is not part of the first key.
   if (constexpr std::string_view byte_order_mark = "\xEF\xBB\xBF"; text.starts_with(byte_order_mark))
     text.remove_prefix(byte_order_mark.size());
@@ -209,8 +291,10 @@ inline config_values parse_config(std::string_view text, const std::string& name
     if (colon == std::string_view::npos)
       throw config_error(where + ": expected 'key: value' (e.g. 'mixed_precision: bf16'), found '" +
                          detail::excerpt(line) + "'");
-    set_config_value(values, detail::trim(content.substr(0, colon)),
-                     detail::unquote(detail::trim(content.substr(colon + 1))), where);
+    const auto key = detail::trim(content.substr(0, colon));
+    const auto value = detail::unquote(detail::trim(content.substr(colon + 1)));
+    if (detail::places_block(block, line, key, value, where)) continue;
+    set_config_value(values, key, value, where);
   }
   check_config(values, name);
   return values;
@@ -220,8 +304,16 @@ inline config_values parse_config(std::string_view text, const std::string& name
 inline std::string format_config(const config_values& values) {
   std::string text =
       "# accel config file: read by `accel launch` and accel::read_run_config(); written by `accel config`\n";
+  std::string block;  // Accelerate nests the sizes under parallelism_config:
   for (const detail::config_key& key : detail::config_keys)
-    if (auto value = key.get(values)) text += std::string(key.name) + ": " + *value + "\n";
+    if (auto value = key.get(values)) {
+      const std::string entry = std::string(key.name) + ": " + *value + "\n";
+      if (detail::is_parallelism_key(key.name))
+        block += "  " + entry;
+      else
+        text += entry;
+    }
+  if (!block.empty()) text += "parallelism_config:\n" + block;
   return text;
 }
 

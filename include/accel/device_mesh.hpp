@@ -14,6 +14,7 @@
 /// Plain C++ without LibTorch: the process groups come from the communicator it is given.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cstddef>
@@ -22,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -65,18 +67,27 @@ constexpr bool parallel_beside_pure_replication(const mesh_sizes& sizes) noexcep
   return (sizes.tp > 1 || sizes.cp > 1) && sizes.dp_replicate > 1 && sizes.dp_shard == 1;
 }
 
-/// One size's variable: PARALLELISM_CONFIG_<NAME>_SIZE, as `accelerate launch --parallelism_config_*` sets it.
+/// One size's variable, PARALLELISM_CONFIG_<NAME>_SIZE, and its name as Accelerate's launch flag
+/// (`--parallelism_config_<name>_size`) and key of the config file's `parallelism_config:` block.
 struct mesh_size_variable {
   std::string_view variable;
+  std::string_view config_key;
   int mesh_sizes::* size;
 };
 
 inline constexpr std::array<mesh_size_variable, 4> mesh_size_variables{{
-    {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE", &mesh_sizes::dp_replicate},
-    {"PARALLELISM_CONFIG_DP_SHARD_SIZE", &mesh_sizes::dp_shard},
-    {"PARALLELISM_CONFIG_CP_SIZE", &mesh_sizes::cp},
-    {"PARALLELISM_CONFIG_TP_SIZE", &mesh_sizes::tp},
+    {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "parallelism_config_dp_replicate_size", &mesh_sizes::dp_replicate},
+    {"PARALLELISM_CONFIG_DP_SHARD_SIZE", "parallelism_config_dp_shard_size", &mesh_sizes::dp_shard},
+    {"PARALLELISM_CONFIG_CP_SIZE", "parallelism_config_cp_size", &mesh_sizes::cp},
+    {"PARALLELISM_CONFIG_TP_SIZE", "parallelism_config_tp_size", &mesh_sizes::tp},
 }};
+
+/// What Accelerate's launcher sets beside the sizes so that its Accelerator builds the mesh.
+inline constexpr std::string_view use_parallelism_config_variable = "ACCELERATE_USE_PARALLELISM_CONFIG";
+
+/// The names a rank query may use: the dimensions and the flattened sub-meshes.
+inline constexpr std::array<std::string_view, 7> mesh_dimension_names{"dp_replicate", "dp_shard",    "cp",   "tp",
+                                                                      "dp",           "dp_shard_cp", "dp_cp"};
 
 }  // namespace detail
 
@@ -97,7 +108,7 @@ struct fixed_mesh {
 /// Accelerate. Throws `accel::mesh_error` naming the variable when one is not a whole number >= 1.
 inline mesh_sizes mesh_sizes_from_environment() {
   mesh_sizes sizes;
-  for (const auto& [name, size] : detail::mesh_size_variables) {
+  for (const auto& [name, key, size] : detail::mesh_size_variables) {
     const auto variable = detail::read_variable(name);
     if (!variable) continue;
     const auto& text = variable->value;
@@ -112,12 +123,33 @@ inline mesh_sizes mesh_sizes_from_environment() {
   return sizes;
 }
 
+/// Whether the environment configures a mesh: ACCELERATE_USE_PARALLELISM_CONFIG when set (true or false, as
+/// Accelerate's flags: 1/0, true/false, yes/no, on/off), otherwise whether any PARALLELISM_CONFIG_*_SIZE is set
+/// (Accelerate would ignore the sizes without the flag, a trap its users report). `accel launch
+/// --parallelism_config_*` sets both. Throws `accel::mesh_error` for a flag that is neither true nor false.
+inline bool parallelism_config_in_environment() {
+  if (const auto flag = detail::read_variable(detail::use_parallelism_config_variable)) {
+    std::string value;
+    for (char c : flag->value) value += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    for (std::string_view yes : {"1", "true", "t", "yes", "y", "on"})
+      if (value == yes) return true;
+    for (std::string_view no : {"0", "false", "f", "no", "n", "off"})
+      if (value == no) return false;
+    throw mesh_error("accel: " + std::string(detail::use_parallelism_config_variable) + "=\"" + flag->value +
+                     "\" is neither true nor false; set it to true (build the mesh of PARALLELISM_CONFIG_*_SIZE) or "
+                     "false, or unset it");
+  }
+  for (const auto& entry : detail::mesh_size_variables)
+    if (detail::read_variable(entry.variable)) return true;
+  return false;
+}
+
 /// The sizes checked against a job of `num_processes`, as Accelerate's `ParallelismConfig` (`__post_init__`,
 /// `_validate_accelerator`): every size at least 1; no tp or cp beside pure replication; all sizes 1 on several
 /// processes means plain data parallelism (dp_replicate = the number of processes); otherwise the product must be
 /// the number of processes. Throws `accel::mesh_error` naming the sizes and the fix.
 inline mesh_sizes validate_mesh(mesh_sizes sizes, int num_processes) {
-  for (const auto& [name, size] : detail::mesh_size_variables)
+  for (const auto& [name, key, size] : detail::mesh_size_variables)
     if (sizes.*size < 1)
       throw mesh_error("accel: mesh " + detail::describe(sizes) + ": every size must be at least 1 (1: the " +
                        "dimension is not used); fix " + std::string(name) + " or the size given in the program");
@@ -202,6 +234,17 @@ class mesh_layout {
     return index;
   }
 
+  /// `rank`'s index along `name` (one of `detail::mesh_dimension_names`), 0 where the mesh leaves that dimension out
+  /// (size 1): Accelerate's rank queries (`tensor_parallel_rank` is `index_along("tp", rank)`).
+  [[nodiscard]] int index_along(std::string_view name, int rank) const {
+    const auto& names = detail::mesh_dimension_names;
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      throw mesh_error("accel: \"" + std::string(name) +
+                       "\" is not a mesh dimension; use dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp or dp_cp");
+    check_rank(rank);
+    return has(name) ? local_rank(name, rank) : 0;
+  }
+
   /// The ranks of `rank`'s group of `name`, in group order: those differing from `rank` only on its axes.
   [[nodiscard]] std::vector<int> group_of(std::string_view name, int rank) const {
     const auto& axes = dimension(name).axes;
@@ -271,6 +314,14 @@ class mesh_layout {
   std::vector<int> shape_;
   std::vector<mesh_dimension> dimensions_;
 };
+
+/// The mesh the environment configures for a job of `num_processes`, validated (`validate_mesh`), as Accelerate's
+/// `Accelerator()` builds its `parallelism_config` from the variables; none where `parallelism_config_in_environment`
+/// is false.
+inline std::optional<mesh_layout> parallelism_config_from_environment(int num_processes) {
+  if (!parallelism_config_in_environment()) return std::nullopt;
+  return mesh_layout(mesh_sizes_from_environment(), num_processes);
+}
 
 namespace detail {
 

@@ -13,12 +13,10 @@
 #pragma once
 
 #include <ATen/Parallel.h>
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/support/worker_variables.hpp"
 #include "launch.hpp"
 
 namespace accel {
@@ -67,45 +66,6 @@ namespace detail::launching {
 // What a process writes on its pipe before it ends: a kind, then the function's result or the exception's text.
 inline constexpr char returned_mark = 'R';
 inline constexpr char threw_mark = 'E';
-
-/// A port no one listens on now (another program could take it before rank 0 binds it: torchrun has the same race).
-inline int pick_free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  const bool picked = fd >= 0 && bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0 &&
-                      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  const int error = errno;
-  if (fd >= 0) close(fd);
-  if (!picked)
-    throw launch_error(std::string("accel::launch_processes: cannot pick a free port for MASTER_PORT: ") +
-                       std::strerror(error));
-  return ntohs(address.sin_port);
-}
-
-/// The variables `accel launch` gives worker `rank` of a single-node job of `world_size` (tools/accel_cli/launch.cpp).
-inline std::vector<std::pair<std::string, std::string>> worker_variables(int rank, int world_size, int port) {
-  const auto r = std::to_string(rank), n = std::to_string(world_size);
-  std::vector<std::pair<std::string, std::string>> variables = {{"RANK", r},
-                                                                {"WORLD_SIZE", n},
-                                                                {"LOCAL_RANK", r},
-                                                                {"LOCAL_WORLD_SIZE", n},
-                                                                {"GROUP_RANK", "0"},
-                                                                {"NODE_RANK", "0"},
-                                                                {"GROUP_WORLD_SIZE", "1"},
-                                                                {"ROLE_RANK", r},
-                                                                {"ROLE_WORLD_SIZE", n},
-                                                                {"MASTER_ADDR", "127.0.0.1"},
-                                                                {"MASTER_PORT", std::to_string(port)},
-                                                                {"TORCHELASTIC_RESTART_COUNT", "0"},
-                                                                {"TORCHELASTIC_MAX_RESTARTS", "0"},
-                                                                {"ACCEL_RESTART_COUNT", "0"}};
-  const char* threads = std::getenv("OMP_NUM_THREADS");
-  if (world_size > 1 && (threads == nullptr || *threads == '\0')) variables.emplace_back("OMP_NUM_THREADS", "1");
-  return variables;
-}
 
 /// Writes all of `text` to `fd` (a pipe: a write may take part of it).
 inline void write_all(int fd, const std::string& text) {
@@ -140,7 +100,8 @@ template <class Function>
   std::string message;
   int status = 0;
   try {
-    for (const auto& [name, value] : worker_variables(rank, world_size, port)) setenv(name.c_str(), value.c_str(), 1);
+    const job_placement job{.nproc_per_node = world_size, .master_port = port};
+    for (const auto& [name, value] : worker_variables(job, rank)) setenv(name.c_str(), value.c_str(), 1);
     at::set_num_threads(1);  // the parent's OpenMP threads were not copied (see the file's comment)
     if constexpr (std::is_void_v<std::invoke_result_t<Function&>>) {
       function();
@@ -210,7 +171,8 @@ class process_job {
 
   template <class Function>
   void start(Function& function) {
-    const int port = pick_free_port();
+    const int port = pick_free_port(INADDR_LOOPBACK,
+                                    "accel::launch_processes: ", " (MASTER_PORT for the processes on this machine)");
     const pid_t parent = getpid();
     std::cout.flush();  // what is buffered now would otherwise be written by every process too
     std::cerr.flush();

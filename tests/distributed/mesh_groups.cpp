@@ -1,6 +1,10 @@
 // mesh.gloo.P4.groups: on 4 Gloo processes, each device mesh's process groups (accel/device_mesh.hpp) sum exactly
 // over their members: rank r contributes 2^r, so every sum names the ranks that took part. A second mesh of the same
 // sizes reuses the groups (made once). Exits non-zero, naming the mesh and the dimension, on any difference.
+// With the argument "ranks" (mesh.launch.ranks, under `accel launch --parallelism_config_*`): prints the rank queries
+// of an accelerator made in the mesh the launcher configured, one JSON line; check_mesh_layout.py compares them with
+// PyTorch's init_device_mesh.
+#include <accel/accelerator.hpp>
 #include <accel/device_mesh.hpp>
 #include <accel/parallel.hpp>
 
@@ -36,9 +40,26 @@ int check_groups(const accel::device_mesh<communicator>& mesh, int rank) {
   return failures;
 }
 
+/// The accelerator's mesh and rank queries on this process, as one JSON line.
+int print_ranks() {
+  accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>> acc{{.cpu = true}};
+  if (!acc.parallelism_config()) {
+    std::cerr << "mesh_groups ranks: no parallelism config; start it with accel launch --parallelism_config_*\n";
+    return 2;
+  }
+  const auto& sizes = acc.parallelism_config()->sizes();
+  std::cout << "{\"rank\": " << acc.process_index() << ", \"sizes\": [" << sizes.dp_replicate << ", " << sizes.dp_shard
+            << ", " << sizes.cp << ", " << sizes.tp << "], \"data_parallel_rank\": " << acc.data_parallel_rank()
+            << ", \"data_parallel_shard_rank\": " << acc.data_parallel_shard_rank()
+            << ", \"tensor_parallel_rank\": " << acc.tensor_parallel_rank()
+            << ", \"context_parallel_rank\": " << acc.context_parallel_rank() << "}" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "ranks") return print_ranks();
   auto& world = accel::detail::process_group<communicator>(std::chrono::seconds(60));
   if (world.size() != 4) {
     std::cerr << "mesh_groups runs on 4 processes (accel launch --nproc_per_node 4), not " << world.size() << "\n";

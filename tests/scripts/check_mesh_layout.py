@@ -5,11 +5,20 @@ for each dimension and flattened sub-mesh, its group's members and its index the
 Accelerate's own ParallelismConfig (validation, then build_device_mesh: init_device_mesh and the _flatten calls), one
 rank at a time in this process over PyTorch's fake process group (the mesh logic is PyTorch's own; no traffic).
 A shape Accelerate refuses must be refused by accel too. Usage: check_mesh_layout.py MESH_LAYOUT_PROGRAM
+
+mesh.launch.ranks: check_mesh_layout.py --launched ACCEL MESH_GROUPS_PROGRAM starts 4 processes through
+`accel launch` with the sizes as Accelerate's launch flags (one shape as the config file's parallelism_config block),
+and compares each process's accelerator rank queries (data_parallel_rank, data_parallel_shard_rank,
+tensor_parallel_rank, context_parallel_rank) with its local rank along dp_replicate, dp_shard, tp and cp in
+PyTorch's init_device_mesh (0 along a dimension the mesh leaves out, as Accelerate).
 """
 
 import json
+import os
+import re
 import subprocess
 import sys
+import tempfile
 import types
 import warnings
 
@@ -66,7 +75,62 @@ def rank_layout(mesh, rank):
     return {"rank": rank, "coordinates": list(mesh.get_coordinate()), "groups": groups}
 
 
+# (dp_replicate, dp_shard, cp, tp) launched on 4 processes, between them varying every rank query; the last through
+# the config file.
+LAUNCHED = [(2, 2, 1, 1), (1, 1, 2, 2)]
+QUERIES = {"data_parallel_rank": "dp_replicate", "data_parallel_shard_rank": "dp_shard",
+           "tensor_parallel_rank": "tp", "context_parallel_rank": "cp"}
+FLAGS = ["dp_replicate", "dp_shard", "cp", "tp"]
+
+
+def launch_ranks(accel, program, sizes, through_file):
+    """Each process's rank queries, by rank, from `accel launch` with the sizes as flags or config file keys."""
+    with tempfile.TemporaryDirectory() as directory:
+        config = os.path.join(directory, "config.yaml")
+        with open(config, "w") as out:  # Accelerate's layout: the sizes nested under parallelism_config
+            out.write("num_processes: 4\n")
+            if through_file:
+                out.write("parallelism_config:\n" + "".join(
+                    f"  parallelism_config_{name}_size: {size}\n" for name, size in zip(FLAGS, sizes)))
+        flags = [] if through_file else [f"--parallelism_config_{n}_size={s}" for n, s in zip(FLAGS, sizes)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PARALLELISM_CONFIG_")}
+        run = subprocess.run([accel, "launch", "--config_file", config, "--master_port", "0", "--prefix_output",
+                              *flags, program, "ranks"], capture_output=True, text=True, timeout=120, env=env)
+    got = {}
+    for line in run.stdout.splitlines():
+        match = re.match(r"\[rank (\d+)\] (\{.*\})$", line)
+        if match:
+            got[int(match.group(1))] = json.loads(match.group(2))
+    return got, run
+
+
+def check_launched(accel, program):
+    failures = 0
+    for index, sizes in enumerate(LAUNCHED):
+        through_file = index == len(LAUNCHED) - 1
+        expected, _ = accelerate_mesh(4, sizes)
+        got, run = launch_ranks(accel, program, sizes, through_file)
+        wrong = []
+        for rank in range(4):
+            groups = expected["ranks"][rank]["groups"]
+            want = {query: groups[dim]["local_rank"] if dim in groups else 0 for query, dim in QUERIES.items()}
+            want["rank"], want["sizes"] = rank, list(sizes)
+            if got.get(rank) != want:
+                wrong.append(f"rank {rank}: PyTorch {want}, accel {got.get(rank)}")
+        label = f"dp_replicate={sizes[0]} dp_shard={sizes[1]} cp={sizes[2]} tp={sizes[3]}"
+        label += " (config file)" if through_file else " (flags)"
+        print(f"{'FAIL' if wrong else 'ok  '} {label}: shape {expected['shape']}")
+        if wrong:
+            print("\n".join(wrong) + f"\n  exit {run.returncode}; stderr: {run.stderr[-2000:]}")
+        failures += bool(wrong)
+    print(f"{len(LAUNCHED) - failures} of {len(LAUNCHED)} launched meshes give PyTorch's ranks")
+    return 1 if failures else 0
+
+
 def main():
+    if sys.argv[1] == "--launched":
+        warnings.simplefilter("ignore")
+        return check_launched(sys.argv[2], sys.argv[3])
     program = sys.argv[1]
     warnings.simplefilter("ignore")
     failures = 0

@@ -1,5 +1,7 @@
 // The device mesh's sizes, validation and layout (accel/device_mesh.hpp), without processes: what each refusal says,
 // the variables, and the layout's invariants. check_mesh_layout.py compares the layout itself with PyTorch's.
+#include <accel/config_file.hpp>
+#include <accel/detail/support/worker_variables.hpp>
 #include <accel/device_mesh.hpp>
 #include <catch2/catch.hpp>
 
@@ -14,6 +16,24 @@
 namespace {
 
 using accel_test::scoped_variable;
+
+/// Unsets every variable that configures a mesh for the test's scope.
+struct no_mesh_variables {
+  scoped_variable flag{"ACCELERATE_USE_PARALLELISM_CONFIG", nullptr};
+  scoped_variable replicate{"PARALLELISM_CONFIG_DP_REPLICATE_SIZE", nullptr};
+  scoped_variable shard{"PARALLELISM_CONFIG_DP_SHARD_SIZE", nullptr};
+  scoped_variable cp{"PARALLELISM_CONFIG_CP_SIZE", nullptr};
+  scoped_variable tp{"PARALLELISM_CONFIG_TP_SIZE", nullptr};
+};
+
+std::string config_refusal(const std::string& text) {
+  try {
+    (void)accel::parse_config(text, "c.yaml");
+  } catch (const accel::config_error& e) {
+    return e.what();
+  }
+  return "accepted";
+}
 
 std::string refusal(const accel::mesh_sizes& sizes, int num_processes) {
   try {
@@ -121,4 +141,116 @@ TEST_CASE("the sizes from PARALLELISM_CONFIG_*_SIZE", "[mesh]") {
   }
   scoped_variable zero("PARALLELISM_CONFIG_CP_SIZE", "0");
   CHECK_THROWS_WITH(accel::mesh_sizes_from_environment(), Catch::StartsWith("accel: PARALLELISM_CONFIG_CP_SIZE=\"0\""));
+}
+
+TEST_CASE("a mesh is configured by ACCELERATE_USE_PARALLELISM_CONFIG, or by any size variable", "[mesh]") {
+  no_mesh_variables none;
+  CHECK_FALSE(accel::parallelism_config_in_environment());
+  CHECK_FALSE(accel::parallelism_config_from_environment(4).has_value());
+  {
+    scoped_variable flag("ACCELERATE_USE_PARALLELISM_CONFIG", "True");  // all sizes 1: plain data parallelism
+    const auto layout = accel::parallelism_config_from_environment(4);
+    REQUIRE(layout.has_value());
+    CHECK(layout->sizes() == accel::mesh_sizes{4, 1, 1, 1});
+  }
+  scoped_variable tp("PARALLELISM_CONFIG_TP_SIZE", "2");
+  CHECK(accel::parallelism_config_in_environment());
+  CHECK(accel::parallelism_config_from_environment(2)->sizes() == accel::mesh_sizes{1, 1, 1, 2});
+  CHECK_THROWS_WITH(accel::parallelism_config_from_environment(4), Catch::Contains("tp=2 spans 2 processes"));
+  {
+    scoped_variable off("ACCELERATE_USE_PARALLELISM_CONFIG", "0");  // as Accelerate: the flag off wins
+    CHECK_FALSE(accel::parallelism_config_from_environment(4).has_value());
+  }
+  scoped_variable odd("ACCELERATE_USE_PARALLELISM_CONFIG", "maybe");
+  CHECK_THROWS_WITH(accel::parallelism_config_in_environment(),
+                    Catch::StartsWith("accel: ACCELERATE_USE_PARALLELISM_CONFIG=\"maybe\" is neither true nor false"));
+}
+
+TEST_CASE("rank queries: the index along a dimension, 0 along one the mesh leaves out", "[mesh]") {
+  const accel::mesh_layout layout({.dp_shard = 2, .tp = 2}, 4);  // shape [2, 2]: rank = 2 * dp_shard + tp
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(layout.index_along("dp_shard", rank) == rank / 2);
+    CHECK(layout.index_along("tp", rank) == rank % 2);
+    CHECK(layout.index_along("dp_replicate", rank) == 0);
+    CHECK(layout.index_along("cp", rank) == 0);
+    CHECK(layout.index_along("dp", rank) == rank / 2);
+  }
+  CHECK_THROWS_WITH(layout.index_along("pp", 0), Catch::StartsWith("accel: \"pp\" is not a mesh dimension"));
+  CHECK_THROWS_AS(layout.index_along("tp", 4), accel::mesh_error);
+}
+
+TEST_CASE("the config file's parallelism_config block, nested as Accelerate writes it", "[mesh]") {
+  const auto values = accel::parse_config(
+      "num_processes: 8\nparallelism_config:\n  parallelism_config_cp_size: 1\n"
+      "  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n"
+      "  parallelism_config_tp_size: 2\nmixed_precision: bf16\n",
+      "c.yaml");
+  CHECK(accel::has_parallelism_config(values));
+  CHECK(accel::parallelism_sizes(values) == accel::mesh_sizes{2, 2, 1, 2});
+  CHECK(values.mixed_precision == "bf16");  // the block ends at the first line that is not indented
+  // Written back in the same layout, and read back the same.
+  const auto text = accel::format_config(values);
+  CHECK_THAT(text, Catch::EndsWith("parallelism_config:\n  parallelism_config_dp_replicate_size: 2\n"
+                                   "  parallelism_config_dp_shard_size: 2\n  parallelism_config_cp_size: 1\n"
+                                   "  parallelism_config_tp_size: 2\n"));
+  CHECK(accel::parallelism_sizes(accel::parse_config(text, "again.yaml")) == accel::mesh_sizes{2, 2, 1, 2});
+  // Sizes the file leaves out keep the base's (the variables, for accel launch); none set: no block written.
+  accel::config_values partial;
+  accel::set_config_value(partial, "parallelism_config_tp_size", "4", "--parallelism_config_tp_size");
+  CHECK(accel::parallelism_sizes(partial, {.dp_shard = 3, .tp = 2}) == accel::mesh_sizes{1, 3, 1, 4});
+  CHECK(accel::format_config(accel::config_values{}).find("parallelism_config") == std::string::npos);
+}
+
+TEST_CASE("the config file refuses a size outside its block, another key inside it, and sizes that do not fit",
+          "[mesh]") {
+  CHECK(config_refusal("parallelism_config_tp_size: 2\n") ==
+        "c.yaml:1: parallelism_config_tp_size belongs in the parallelism_config block, indented under it as "
+        "Accelerate writes it: a line 'parallelism_config:', then '  parallelism_config_tp_size: N'");
+  CHECK(config_refusal("parallelism_config:\n  mixed_precision: bf16\n") ==
+        "c.yaml:2: 'mixed_precision' is indented under 'parallelism_config:', which holds only "
+        "parallelism_config_dp_replicate_size, parallelism_config_dp_shard_size, parallelism_config_cp_size and "
+        "parallelism_config_tp_size; write it at the start of its line");
+  CHECK(config_refusal("parallelism_config:\n  parallelism_config_tp_size: 0\n") ==
+        "c.yaml:2: parallelism_config_tp_size must be a whole number from 1 to 65536 (1: no tensor parallelism), "
+        "not '0'");
+  CHECK(config_refusal("parallelism_config:\n  parallelism_config_cp_comm_strategy: allgather\n")
+            .starts_with("c.yaml:2: unknown key 'parallelism_config_cp_comm_strategy'; the keys are "));
+  CHECK(config_refusal("num_processes: 4\nparallelism_config:\n  parallelism_config_tp_size: 3\n") ==
+        "c.yaml: the parallelism_config block with num_processes 4: accel: mesh dp_replicate=1, dp_shard=1, cp=1, "
+        "tp=3 spans 3 processes (Accelerate's total_size) but the job has 4; make their product equal the number of "
+        "processes, or start 3 processes");
+  CHECK(config_refusal("parallelism_config: {}\nnum_processes: 2\n") == "accepted");              // an empty block
+  CHECK(config_refusal("parallelism_config:\n  parallelism_config_tp_size: 2\n") == "accepted");  // sized at launch
+}
+
+TEST_CASE("a worker's variables: torchrun's for its place in the job, one definition for both launchers", "[mesh]") {
+  scoped_variable threads("OMP_NUM_THREADS", nullptr);
+  const accel::detail::launching::job_placement job{.nnodes = 2,
+                                                    .node_rank = 1,
+                                                    .nproc_per_node = 3,
+                                                    .master_addr = "10.0.0.1",
+                                                    .master_port = 1234,
+                                                    .restart_count = 2,
+                                                    .max_restarts = 5};
+  const accel::detail::launching::variable_list expected = {{"RANK", "5"},
+                                                            {"WORLD_SIZE", "6"},
+                                                            {"LOCAL_RANK", "2"},
+                                                            {"LOCAL_WORLD_SIZE", "3"},
+                                                            {"GROUP_RANK", "1"},
+                                                            {"NODE_RANK", "1"},
+                                                            {"GROUP_WORLD_SIZE", "2"},
+                                                            {"ROLE_RANK", "5"},
+                                                            {"ROLE_WORLD_SIZE", "6"},
+                                                            {"MASTER_ADDR", "10.0.0.1"},
+                                                            {"MASTER_PORT", "1234"},
+                                                            {"TORCHELASTIC_RESTART_COUNT", "2"},
+                                                            {"TORCHELASTIC_MAX_RESTARTS", "5"},
+                                                            {"ACCEL_RESTART_COUNT", "2"},
+                                                            {"OMP_NUM_THREADS", "1"}};
+  CHECK(accel::detail::launching::worker_variables(job, 2) == expected);
+  scoped_variable chosen("OMP_NUM_THREADS", "4");  // the user's choice is kept: not set again
+  CHECK(accel::detail::launching::worker_variables(job, 2).size() == expected.size() - 1);
+  CHECK_FALSE(accel::detail::launching::sets_omp_num_threads(1));
+  const int port = accel::detail::launching::pick_free_port(INADDR_LOOPBACK, "", "");
+  CHECK((port > 0 && port < 65536));
 }

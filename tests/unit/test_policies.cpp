@@ -121,6 +121,7 @@ TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accel
   struct same_members_without_empty_policies {
     accel::single_process parallel;
     accel::options options;
+    std::optional<accel::mesh_layout> parallelism;
     accel::gradient_state gradient_state;
     accel::detail::checkpoint_schedule schedule;
     std::optional<std::filesystem::path> resumed_from;

@@ -17,10 +17,7 @@
 // Static launch only: no rendezvous or elasticity (torchrun's --rdzv_*), so restarts need a single node.
 #include "launch.hpp"
 
-#include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -37,6 +34,7 @@
 #include <utility>
 
 #include "accel/config_file.hpp"
+#include "accel/detail/support/worker_variables.hpp"
 #include "arguments.hpp"
 #include "supervisor.hpp"
 
@@ -82,7 +80,8 @@ bool is_switch(const option_token& option) {
 
 // The settings the workers read rather than the launcher: checked as the config file's, passed on as variables.
 bool is_run_setting(const option_token& option) {
-  return option.name == "mixed_precision" || option.name == "gradient_accumulation_steps";
+  return option.name == "mixed_precision" || option.name == "gradient_accumulation_steps" ||
+         detail::is_parallelism_key(option.name);
 }
 
 // One option of the command line, with its value (none for a switch).
@@ -143,7 +142,7 @@ given_option read_option(const std::string& argument, const std::string* next, b
                                                 "master_addr",    "master_port",     "grace_period",
                                                 "config_file",    "mixed_precision", "gradient_accumulation_steps",
                                                 "max_restarts",   "restart_delay"};
-  if (std::find(std::begin(valued), std::end(valued), option.name) == std::end(valued)) {
+  if (std::find(std::begin(valued), std::end(valued), option.name) == std::end(valued) && !is_run_setting(option)) {
     throw usage_error("unknown option '" + option.spelling +
                       "'; 'accel launch --help' lists the options (an option meant for the program goes after the "
                       "program's name, or after '--')");
@@ -185,6 +184,26 @@ void apply_config_file(launch_options& options, const std::vector<given_option>&
   if (!environment_has("ACCELERATE_MIXED_PRECISION")) options.run.mixed_precision = values.mixed_precision;
   if (!environment_has("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"))
     options.run.gradient_accumulation_steps = values.gradient_accumulation_steps;
+  for (std::size_t i = 0; i < detail::mesh_size_variables.size(); ++i)
+    if (!environment_has(std::string(detail::mesh_size_variables[i].variable).c_str()))
+      options.run.parallelism_config[i] = values.parallelism_config[i];
+}
+
+// The mesh the workers will build, checked against the job's size before any worker starts: the sizes of
+// --parallelism_config_*, of PARALLELISM_CONFIG_*_SIZE and of the config file's parallelism_config block (each
+// overriding the next, as for mixed_precision), when any of them is set.
+void resolve_mesh(launch_options& options) {
+  try {
+    if (!has_parallelism_config(options.run) && !parallelism_config_in_environment()) return;
+    const mesh_sizes sizes = parallelism_sizes(options.run, mesh_sizes_from_environment());
+    validate_mesh(sizes, options.nnodes * options.nproc_per_node);
+    options.mesh = sizes;
+  } catch (const mesh_error& e) {
+    throw usage_error(std::string(e.what()) +
+                      " (the sizes come from --parallelism_config_*_size, PARALLELISM_CONFIG_*_SIZE and the config "
+                      "file's parallelism_config block, in that order of precedence; the processes from "
+                      "--nproc_per_node x --nnodes)");
+  }
 }
 
 // The config file's num_processes counts the whole job: each node starts its share, unless --nproc_per_node says.
@@ -239,29 +258,6 @@ void check_consistency(const launch_options& options) {
 // ---------------------------------------------------------------------------------------------------------------
 // Workers
 
-// Binds a TCP socket to port 0 on every address and reads back the port the kernel chose. Another process could
-// take it before rank 0 binds it (torchrun has the same race); it is unlikely right after the port was free.
-int pick_free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    throw std::runtime_error(std::string("cannot open a socket to pick a free port: ") + std::strerror(errno) +
-                             "; give a port with --master_port");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_ANY);
-  address.sin_port = 0;
-  socklen_t length = sizeof address;
-  if (bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const int error = errno;
-    close(fd);
-    throw std::runtime_error(std::string("cannot pick a free port: ") + std::strerror(error) +
-                             "; give a port with --master_port");
-  }
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
 // What the workers' accel::read_run_config() reads: the settings as Accelerate's variables, and the config file
 // the launcher used (so that the workers read the same one).
 void append_run_settings(std::vector<std::pair<std::string, std::string>>& variables, const launch_options& options) {
@@ -271,35 +267,28 @@ void append_run_settings(std::vector<std::pair<std::string, std::string>>& varia
                            std::to_string(*options.run.gradient_accumulation_steps));
   }
   if (options.config_file) variables.emplace_back("ACCEL_CONFIG_FILE", options.config_file->string());
+  if (options.mesh) {  // every size, as accelerate launch sets them, and the flag its Accelerator reads
+    variables.emplace_back(detail::use_parallelism_config_variable, "true");
+    for (const auto& entry : detail::mesh_size_variables)
+      variables.emplace_back(entry.variable, std::to_string((*options.mesh).*entry.size));
+  }
 }
 
-// The variables torchrun sets for a static launch (ROLE_* equal the global values: accel has one role), for the
-// attempt after `restart_count` restarts.
-std::vector<worker_spec> worker_specs(const launch_options& options, int master_port, int restart_count,
-                                      bool set_omp_num_threads) {
-  const int world_size = options.nnodes * options.nproc_per_node;
+// Each local worker's variables (accel/detail/support/worker_variables.hpp, as `accel::launch_processes` gives them)
+// and the run settings, for the attempt after `restart_count` restarts.
+std::vector<worker_spec> worker_specs(const launch_options& options, int master_port, int restart_count) {
+  const detail::launching::job_placement job{.nnodes = options.nnodes,
+                                             .node_rank = options.node_rank,
+                                             .nproc_per_node = options.nproc_per_node,
+                                             .master_addr = options.master_addr,
+                                             .master_port = master_port,
+                                             .restart_count = restart_count,
+                                             .max_restarts = options.max_restarts};
   std::vector<worker_spec> specs;
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
-    const int rank = options.node_rank * options.nproc_per_node + local_rank;
     worker_spec spec;
-    spec.rank = rank;
-    spec.variables = {
-        {"RANK", std::to_string(rank)},
-        {"WORLD_SIZE", std::to_string(world_size)},
-        {"LOCAL_RANK", std::to_string(local_rank)},
-        {"LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node)},
-        {"GROUP_RANK", std::to_string(options.node_rank)},
-        {"NODE_RANK", std::to_string(options.node_rank)},
-        {"GROUP_WORLD_SIZE", std::to_string(options.nnodes)},
-        {"ROLE_RANK", std::to_string(rank)},
-        {"ROLE_WORLD_SIZE", std::to_string(world_size)},
-        {"MASTER_ADDR", options.master_addr},
-        {"MASTER_PORT", std::to_string(master_port)},
-        {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
-        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)},
-        {"ACCEL_RESTART_COUNT", std::to_string(restart_count)},
-    };
-    if (set_omp_num_threads) spec.variables.emplace_back("OMP_NUM_THREADS", "1");
+    spec.rank = options.node_rank * options.nproc_per_node + local_rank;
+    spec.variables = detail::launching::worker_variables(job, local_rank);
     append_run_settings(spec.variables, options);
     specs.push_back(std::move(spec));
   }
@@ -331,6 +320,7 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
   apply_job_processes(options);
   options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   check_consistency(options);
+  resolve_mesh(options);
   return options;
 }
 
@@ -357,6 +347,11 @@ const char* launch_usage() {
          "  --restart_delay S   seconds to wait before each restart (default 1)\n"
          "  --mixed_precision M no, bf16, fp16 or fp8: sets ACCELERATE_MIXED_PRECISION for the workers\n"
          "  --gradient_accumulation_steps N  sets ACCELERATE_GRADIENT_ACCUMULATION_STEPS for the workers\n"
+         "  --parallelism_config_dp_replicate_size N, --parallelism_config_dp_shard_size N,\n"
+         "  --parallelism_config_cp_size N, --parallelism_config_tp_size N\n"
+         "                      the device mesh (Accelerate's ParallelismConfig): checked against the job\n"
+         "                      (the sizes must multiply to K*N) before any worker starts, then set as\n"
+         "                      PARALLELISM_CONFIG_*_SIZE (all four) and ACCELERATE_USE_PARALLELISM_CONFIG=true\n"
          "  --config_file F     the config file to read (default: $ACCEL_CONFIG_FILE, or\n"
          "                      ~/.config/accel/default_config.yaml if it exists; see 'accel config')\n"
          "  -h, --help          show this help\n"
@@ -379,8 +374,7 @@ const char* launch_usage() {
 
 int run_launch(const launch_options& options) {
   // torchrun does the same: N workers each starting one OpenMP thread per core would oversubscribe the cores.
-  const bool set_omp_num_threads = options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr;
-  if (set_omp_num_threads) {
+  if (detail::launching::sets_omp_num_threads(options.nproc_per_node)) {
     std::fprintf(stderr,
                  "accel launch: setting OMP_NUM_THREADS=1 for each worker so that %d workers do not overload the "
                  "cores; set OMP_NUM_THREADS yourself to choose another value\n",
@@ -394,8 +388,10 @@ int run_launch(const launch_options& options) {
   supervision.restart_delay = options.restart_delay;
   return supervise_job(supervision, [&](int restart_count) {
     // A fresh free port per attempt: the previous attempt's may still be held (TIME_WAIT).
-    const int master_port = options.master_port == 0 ? pick_free_port() : options.master_port;
-    return worker_specs(options, master_port, restart_count, set_omp_num_threads);
+    const int master_port = options.master_port == 0
+                                ? detail::launching::pick_free_port(INADDR_ANY, "", "; give a port with --master_port")
+                                : options.master_port;
+    return worker_specs(options, master_port, restart_count);
   });
 }
 

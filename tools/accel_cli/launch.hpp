@@ -25,7 +25,8 @@ struct launch_options {
   int max_restarts = 0;                           // how many times a failed job is started again (0 to 1000)
   std::chrono::milliseconds restart_delay{1000};  // the wait before each restart
   std::optional<int> job_processes;               // the config file's num_processes: the whole job, over every node
-  config_values run;  // mixed_precision and gradient_accumulation_steps, passed on to the workers
+  config_values run;  // mixed_precision, gradient_accumulation_steps, the mesh sizes: passed on to the workers
+  std::optional<mesh_sizes> mesh;  // the sizes in force (flags, file, environment), validated, when any is set
   std::optional<std::filesystem::path> config_file;  // the config file read, if any (passed on to the workers)
   std::vector<std::string> program;                  // the program and its arguments
   bool show_help = false;                            // -h or --help: print the usage, start nothing
