@@ -24,6 +24,7 @@
 #include "launch_processes.hpp"
 #include "seed.hpp"
 #include "memory.hpp"
+#include "memory_estimate.hpp"
 #include "logging.hpp"
 #include "shard.hpp"
 #include "data_loader.hpp"
