@@ -92,4 +92,10 @@ missing = run(str(work / "nothing.safetensors"))
 assert missing.returncode == 1 and "cannot open" in missing.stderr and "nothing.safetensors" in missing.stderr, missing
 unknown = run(str(single), "--optimizer", "lion")
 assert unknown.returncode == 2 and "unknown optimizer 'lion'" in unknown.stderr, unknown.stderr
+TENSORS["d.codes"] = ("U4", [2], 1)
+odd = work / "odd-dtype.safetensors"
+write_safetensors(odd, ["a.weight", "d.codes"])
+refused = run(str(odd))
+assert refused.returncode == 1 and "tensor d.codes has the dtype U4, which the estimate does not know" in refused.stderr, \
+    refused.stderr
 print("estimate-memory: exact figures, index and header-only reads, errors: ok")

@@ -91,7 +91,10 @@ accel::tensor_extent extent_of(const safetensors::detail::header_parser::entry& 
       {"F8_E4M3", {1, false}}, {"F8_E5M2", {1, false}}, {"I64", {8, false}}, {"I32", {4, false}},
       {"I16", {2, false}},     {"I8", {1, false}},      {"U8", {1, false}},  {"BOOL", {1, false}}};
   const auto found = dtypes.find(entry.dtype);
-  if (found == dtypes.end()) throw std::runtime_error(where + ": unknown dtype " + entry.dtype);
+  if (found == dtypes.end())
+    throw std::runtime_error(where + " has the dtype " + entry.dtype +
+                             ", which the estimate does not know (it knows F64, F32, F16, BF16, F8_E4M3, F8_E5M2, "
+                             "I64, I32, I16, I8, U8 and BOOL)");
   std::int64_t elements = 1;
   for (auto d : entry.shape) elements *= d;
   const bool floating = entry.dtype.starts_with("F") || entry.dtype == "BF16";
