@@ -25,6 +25,8 @@
 #include "seed.hpp"
 #include "memory.hpp"
 #include "memory_estimate.hpp"
+#include "device_map.hpp"
+#include "module_tree.hpp"
 #include "logging.hpp"
 #include "shard.hpp"
 #include "data_loader.hpp"
