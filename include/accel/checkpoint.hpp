@@ -42,9 +42,10 @@ inline std::vector<std::filesystem::path> merge_weights(const std::filesystem::p
   std::vector<std::filesystem::path> written;
   for (std::size_t i = 0; i < static_cast<std::size_t>(models.toInt()); ++i) {
     const auto name = detail::checkpoint_files::model(i, true);
-    const auto tensors = sharded ? detail::assemble_model(checkpoint, manifest, *sharded, i)
-                                 : detail::read_model_weights(checkpoint, i, manifest).first;
-    safetensors::save(out / name, tensors);
+    if (sharded)
+      detail::write_merged_model(checkpoint, *manifest, *sharded, i, out / name);                // one tensor at a time
+    else if (!detail::rewrite_full_model(checkpoint, *manifest, i, out / name))                  // likewise
+      safetensors::save(out / name, detail::read_model_weights(checkpoint, i, manifest).first);  // pickled: whole
     written.push_back(out / name);
   }
   return written;

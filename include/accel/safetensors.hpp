@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,7 @@
 #include "checkpoint_error.hpp"
 #include "detail/support/atomic_file.hpp"
 #include "detail/support/json.hpp"
+#include "detail/support/safetensors_header.hpp"
 #include "detail/support/text.hpp"
 
 namespace accel {
@@ -49,127 +51,6 @@ inline const std::map<c10::ScalarType, std::string>& dtype_names() {
   return names;
 }
 
-/// The subset of JSON a safetensors header uses: objects, strings, arrays of non-negative integers.
-class header_parser {
- public:
-  struct entry {
-    std::string dtype;
-    std::vector<std::int64_t> shape;
-    std::vector<std::int64_t> offsets;
-  };
-
-  header_parser(std::string text, std::string file) : text_(std::move(text)), file_(std::move(file)) {}
-
-  void parse(std::vector<std::pair<std::string, entry>>& entries, std::map<std::string, std::string>& metadata) {
-    expect('{');
-    if (peek() == '}') return void(++pos_);
-    do {
-      auto name = string();
-      expect(':');
-      if (name == "__metadata__")
-        metadata = string_map();
-      else
-        entries.emplace_back(std::move(name), tensor_entry());
-    } while (comma_or('}'));
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw checkpoint_error("accel: " + file_ + " is not a valid safetensors file: " + what + " at byte " +
-                           std::to_string(pos_) + " of its header");
-  }
-  char peek() {
-    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
-    if (pos_ >= text_.size()) fail("the header ends early");
-    return text_[pos_];
-  }
-  void expect(char c) {
-    if (peek() != c) fail(std::string("expected '") + c + "'");
-    ++pos_;
-  }
-  bool comma_or(char close) {
-    const char c = peek();
-    ++pos_;
-    if (c == ',') return true;
-    if (c != close) fail(std::string("expected ',' or '") + close + "'");
-    return false;
-  }
-  std::string string() {
-    expect('"');
-    std::string out;
-    while (true) {
-      if (pos_ >= text_.size()) fail("a string is not closed");
-      char c = text_[pos_++];
-      if (c == '"') return out;
-      if (c == '\\') {
-        if (pos_ >= text_.size()) fail("a string is not closed");
-        c = text_[pos_++];
-        if (c == 'u') {
-          if (pos_ + 4 > text_.size()) fail("a \\u escape is cut short");
-          const auto code = std::stoul(text_.substr(pos_, 4), nullptr, 16);
-          pos_ += 4;
-          accel::detail::append_utf8(out, code);
-          continue;
-        }
-        const std::map<char, char> escapes = {{'"', '"'},  {'\\', '\\'}, {'/', '/'},  {'b', '\b'},
-                                              {'f', '\f'}, {'n', '\n'},  {'r', '\r'}, {'t', '\t'}};
-        auto found = escapes.find(c);
-        if (found == escapes.end()) fail("an unknown escape in a string");
-        out += found->second;
-      } else {
-        out += c;
-      }
-    }
-  }
-  std::int64_t integer() {
-    peek();
-    const auto start = pos_;
-    while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
-    if (start == pos_ || pos_ - start > 18) fail("expected a non-negative integer");
-    return std::stoll(text_.substr(start, pos_ - start));
-  }
-  std::vector<std::int64_t> integers() {
-    std::vector<std::int64_t> out;
-    expect('[');
-    if (peek() == ']') return ++pos_, out;
-    do out.push_back(integer());
-    while (comma_or(']'));
-    return out;
-  }
-  std::map<std::string, std::string> string_map() {
-    std::map<std::string, std::string> out;
-    expect('{');
-    if (peek() == '}') return ++pos_, out;
-    do {
-      auto key = string();
-      expect(':');
-      out[key] = string();
-    } while (comma_or('}'));
-    return out;
-  }
-  entry tensor_entry() {
-    entry e;
-    expect('{');
-    do {
-      const auto key = string();
-      expect(':');
-      if (key == "dtype")
-        e.dtype = string();
-      else if (key == "shape")
-        e.shape = integers();
-      else if (key == "data_offsets")
-        e.offsets = integers();
-      else
-        fail("an unknown field \"" + key + "\" in a tensor entry");
-    } while (comma_or('}'));
-    return e;
-  }
-
-  std::string text_;
-  std::string file_;
-  std::size_t pos_ = 0;
-};
-
 inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw checkpoint_error("accel: cannot open " + path.string() + " for reading (missing file?)");
@@ -178,24 +59,27 @@ inline std::string read_file(const std::filesystem::path& path) {
 
 }  // namespace detail
 
-/// Writes `tensors` (any device, dtype among F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL) to `path`, atomically.
-inline ::accel::detail::written_file save(const std::filesystem::path& path, const tensor_list& tensors,
-                                          const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
-  std::vector<at::Tensor> contiguous;
+namespace detail {
+
+/// One tensor as a header describes it: its dtype's name (`F32`), shape and bytes.
+struct stored_tensor {
+  std::string name;
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  std::int64_t bytes = 0;
+};
+
+/// The header `save` writes for `tensors` stored in this order, padded so that the data starts 8-byte aligned.
+inline std::string header_text(const std::vector<stored_tensor>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   std::string header = "{";
   std::int64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    auto dtype = detail::dtype_names().find(tensor.scalar_type());
-    if (dtype == detail::dtype_names().end())
-      throw checkpoint_error("accel: cannot write tensor " + name + " to " + path.string() + ": safetensors has no " +
-                             std::string(c10::toString(tensor.scalar_type())) + " type");
-    contiguous.push_back(tensor.detach().to(at::kCPU).contiguous());
-    const auto bytes = static_cast<std::int64_t>(contiguous.back().nbytes());
+  for (const auto& t : tensors) {
     std::string shape;
-    for (auto d : tensor.sizes()) ::accel::detail::append_item(shape, std::to_string(d), ",");
-    header += ::accel::detail::json_string(name) + ":{\"dtype\":\"" + dtype->second + "\",\"shape\":[" + shape +
-              "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) + "]},";
-    offset += bytes;
+    for (auto d : t.shape) ::accel::detail::append_item(shape, std::to_string(d), ",");
+    header += ::accel::detail::json_string(t.name) + ":{\"dtype\":\"" + t.dtype + "\",\"shape\":[" + shape +
+              "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.bytes) + "]},";
+    offset += t.bytes;
   }
   header += "\"__metadata__\":{";
   for (const auto& [key, value] : metadata)
@@ -203,12 +87,57 @@ inline ::accel::detail::written_file save(const std::filesystem::path& path, con
   if (header.back() == ',') header.pop_back();
   header += "}}";
   while (header.size() % 8 != 0) header += ' ';  // the data starts 8-byte aligned, as the reference writer does
+  return header;
+}
+
+/// The LibTorch type of a safetensors dtype name; none for a name accel does not read.
+inline std::optional<c10::ScalarType> scalar_type_of(std::string_view dtype) {
+  for (const auto& [type, name] : dtype_names())
+    if (name == dtype) return type;
+  return std::nullopt;
+}
+
+/// The safetensors name of `type`; throws naming `what` where safetensors has none.
+inline std::string dtype_name(c10::ScalarType type, const std::string& what) {
+  const auto found = dtype_names().find(type);
+  if (found == dtype_names().end())
+    throw checkpoint_error("accel: cannot write " + what + ": safetensors has no " + std::string(c10::toString(type)) +
+                           " type");
+  return found->second;
+}
+
+}  // namespace detail
+
+/// Writes the tensors `tensors` describes to `path`, atomically, without holding them together: `write_data(i,
+/// out)` writes tensor i's bytes (`out.write(pointer, bytes)`, exactly `tensors[i].bytes` of them) in turn. The file
+/// is the one `save` writes for the same tensors (`accel merge-weights` streams through it).
+template <class WriteData>
+::accel::detail::written_file save_streamed(const std::filesystem::path& path,
+                                            const std::vector<detail::stored_tensor>& tensors, WriteData&& write_data,
+                                            const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
+  const auto header = detail::header_text(tensors, metadata);
   return ::accel::detail::write_atomically<checkpoint_error>(path, [&](auto& out) {
     const std::uint64_t length = header.size();
     out.write(&length, sizeof length);
     out.write(header);
-    for (const auto& t : contiguous) out.write(t.data_ptr(), t.nbytes());
+    for (std::size_t i = 0; i < tensors.size(); ++i) write_data(i, out);
   });
+}
+
+/// Writes `tensors` (any device, dtype among F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL) to `path`, atomically.
+inline ::accel::detail::written_file save(const std::filesystem::path& path, const tensor_list& tensors,
+                                          const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
+  std::vector<at::Tensor> contiguous;
+  std::vector<detail::stored_tensor> stored;
+  for (const auto& [name, tensor] : tensors) {
+    auto dtype = detail::dtype_name(tensor.scalar_type(), "tensor " + name + " to " + path.string());
+    contiguous.push_back(tensor.detach().to(at::kCPU).contiguous());
+    stored.push_back(
+        {name, std::move(dtype), tensor.sizes().vec(), static_cast<std::int64_t>(contiguous.back().nbytes())});
+  }
+  return save_streamed(
+      path, stored, [&](std::size_t i, auto& out) { out.write(contiguous[i].data_ptr(), contiguous[i].nbytes()); },
+      metadata);
 }
 
 /// Reads every tensor of a safetensors file's bytes, `file` (on the CPU), validating it first; `where` names the

@@ -1175,3 +1175,166 @@ TEMPLATE_TEST_CASE(
   acc.wait_for_everyone();
   if (acc.is_main_process()) accel::detail::remove_tree(dir);
 }
+
+namespace {
+
+/// Three layers of uneven sizes (no split by 2, 3 or 4 is even) and a frozen bias: every case the formula has.
+torch::nn::Sequential estimate_mlp() {
+  torch::manual_seed(4);
+  torch::nn::Sequential net(torch::nn::Linear(64, 97), torch::nn::Tanh(), torch::nn::Linear(97, 37), torch::nn::Tanh(),
+                            torch::nn::Linear(37, 5));
+  net[4]->as<torch::nn::Linear>()->bias.set_requires_grad(false);
+  return net;
+}
+
+std::vector<accel::tensor_extent> extents_of(torch::nn::Module& net) {
+  std::vector<accel::tensor_extent> extents;
+  for (const auto& p : net.parameters())
+    extents.push_back({.elements = p.numel(), .element_size = p.element_size(), .trainable = p.requires_grad()});
+  return extents;
+}
+
+/// What one process holds training estimate_mlp with AdamW under `Policy`, counted by accel's allocator: between
+/// steps (the model included), what the third step's forward and backward left allocated, the bytes of the
+/// optimizer's state tensors; and what the buckets' sizes decide, not the formula, as the policy reports it: the
+/// all-gather's buffers and the reducer's 0-d scale (1 / P) per gradient bucket, both kept between steps.
+struct measured_training {
+  std::int64_t at_rest = 0, kept_by_step = 0, optimizer_state = 0, gather_buffers = 0, bucket_scales = 0;
+};
+
+template <class Policy>
+measured_training measure_training() {
+  const auto x = torch::randn({8, 64});
+  measured_training measured;
+  const auto before = settled_cpu_bytes();
+  {
+    accel::accelerator<accel::fp32, Policy> acc;
+    auto net = estimate_mlp();
+    torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
+    auto [model, opt] = acc.prepare(net, adamw);
+    for (int step = 0; step < 3; ++step) {
+      const auto before_step = settled_cpu_bytes();
+      acc.backward(model(x).pow(2).mean());
+      measured.kept_by_step = settled_cpu_bytes() - before_step;
+      opt.step();
+      opt.zero_grad();
+    }
+    measured.at_rest = settled_cpu_bytes() - before;
+    for (const auto& [key, state] : adamw.state())
+      accel::detail::visit_state(
+          *state,
+          [&](std::string_view, const at::Tensor& t) {
+            if (t.defined()) measured.optimizer_state += static_cast<std::int64_t>(t.nbytes());
+          },
+          [](std::string_view, std::int64_t) {});
+    measured.bucket_scales = 4 * static_cast<std::int64_t>(acc.parallel().reducer_for(*net)->bucket_layout().size());
+    if constexpr (!std::is_same_v<Policy, accel::data_parallel<accel::gloo>>)
+      measured.gather_buffers = acc.parallel().shards_of(adamw)->gather_buffer_elements() * 4;
+  }
+  return measured;
+}
+
+template <class Policy>
+void check_estimate(accel::sharding_stage stage) {
+  const auto measured = measure_training<Policy>();
+  accel::accelerator<accel::fp32, Policy> acc;
+  auto net = estimate_mlp();
+  const auto extents = extents_of(*net);
+  const auto estimate = accel::estimate_training_bytes(
+      extents, {.stage = stage, .processes = acc.num_processes(), .process_index = acc.process_index()});
+  INFO("process " << acc.process_index() << " of " << acc.num_processes() << ": measured between steps "
+                  << measured.at_rest << " B (gather buffers " << measured.gather_buffers << ", bucket scales "
+                  << measured.bucket_scales << "), estimated " << estimate.at_rest()
+                  << " B; kept by a step's forward and backward " << measured.kept_by_step << " B, estimated "
+                  << estimate.in_step() - estimate.at_rest() << " B; optimizer state " << measured.optimizer_state
+                  << " B, estimated " << estimate.optimizer_state << " B");
+  CHECK(measured.optimizer_state == estimate.optimizer_state);
+  CHECK(measured.at_rest - measured.gather_buffers - measured.bucket_scales == estimate.at_rest());
+  CHECK(measured.kept_by_step == estimate.in_step() - estimate.at_rest());
+}
+
+}  // namespace
+
+TEST_CASE("bigmodel.estimate: the memory formula's bytes are what each policy holds, counted", "[bigmodel_estimate]") {
+  SECTION("data_parallel") { check_estimate<accel::data_parallel<accel::gloo>>(accel::sharding_stage::data_parallel); }
+  SECTION("zero1") { check_estimate<accel::zero1<accel::gloo>>(accel::sharding_stage::zero1); }
+  SECTION("zero2") { check_estimate<zero2>(accel::sharding_stage::zero2); }
+  SECTION("fully_sharded") { check_estimate<zero3>(accel::sharding_stage::fully_sharded); }
+}
+
+namespace {
+
+/// The bytes of the file at `path`.
+std::string file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// Saves a 4-layer MLP under fully_sharded with `options` (the sharded or the full format), then, on process 0,
+/// merges it with the CPU bytes counted: returns the checkpoint directory (removed by the caller).
+std::filesystem::path check_merge_holds_one_tensor(const accel::options& options) {
+  const auto dir = accel_test::job_directory("accel_bigmodel_merge_");
+  const auto merged = accel_test::job_directory("accel_bigmodel_merged_");
+  accel::accelerator<accel::fp32, zero3> acc(options);
+  torch::manual_seed(3);
+  torch::nn::Sequential net(torch::nn::Linear(256, 256), torch::nn::Linear(256, 256), torch::nn::Linear(256, 192),
+                            torch::nn::Linear(192, 7));
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto [model, opt] = acc.prepare(net, adamw);
+  acc.backward(model(torch::randn({4, 256})).pow(2).mean());
+  opt.step();
+  opt.zero_grad();
+  const auto full = acc.get_state_dict(model);
+  acc.save_state(dir);
+  acc.wait_for_everyone();
+  if (!acc.is_main_process()) return dir;
+  std::int64_t model_bytes = 0, largest = 0;
+  for (const auto& [name, tensor] : full) {
+    model_bytes += static_cast<std::int64_t>(tensor.nbytes());
+    largest = std::max(largest, static_cast<std::int64_t>(tensor.nbytes()));
+  }
+  const auto before = settled_cpu_bytes();
+  accel::reset_peak_memory_stats(c10::Device(c10::kCPU));
+  const auto files = accel::merge_weights(dir, merged);
+  const auto peak = accel::memory_stats(c10::Device(c10::kCPU)).peak_allocated - before;
+  INFO("merge_weights' peak " << peak << " B above what was allocated before; the largest tensor " << largest
+                              << " B, the model " << model_bytes << " B");
+  CHECK(peak >= largest);              // one tensor whole: the buffer it writes from
+  CHECK(peak <= largest + 16 * 1024);  // and nothing else of the model's size
+  CHECK(2 * largest < model_bytes);    // (so the whole model would not fit under that bound)
+  REQUIRE(files.size() == 1);
+  const auto weights = accel::safetensors::load(files.front());
+  REQUIRE(weights.size() == full.size());
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    CHECK(weights[i].first == full[i].first);
+    CHECK(torch::equal(weights[i].second, full[i].second));
+  }
+  accel::safetensors::save(merged / "expected.safetensors", full);  // the bytes save writes for the full weights
+  CHECK(file_bytes(files.front()) == file_bytes(merged / "expected.safetensors"));
+  accel::detail::remove_tree(merged);
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "bigmodel.merge: merge_weights streams a sharded checkpoint, and a full one, holding one tensor at a time; a "
+    "damaged shard file is refused",
+    "[bigmodel_merge]") {
+  const auto full_dir = check_merge_holds_one_tensor({});
+  const auto dir = check_merge_holds_one_tensor(sharded_files);
+  accel::accelerator<accel::fp32, zero3> acc;
+  if (acc.is_main_process()) {
+    auto bytes = file_bytes(dir / "model_shard_1.safetensors");
+    bytes.back() = static_cast<char>(bytes.back() ^ 1);
+    std::ofstream(dir / "model_shard_1.safetensors", std::ios::binary) << bytes;
+    const auto out = accel_test::job_directory("accel_bigmodel_damaged_");
+    CHECK_THROWS_WITH(accel::merge_weights(dir, out),
+                      Catch::Contains("model_shard_1.safetensors is damaged: its checksum differs"));
+    CHECK_FALSE(std::filesystem::exists(out / "model.safetensors"));
+    accel::detail::remove_tree(dir);
+    accel::detail::remove_tree(full_dir);
+    accel::detail::remove_tree(out);
+  }
+  acc.wait_for_everyone();
+}

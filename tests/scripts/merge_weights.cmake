@@ -1,6 +1,6 @@
 # `accel merge-weights` on the sharded checkpoints 2 processes saved under zero1, zero2 and fully_sharded
 # (dist.gloo.P2.resume_elsewhere_save): the model.safetensors it writes is, byte for byte, the one the same training
-# saved in the full format. Then its errors: a directory that holds no checkpoint, a wrong command line.
+# saved in the full format; and on the full checkpoints, the same file again. Then its errors: a directory that holds no checkpoint, a wrong command line.
 foreach(policy IN ITEMS zero1 zero2 fully_sharded)
   set(out ${WORK_DIR}/${policy})
   file(REMOVE_RECURSE ${out})
@@ -15,6 +15,16 @@ foreach(policy IN ITEMS zero1 zero2 fully_sharded)
     message(FATAL_ERROR "${policy}: the merged weights differ from the full checkpoint's model.safetensors")
   endif()
   message(STATUS "${policy}: merged, equal to the full checkpoint's model.safetensors")
+  # A full checkpoint's weights, written again (one tensor at a time): the same bytes.
+  file(REMOVE_RECURSE ${out}-full)
+  execute_process(COMMAND ${LAUNCHER} merge-weights ${CHECKPOINTS}/${policy}<gloo> ${out}-full
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr TIMEOUT 120)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${out}-full/model.safetensors
+                          ${CHECKPOINTS}/${policy}<gloo>/model.safetensors RESULT_VARIABLE different)
+  if(NOT rc EQUAL 0 OR different)
+    message(FATAL_ERROR "${policy}: merge-weights of the full checkpoint (${rc}) differs from its model.safetensors:\n"
+                        "${stdout}\n${stderr}")
+  endif()
 endforeach()
 execute_process(COMMAND ${LAUNCHER} merge-weights ${WORK_DIR}/nothing-here ${WORK_DIR}/out
                 RESULT_VARIABLE rc ERROR_VARIABLE stderr TIMEOUT 120)

@@ -10,6 +10,7 @@
 #include "command.hpp"
 #include "config.hpp"
 #include "env.hpp"
+#include "estimate_memory.hpp"
 #include "launch.hpp"
 #include "merge_weights.hpp"
 #include "test.hpp"
@@ -24,7 +25,7 @@ using accel::cli::command;
 
 constexpr command commands[] = {
     accel::cli::launch_command, accel::cli::config_command,        accel::cli::env_command,
-    accel::cli::test_command,   accel::cli::merge_weights_command,
+    accel::cli::test_command,   accel::cli::merge_weights_command, accel::cli::estimate_memory_command,
 };
 
 const command* find_command(std::string_view name) {

@@ -25,6 +25,8 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
+#include <vector>
 
 #include "../../checkpoint_error.hpp"
 #include "../support/atomic_file.hpp"
@@ -45,6 +47,38 @@ class opened_files {
     for (const auto& [name, fd] : fds_) ::close(fd);
   }
   void add(const std::string& name, int fd) { fds_.emplace(name, fd); }
+
+  /// Reads `bytes` bytes of `name` from `offset` into `into`; false if it was not opened, cannot be read, or ends
+  /// first. Only those bytes are read (pread): a process loading its slices reads no more of a file.
+  [[nodiscard]] bool read_range(const std::string& name, std::uint64_t offset, std::uint64_t bytes, void* into) const {
+    const auto found = fds_.find(name);
+    if (found == fds_.end()) return false;
+    auto* out = static_cast<char*>(into);
+    for (std::uint64_t done = 0; done < bytes;) {
+      const auto got = ::pread(found->second, out + done, bytes - done, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      done += static_cast<std::uint64_t>(got);
+    }
+    return true;
+  }
+  /// The size and CRC-32C of `name`, read in pieces of 1 MiB (never held whole); none if it was not opened.
+  [[nodiscard]] std::optional<std::pair<std::uint64_t, std::uint32_t>> size_and_checksum(
+      const std::string& name) const {
+    const auto found = fds_.find(name);
+    if (found == fds_.end()) return std::nullopt;
+    std::vector<char> buffer(1 << 20);
+    std::uint64_t size = 0;
+    std::uint32_t crc = 0;
+    for (;;) {
+      const auto got = ::pread(found->second, buffer.data(), buffer.size(), static_cast<off_t>(size));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) return std::nullopt;
+      if (got == 0) return std::pair{size, crc};
+      crc = crc32c_extend(crc, std::string_view(buffer.data(), static_cast<std::size_t>(got)));
+      size += static_cast<std::uint64_t>(got);
+    }
+  }
 
   /// The whole content of `name`, or none if it was not opened (or cannot be read now).
   [[nodiscard]] std::optional<std::string> read(const std::string& name) const {
@@ -185,6 +219,28 @@ inline checkpoint_error sharded_without_manifest(const std::filesystem::path& di
                           std::string(checkpoint_files::manifest) +
                           ", which every sharded checkpoint has: its save did not complete, or the file was lost; it "
                           "cannot be checked, and is not loaded");
+}
+
+/// Checks `directory/name` against `manifest` as `read_checkpoint_file` does, reading it in pieces: for readers that
+/// then take ranges of it (`opened_files::read_range`) and never hold it whole.
+inline void check_checkpoint_file(const std::filesystem::path& directory, const std::string& name,
+                                  const checkpoint_manifest& manifest) {
+  const auto listed = manifest.files().find(name);
+  if (listed == manifest.files().end())
+    throw checkpoint_error("accel::load_state: " + std::string(checkpoint_files::manifest) + " in " +
+                           directory.string() + " does not list " + name +
+                           ": the directory mixes files of two checkpoints");
+  const auto read = manifest.opened() ? manifest.opened()->size_and_checksum(name) : std::nullopt;
+  if (!read)
+    throw checkpoint_error("accel::load_state: the checkpoint lacks " + (directory / name).string() +
+                           " (saved by another configuration, or an incomplete copy)");
+  if (read->first != listed->second.size || read->second != listed->second.crc32c)
+    throw checkpoint_error(
+        "accel::load_state: " + (directory / name).string() + " is damaged: its " +
+        (read->first != listed->second.size
+             ? std::to_string(read->first) + " bytes differ from the " + std::to_string(listed->second.size) + " saved"
+             : std::string("checksum differs from the one saved")) +
+        " (a damaged disk or copy, or files of two checkpoints mixed); nothing was loaded");
 }
 
 /// The bytes of `directory/name`, checked against `manifest` (when the checkpoint has one) before anyone parses them.

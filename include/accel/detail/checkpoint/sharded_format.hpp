@@ -21,6 +21,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -260,6 +261,136 @@ inline safetensors::tensor_list assemble_model(const std::filesystem::path& dire
   for (std::size_t t = 0; t < layout.names.size(); ++t)
     tensors.emplace_back(layout.names[t], layout.sharded[t] ? whole[t].view(layout.shapes[t]) : whole[t]);
   return tensors;
+}
+
+/// The header of the checkpoint file `name` (checked: check_checkpoint_file), read through the files the manifest
+/// opened: its first 8 + length bytes, none of its data.
+inline safetensors::detail::file_header read_checkpoint_header(const std::filesystem::path& directory,
+                                                               const std::string& name,
+                                                               const checkpoint_manifest& manifest) {
+  const auto where = (directory / name).string();
+  const auto size = manifest.files().at(name).size;
+  std::uint64_t length = 0;
+  if (size < 8 || !manifest.opened()->read_range(name, 0, sizeof length, &length))
+    throw checkpoint_error("accel: " + where + " is truncated: shorter than the 8-byte header length");
+  if (length > size - 8)
+    throw checkpoint_error("accel: " + where + " is truncated or corrupt: its header claims " + std::to_string(length) +
+                           " bytes, the file has " + std::to_string(size - 8));
+  std::string text(length, '\0');
+  if (!manifest.opened()->read_range(name, 8, length, text.data()))
+    throw checkpoint_error("accel: cannot read the header of " + where);
+  safetensors::detail::file_header header;
+  safetensors::detail::header_parser(std::move(text), where).parse(header.entries, header.metadata);
+  header.data_begin = 8 + length;
+  return header;
+}
+
+/// A safetensors file of a checkpoint opened for ranged reads: its name, where its data begins, each tensor's entry
+/// (and their order in the file).
+struct ranged_file {
+  std::string name;
+  std::uint64_t data_begin = 0;
+  std::vector<std::string> order;
+  std::map<std::string, safetensors::detail::header_parser::entry> entries;
+
+  /// Reads tensor `tensor`'s bytes [0, bytes) into `into`, checking that it holds exactly `bytes` of `dtype`.
+  void read(const std::string& tensor, const std::string& dtype, std::int64_t bytes, void* into,
+            const std::filesystem::path& directory, const checkpoint_manifest& manifest) const {
+    const auto found = entries.find(tensor);
+    if (found == entries.end())
+      throw checkpoint_error("accel: " + (directory / name).string() + " lacks " + tensor + " (a damaged checkpoint?)");
+    const auto& offsets = found->second.offsets;
+    if (found->second.dtype != dtype || offsets.size() != 2 || offsets[1] - offsets[0] != bytes ||
+        !manifest.opened()->read_range(name, data_begin + static_cast<std::uint64_t>(offsets[0]),
+                                       static_cast<std::uint64_t>(bytes), into))
+      throw checkpoint_error("accel: " + (directory / name).string() + " holds " + tensor +
+                             " in another type or size than the layout gives (a damaged checkpoint?)");
+  }
+};
+
+/// The checkpoint file `name`, checked against the manifest (read in pieces) and its header read; none of its
+/// tensors' data is read.
+inline ranged_file open_ranged_file(const std::filesystem::path& directory, const std::string& name,
+                                    const checkpoint_manifest& manifest) {
+  check_checkpoint_file(directory, name, manifest);
+  auto header = read_checkpoint_header(directory, name, manifest);
+  ranged_file file{.name = name, .data_begin = header.data_begin, .order = {}, .entries = {}};
+  for (auto& [tensor, entry] : header.entries) {
+    file.order.push_back(tensor);
+    file.entries.emplace(tensor, std::move(entry));
+  }
+  return file;
+}
+
+/// Every process's shard file of model `index`, opened for ranged reads.
+inline std::vector<ranged_file> open_model_shards(const std::filesystem::path& directory,
+                                                  const checkpoint_manifest& manifest, const shard_layout_table& table,
+                                                  std::size_t index) {
+  std::vector<ranged_file> files;
+  for (int r = 0; r < table.processes; ++r)
+    files.push_back(
+        open_ranged_file(directory, checkpoint_files::shard(checkpoint_files::kind::model, index, r), manifest));
+  return files;
+}
+
+/// How `safetensors::save` stores tensor `tensor` of `shape` in `file`'s dtype, its bytes those of the shape.
+inline safetensors::detail::stored_tensor stored_as_in(const ranged_file& file, const std::string& tensor,
+                                                       const std::vector<std::int64_t>& shape,
+                                                       const std::filesystem::path& directory) {
+  const auto found = file.entries.find(tensor);
+  const auto type =
+      found == file.entries.end() ? std::nullopt : safetensors::detail::scalar_type_of(found->second.dtype);
+  if (!type)
+    throw checkpoint_error("accel::merge_weights: " + (directory / file.name).string() + " lacks " + tensor +
+                           ", or holds it in a type accel does not read (a damaged checkpoint?)");
+  return {tensor, found->second.dtype, shape,
+          c10::multiply_integers(shape) * static_cast<std::int64_t>(c10::elementSize(*type))};
+}
+
+/// Writes the weights of a full checkpoint's `model.safetensors` (model `index`) to `out` again as
+/// `safetensors::save` writes them, one tensor at a time (ranged reads); false, writing nothing, when the checkpoint
+/// holds them pickled instead (`pytorch_model.bin`, read whole by the caller).
+inline bool rewrite_full_model(const std::filesystem::path& directory, const checkpoint_manifest& manifest,
+                               std::size_t index, const std::filesystem::path& out) {
+  const auto name = checkpoint_files::model(index, true);
+  if (!manifest.files().contains(name)) return false;
+  const auto file = open_ranged_file(directory, name, manifest);
+  std::vector<safetensors::detail::stored_tensor> stored;
+  for (const auto& tensor : file.order)
+    stored.push_back(stored_as_in(file, tensor, file.entries.at(tensor).shape, directory));
+  safetensors::save_streamed(out, stored, [&](std::size_t t, auto& written) {
+    auto buffer = at::empty({stored[t].bytes}, at::kByte);  // one tensor, counted by accel's CPU allocator
+    file.read(stored[t].name, stored[t].dtype, stored[t].bytes, buffer.data_ptr(), directory, manifest);
+    written.write(buffer.data_ptr(), static_cast<std::size_t>(stored[t].bytes));
+  });
+  return true;
+}
+
+/// Writes model `index`'s full weights from every process's shard file to `out`, the file `safetensors::save` of
+/// `assemble_model`'s tensors writes, one tensor at a time: each tensor's slices are read (pread) into one buffer
+/// of its size, written, and let go. So what it holds at once is the largest tensor, not the model.
+inline void write_merged_model(const std::filesystem::path& directory, const checkpoint_manifest& manifest,
+                               const shard_layout_table& table, std::size_t index, const std::filesystem::path& out) {
+  const auto& layout = table.models.at(index);
+  const auto files = open_model_shards(directory, manifest, table, index);
+  std::vector<safetensors::detail::stored_tensor> stored;
+  for (std::size_t t = 0; t < layout.names.size(); ++t)
+    stored.push_back(stored_as_in(files.front(), layout.names[t], layout.shapes[t], directory));
+  safetensors::save_streamed(out, stored, [&](std::size_t t, auto& file) {
+    const auto element = stored[t].bytes / std::max<std::int64_t>(1, c10::multiply_integers(layout.shapes[t]));
+    auto buffer = at::empty({stored[t].bytes}, at::kByte);  // counted by accel's CPU allocator, as any tensor
+    auto* bytes = static_cast<char*>(buffer.data_ptr());
+    if (!layout.sharded[t]) {
+      files.front().read(stored[t].name, stored[t].dtype, stored[t].bytes, bytes, directory, manifest);
+    } else {
+      for (int r = 0; r < table.processes; ++r) {
+        const auto span = shard_span_of(c10::multiply_integers(layout.shapes[t]), r, static_cast<int>(table.processes));
+        files[static_cast<std::size_t>(r)].read(stored[t].name, stored[t].dtype, span.length * element,
+                                                bytes + span.begin * element, directory, manifest);
+      }
+    }
+    file.write(bytes, static_cast<std::size_t>(stored[t].bytes));
+  });
 }
 
 /// Optimizer `index`'s full state from every process's shard file: each field of each parameter's state under its

@@ -1,0 +1,187 @@
+// `accel estimate-memory`: reads the headers of a safetensors file (or of every file a Hugging Face index names),
+// never their data, and prints accel::estimate_training_bytes for each precision, policy and number of processes.
+#include "estimate_memory.hpp"
+
+#include <accel/detail/support/safetensors_header.hpp>
+#include <accel/memory_estimate.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "arguments.hpp"
+
+namespace accel::cli {
+namespace {
+
+struct estimate_request {
+  std::string model;
+  std::vector<int> processes{1, 2, 4, 8};
+  std::string optimizer = "adamw";
+  std::vector<std::string> precisions{"no", "bf16", "fp16"};
+  bool exact_bytes = false;
+};
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) items.push_back(item);
+  return items;
+}
+
+// Applies one option (`i` moves past a value given as the next argument).
+void apply_option(estimate_request& request, const std::vector<std::string>& args, std::size_t& i) {
+  const option_token option = split_option(args[i]);
+  if (option.name == "bytes") {
+    request.exact_bytes = true;
+    return;
+  }
+  bool used_next = false;
+  const auto value = option_value(option, i + 1 < args.size() ? &args[i + 1] : nullptr, used_next);
+  if (used_next) ++i;
+  if (option.name == "num_processes") {
+    request.processes.clear();
+    for (const auto& item : split_list(value))
+      request.processes.push_back(static_cast<int>(parse_whole_number(option, item, 1, 1 << 20, "processes")));
+    if (request.processes.empty()) throw usage_error("--num_processes needs at least one number, e.g. 1,2,4,8");
+  } else if (option.name == "optimizer") {
+    try {
+      optimizer_state_tensors(value);
+    } catch (const std::invalid_argument& e) {
+      throw usage_error(e.what());
+    }
+    request.optimizer = value;
+  } else if (option.name == "mixed_precision") {
+    request.precisions = split_list(value);
+    for (const auto& p : request.precisions)
+      if (p != "no" && p != "bf16" && p != "fp16")
+        throw usage_error("--mixed_precision takes no, bf16 and fp16 (comma-separated), not '" + p + "'");
+  } else {
+    throw usage_error("unknown option " + option.spelling +
+                      "; the options are --num_processes, --optimizer, --mixed_precision and --bytes");
+  }
+}
+
+estimate_request parse_request(const std::vector<std::string>& args) {
+  estimate_request request;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i].starts_with("-")) {
+      apply_option(request, args, i);
+    } else if (request.model.empty()) {
+      request.model = args[i];
+    } else {
+      throw usage_error("one model only: '" + request.model + "' and '" + args[i] + "' given");
+    }
+  }
+  if (request.model.empty()) throw usage_error("expected a model: a .safetensors file or a .safetensors.index.json");
+  return request;
+}
+
+// Bytes per element of a safetensors dtype, and whether an optimizer trains such a tensor (floating point).
+accel::tensor_extent extent_of(const safetensors::detail::header_parser::entry& entry, const std::string& where) {
+  static const std::map<std::string, std::pair<int, bool>> dtypes = {
+      {"F64", {8, true}},      {"F32", {4, true}},      {"F16", {2, true}},  {"BF16", {2, true}},
+      {"F8_E4M3", {1, false}}, {"F8_E5M2", {1, false}}, {"I64", {8, false}}, {"I32", {4, false}},
+      {"I16", {2, false}},     {"I8", {1, false}},      {"U8", {1, false}},  {"BOOL", {1, false}}};
+  const auto found = dtypes.find(entry.dtype);
+  if (found == dtypes.end())
+    throw std::runtime_error(where + " has the dtype " + entry.dtype +
+                             ", which the estimate does not know (it knows F64, F32, F16, BF16, F8_E4M3, F8_E5M2, "
+                             "I64, I32, I16, I8, U8 and BOOL)");
+  std::int64_t elements = 1;
+  for (auto d : entry.shape) elements *= d;
+  const bool floating = entry.dtype.starts_with("F") || entry.dtype == "BF16";
+  return {.elements = elements,
+          .element_size = found->second.first,
+          .trainable = found->second.second,
+          .floating_point = floating};
+}
+
+std::vector<accel::tensor_extent> read_extents(const std::filesystem::path& model) {
+  std::vector<std::filesystem::path> files{model};
+  if (model.string().ends_with(".json")) files = safetensors::detail::index_files(model);
+  std::vector<accel::tensor_extent> extents;
+  for (const auto& file : files)
+    for (const auto& [name, entry] : safetensors::detail::read_header(file).entries)
+      extents.push_back(extent_of(entry, file.string() + ": tensor " + name));
+  return extents;
+}
+
+std::string readable(std::int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) value /= 1024, ++unit;
+  char text[32];
+  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.2f %s", value, units[unit]);
+  return text;
+}
+
+void print_summary(const estimate_request& request, const std::vector<accel::tensor_extent>& extents) {
+  std::int64_t elements = 0, trainable = 0, bytes = 0;
+  for (const auto& e : extents) {
+    elements += e.elements;
+    trainable += e.trainable ? e.elements : 0;
+    bytes += e.elements * e.element_size;
+  }
+  std::printf("Memory per process to train %s with %s: %lld parameters (%lld trainable), %s in the file.\n",
+              request.model.c_str(), request.optimizer.c_str(), static_cast<long long>(elements),
+              static_cast<long long>(trainable), readable(bytes).c_str());
+  std::printf(
+      "Parameters, gradients, gradient buckets and optimizer state (docs/big-models.md), without activations and\n"
+      "communication buffers: between steps, and at the end of a step's backward (fully_sharded without shard\n"
+      "units; bf16 and fp16 keep float32 master weights and add the forward's 16-bit casts).\n\n");
+}
+
+}  // namespace
+
+int estimate_memory_main(const std::vector<std::string>& args) {
+  if (!args.empty() && (split_option(args[0]).name == "help" || split_option(args[0]).name == "h")) {
+    std::puts(
+        "usage: accel estimate-memory MODEL.safetensors|model.safetensors.index.json [--num_processes 1,2,4,8]\n"
+        "                             [--optimizer adamw|adam|sgd|sgd_momentum|rmsprop|adagrad]\n"
+        "                             [--mixed_precision no,bf16,fp16] [--bytes]\n\n"
+        "Reads the model's safetensors headers only (never the weights) and prints the bytes each process holds to\n"
+        "train it under data_parallel, zero1, zero2 and fully_sharded, for each precision and number of processes:\n"
+        "accel::estimate_training_bytes (accel/memory_estimate.hpp). --bytes prints exact byte counts, one line\n"
+        "each: precision, policy, processes, bytes between steps, bytes at the end of backward.");
+    return exit_ok;
+  }
+  const auto request = parse_request(args);
+  const auto extents = read_extents(request.model);
+  const std::pair<const char*, accel::sharding_stage> stages[] = {
+      {"data_parallel", accel::sharding_stage::data_parallel},
+      {"zero1", accel::sharding_stage::zero1},
+      {"zero2", accel::sharding_stage::zero2},
+      {"fully_sharded", accel::sharding_stage::fully_sharded}};
+  if (!request.exact_bytes) {
+    print_summary(request, extents);
+    std::printf("%-9s  %-13s  %9s  %14s  %14s\n", "precision", "policy", "processes", "between steps",
+                "end of backward");
+  }
+  for (const auto& precision : request.precisions)
+    for (const auto& [name, stage] : stages)
+      for (const int processes : request.processes) {
+        const auto bytes =
+            accel::estimate_training_bytes(extents, {.stage = stage,
+                                                     .processes = processes,
+                                                     .state_tensors = accel::optimizer_state_tensors(request.optimizer),
+                                                     .autocast_16bit = precision != "no"});
+        if (request.exact_bytes)
+          std::printf("%s %s %d %lld %lld\n", precision.c_str(), name, processes,
+                      static_cast<long long>(bytes.at_rest()), static_cast<long long>(bytes.in_step()));
+        else
+          std::printf("%-9s  %-13s  %9d  %14s  %14s\n", precision.c_str(), name, processes,
+                      readable(bytes.at_rest()).c_str(), readable(bytes.in_step()).c_str());
+      }
+  return exit_ok;
+}
+
+}  // namespace accel::cli
