@@ -73,12 +73,12 @@ using memory_limits = std::map<map_device, std::int64_t>;
 enum class device_map_strategy { sequential, balanced, balanced_low_0, automatic };
 
 struct device_map_options {
-  memory_limits max_memory{};                        ///< required: accel does not probe free memory here
-  std::vector<std::string> no_split_module_classes{};///< modules of these classes are placed whole
+  memory_limits max_memory{};                          ///< required: accel does not probe free memory here
+  std::vector<std::string> no_split_module_classes{};  ///< modules of these classes are placed whole
   device_map_strategy strategy = device_map_strategy::sequential;
-  std::optional<std::int64_t> dtype_size{};///< bytes per element of the dtype loaded into (Accelerate's `dtype`)
-  bool offload_to_disk = true;             ///< false: refuse a plan that needs disk instead of mapping to it
-  bool clean_result = true;                ///< group submodules on one device under their parent, as Accelerate's
+  std::optional<std::int64_t> dtype_size{};  ///< bytes per element of the dtype loaded into (Accelerate's `dtype`)
+  bool offload_to_disk = true;               ///< false: refuse a plan that needs disk instead of mapping to it
+  bool clean_result = true;                  ///< group submodules on one device under their parent, as Accelerate's
 };
 
 /// Module or tensor names (as `named_modules` / `named_parameters` give them, "" for the whole model) to devices, in
@@ -245,19 +245,18 @@ struct tied_size {
   std::vector<item> holders;
 };
 
-inline tied_size size_with_ties(const std::string& name, const std::vector<std::string>& tied,
-                                const model_sizes& sizes, const std::vector<item>& pending) {
+inline tied_size size_with_ties(const std::string& name, const std::vector<std::string>& tied, const model_sizes& sizes,
+                                const std::vector<item>& pending) {
   tied_size result{sizes.of(name), {}};
   for (const auto& param : tied) {
-    const auto holder = std::find_if(pending.begin(), pending.end(),
-                                     [&](const item& i) { return param.rfind(i.name + ".", 0) == 0; });
+    const auto holder =
+        std::find_if(pending.begin(), pending.end(), [&](const item& i) { return param.rfind(i.name + ".", 0) == 0; });
     if (holder == pending.end()) continue;  // its holder is placed already (with a tie of its own)
     result.holders.push_back(*holder);
     result.bytes += sizes.of(holder->name) - sizes.of(param);
   }
   return result;
 }
-
 
 /// The margin `get_balanced_memory` adds to each GPU's even share: 1.25 x the larger of the biggest first no-split
 /// module of each class and the mean size of the innermost modules holding tensors.
@@ -338,8 +337,10 @@ inline void clean(device_map& map, const std::string& module_name) {
 class planner {
  public:
   planner(const module_tree& model, const memory_limits& limits, const device_map_options& options)
-      : sizes_(measure(model, options.dtype_size)), no_split_(options.no_split_module_classes),
-        limits_(limits), to_disk_(options.offload_to_disk) {
+      : sizes_(measure(model, options.dtype_size)),
+        no_split_(options.no_split_module_classes),
+        limits_(limits),
+        to_disk_(options.offload_to_disk) {
     for (const auto& entry : limits)
       if (entry.first.type != map_device::kind::disk) devices_.push_back(entry.first);
     devices_.push_back(map_device::disk());
@@ -419,20 +420,19 @@ class planner {
 
   [[noreturn]] void refuse(const item& entry) const {
     const std::string what = entry.module == nullptr ? "tensor " + entry.name
-                                                     : "module " + entry.name +
-                                                           " (" + entry.module->class_name + ")";
+                                                     : "module " + entry.name + " (" + entry.module->class_name + ")";
     const bool no_split = entry.module != nullptr && contains(no_split_, entry.module->class_name);
     const auto size = std::to_string(sizes_.of(entry.name));
     const auto with_room = std::to_string(sizes_.of(entry.name) + largest_);
-    throw device_map_error("accel: device map: " + what + " of " + size +
-                           " bytes fits on no device left in max_memory and offload_to_disk is false (GPU 0 and the "
-                           "CPU keep room for the largest layer left, " + std::to_string(largest_) +
-                           " bytes, beside what they hold); raise max_memory so that a device has " + size +
-                           " bytes free (GPU 0 or the CPU: " + with_room + ")" +
-                           (no_split ? ", take " + entry.module->class_name +
-                                           " out of no_split_module_classes so that it can be split"
-                                     : "") +
-                           ", or set offload_to_disk");
+    throw device_map_error(
+        "accel: device map: " + what + " of " + size +
+        " bytes fits on no device left in max_memory and offload_to_disk is false (GPU 0 and the "
+        "CPU keep room for the largest layer left, " +
+        std::to_string(largest_) + " bytes, beside what they hold); raise max_memory so that a device has " + size +
+        " bytes free (GPU 0 or the CPU: " + with_room + ")" +
+        (no_split ? ", take " + entry.module->class_name + " out of no_split_module_classes so that it can be split"
+                  : "") +
+        ", or set offload_to_disk");
   }
 
   model_sizes sizes_;
@@ -455,8 +455,7 @@ class planner {
 /// modules), so that the plan spreads the model over the GPUs; `low_zero` keeps on GPU 0 only what the other GPUs
 /// cannot hold. One GPU or none: the limits unchanged.
 inline memory_limits get_balanced_memory(const module_tree& model, memory_limits max_memory,
-                                         const std::vector<std::string>& no_split_module_classes,
-                                         bool low_zero = false,
+                                         const std::vector<std::string>& no_split_module_classes, bool low_zero = false,
                                          std::optional<std::int64_t> dtype_size = std::nullopt) {
   namespace planning = detail::device_planning;
   planning::check_limits(max_memory);
@@ -469,8 +468,9 @@ inline memory_limits get_balanced_memory(const module_tree& model, memory_limits
   const auto per_gpu = sizes.total() / share_of + planning::balance_margin(sizes, no_split_module_classes);
   const bool gpu0_low = low_zero && gpus.front() == 0;
   if (low_zero && !gpu0_low)
-    throw device_map_error("accel: device map: balanced_low_0 keeps GPU 0 low, but max_memory gives it nothing; give "
-                           "GPU 0 a limit, or use balanced");
+    throw device_map_error(
+        "accel: device map: balanced_low_0 keeps GPU 0 low, but max_memory gives it nothing; give "
+        "GPU 0 a limit, or use balanced");
   for (std::size_t i = 0; i + 1 < gpus.size(); ++i) {
     auto& limit = max_memory[map_device::gpu(gpus[i])];
     limit = std::min(gpu0_low && gpus[i] == 0 ? limit : per_gpu, limit);

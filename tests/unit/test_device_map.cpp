@@ -19,8 +19,9 @@ accel::module_tree linear(const std::string& name, int in, int out, bool bias = 
 }
 
 accel::module_tree layer_norm(const std::string& name, int width) {
-  return {.name = name, .class_name = "LayerNorm", .parameters = {{.name = "weight", .elements = width},
-                                                                   {.name = "bias", .elements = width}}};
+  return {.name = name,
+          .class_name = "LayerNorm",
+          .parameters = {{.name = "weight", .elements = width}, {.name = "bias", .elements = width}}};
 }
 
 /// check_device_map.py's TinyLM: an embedding, `layers` blocks (attention, a 2-layer MLP, a norm: 416 bytes each),
@@ -28,18 +29,20 @@ accel::module_tree layer_norm(const std::string& name, int width) {
 accel::module_tree tiny_lm(int layers = 6) {
   accel::module_tree blocks{.name = "blocks", .class_name = "ModuleList"};
   for (int i = 0; i < layers; ++i) {
-    accel::module_tree mlp{.name = "mlp", .class_name = "Sequential",
+    accel::module_tree mlp{.name = "mlp",
+                           .class_name = "Sequential",
                            .children = {linear("0", 4, 8), {.name = "1", .class_name = "GELU"}, linear("2", 8, 4)}};
-    blocks.children.push_back(
-        {.name = std::to_string(i),
-         .class_name = "Block",
-         .children = {linear("attn", 4, 4), mlp, layer_norm("norm", 4)}});
+    blocks.children.push_back({.name = std::to_string(i),
+                               .class_name = "Block",
+                               .children = {linear("attn", 4, 4), mlp, layer_norm("norm", 4)}});
   }
   accel::module_tree head = linear("head", 4, 10, false);
   head.parameters[0].tied_to = "embed.weight";
   return {.class_name = "TinyLM",
           .children = {{.name = "embed", .class_name = "Embedding", .parameters = {{.name = "weight", .elements = 40}}},
-                       blocks, layer_norm("norm", 4), head}};
+                       blocks,
+                       layer_norm("norm", 4),
+                       head}};
 }
 
 std::map<std::string, std::string> plan(const accel::device_map_options& options,
@@ -66,28 +69,55 @@ const accel::memory_limits three_gpus{
 TEST_CASE("sequential fills GPUs in order, then the CPU, keeping room for the largest layer", "[device_map]") {
   const accel::memory_limits limits{{map_device::gpu(0), 1500}, {map_device::gpu(1), 1500}, {map_device::cpu(), 3000}};
   CHECK(plan({.max_memory = limits, .no_split_module_classes = {"Block"}}) ==
-        std::map<std::string, std::string>{{"embed", "0"}, {"head", "0"}, {"blocks.0", "0"}, {"blocks.1", "0"},
-                                           {"blocks.2", "1"}, {"blocks.3", "1"}, {"blocks.4", "1"},
-                                           {"blocks.5", "cpu"}, {"norm", "cpu"}});
+        std::map<std::string, std::string>{{"embed", "0"},
+                                           {"head", "0"},
+                                           {"blocks.0", "0"},
+                                           {"blocks.1", "0"},
+                                           {"blocks.2", "1"},
+                                           {"blocks.3", "1"},
+                                           {"blocks.4", "1"},
+                                           {"blocks.5", "cpu"},
+                                           {"norm", "cpu"}});
 }
 
 TEST_CASE("a module that does not fit is split into its children unless its class is no-split", "[device_map]") {
   const accel::memory_limits limits{{map_device::gpu(0), 1000}, {map_device::gpu(1), 600}, {map_device::cpu(), 1200}};
-  CHECK(plan({.max_memory = limits}) ==
-        std::map<std::string, std::string>{
-            {"embed", "0"}, {"head", "0"}, {"blocks.0", "0"}, {"blocks.1.attn", "0"}, {"blocks.1.mlp.0", "0"},
-            {"blocks.1.mlp.1", "0"}, {"blocks.1.mlp.2", "1"}, {"blocks.1.norm", "1"}, {"blocks.2", "1"},
-            {"blocks.3", "cpu"}, {"blocks.4", "cpu"}, {"blocks.5.attn", "cpu"}, {"blocks.5.mlp", "disk"},
-            {"blocks.5.norm", "disk"}, {"norm", "disk"}});
+  CHECK(plan({.max_memory = limits}) == std::map<std::string, std::string>{{"embed", "0"},
+                                                                           {"head", "0"},
+                                                                           {"blocks.0", "0"},
+                                                                           {"blocks.1.attn", "0"},
+                                                                           {"blocks.1.mlp.0", "0"},
+                                                                           {"blocks.1.mlp.1", "0"},
+                                                                           {"blocks.1.mlp.2", "1"},
+                                                                           {"blocks.1.norm", "1"},
+                                                                           {"blocks.2", "1"},
+                                                                           {"blocks.3", "cpu"},
+                                                                           {"blocks.4", "cpu"},
+                                                                           {"blocks.5.attn", "cpu"},
+                                                                           {"blocks.5.mlp", "disk"},
+                                                                           {"blocks.5.norm", "disk"},
+                                                                           {"norm", "disk"}});
   CHECK(plan({.max_memory = limits, .no_split_module_classes = {"Block"}}) ==
-        std::map<std::string, std::string>{{"embed", "0"}, {"head", "0"}, {"blocks.0", "0"}, {"blocks.1", "1"},
-                                           {"blocks.2", "cpu"}, {"blocks.3", "disk"}, {"blocks.4", "disk"},
-                                           {"blocks.5", "disk"}, {"norm", "disk"}});
+        std::map<std::string, std::string>{{"embed", "0"},
+                                           {"head", "0"},
+                                           {"blocks.0", "0"},
+                                           {"blocks.1", "1"},
+                                           {"blocks.2", "cpu"},
+                                           {"blocks.3", "disk"},
+                                           {"blocks.4", "disk"},
+                                           {"blocks.5", "disk"},
+                                           {"norm", "disk"}});
   // Loaded as float16, every floating tensor counts 2 bytes.
   CHECK(plan({.max_memory = limits, .no_split_module_classes = {"Block"}, .dtype_size = 2}) ==
-        std::map<std::string, std::string>{{"embed", "0"}, {"head", "0"}, {"blocks.0", "0"}, {"blocks.1", "0"},
-                                           {"blocks.2", "0"}, {"blocks.3", "1"}, {"blocks.4", "1"},
-                                           {"blocks.5", "cpu"}, {"norm", "cpu"}});
+        std::map<std::string, std::string>{{"embed", "0"},
+                                           {"head", "0"},
+                                           {"blocks.0", "0"},
+                                           {"blocks.1", "0"},
+                                           {"blocks.2", "0"},
+                                           {"blocks.3", "1"},
+                                           {"blocks.4", "1"},
+                                           {"blocks.5", "cpu"},
+                                           {"norm", "cpu"}});
 }
 
 TEST_CASE("tied parameters go to one device with the module that holds them first", "[device_map]") {
@@ -95,9 +125,15 @@ TEST_CASE("tied parameters go to one device with the module that holds them firs
   const auto map = plan({.max_memory = small_gpu, .no_split_module_classes = {"Block"}});
   CHECK(map.at("embed") == "cpu");
   CHECK(map.at("head") == map.at("embed"));
-  CHECK(map == std::map<std::string, std::string>{{"embed", "cpu"}, {"head", "cpu"}, {"blocks.0", "cpu"},
-                                                  {"blocks.1", "disk"}, {"blocks.2", "disk"}, {"blocks.3", "disk"},
-                                                  {"blocks.4", "disk"}, {"blocks.5", "disk"}, {"norm", "disk"}});
+  CHECK(map == std::map<std::string, std::string>{{"embed", "cpu"},
+                                                  {"head", "cpu"},
+                                                  {"blocks.0", "cpu"},
+                                                  {"blocks.1", "disk"},
+                                                  {"blocks.2", "disk"},
+                                                  {"blocks.3", "disk"},
+                                                  {"blocks.4", "disk"},
+                                                  {"blocks.5", "disk"},
+                                                  {"norm", "disk"}});
 }
 
 TEST_CASE("balanced spreads the model over the GPUs, balanced_low_0 keeps GPU 0 free, auto is balanced",
@@ -107,7 +143,7 @@ TEST_CASE("balanced spreads the model over the GPUs, balanced_low_0 keeps GPU 0 
   // Even share 2688 / 2 plus 1.25 x the Block's 416 bytes, on every GPU but the last.
   CHECK(accel::get_balanced_memory(tiny_lm(), two_gpus, {"Block"}) ==
         accel::memory_limits{{map_device::gpu(0), 1864}, {map_device::gpu(1), 3000}, {map_device::cpu(), 3000}});
-  const std::map<std::string, std::string> balanced{{"embed", "0"}, {"head", "0"}, {"blocks.0", "0"},
+  const std::map<std::string, std::string> balanced{{"embed", "0"},    {"head", "0"},     {"blocks.0", "0"},
                                                     {"blocks.1", "0"}, {"blocks.2", "0"}, {"blocks.3", "1"},
                                                     {"blocks.4", "1"}, {"blocks.5", "1"}, {"norm", "1"}};
   for (const auto strategy : {accel::device_map_strategy::balanced, accel::device_map_strategy::automatic})
@@ -118,11 +154,18 @@ TEST_CASE("balanced spreads the model over the GPUs, balanced_low_0 keeps GPU 0 
 
   CHECK(accel::get_balanced_memory(tiny_lm(), three_gpus, {"Block"}, true) ==
         accel::memory_limits{{map_device::gpu(0), 0}, {map_device::gpu(1), 1864}, {map_device::gpu(2), 3000}});
-  CHECK(plan({.max_memory = three_gpus, .no_split_module_classes = {"Block"},
+  CHECK(plan({.max_memory = three_gpus,
+              .no_split_module_classes = {"Block"},
               .strategy = accel::device_map_strategy::balanced_low_0}) ==
-        std::map<std::string, std::string>{{"embed", "1"}, {"head", "1"}, {"blocks.0", "1"}, {"blocks.1", "1"},
-                                           {"blocks.2", "1"}, {"blocks.3", "1"}, {"blocks.4", "2"},
-                                           {"blocks.5", "2"}, {"norm", "2"}});
+        std::map<std::string, std::string>{{"embed", "1"},
+                                           {"head", "1"},
+                                           {"blocks.0", "1"},
+                                           {"blocks.1", "1"},
+                                           {"blocks.2", "1"},
+                                           {"blocks.3", "1"},
+                                           {"blocks.4", "2"},
+                                           {"blocks.5", "2"},
+                                           {"norm", "2"}});
   // Without no-split classes the margin is 1.25 x the mean innermost module (the Linear and norm layers).
   CHECK(accel::get_balanced_memory(tiny_lm(), three_gpus, {}) ==
         accel::memory_limits{{map_device::gpu(0), 1024}, {map_device::gpu(1), 1024}, {map_device::gpu(2), 3000}});
