@@ -983,12 +983,11 @@ struct project_run {
 /// `complete`, and of checkpoint_{k} without its manifest (a save cut short) for each k in `incomplete`.
 void make_view(const std::filesystem::path& saved, const std::filesystem::path& view, const std::vector<int>& complete,
                const std::vector<int>& incomplete = {}) {
-  std::filesystem::remove_all(view);
+  accel::detail::remove_tree(view);
   std::filesystem::create_directories(view / "checkpoints");
   const auto copy = [&](int k) {
     const auto name = "checkpoint_" + std::to_string(k);
-    std::filesystem::copy(saved / "checkpoints" / name, view / "checkpoints" / name,
-                          std::filesystem::copy_options::recursive);
+    accel_test::copy_tree(saved / "checkpoints" / name, view / "checkpoints" / name);
     return view / "checkpoints" / name;
   };
   for (const int k : complete) copy(k);
@@ -1008,7 +1007,7 @@ TEST_CASE("resume::latest and load_state() agree on the newest checkpoint comple
     gloo_accelerator first;  // each section runs the case again: from no checkpoints
     view = base / ("process_" + std::to_string(first.process_index()));
     first.wait_for_everyone();
-    if (first.is_main_process()) std::filesystem::remove_all(base);
+    if (first.is_main_process()) accel::detail::remove_tree(base);
     first.wait_for_everyone();
     project_run saver(saved);
     for (int k = 0; k < 3; ++k) {
