@@ -1,9 +1,10 @@
 // One job of bench/gpu_compare.py: a training step on one device, through accel or as the hand-written LibTorch loop
 // (the step-overhead baseline), for the tiny MLP of support.hpp (64 -> 64 -> 64 -> 1, MSE) or the character
 // transformer of examples/char_transformer.hpp (vocabulary 96, context 128, width 256, 4 heads, 4 layers, cross
-// entropy); AdamW, fp32 or bf16 autocast, batches made once on the device and cycled. bench/gpu_step.py is the same
+// entropy); AdamW (LibTorch's, or accel::multi_tensor_adamw: the same update in multi-tensor operations, as Python's
+// default on CUDA), fp32 or bf16 autocast, batches made once on the device and cycled. bench/gpu_step.py is the same
 // job through Hugging Face Accelerate and as the plain PyTorch loop.
-//   bench_gpu_step mlp|transformer accel|raw cpu|cuda fp32|bf16 BATCH STEPS WARMUP ROUNDS
+//   bench_gpu_step mlp|transformer accel|raw cpu|cuda fp32|bf16 adamw|multi_tensor_adamw BATCH STEPS WARMUP ROUNDS
 // Prints one line: `LOOP MODEL DEVICE PRECISION BATCH MS_PER_STEP TOKENS_PER_SECOND` (medians over the rounds; a
 // token is a sample for the MLP). On CUDA each round ends with a synchronisation, so its time is the GPU's too.
 #include <accel/accel.hpp>
@@ -22,7 +23,7 @@ namespace {
 constexpr int64_t vocabulary = 96, context = 128;
 
 struct job {
-  std::string model, loop, device, precision;
+  std::string model, loop, device, precision, optimizer;
   int64_t batch;
   int steps, warmup, rounds;
   [[nodiscard]] int64_t tokens_per_step() const { return model == "mlp" ? batch : batch * context; }
@@ -75,11 +76,11 @@ double median_ms(const job& j, const c10::Device& device, Step&& step) {
 
 /// The hand-written loop: the model and batches on the device, autocast around the forward for bf16 (the calls a
 /// LibTorch program makes by hand, as accel's scope does), the output back in float32, gradients set to none.
-template <class Net>
+template <class Optimizer, class Net>
 double raw_loop(const job& j, Net net) {
   const c10::Device device(j.device == "cuda" ? c10::kCUDA : c10::kCPU);
   net->to(device);
-  torch::optim::AdamW optimizer(net->parameters(), 1e-3);
+  Optimizer optimizer(net->parameters(), 1e-3);
   const auto data = make_batches(j, device);
   const bool bf16 = j.precision == "bf16";
   return median_ms(j, device, [&](int i) {
@@ -98,10 +99,10 @@ double raw_loop(const job& j, Net net) {
 }
 
 /// The same loop through accel::accelerator<Precision>.
-template <class Precision, class Net>
+template <class Precision, class Optimizer, class Net>
 double accel_loop(const job& j, Net net) {
   accel::accelerator<Precision> acc{{.cpu = j.device == "cpu"}};
-  torch::optim::AdamW optimizer(net->parameters(), 1e-3);
+  Optimizer optimizer(net->parameters(), 1e-3);
   auto [model, opt] = acc.prepare(net, optimizer);
   const auto data = make_batches(j, acc.device());
   return median_ms(j, acc.device(), [&](int i) {
@@ -112,24 +113,41 @@ double accel_loop(const job& j, Net net) {
   });
 }
 
-template <class Net>
+template <class Optimizer, class Net>
 double milliseconds_per_step(const job& j, Net net) {
-  if (j.loop == "raw") return raw_loop(j, net);
-  return j.precision == "bf16" ? accel_loop<accel::bf16>(j, net) : accel_loop<accel::fp32>(j, net);
+  if (j.loop == "raw") return raw_loop<Optimizer>(j, net);
+  return j.precision == "bf16" ? accel_loop<accel::bf16, Optimizer>(j, net)
+                               : accel_loop<accel::fp32, Optimizer>(j, net);
+}
+
+template <class Optimizer>
+double milliseconds_per_step(const job& j) {
+  return j.model == "mlp" ? milliseconds_per_step<Optimizer>(j, bench::tiny_mlp())
+                          : milliseconds_per_step<Optimizer>(j, transformer());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 9) {
-    std::fprintf(stderr, "usage: %s mlp|transformer accel|raw cpu|cuda fp32|bf16 BATCH STEPS WARMUP ROUNDS\n", argv[0]);
+  if (argc != 10) {
+    std::fprintf(stderr,
+                 "usage: %s mlp|transformer accel|raw cpu|cuda fp32|bf16 adamw|multi_tensor_adamw BATCH STEPS WARMUP "
+                 "ROUNDS\n",
+                 argv[0]);
     return 2;
   }
-  const job j{argv[1],           argv[2], argv[3], argv[4], std::atoll(argv[5]), std::atoi(argv[6]), std::atoi(argv[7]),
-              std::atoi(argv[8])};
+  const job j{argv[1],
+              argv[2],
+              argv[3],
+              argv[4],
+              argv[5],
+              std::atoll(argv[6]),
+              std::atoi(argv[7]),
+              std::atoi(argv[8]),
+              std::atoi(argv[9])};
   if ((j.model != "mlp" && j.model != "transformer") || (j.loop != "accel" && j.loop != "raw") ||
-      (j.device != "cpu" && j.device != "cuda") || (j.precision != "fp32" && j.precision != "bf16") || j.batch < 1 ||
-      j.steps < 1 || j.rounds < 1) {
+      (j.device != "cpu" && j.device != "cuda") || (j.precision != "fp32" && j.precision != "bf16") ||
+      (j.optimizer != "adamw" && j.optimizer != "multi_tensor_adamw") || j.batch < 1 || j.steps < 1 || j.rounds < 1) {
     std::fprintf(stderr, "%s: bad arguments\n", argv[0]);
     return 2;
   }
@@ -138,8 +156,8 @@ int main(int argc, char** argv) {
     return 77;
   }
   torch::set_num_threads(1);
-  const double ms =
-      j.model == "mlp" ? milliseconds_per_step(j, bench::tiny_mlp()) : milliseconds_per_step(j, transformer());
+  const double ms = j.optimizer == "adamw" ? milliseconds_per_step<torch::optim::AdamW>(j)
+                                           : milliseconds_per_step<accel::multi_tensor_adamw>(j);
   std::printf("%s %s %s %s %lld %.4f %.1f\n", j.loop.c_str(), j.model.c_str(), j.device.c_str(), j.precision.c_str(),
               static_cast<long long>(j.batch), ms, static_cast<double>(j.tokens_per_step()) / (ms / 1e3));
 }

@@ -6,14 +6,15 @@
 #   scripts/gpu.sh                   on the GPU machine: builds accel's tests, examples and benchmarks against that
 #                                    machine's LibTorch (python3's torch) and NCCL (its nvidia-nccl wheel) on every
 #                                    core, then runs the NCCL checks, fp16/bf16 training against torch.autocast +
-#                                    GradScaler, the CUDA generator resume, fp8 (against the Python recipe, and its
-#                                    speed against bf16), the benchmarks and the test suite; logs
+#                                    GradScaler, the CUDA generator resume, multi_tensor_adamw against LibTorch's
+#                                    AdamW, fp8 (against the Python recipe, and its speed against bf16), the
+#                                    benchmarks and the test suite; logs
 #                                    and summary.txt in $OUT
 #   scripts/gpu.sh --dry-run         here: the same code paths on the CPU (build-gpu/, nice -n 10, -j2); what needs
 #                                    CUDA says "skipped: no GPU"; logs in build-gpu/out
-# Options: --only PHASES   comma-separated among build, nccl, autocast, resume, fp8, bench, suite (default: all); the
+# Options: --only PHASES   comma-separated among build, nccl, autocast, resume, adamw, fp8, bench, suite (default: all); the
 #                          build is limited to what the phases need
-#          --budget S      seconds for the whole run (GPU default 420, dry run unlimited): a phase that no longer
+#          --budget S      seconds for the whole run (GPU default 520, dry run unlimited): a phase that no longer
 #                          fits is skipped and says so, and the suite stops in time
 # Environment: ACCEL_GPU_PYTHON (default: python3 on the GPU, .venv's here), ACCEL_GPU_SUITE_REGEX (ctest -R),
 #              ACCEL_GPU_TARGETS (the build's targets, for a targeted rerun), ACCEL_BENCH_CASES (gpu_compare.py's).
@@ -199,6 +200,7 @@ build_targets() {
   fi
   needs nccl && targets+=(accel_nccl_check)
   { needs autocast || needs resume; } && targets+=(accel_mixed_precision_training)
+  needs adamw && targets+=(accel_tests)
   needs fp8 && targets+=(accel_fp8_layer bench_fp8_step)
   needs bench && targets+=(bench_mlp_step bench_gpu_step)
   printf -- '--target %s ' "${targets[@]}"
@@ -357,6 +359,28 @@ run_resume_check() {
   done
 }
 
+# accel::multi_tensor_adamw against torch::optim::AdamW on the device (the unit cases tagged [multi_tensor_adamw]:
+# bit for bit on the CPU, within rounding on CUDA, whose largest difference they print).
+run_adamw_check() {
+  local log=$out/checks.log part status
+  [[ -x $build/tests/accel_tests ]] || {
+    record FAIL adamw "accel_tests was not built (build.log)"
+    return
+  }
+  fits 20 adamw || return
+  part=$(mktemp)
+  section "multi_tensor_adamw against torch::optim::AdamW" >>"$log"
+  timeout 120 "$build/tests/accel_tests" "[multi_tensor_adamw]" >"$part" 2>&1
+  status=$?
+  cat "$part" >>"$log"
+  if ((status == 0)); then
+    record PASS adamw "$(grep -m1 'largest difference' "$part" | cut -c1-240)"
+  else
+    record FAIL adamw "exit $status: $(grep -v '^\s*$' "$part" | tail -1 | cut -c1-240) (checks.log)"
+  fi
+  rm -f "$part"
+}
+
 # ------------------------------------------------------------------------------------------------ benchmarks
 
 # fp8 (issue 36): one converted Linear against the recipe in Python, both through CUDA's _scaled_mm, bit for bit; then
@@ -475,7 +499,7 @@ run_ctest() {
 # not depend on the device and take minutes one after another (they share the build tree): CI runs them.
 device_suite='unit\.|dist\.nccl\.|dist\.gloo\.P2\.|dist\.torchrun\.|autocast\.|checkpoint\.|example\.|asan\.|profile\.|tracking\.|restart\.|launcher\.cli_test|gpu_script\.'
 not_on_gpu='compile_fail\.|package\.consumer\.'
-bench_reserve=120  # seconds the benchmarks take on the GPU (bench/gpu_compare.py and bench_mlp_step), with margin
+bench_reserve=200  # seconds the benchmarks take on the GPU (bench/gpu_compare.py, 5 jobs x 3 cases x 2, and bench_mlp_step)
 run_suite_device_part() {
   if [[ -n ${ACCEL_GPU_SUITE_REGEX:-} ]]; then
     run_ctest suite $(($(seconds_left) - 20)) -R "$ACCEL_GPU_SUITE_REGEX"
@@ -545,9 +569,9 @@ while (($#)); do
 done
 for phase in ${only//,/ }; do
   case "$phase" in
-    all | build | nccl | autocast | resume | fp8 | bench | suite) ;;
+    all | build | nccl | autocast | resume | adamw | fp8 | bench | suite) ;;
     *)
-      echo "scripts/gpu.sh: --only takes build, nccl, autocast, resume, fp8, bench, suite; not '$phase'" >&2
+      echo "scripts/gpu.sh: --only takes build, nccl, autocast, resume, adamw, fp8, bench, suite; not '$phase'" >&2
       exit 2
       ;;
   esac
@@ -566,7 +590,7 @@ if [[ $mode == gpu ]]; then
   out=${OUT:-$build/out}
   jobs=$cores
   test_jobs=$((jobs * 3 / 4 > 2 ? jobs * 3 / 4 : 2))
-  budget=${budget:-420}
+  budget=${budget:-520}
   nice_cmd=()
 else
   python=${ACCEL_GPU_PYTHON:-$root/.venv/bin/python}
@@ -591,6 +615,7 @@ if configure_and_build; then
   wanted nccl && run_nccl_checks
   wanted autocast && run_autocast_checks
   wanted resume && run_resume_check
+  wanted adamw && run_adamw_check
   wanted fp8 && run_fp8_checks
   wanted suite && run_suite_device_part
   wanted bench && run_benchmarks

@@ -17,6 +17,7 @@
 #include "gradient_state.hpp"
 #include "prepared_model.hpp"
 #include "prepared_optimizer.hpp"
+#include "multi_tensor_adamw.hpp"
 #include "prepared_scheduler.hpp"
 #include "prepared_range.hpp"
 #include "collectives.hpp"
