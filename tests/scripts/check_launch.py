@@ -567,8 +567,9 @@ def case_heartbeat_launcher_killed():
 
 
 def case_heartbeat_nodes_end_apart():
-    # A node whose job has ended says goodbye: the other, still running for seconds more, does not take it for lost.
-    for programs in ([[PROBE, "exit", "0"], ["sleep", "3"]], [["sleep", "3"], [PROBE, "exit", "0"]]):
+    # A node whose job has ended says goodbye: the other, still running for twice the timeout, does not take it for
+    # lost.
+    for programs in ([[PROBE, "exit", "0"], ["sleep", "2"]], [["sleep", "2"], [PROBE, "exit", "0"]]):
         launchers = start_nodes(programs)
         try:
             for node, launcher in enumerate(launchers):
@@ -579,12 +580,13 @@ def case_heartbeat_nodes_end_apart():
 
 
 def case_heartbeat_off():
-    # --heartbeat_timeout 0: no keep-alive, so a silent node is waited for (here: until its workers end).
-    launchers = start_nodes([["sleep", "3"], ["sleep", "3"]], heartbeat=["--heartbeat_timeout", "0"])
+    # --heartbeat_timeout 0: no keep-alive, so a silent node is waited for (here: until its workers end, 2 s on,
+    # twice the timeout of the other cases).
+    launchers = start_nodes([["sleep", "2"], ["sleep", "2"]], heartbeat=["--heartbeat_timeout", "0"])
     try:
         launchers[1].send_signal(signal.SIGSTOP)
         code, err, seconds = ended(launchers[0], "node 0")
-        check(code == 0 and "lost" not in err and seconds > 2, f"node 0 exited with {code} after {seconds:.1f} s: {err}")
+        check(code == 0 and "lost" not in err and seconds > 1.5, f"node 0 exited with {code} after {seconds:.1f} s: {err}")
     finally:
         cleanup(launchers)
 
