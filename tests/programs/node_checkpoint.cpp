@@ -15,6 +15,10 @@
 //   node_checkpoint [POLICY] train FILE
 //           10 training steps, then the main process writes the full parameters to FILE (safetensors): the same
 //           bytes whichever machines the processes are on, when the collectives reduce in the same order.
+//   node_checkpoint [POLICY] long
+//           a run that goes on until it is stopped (a step every 20 ms, each printed), with a collective timeout of
+//           600 s: for the machine_lost tests, where a surviving process must be stopped by its launcher's
+//           heartbeat, long before a collective gives up.
 // POLICY is data_parallel (the default), zero2 or fully_sharded, over Gloo. Every process prints one line saying what
 // it did (or the checkpoint_error it got) and exits non-zero on failure.
 #include <accel/accel.hpp>
@@ -27,13 +31,14 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace {
 
 constexpr const char* usage =
     "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] | ... resume DIR | "
-    "... train FILE | ... latest PROJECT_DIR stop|resume [on_each_node]\n";
+    "... train FILE | ... latest PROJECT_DIR stop|resume [on_each_node] | ... long\n";
 
 template <class Accelerator>
 int save(const std::filesystem::path& directory, const accel::options& options) {
@@ -126,9 +131,22 @@ int train(const std::filesystem::path& file, const accel::options& options) {
   return 0;
 }
 
+template <class Accelerator>
+int train_until_stopped() {
+  accel_test::resumable_run<Accelerator> run(1, 64, {.cpu = true, .timeout = std::chrono::seconds(600)});
+  for (int step = 1; step <= 100'000; ++step) {
+    run.train(1);
+    std::printf("node_checkpoint: rank %d step %d\n", run.acc.process_index(), step);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return 0;
+}
+
 template <class Policy>
 int run_mode(std::string_view mode, const std::vector<std::string>& args) {
   using accelerator = accel::accelerator<accel::fp32, Policy>;
+  if (mode == "long") return args.size() == 1 ? train_until_stopped<accelerator>() : (std::fputs(usage, stderr), 2);
   const bool with_phase = mode == "latest";  // latest PROJECT_DIR stop|resume [on_each_node]
   const std::size_t fixed = with_phase ? 3 : 2;
   const bool on_each_node = args.size() == fixed + 1 && args[fixed] == "on_each_node";
@@ -156,7 +174,7 @@ int main(int argc, char** argv) {
     args.erase(args.begin());
   }
   const std::string mode = args.empty() ? "" : args[0];
-  if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest") {
+  if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest" && mode != "long") {
     std::fputs(usage, stderr);
     return 2;
   }

@@ -5,7 +5,8 @@ usage: check_cluster.py ACCEL NODE_CHECKPOINT WORK_DIR CASE [POLICY]
 
 CASE is one of the case_* functions below (CTest runs each as cluster.CASE); the checkpoint cases take the parallel
 policy (data_parallel or fully_sharded, which gathers its slices into the same files; CTest: cluster.CASE.POLICY),
-resume_latest how the checkpoints were saved (on_each_node or main_process_saves).
+resume_latest how the checkpoints were saved (on_each_node or main_process_saves), machine_lost which machine
+vanishes (worker_node or main_node).
 Where the host cannot make the cluster (not root, iproute2 missing), the test says why and exits with 77, which CTest
 reports as skipped.
 Processes 0 and 1 of a job are machine0's, 2 and 3 machine1's; the launchers meet at machine0's address.
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import cluster as harness
@@ -332,6 +334,85 @@ def case_resume_latest(accel, program, work, saves):
     # The job's collective timeout is 60 s (node_checkpoint): an error found only when a collective gave up is late.
     check(seconds < 30, f"the error came after {seconds:.1f} s")
     return f"every process named checkpoint_2, machine1's processes and the fix, {seconds:.1f} s after the start"
+
+
+LOST_WITHIN = 30  # seconds from a machine's loss to the end of every surviving launcher (issue 35)
+
+
+class RunningJob:
+    """`node_checkpoint ARGS` started on every machine, one `accel launch` each, its output gathered line by line."""
+
+    def __init__(self, cluster, accel, program, args, log):
+        values = {"nnodes": cluster.count, "master_addr": cluster.machines[0].address}
+        self.lines, self.log, self.lock = [[] for _ in cluster.machines], open(log, "w"), threading.Lock()
+        self.launchers = []
+        for machine in cluster.machines:
+            command = [word.format(node_rank=machine.index, **values) for word in [accel, *LAUNCH, program, *args]]
+            launcher = machine.start(command, env=job_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+            threading.Thread(target=self._relay, args=(machine, launcher.stdout), daemon=True).start()
+            self.launchers.append(launcher)
+
+    def _relay(self, machine, stream):
+        for line in stream:
+            with self.lock:
+                self.lines[machine.index].append(line)
+                self.log.write(f"[{machine.name}] {line}")
+                self.log.flush()
+
+    def output(self, index):
+        with self.lock:
+            return "".join(self.lines[index])
+
+    def wait_for_line(self, index, line, seconds):
+        check(wait_until(lambda: f"{line}\n" in self.lines[index], seconds),
+              f"machine{index} did not print {line!r} within {seconds} s:\n{self.output(index)}")
+
+
+def launchers_met(cluster):
+    """Whether machine1's launcher holds a connection to machine0's heartbeat port (--master_port + 1)."""
+    address = "".join(f"{int(byte):02X}" for byte in reversed(cluster.machines[0].address.split(".")))
+    remote = f"{address}:{int(PORT) + 1:04X}"
+    with open(f"/proc/{cluster.machines[1].holder.pid}/net/tcp") as f:  # that machine's connections
+        return any(words[2] == remote and words[3] == "01" for words in (line.split() for line in f))  # ESTABLISHED
+
+
+def case_machine_lost(accel, program, work, which):
+    """2 machines x 2 processes train a long run whose collective timeout is 600 s; at step 20 one machine vanishes
+    (`worker_node`: machine1; `main_node`: machine0, which holds the job's store): its link is cut, then its processes
+    are SIGKILLed, so no connection is closed. The other machine's launcher must name the lost node, its ranks and
+    since when, stop its workers and exit with 1 within 30 s, through the launchers' heartbeats (default timeout
+    15 s), not after the collective timeout."""
+    lost = {"worker_node": 1, "main_node": 0}[which]
+    survivor = 1 - lost
+    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = RunningJob(cluster, accel, program, ["long"], os.path.join(work, "job.log"))
+        try:
+            for machine in (0, 1):
+                job.wait_for_line(machine, f"node_checkpoint: rank {2 * machine} step 20", JOB_TIMEOUT - 30)
+            check(launchers_met(cluster), "machine1's launcher is not connected to machine0's heartbeat port")
+            started = time.monotonic()
+            cluster.vanish(lost)
+            code = job.launchers[survivor].wait(LOST_WITHIN + 30)
+            seconds = time.monotonic() - started
+        except subprocess.TimeoutExpired:
+            raise CheckFailed(f"machine{survivor}'s launcher still ran {LOST_WITHIN + 30} s after machine{lost} "
+                              f"vanished:\n{job.output(survivor)}")
+        time.sleep(0.5)  # its last lines
+        output = job.output(survivor)
+        check(code == 1, f"machine{survivor}'s launcher exited with {code}, expected 1:\n{output}")
+        node = (f"node 1 (ranks 2, 3, at {cluster.machines[1].address})" if lost == 1 else
+                f"node 0 (ranks 0, 1: the main node, at {cluster.machines[0].address}, which holds the job's store)")
+        for part in (f"accel launch: {node} is lost: its launcher has not been heard for ", " s, since ",
+                     "its machine is down, its network link is cut", "start the job again on every node",
+                     f"terminating this node's 2 running workers (ranks {2 * survivor}, {2 * survivor + 1}) and "
+                     f"exiting with 1"):
+            check(part in output, f"machine{survivor}'s launcher did not say {part!r}:\n{output}")
+        # Found by the heartbeat's 15 s timeout (the last heartbeat up to 5 s before the loss), not by a collective.
+        check(10 <= seconds < LOST_WITHIN, f"machine{survivor}'s launcher ended {seconds:.1f} s after the loss")
+        left = cluster.machines[survivor].processes()
+        check(not left, f"processes left on machine{survivor} after its launcher ended: {left}")
+    return f"machine{survivor}'s launcher named {node.split(' (')[0]} and ended {seconds:.1f} s after machine{lost} vanished"
 
 
 def main():

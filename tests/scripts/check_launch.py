@@ -9,6 +9,7 @@ from this file). Python standard library only.
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -440,6 +441,157 @@ def case_inherited_output():
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# The launchers' keep-alive (--nnodes > 1), with the nodes' launchers on this machine. A launcher stopped with SIGSTOP
+# falls silent with its connections open, as one whose machine vanished: the others must name its node within the
+# heartbeat timeout, stop their workers and exit with 1.
+
+HEARTBEAT = ["--heartbeat_interval", "0.2", "--heartbeat_timeout", "1"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_nodes(programs, heartbeat=HEARTBEAT):
+    """Starts one launcher per program, node i running programs[i] on 2 workers; returns the launchers."""
+    master_port, heartbeat_port = str(free_port()), str(free_port())
+    return [start_launcher([ACCEL, "launch", "--nnodes", str(len(programs)), "--node_rank", str(node),
+                            "--master_addr", "127.0.0.1", "--master_port", master_port, "--heartbeat_port",
+                            heartbeat_port, "--nproc_per_node", "2", *heartbeat, *program])
+            for node, program in enumerate(programs)]
+
+
+def sleeping_nodes(count, heartbeat=HEARTBEAT):
+    """`count` nodes of 2 sleeping workers, all started; returns the launchers and the workers' pids by rank."""
+    launchers = start_nodes([[PROBE, "sleep", WORK]] * count, heartbeat)
+    start = time.monotonic()
+    while not all(os.path.exists(os.path.join(WORK, f"pid.{rank}")) for rank in range(2 * count)):
+        check(time.monotonic() - start < 20, "the workers did not start within 20 s")
+        time.sleep(0.05)
+    time.sleep(0.5)  # the launchers have met
+    return launchers, pids_written("pid", range(2 * count))
+
+
+def ended(launcher, what, timeout=20):
+    """Waits for `launcher`; returns (exit code, stderr, seconds waited)."""
+    start = time.monotonic()
+    try:
+        _, err = launcher.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        _, err = launcher.communicate()
+        raise CheckFailed(f"{what}: the launcher did not end within {timeout} s:\n{err}")
+    seconds = time.monotonic() - start
+    print(f"{what}: exit code {launcher.returncode} after {seconds:.2f} s\n--- stderr\n{err}---", flush=True)
+    return launcher.returncode, err, seconds
+
+
+def check_lost(launcher, what, needles, pids, at_least=0.8, at_most=5):
+    """`launcher` ends with 1 between `at_least` and `at_most` seconds on, naming the lost node; its workers are gone."""
+    code, err, seconds = ended(launcher, what)
+    check(code == 1, f"{what}: expected exit code 1, got {code}")
+    for needle in needles:
+        check(needle in err, f"{what}: the launcher's message lacks {needle!r}")
+    check(at_least <= seconds < at_most, f"{what}: ended {seconds:.2f} s on, expected {at_least} to {at_most} s")
+    check_all_gone(pids)
+
+
+def cleanup(launchers):
+    for launcher in launchers:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+
+
+ADVICE = ["The job cannot go on without it", "start the job again on every node", "resume::latest",
+          "after 1.0 s without a heartbeat (--heartbeat_timeout)"]
+
+
+def case_heartbeat_node_lost():
+    launchers, pids = sleeping_nodes(2)
+    try:
+        launchers[1].send_signal(signal.SIGSTOP)
+        check_lost(launchers[0], "node 0", ["node 1 (ranks 2, 3, at 127.0.0.1) is lost: its launcher has not been "
+                                            "heard for ", " UTC (its machine is down", *ADVICE,
+                                            "terminating this node's 2 running workers (ranks 0, 1) and exiting with 1"],
+                   {rank: pids[rank] for rank in (0, 1)})
+        # Running again, node 1 reads that node 0 took it for lost, and stops too.
+        launchers[1].send_signal(signal.SIGCONT)
+        check_lost(launchers[1], "node 1 continued", ["node 1 (ranks 2, 3, at 127.0.0.1) is lost", "(found by node 0)",
+                                                      "ranks 2, 3) and exiting with 1"],
+                   {rank: pids[rank] for rank in (2, 3)}, at_least=0)
+    finally:
+        cleanup(launchers)
+
+
+def case_heartbeat_main_node_lost():
+    launchers, pids = sleeping_nodes(2)
+    try:
+        launchers[0].send_signal(signal.SIGSTOP)
+        check_lost(launchers[1], "node 1", ["node 0 (ranks 0, 1: the main node, at 127.0.0.1, which holds the job's "
+                                            "store) is lost: its launcher has not been heard for ", *ADVICE,
+                                            "terminating this node's 2 running workers (ranks 2, 3) and exiting with 1"],
+                   {rank: pids[rank] for rank in (2, 3)})
+        launchers[0].send_signal(signal.SIGCONT)
+        check_lost(launchers[0], "node 0 continued", ["node 0 (ranks 0, 1: the main node", "(found by node 1)"],
+                   {rank: pids[rank] for rank in (0, 1)}, at_least=0)
+    finally:
+        cleanup(launchers)
+
+
+def case_heartbeat_lost_node_named_everywhere():
+    # 3 nodes: node 0 finds node 2 lost and tells node 1, which names node 2 too.
+    launchers, pids = sleeping_nodes(3)
+    try:
+        launchers[2].send_signal(signal.SIGSTOP)
+        lost = "node 2 (ranks 4, 5, at 127.0.0.1) is lost: its launcher has not been heard for "
+        check_lost(launchers[0], "node 0", [lost, *ADVICE], {rank: pids[rank] for rank in (0, 1)})
+        check_lost(launchers[1], "node 1", [lost, "(found by node 0)", *ADVICE, "ranks 2, 3) and exiting with 1"],
+                   {rank: pids[rank] for rank in (2, 3)}, at_least=0, at_most=2)
+    finally:
+        cleanup(launchers)
+
+
+def case_heartbeat_launcher_killed():
+    # A launcher killed outright closes its connection: its node is named at once, not after the 10 s timeout.
+    launchers, pids = sleeping_nodes(2, ["--heartbeat_interval", "1", "--heartbeat_timeout", "10"])
+    try:
+        launchers[1].kill()
+        check_lost(launchers[0], "node 0", ["node 1 (ranks 2, 3, at 127.0.0.1) is lost: its launcher's connection "
+                                            "ended at ", "without a goodbye (the launcher was killed)"],
+                   {rank: pids[rank] for rank in (0, 1)}, at_least=0, at_most=5)
+    finally:
+        cleanup(launchers)
+
+
+def case_heartbeat_nodes_end_apart():
+    # A node whose job has ended says goodbye: the other, still running for twice the timeout, does not take it for
+    # lost.
+    for programs in ([[PROBE, "exit", "0"], ["sleep", "2"]], [["sleep", "2"], [PROBE, "exit", "0"]]):
+        launchers = start_nodes(programs)
+        try:
+            for node, launcher in enumerate(launchers):
+                code, err, _ = ended(launcher, f"node {node}")
+                check(code == 0 and "lost" not in err, f"node {node} exited with {code}: {err}")
+        finally:
+            cleanup(launchers)
+
+
+def case_heartbeat_off():
+    # --heartbeat_timeout 0: no keep-alive, so a silent node is waited for (here: until its workers end, 2 s on,
+    # twice the timeout of the other cases).
+    launchers = start_nodes([["sleep", "2"], ["sleep", "2"]], heartbeat=["--heartbeat_timeout", "0"])
+    try:
+        launchers[1].send_signal(signal.SIGSTOP)
+        code, err, seconds = ended(launchers[0], "node 0")
+        check(code == 0 and "lost" not in err and seconds > 1.5, f"node 0 exited with {code} after {seconds:.1f} s: {err}")
+    finally:
+        cleanup(launchers)
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # Command line
 
 
@@ -498,6 +650,17 @@ def case_usage_restarts_multinode():
                        PROBE], "--max_restarts works only with --nnodes 1", "torchrun with a rendezvous")
 
 
+def case_usage_heartbeat():
+    multinode = ["--nproc_per_node", "1", "--nnodes", "2", "--master_addr", "10.0.0.1"]
+    check_usage_error([*multinode, "--heartbeat_interval", "10", PROBE], "--heartbeat_interval (10 s)",
+                      "at most half of --heartbeat_timeout (15 s)", "--heartbeat_timeout 0")
+    check_usage_error([*multinode, "--heartbeat_timeout", "1", "--heartbeat_interval", "0", PROBE],
+                      "at least 0.01 s")
+    check_usage_error([*multinode, "--heartbeat_timeout", "soon", PROBE], "--heartbeat_timeout", "'soon'")
+    check_usage_error([*multinode, "--heartbeat_port", "0", PROBE], "--heartbeat_port", "'0'")
+    check_usage_error([*multinode, "--master_port", "65535", PROBE], "--master_port 65535", "--heartbeat_port")
+
+
 def case_program_not_found():
     code, _, err, seconds = launch("--nproc_per_node", "2", "accel-no-such-program")
     check(code == 127, f"expected 127 (the worker could not exec the program), got {code}")
@@ -509,7 +672,8 @@ def case_launch_help():
     code, out, _, _ = launch("--help")
     check(code == 0, f"expected exit code 0, got {code}")
     check(out.startswith("usage: accel launch --nproc_per_node N"), "accel launch --help does not print the usage")
-    for option in ("--max_restarts R", "--restart_delay S"):
+    for option in ("--max_restarts R", "--restart_delay S", "--heartbeat_timeout S", "--heartbeat_interval S",
+                   "--heartbeat_port P"):
         check(f"\n  {option} " in out, f"accel launch --help does not list {option}")
 
 

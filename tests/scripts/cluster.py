@@ -145,6 +145,21 @@ class Machine:
             raise
         return subprocess.CompletedProcess(process.args, process.returncode, output)
 
+    def processes(self):
+        """The pids of the processes on this machine (those in its network namespace), its namespace holder aside."""
+        try:
+            namespace = os.readlink(f"/proc/{self.holder.pid}/ns/net")
+        except OSError:
+            return []
+        found = []
+        for pid in pids():
+            try:
+                if pid != self.holder.pid and os.readlink(f"/proc/{pid}/ns/net") == namespace:
+                    found.append(pid)
+            except OSError:
+                pass
+        return found
+
     def path(self, path):
         """Where the harness finds `path` of this machine's file system (its disk is hidden from the host)."""
         return f"/proc/{self.holder.pid}/root{os.path.abspath(path)}"
@@ -229,6 +244,13 @@ class Cluster:
     def set_link(self, index, up):
         """Cuts machine `index`'s link (up=False: no packet crosses, no connection is closed) or restores it."""
         self._on_switch(["ip", "link", "set", f"m{index}", "up" if up else "down"])
+
+    def vanish(self, index):
+        """Machine `index` vanishes as in a power loss: its link is cut first, so that no connection is closed, then
+        every process on it is killed (SIGKILL). Its disk stays, for the test to read."""
+        self.set_link(index, up=False)
+        for pid in self.machines[index].processes():
+            kill_quietly(pid)
 
     def link_bytes(self, index):
         """(bytes machine `index` sent, bytes it received) over its link: the counters of the switch's end."""

@@ -13,7 +13,10 @@
 // - with --max_restarts N, a failed attempt is followed, after --restart_delay seconds, by a new one that starts
 //   every local worker again (with --master_port 0 on a fresh port), up to N times, as torchrun's --max_restarts
 //   does. Each worker gets ACCEL_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (0 on the first attempt) and
-//   TORCHELASTIC_MAX_RESTARTS. A signal sent to the launcher ends the job without a restart.
+//   TORCHELASTIC_MAX_RESTARTS. A signal sent to the launcher ends the job without a restart;
+// - with --nnodes > 1, the launchers keep each other alive (heartbeat.cpp): one that hears nothing from another node
+//   for --heartbeat_timeout seconds (its machine vanished) names it, stops its own workers and exits with 1, instead
+//   of leaving them waiting for the collective timeout.
 // Static launch only: no rendezvous or elasticity (torchrun's --rdzv_*), so restarts need a single node.
 #include "launch.hpp"
 
@@ -27,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -36,6 +40,7 @@
 #include "accel/config_file.hpp"
 #include "accel/detail/support/worker_variables.hpp"
 #include "arguments.hpp"
+#include "heartbeat.hpp"
 #include "supervisor.hpp"
 
 namespace accel::cli {
@@ -124,6 +129,13 @@ void apply_option(launch_options& options, const given_option& given) {
         parse_whole_number(option, value, 0, most_restarts, "how many times a failed job is started again"));
   } else if (option.name == "restart_delay") {
     options.restart_delay = parse_seconds(option, value);
+  } else if (option.name == "heartbeat_port") {
+    options.heartbeat_port = static_cast<int>(
+        parse_whole_number(option, value, 1, 65535, "the TCP port on node 0 where the launchers' heartbeats meet"));
+  } else if (option.name == "heartbeat_interval") {
+    options.heartbeat_interval = parse_seconds(option, value);
+  } else if (option.name == "heartbeat_timeout") {
+    options.heartbeat_timeout = parse_seconds(option, value);
   } else {
     options.grace_period = parse_seconds(option, value);
   }
@@ -138,10 +150,11 @@ given_option read_option(const std::string& argument, const std::string* next, b
     if (option.value) throw usage_error(option.spelling + " takes no value; write just " + option.spelling);
     return {option, ""};
   }
-  static constexpr std::string_view valued[] = {"nproc_per_node", "nnodes",          "node_rank",
-                                                "master_addr",    "master_port",     "grace_period",
-                                                "config_file",    "mixed_precision", "gradient_accumulation_steps",
-                                                "max_restarts",   "restart_delay"};
+  static constexpr std::string_view valued[] = {"nproc_per_node",     "nnodes",           "node_rank",
+                                                "master_addr",        "master_port",      "grace_period",
+                                                "config_file",        "mixed_precision",  "gradient_accumulation_steps",
+                                                "max_restarts",       "restart_delay",    "heartbeat_port",
+                                                "heartbeat_interval", "heartbeat_timeout"};
   if (std::find(std::begin(valued), std::end(valued), option.name) == std::end(valued) && !is_run_setting(option)) {
     throw usage_error("unknown option '" + option.spelling +
                       "'; 'accel launch --help' lists the options (an option meant for the program goes after the "
@@ -219,6 +232,29 @@ void apply_job_processes(launch_options& options) {
   options.nproc_per_node = total / options.nnodes;
 }
 
+std::string seconds_of(std::chrono::milliseconds duration) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g s", std::chrono::duration<double>(duration).count());
+  return text;
+}
+
+// The keep-alive needs a heartbeat due well within the time after which a silent node is lost, and a port.
+void check_heartbeat(const launch_options& options) {
+  if (options.heartbeat_timeout.count() == 0) return;
+  if (options.heartbeat_interval.count() < 10 || options.heartbeat_interval * 2 > options.heartbeat_timeout) {
+    throw usage_error("--heartbeat_interval (" + seconds_of(options.heartbeat_interval) +
+                      ") must be at least 0.01 s and at most half of --heartbeat_timeout (" +
+                      seconds_of(options.heartbeat_timeout) +
+                      "), so that a node is not taken for lost after one late heartbeat; e.g. --heartbeat_interval "
+                      "5 --heartbeat_timeout 15 (the defaults), or --heartbeat_timeout 0 to turn the keep-alive off");
+  }
+  if (options.nnodes > 1 && !options.heartbeat_port && options.master_port == 65535) {
+    throw usage_error(
+        "--master_port 65535 leaves no port for the launchers' heartbeats (--master_port + 1 by default): give "
+        "--heartbeat_port, the same on every node");
+  }
+}
+
 // The checks that involve more than one option.
 void check_consistency(const launch_options& options) {
   if (options.nproc_per_node == 0) {
@@ -248,6 +284,7 @@ void check_consistency(const launch_options& options) {
         "together, which a static launch cannot coordinate, so run it on one node, or use torchrun "
         "with a rendezvous (--rdzv_backend c10d) for several");
   }
+  check_heartbeat(options);
   if (options.program.empty()) {
     throw usage_error(
         "no program given: put the program and its arguments after the options, e.g. 'accel launch "
@@ -345,6 +382,13 @@ const char* launch_usage() {
          "  --max_restarts R    after a worker fails, start all the workers again, up to R times (0 to 1000,\n"
          "                      default 0; with --nnodes 1 only)\n"
          "  --restart_delay S   seconds to wait before each restart (default 1)\n"
+         "  --heartbeat_timeout S  with K > 1: a node whose launcher is not heard for S seconds is lost\n"
+         "                      (its machine or its link is down): every other node names it (which node,\n"
+         "                      its ranks, since when), stops its workers and exits with 1, instead of\n"
+         "                      waiting for the collective timeout (default 15; 0 turns the keep-alive off)\n"
+         "  --heartbeat_interval S  seconds between two heartbeats (default 5, at most half the timeout)\n"
+         "  --heartbeat_port P  the TCP port on node 0 where the launchers' heartbeats meet (default\n"
+         "                      --master_port + 1; the same on every node)\n"
          "  --mixed_precision M no, bf16, fp16 or fp8: sets ACCELERATE_MIXED_PRECISION for the workers\n"
          "  --gradient_accumulation_steps N  sets ACCELERATE_GRADIENT_ACCUMULATION_STEPS for the workers\n"
          "  --parallelism_config_dp_replicate_size N, --parallelism_config_dp_shard_size N,\n"
@@ -386,13 +430,26 @@ int run_launch(const launch_options& options) {
   supervision.grace_period = options.grace_period;
   supervision.max_restarts = options.max_restarts;
   supervision.restart_delay = options.restart_delay;
-  return supervise_job(supervision, [&](int restart_count) {
+  std::unique_ptr<peer_watch> heartbeat;
+  if (options.nnodes > 1 && options.heartbeat_timeout.count() > 0) {
+    heartbeat = make_heartbeat({.nnodes = options.nnodes,
+                                .node_rank = options.node_rank,
+                                .nproc_per_node = options.nproc_per_node,
+                                .master_addr = options.master_addr,
+                                .port = options.heartbeat_port.value_or(options.master_port + 1),
+                                .interval = options.heartbeat_interval,
+                                .timeout = options.heartbeat_timeout});
+    supervision.peers = heartbeat.get();
+  }
+  const int exit_code = supervise_job(supervision, [&](int restart_count) {
     // A fresh free port per attempt: the previous attempt's may still be held (TIME_WAIT).
     const int master_port = options.master_port == 0
                                 ? detail::launching::pick_free_port(INADDR_ANY, "", "; give a port with --master_port")
                                 : options.master_port;
     return worker_specs(options, master_port, restart_count);
   });
+  if (heartbeat) heartbeat->finish(exit_code);
+  return exit_code;
 }
 
 int launch_main(const std::vector<std::string>& args) {

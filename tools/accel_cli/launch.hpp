@@ -24,7 +24,12 @@ struct launch_options {
   std::chrono::milliseconds grace_period{3000};
   int max_restarts = 0;                           // how many times a failed job is started again (0 to 1000)
   std::chrono::milliseconds restart_delay{1000};  // the wait before each restart
-  std::optional<int> job_processes;               // the config file's num_processes: the whole job, over every node
+  // The launchers' keep-alive with --nnodes > 1 (heartbeat.hpp): node 0 listens on heartbeat_port (default
+  // master_port + 1); a node silent for heartbeat_timeout (0: no keep-alive) is lost.
+  std::optional<int> heartbeat_port;
+  std::chrono::milliseconds heartbeat_interval{5000};
+  std::chrono::milliseconds heartbeat_timeout{15000};
+  std::optional<int> job_processes;  // the config file's num_processes: the whole job, over every node
   config_values run;  // mixed_precision, gradient_accumulation_steps, the mesh sizes: passed on to the workers
   std::optional<mesh_sizes> mesh;  // the sizes in force (flags, file, environment), validated, when any is set
   std::optional<std::filesystem::path> config_file;  // the config file read, if any (passed on to the workers)

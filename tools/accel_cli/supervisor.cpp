@@ -310,6 +310,7 @@ class supervisor {
     while (any_running()) {
       wait_for_events(poll_timeout_ms());
       reap_exited_workers();
+      watch_peers();
       enforce_deadline();
     }
     drain_output();
@@ -416,26 +417,34 @@ class supervisor {
         std::count_if(workers_.begin(), workers_.end(), [](const worker& w) { return w.running; }));
   }
 
-  // Without a deadline the loop sleeps until a signal or output arrives; while stopping, until the deadline.
+  // Without a deadline the loop sleeps until a signal or output arrives; while stopping, until the deadline; with
+  // peers to watch, at most until their next heartbeat is due.
   int poll_timeout_ms() const {
-    if (!stopping_ || killed_) return -1;
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - steady_clock::now()).count();
+    std::optional<steady_clock::time_point> wake;
+    if (stopping_ && !killed_) wake = deadline_;
+    if (options_.peers != nullptr)
+      wake = std::min(wake.value_or(steady_clock::time_point::max()), options_.peers->next_wakeup());
+    if (!wake) return -1;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(*wake - steady_clock::now()).count();
     return static_cast<int>(std::clamp<long long>(left, 0, 60'000));
   }
 
-  std::vector<pollfd> poll_set() const {
+  // The signal pipe and the workers' output, then the peers' descriptors when `with_peers`.
+  std::vector<pollfd> poll_set(bool with_peers) const {
     std::vector<pollfd> fds{{signals_.read_end(), POLLIN, 0}};
     for (const worker& w : workers_) {
       for (const output_stream* stream : {&w.out, &w.err}) {
         if (stream->fd >= 0) fds.push_back({stream->fd, POLLIN, 0});
       }
     }
+    if (with_peers && options_.peers != nullptr) options_.peers->add_fds(fds);
     return fds;
   }
 
-  // Returns false when the timeout expired with nothing to do.
-  bool wait_for_events(int timeout_ms) {
-    std::vector<pollfd> fds = poll_set();
+  // Returns false when the timeout expired with nothing to do. The peers' descriptors are waited on only while
+  // workers run; watch_peers() reads them.
+  bool wait_for_events(int timeout_ms, bool with_peers = true) {
+    std::vector<pollfd> fds = poll_set(with_peers);
     const int ready = poll(fds.data(), fds.size(), timeout_ms);
     if (ready < 0) return true;  // EINTR: the handler's byte is read on the next call
     if (ready == 0) return false;
@@ -506,6 +515,25 @@ class supervisor {
     }
   }
 
+  // The heartbeats are sent and checked while the workers run and while they stop (so that the other nodes do not
+  // take this one for lost meanwhile); a node found lost stops the workers as a failing worker does.
+  void watch_peers() {
+    if (options_.peers == nullptr) return;
+    const std::optional<std::string> lost = options_.peers->on_wakeup();
+    if (!lost || stopping_) return;
+    exit_code_ = 1;
+    failure_ = *lost;
+    std::string ranks;
+    for (const worker& w : workers_) {
+      if (w.running) ranks += (ranks.empty() ? "" : ", ") + std::to_string(w.spec->rank);
+    }
+    std::string message = "accel launch: " + failure_ + "\naccel launch: terminating this node's " +
+                          count_workers(count_running(), " running");
+    if (!ranks.empty()) message += (count_running() == 1 ? " (rank " : " (ranks ") + ranks + ")";
+    std::fprintf(stderr, "%s and exiting with 1\n", message.c_str());
+    begin_stopping(SIGTERM);
+  }
+
   // ---- stopping
 
   void begin_stopping(int signal_number) {
@@ -540,8 +568,8 @@ class supervisor {
   // child may never reach end of file, so draining stops after a quiet 100 ms or at most 2 s.
   void drain_output() {
     const auto give_up = steady_clock::now() + std::chrono::seconds(2);
-    while (steady_clock::now() < give_up && poll_set().size() > 1) {
-      if (!wait_for_events(100)) break;
+    while (steady_clock::now() < give_up && poll_set(false).size() > 1) {
+      if (!wait_for_events(100, /*with_peers=*/false)) break;
     }
     for (worker& w : workers_) {
       for (output_stream* stream : {&w.out, &w.err}) {

@@ -1,8 +1,11 @@
 // Starting and supervising the worker processes of `accel launch` (POSIX only, no LibTorch).
 #pragma once
 
+#include <poll.h>
+
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,12 +17,29 @@ struct worker_spec {
   std::vector<std::pair<std::string, std::string>> variables;  // environment variables set for this worker only
 };
 
+// What can end an attempt besides its workers: the other nodes' launchers, watched through their heartbeats
+// (heartbeat.hpp). The supervisor waits on its descriptors and its timer with the workers' in one poll().
+class peer_watch {
+ public:
+  virtual ~peer_watch() = default;
+  // The descriptors to wait on, appended to `fds`.
+  virtual void add_fds(std::vector<pollfd>& fds) const = 0;
+  // When the watch must run again even if none of its descriptors is ready.
+  virtual std::chrono::steady_clock::time_point next_wakeup() const = 0;
+  // Runs after every wait (its descriptors ready or not). Returns, once, the message naming a node that is lost: the
+  // attempt then ends.
+  virtual std::optional<std::string> on_wakeup() = 0;
+  // The job has ended on this node with `exit_code`: tells the other nodes, so that none takes it for lost.
+  virtual void finish(int exit_code) = 0;
+};
+
 struct supervision_options {
   std::vector<std::string> program;  // program and arguments, run with execvp (PATH lookup)
   bool prefix_output = false;        // pipe each worker's stdout/stderr and prefix every line with "[rank R] "
   std::chrono::milliseconds grace_period{3000};   // from SIGTERM to SIGKILL when stopping the workers
   int max_restarts = 0;                           // how many times a failed job is started again
   std::chrono::milliseconds restart_delay{1000};  // from the end of a failed attempt to the next one's start
+  peer_watch* peers = nullptr;                    // the other nodes' heartbeats, for a job of several nodes
 };
 
 // The workers of one attempt: restart_count is 0 for the first, k for the k-th restart.
@@ -30,7 +50,8 @@ using workers_for_attempt = std::function<std::vector<worker_spec>(int restart_c
 // period). A failed attempt is followed by a new one, with every worker started again, up to max_restarts times;
 // a signal to the launcher is never followed by a restart. Returns the last attempt's first failing worker's exit
 // code (128 + signal number for a death by signal), 128 + the signal number when the launcher was signalled first,
-// 0 when every worker of an attempt exited 0, or 1 when a worker could not be started.
+// 0 when every worker of an attempt exited 0, or 1 when a worker could not be started or `peers` found a node lost
+// (the workers are then stopped as for a failing worker).
 int supervise_job(const supervision_options& options, const workers_for_attempt& workers);
 
 }  // namespace accel::cli

@@ -1,0 +1,34 @@
+// The keep-alive between the launchers of a job of several nodes, as torchrun's rendezvous keep-alive: a node whose
+// machine vanishes (power lost, link down: no connection is closed) is named within --heartbeat_timeout seconds,
+// not after the workers' collective timeout. See the comment at the top of heartbeat.cpp for the design.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "supervisor.hpp"
+
+namespace accel::cli {
+
+struct heartbeat_options {
+  int nnodes = 1;
+  int node_rank = 0;
+  int nproc_per_node = 1;
+  std::string master_addr;                   // node 0's host name or address: the other launchers connect to it
+  int port = 0;                              // where node 0's launcher listens
+  std::chrono::milliseconds interval{5000};  // between two heartbeats
+  std::chrono::milliseconds timeout{15000};  // a node silent this long is lost
+};
+
+// Node 0's launcher listens on `port` (throws std::runtime_error naming the port and the fix when it cannot); every
+// other node's launcher connects to it. The watch is then given to supervise_job (supervision_options::peers).
+std::unique_ptr<peer_watch> make_heartbeat(const heartbeat_options& options);
+
+// Whether a peer last heard at `last_heard` is silent beyond `timeout` at `now`: the keep-alive's one judgement.
+inline bool heartbeat_stale(std::chrono::steady_clock::time_point last_heard, std::chrono::steady_clock::time_point now,
+                            std::chrono::milliseconds timeout) {
+  return now - last_heard >= timeout;
+}
+
+}  // namespace accel::cli
