@@ -1038,6 +1038,19 @@ TEST_CASE("resume::latest and load_state() agree on the newest checkpoint comple
       CHECK(printed.empty());
     }
   }
+  SECTION("after the resume, the next save has one number on every process, past a save cut short on any of them") {
+    with_views({0}, {0}, {1});  // process 1 passes over its incomplete checkpoint_1; process 0 would save as 1
+    project_run resumed(view, accel::resume::latest);
+    CHECK(resumed.start_pass().empty());
+    CHECK(resumed.acc.resumed_from() == view / "checkpoints" / "checkpoint_0");
+    CHECK(resumed.acc.save_state() == view / "checkpoints" / "checkpoint_2");
+    CHECK(resumed.acc.save_iteration() == 3);
+    // The main process writes the shared files: its checkpoint_2 is whole, and it never wrote a checkpoint_1.
+    if (resumed.acc.is_main_process()) {
+      CHECK(accel::detail::is_complete_checkpoint(view / "checkpoints" / "checkpoint_2"));
+      CHECK_FALSE(std::filesystem::exists(view / "checkpoints" / "checkpoint_1"));
+    }
+  }
   SECTION("the newest on every process loads, silently") {
     with_views({1, 2}, {0, 1, 2});
     project_run resumed(view, accel::resume::latest);

@@ -221,26 +221,42 @@ inline checkpoint_error sharded_without_manifest(const std::filesystem::path& di
                           "cannot be checked, and is not loaded");
 }
 
-/// Checks `directory/name` against `manifest` as `read_checkpoint_file` does, reading it in pieces: for readers that
-/// then take ranges of it (`opened_files::read_range`) and never hold it whole.
-inline void check_checkpoint_file(const std::filesystem::path& directory, const std::string& name,
-                                  const checkpoint_manifest& manifest) {
+/// What `manifest` says was saved as `name`; a file it does not list is refused.
+inline const written_file& listed_file(const std::filesystem::path& directory, const std::string& name,
+                                       const checkpoint_manifest& manifest) {
   const auto listed = manifest.files().find(name);
   if (listed == manifest.files().end())
     throw checkpoint_error("accel::load_state: " + std::string(checkpoint_files::manifest) + " in " +
                            directory.string() + " does not list " + name +
                            ": the directory mixes files of two checkpoints");
+  return listed->second;
+}
+
+/// Refuses the file at `path` unless its `size` and `crc` (read now) are what was saved.
+inline void check_as_saved(const std::filesystem::path& path, const written_file& saved, std::uint64_t size,
+                           std::uint32_t crc) {
+  if (size == saved.size && crc == saved.crc32c) return;
+  throw checkpoint_error("accel::load_state: " + path.string() + " is damaged: its " +
+                         (size != saved.size
+                              ? std::to_string(size) + " bytes differ from the " + std::to_string(saved.size) + " saved"
+                              : std::string("checksum differs from the one saved")) +
+                         " (a damaged disk or copy, or files of two checkpoints mixed); nothing was loaded");
+}
+
+/// The refusal of a file the checkpoint lacks.
+inline checkpoint_error missing_checkpoint_file(const std::filesystem::path& path) {
+  return checkpoint_error("accel::load_state: the checkpoint lacks " + path.string() +
+                          " (saved by another configuration, or an incomplete copy)");
+}
+
+/// Checks `directory/name` against `manifest` as `read_checkpoint_file` does, reading it in pieces: for readers that
+/// then take ranges of it (`opened_files::read_range`) and never hold it whole.
+inline void check_checkpoint_file(const std::filesystem::path& directory, const std::string& name,
+                                  const checkpoint_manifest& manifest) {
+  const auto& saved = listed_file(directory, name, manifest);
   const auto read = manifest.opened() ? manifest.opened()->size_and_checksum(name) : std::nullopt;
-  if (!read)
-    throw checkpoint_error("accel::load_state: the checkpoint lacks " + (directory / name).string() +
-                           " (saved by another configuration, or an incomplete copy)");
-  if (read->first != listed->second.size || read->second != listed->second.crc32c)
-    throw checkpoint_error(
-        "accel::load_state: " + (directory / name).string() + " is damaged: its " +
-        (read->first != listed->second.size
-             ? std::to_string(read->first) + " bytes differ from the " + std::to_string(listed->second.size) + " saved"
-             : std::string("checksum differs from the one saved")) +
-        " (a damaged disk or copy, or files of two checkpoints mixed); nothing was loaded");
+  if (!read) throw missing_checkpoint_file(directory / name);
+  check_as_saved(directory / name, saved, read->first, read->second);
 }
 
 /// The bytes of `directory/name`, checked against `manifest` (when the checkpoint has one) before anyone parses them.
@@ -250,23 +266,10 @@ inline std::string read_checkpoint_file(const std::filesystem::path& directory, 
   auto opened = manifest && manifest->opened() ? manifest->opened()->read(name) : std::nullopt;
   std::ifstream in;
   if (!opened) in.open(path, std::ios::binary);
-  if (!opened && !in)
-    throw checkpoint_error("accel::load_state: the checkpoint lacks " + path.string() +
-                           " (saved by another configuration, or an incomplete copy)");
+  if (!opened && !in) throw missing_checkpoint_file(path);
   std::string bytes = opened ? std::move(*opened) : std::string(std::istreambuf_iterator<char>(in), {});
   if (!manifest) return bytes;
-  const auto listed = manifest->files().find(name);
-  if (listed == manifest->files().end())
-    throw checkpoint_error("accel::load_state: " + std::string(checkpoint_files::manifest) + " in " +
-                           directory.string() + " does not list " + name +
-                           ": the directory mixes files of two checkpoints");
-  if (bytes.size() != listed->second.size || crc32c(bytes) != listed->second.crc32c)
-    throw checkpoint_error(
-        "accel::load_state: " + path.string() + " is damaged: its " +
-        (bytes.size() != listed->second.size
-             ? std::to_string(bytes.size()) + " bytes differ from the " + std::to_string(listed->second.size) + " saved"
-             : std::string("checksum differs from the one saved")) +
-        " (a damaged disk or copy, or files of two checkpoints mixed); nothing was loaded");
+  check_as_saved(path, listed_file(directory, name, *manifest), bytes.size(), crc32c(bytes));
   return bytes;
 }
 

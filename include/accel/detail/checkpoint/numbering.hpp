@@ -71,13 +71,20 @@ inline std::int64_t next_checkpoint_number(const checkpoint_settings& settings) 
   return existing.rbegin()->first + 1;
 }
 
-/// The number of the next automatic checkpoint, the same on every process (a collective): the one fixed, refused on
-/// every process when a process sees its directory already; else one above the highest any process sees.
+/// The number of the next automatic checkpoint, the same on every process (a collective): the largest of the
+/// processes' own (machines that do not share a disk may count differently: after a resume, one passes over a save
+/// cut short that another does not have); when the number is fixed (`project.iteration`, or counted on from a
+/// checkpoint), refused on every process when a process sees its directory already.
 template <class Parallel>
 std::int64_t agree_on_checkpoint_number(const checkpoint_settings& settings, Parallel& parallel) {
   std::int64_t next = 0;
+  on_every_process_or_none(parallel, "save_state", "choosing the checkpoint's number",
+                           [&] { next = next_checkpoint_number(settings); });
+  if (parallel.num_processes() > 1) {
+    auto&& comm = parallel.communicator();
+    next = reduce(comm, at::full({1}, next, at::kLong), reduction::max).template item<std::int64_t>();
+  }
   on_every_process_or_none(parallel, "save_state", "choosing the checkpoint's number", [&] {
-    next = next_checkpoint_number(settings);
     const auto directory = checkpoints_root(settings.project) / ("checkpoint_" + std::to_string(next));
     if (settings.next_number && std::filesystem::exists(std::filesystem::symlink_status(directory)))
       throw checkpoint_error("accel::save_state(): " + directory.string() + " already exists (save_iteration() is " +
@@ -85,9 +92,7 @@ std::int64_t agree_on_checkpoint_number(const checkpoint_settings& settings, Par
                              "): an automatic save never replaces a checkpoint; move it away, or number on from "
                              "another checkpoint with acc.set_save_iteration(n) (options::project.iteration at start)");
   });
-  if (settings.next_number) return next;
-  auto&& comm = parallel.communicator();
-  return reduce(comm, at::full({1}, next, at::kLong), reduction::max).template item<std::int64_t>();
+  return next;
 }
 
 /// The project's newest complete automatic checkpoint (one with its manifest: a directory whose removal beyond
