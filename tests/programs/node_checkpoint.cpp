@@ -12,9 +12,17 @@
 //           `stop` trains 7 steps and ends (checkpoint_0..2 saved); `resume` trains 10 uninterrupted steps, and a run
 //           built from another seed, which resumes by itself from the newest checkpoint complete on every process,
 //           up to step 10: both must end with the same parameters, bit for bit.
+//   node_checkpoint [POLICY] latest PROJECT_DIR lose_in_save on_each_node
+//           the same checkpoints as `stop`, in a run that goes on until it is stopped (collective timeout 600 s), whose
+//           save of checkpoint_2 takes 3 s more on each machine, announced by each writer ("saving checkpoint_2"):
+//           for cluster.machine_lost.during_save, where a machine vanishes then; `resume` afterwards must pass over
+//           the checkpoint_2.partial left on each disk and resume from checkpoint_1.
 //   node_checkpoint [POLICY] train FILE
 //           10 training steps, then the main process writes the full parameters to FILE (safetensors): the same
 //           bytes whichever machines the processes are on, when the collectives reduce in the same order.
+//   node_checkpoint [POLICY] paced FILE
+//           40 training steps, a step every 50 ms, each printed, then the main process writes the full parameters to
+//           FILE: a job that is still running when a test cuts or slows a link mid-run (train's 10 steps end too soon).
 //   node_checkpoint [POLICY] long
 //           a run that goes on until it is stopped (a step every 20 ms, each printed), with a collective timeout of
 //           600 s: for the machine_lost tests, where a surviving process must be stopped by its launcher's
@@ -27,6 +35,7 @@
 #include "support.hpp"
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -38,7 +47,7 @@ namespace {
 
 constexpr const char* usage =
     "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] | ... resume DIR | "
-    "... train FILE | ... latest PROJECT_DIR stop|resume [on_each_node] | ... long\n";
+    "... train FILE | ... paced FILE | ... latest PROJECT_DIR stop|resume|lose_in_save [on_each_node] | ... long\n";
 
 template <class Accelerator>
 int save(const std::filesystem::path& directory, const accel::options& options) {
@@ -83,6 +92,47 @@ int resume(const std::filesystem::path& directory, const accel::options& options
   return same ? 0 : 1;
 }
 
+/// Registered by the `latest` runs, so that their checkpoints hold a registered object: counts the saves, and with
+/// `slow` makes the third (checkpoint_2) take 3 s, said by each process that writes it, to give a test the moment.
+struct save_marker {
+  int rank = 0;
+  bool slow = false;
+  mutable std::int64_t saves = 0;
+  void save(torch::serialize::OutputArchive& archive) const {
+    archive.write("saves", c10::IValue(++saves));
+    if (!slow || saves != 3) return;
+    std::printf("node_checkpoint: rank %d saving checkpoint_2\n", rank);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+  }
+  void load(torch::serialize::InputArchive& archive) {
+    c10::IValue value;
+    archive.read("saves", value);
+    saves = value.toInt();
+  }
+};
+
+template <class Accelerator>
+int lose_in_save(accel::options options) {
+  options.timeout = std::chrono::seconds(600);  // the launchers' heartbeat, not a collective, must end a survivor
+  accel_test::resumable_run<Accelerator> run(1, 64, options);
+  save_marker marker{run.acc.process_index(), /*slow=*/true};
+  run.acc.register_for_checkpointing(marker);
+  // The loop of train(), each step printed: the automatic save due at a step is made when the loader moves on.
+  for (int step = 1; step <= 100'000;) {
+    for (auto&& [x, y] : run.batches) {
+      run.acc.backward(torch::mse_loss(run.model(x), y));
+      run.opt.step();
+      run.sched.step();
+      run.opt.zero_grad();
+      std::printf("node_checkpoint: rank %d step %d\n", run.acc.process_index(), step++);
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  return 0;
+}
+
 template <class Accelerator>
 int latest(const std::filesystem::path& project_dir, std::string_view phase, const accel::options& plain) {
   auto options = plain;
@@ -90,8 +140,11 @@ int latest(const std::filesystem::path& project_dir, std::string_view phase, con
   options.project.automatic_checkpoint_naming = true;
   options.project.resume = accel::resume::latest;
   options.project.save_every_steps = 2;
+  if (phase == "lose_in_save") return lose_in_save<Accelerator>(options);
   if (phase == "stop") {
     accel_test::resumable_run<Accelerator> stopped(1, 64, options);
+    save_marker marker{stopped.acc.process_index()};
+    stopped.acc.register_for_checkpointing(marker);
     stopped.train(7);
     std::printf("node_checkpoint: rank %d stopped at step %lld\n", stopped.acc.process_index(),
                 static_cast<long long>(stopped.acc.completed_steps()));
@@ -101,6 +154,8 @@ int latest(const std::filesystem::path& project_dir, std::string_view phase, con
   uninterrupted.train(10);
   accel_test::resumable_run<Accelerator> resumed(99, 64, options);
   const int rank = resumed.acc.process_index();
+  save_marker marker{rank};
+  resumed.acc.register_for_checkpointing(marker);
   try {
     resumed.train_until(10);  // the first pass loads the agreed checkpoint
   } catch (const accel::checkpoint_error& e) {
@@ -121,9 +176,15 @@ int latest(const std::filesystem::path& project_dir, std::string_view phase, con
 }
 
 template <class Accelerator>
-int train(const std::filesystem::path& file, const accel::options& options) {
+int train(const std::filesystem::path& file, const accel::options& options, bool paced) {
   accel_test::resumable_run<Accelerator> run(1, 64, options);
-  run.train(10);
+  if (!paced) run.train(10);
+  for (int step = 1; paced && step <= 40; ++step) {
+    run.train(1);
+    std::printf("node_checkpoint: rank %d step %d\n", run.acc.process_index(), step);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   const auto state = run.acc.get_state_dict(run.model);  // a collective under fully_sharded: every process calls it
   if (run.acc.is_main_process()) accel::safetensors::save(file, state);
   std::printf("node_checkpoint: rank %d trained\n", run.acc.process_index());
@@ -150,8 +211,10 @@ int run_mode(std::string_view mode, const std::vector<std::string>& args) {
   const bool with_phase = mode == "latest";  // latest PROJECT_DIR stop|resume [on_each_node]
   const std::size_t fixed = with_phase ? 3 : 2;
   const bool on_each_node = args.size() == fixed + 1 && args[fixed] == "on_each_node";
-  if (args.size() < fixed || (args.size() == fixed + 1 && (!on_each_node || mode == "resume" || mode == "train")) ||
-      args.size() > fixed + 1 || (with_phase && args[2] != "stop" && args[2] != "resume")) {
+  if (args.size() < fixed ||
+      (args.size() == fixed + 1 && (!on_each_node || mode == "resume" || mode == "train" || mode == "paced")) ||
+      args.size() > fixed + 1 ||
+      (with_phase && args[2] != "stop" && args[2] != "resume" && args[2] != "lose_in_save")) {
     std::fputs(usage, stderr);
     return 2;
   }
@@ -161,7 +224,7 @@ int run_mode(std::string_view mode, const std::vector<std::string>& args) {
   if (mode == "save") return save<accelerator>(args[1], options);
   if (mode == "resume") return resume<accelerator>(args[1], options);
   if (mode == "latest") return latest<accelerator>(args[1], args[2], options);
-  return train<accelerator>(args[1], options);
+  return train<accelerator>(args[1], options, mode == "paced");
 }
 
 }  // namespace
@@ -174,7 +237,7 @@ int main(int argc, char** argv) {
     args.erase(args.begin());
   }
   const std::string mode = args.empty() ? "" : args[0];
-  if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest" && mode != "long") {
+  if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest" && mode != "long" && mode != "paced") {
     std::fputs(usage, stderr);
     return 2;
   }

@@ -6,12 +6,14 @@ usage: check_cluster.py ACCEL NODE_CHECKPOINT WORK_DIR CASE [POLICY]
 CASE is one of the case_* functions below (CTest runs each as cluster.CASE); the checkpoint cases take the parallel
 policy (data_parallel or fully_sharded, which gathers its slices into the same files; CTest: cluster.CASE.POLICY),
 resume_latest how the checkpoints were saved (on_each_node or main_process_saves), machine_lost which machine
-vanishes (worker_node or main_node).
+vanishes and when (worker_node or main_node mid-step, during_save), link_cut for how long (restored within the
+heartbeat timeout, beyond_timeout).
 Where the host cannot make the cluster (not root, iproute2 missing), the test says why and exits with 77, which CTest
 reports as skipped.
 Processes 0 and 1 of a job are machine0's, 2 and 3 machine1's; the launchers meet at machine0's address.
 Python standard library only.
 """
+import math
 import os
 import shutil
 import signal
@@ -32,11 +34,11 @@ LAUNCH = ["launch", "--nnodes", "2", "--node_rank", "{node_rank}", "--nproc_per_
 
 
 class Job:
-    """`node_checkpoint ARGS` on 2 machines x 2 processes, one `accel launch` per machine, run to its end."""
+    """`node_checkpoint ARGS` on 2 machines x 2 processes, one `accel launch FLAGS` per machine, run to its end."""
 
-    def __init__(self, cluster, accel, program, args, log):
+    def __init__(self, cluster, accel, program, args, log, flags=()):
         with open(log, "w") as out:
-            self.codes = harness.run_everywhere(cluster, [accel, *LAUNCH, program, *args], JOB_TIMEOUT,
+            self.codes = harness.run_everywhere(cluster, [accel, *LAUNCH, *flags, program, *args], JOB_TIMEOUT,
                                                 env=job_environment(), output=out)
         with open(log) as f:
             self.output = f.read()
@@ -337,17 +339,19 @@ def case_resume_latest(accel, program, work, saves):
 
 
 LOST_WITHIN = 30  # seconds from a machine's loss to the end of every surviving launcher (issue 35)
+SHORT_HEARTBEAT = ["--heartbeat_timeout", "6", "--heartbeat_interval", "1"]  # a loss found in 5 to 6 s
 
 
 class RunningJob:
-    """`node_checkpoint ARGS` started on every machine, one `accel launch` each, its output gathered line by line."""
+    """`node_checkpoint ARGS` started on every machine, one `accel launch FLAGS` each, its output gathered by line."""
 
-    def __init__(self, cluster, accel, program, args, log):
+    def __init__(self, cluster, accel, program, args, log, flags=()):
         values = {"nnodes": cluster.count, "master_addr": cluster.machines[0].address}
         self.lines, self.log, self.lock = [[] for _ in cluster.machines], open(log, "w"), threading.Lock()
         self.launchers = []
         for machine in cluster.machines:
-            command = [word.format(node_rank=machine.index, **values) for word in [accel, *LAUNCH, program, *args]]
+            command = [word.format(node_rank=machine.index, **values)
+                       for word in [accel, *LAUNCH, *flags, program, *args]]
             launcher = machine.start(command, env=job_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
             threading.Thread(target=self._relay, args=(machine, launcher.stdout), daemon=True).start()
@@ -364,6 +368,13 @@ class RunningJob:
         with self.lock:
             return "".join(self.lines[index])
 
+    def last_step(self, rank):
+        """The last step process `rank` printed (0 before its first)."""
+        prefix = f"node_checkpoint: rank {rank} step "
+        with self.lock:
+            steps = [int(line[len(prefix):]) for line in self.lines[rank // 2] if line.startswith(prefix)]
+        return max(steps, default=0)
+
     def wait_for_line(self, index, line, seconds):
         check(wait_until(lambda: f"{line}\n" in self.lines[index], seconds),
               f"machine{index} did not print {line!r} within {seconds} s:\n{self.output(index)}")
@@ -377,12 +388,59 @@ def launchers_met(cluster):
         return any(words[2] == remote and words[3] == "01" for words in (line.split() for line in f))  # ESTABLISHED
 
 
+def complete_checkpoints(machine, project):
+    """The checkpoints complete on `machine`'s disk (those with their checksums), and every entry of the directory."""
+    entries = files_on(machine, f"{project}/checkpoints") or set()
+    complete = {name for name in entries
+                if "accel_checksums.txt" in (files_on(machine, f"{project}/checkpoints/{name}") or ())}
+    return complete, entries
+
+
+def machine_lost_during_save(accel, program, work):
+    """With save_on_each_node and a checkpoint every 2 steps, machine1 vanishes while both machines' writers are inside
+    the save of checkpoint_2 (each said so; the save takes 3 s there): machine0's launcher names node 1 and ends with 1
+    within the heartbeat timeout (6 s here) plus a few seconds. Nothing is lost: each disk holds checkpoint_0 and
+    checkpoint_1 complete and checkpoint_2 never complete; with the link restored, the job started again with
+    resume::latest passes over what is left of checkpoint_2 and resumes from checkpoint_1 on each machine's own disk,
+    bit for bit."""
+    disk = os.path.join(work, "disk")
+    project = f"{disk}/project"
+    with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+        job = RunningJob(cluster, accel, program, ["latest", project, "lose_in_save", "on_each_node"],
+                         os.path.join(work, "job.log"), SHORT_HEARTBEAT)
+        job.wait_for_line(1, "node_checkpoint: rank 2 saving checkpoint_2", JOB_TIMEOUT - 30)
+        check(launchers_met(cluster), "machine1's launcher is not connected to machine0's heartbeat port")
+        cluster.vanish(1)
+        codes, took = wait_all(job, 30)
+        seconds = took[0]
+        time.sleep(0.5)  # its last lines
+        output = job.output(0)
+        check("node_checkpoint: rank 0 saving checkpoint_2\n" in output, f"machine0 was not saving:\n{output}")
+        check(codes[0] == 1, f"machine0's launcher exited with {codes[0]}, expected 1:\n{output}")
+        check(f"accel launch: node 1 (ranks 2, 3, at {cluster.machines[1].address}) is lost: " in output,
+              f"machine0's launcher did not name node 1:\n{output}")
+        check(4 <= seconds < 6 + 5, f"machine0's launcher ended {seconds:.1f} s after machine1 vanished")
+        left = {}
+        for machine in cluster.machines:
+            complete, left[machine.name] = complete_checkpoints(machine, project)
+            check(complete == {"checkpoint_0", "checkpoint_1"},
+                  f"{machine.name}'s disk holds {sorted(left[machine.name])}, complete: {sorted(complete)}")
+        cluster.set_link(1, up=True)
+        resumed = Job(cluster, accel, program, ["latest", project, "resume", "on_each_node"],
+                      os.path.join(work, "resume.log"))
+        resumed.check_every_rank("resume::latest after the loss", "resumed from checkpoint_1 bit for bit")
+    return (f"machine0's launcher named node 1 {seconds:.1f} s after it vanished mid-save; disks left: "
+            f"{sorted(left['machine0'])} and {sorted(left['machine1'])}; resumed from checkpoint_1 bit for bit")
+
+
 def case_machine_lost(accel, program, work, which):
     """2 machines x 2 processes train a long run whose collective timeout is 600 s; at step 20 one machine vanishes
     (`worker_node`: machine1; `main_node`: machine0, which holds the job's store): its link is cut, then its processes
     are SIGKILLed, so no connection is closed. The other machine's launcher must name the lost node, its ranks and
     since when, stop its workers and exit with 1 within 30 s, through the launchers' heartbeats (default timeout
     15 s), not after the collective timeout."""
+    if which == "during_save":
+        return machine_lost_during_save(accel, program, work)
     lost = {"worker_node": 1, "main_node": 0}[which]
     survivor = 1 - lost
     with harness.Cluster(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
@@ -413,6 +471,147 @@ def case_machine_lost(accel, program, work, which):
         left = cluster.machines[survivor].processes()
         check(not left, f"processes left on machine{survivor} after its launcher ended: {left}")
     return f"machine{survivor}'s launcher named {node.split(' (')[0]} and ended {seconds:.1f} s after machine{lost} vanished"
+
+
+def on_one_machine(accel, program, work, mode):
+    """The bytes of the parameters that `node_checkpoint MODE` (train or paced) ends with on 1 machine x 4 processes:
+    those of the job on 2 machines x 2 with links uncut and unlimited (cluster.data_parallel shows the two equal)."""
+    reference = os.path.join(work, "one_machine.safetensors")
+    job = subprocess.run([accel, "launch", "--nproc_per_node", "4", "--master_port", "0", program, mode, reference],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_environment(),
+                         timeout=JOB_TIMEOUT)
+    check(job.returncode == 0, f"the {mode} job on one machine failed:\n{job.stdout}")
+    with open(reference, "rb") as f:
+        return f.read()
+
+
+def wait_all(job, seconds):
+    """The launchers' exit codes (None for one still running `seconds` on), and how long each took from now (inf for
+    one still running): polled together, so that each is timed by itself."""
+    started = time.monotonic()
+    took = [math.inf] * len(job.launchers)
+    while math.inf in took and time.monotonic() - started < seconds:
+        for index, launcher in enumerate(job.launchers):
+            if took[index] == math.inf and launcher.poll() is not None:
+                took[index] = time.monotonic() - started
+        time.sleep(0.05)
+    return [launcher.poll() for launcher in job.launchers], took
+
+
+CUT = 4  # seconds a link is cut and restored: well within the heartbeat's default 15 s timeout
+
+
+def link_cut_restored(accel, program, work):
+    """machine1's link cut for 4 s at step 10 of 40 and restored: TCP carries what waited, the job ends with the
+    parameters of the uncut job byte for byte, and no launcher takes the other node for lost."""
+    reference = on_one_machine(accel, program, work, "paced")
+    disk = os.path.join(work, "disk")
+    with harness.Cluster(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = RunningJob(cluster, accel, program, ["paced", f"{disk}/trained.safetensors"],
+                         os.path.join(work, "job.log"))
+        job.wait_for_line(0, "node_checkpoint: rank 0 step 10", JOB_TIMEOUT - 30)
+        cluster.set_link(1, up=False)
+        at_cut = job.last_step(0)
+        time.sleep(CUT)
+        at_restore = job.last_step(0)
+        cluster.set_link(1, up=True)
+        codes, took = wait_all(job, JOB_TIMEOUT - 30)
+        output = job.output(0) + job.output(1)
+        check(codes == [0, 0], f"the launchers exited with {codes} after a {CUT} s cut:\n{output}")
+        check("is lost" not in output, f"a launcher took the other node for lost during a {CUT} s cut:\n{output}")
+        # A step needs machine1's gradients: at most the one whose bytes crossed before the cut ends meanwhile.
+        check(at_restore <= at_cut + 1, f"rank 0 went from step {at_cut} to {at_restore} while the link was cut")
+        with open(cluster.machines[0].path(f"{disk}/trained.safetensors"), "rb") as f:
+            trained = f.read()
+    check(trained == reference, "the parameters after the cut differ from those of the uncut job")
+    return (f"cut {CUT} s at step {at_cut} (rank 0 stalled at step {at_restore}), the job ended "
+            f"{max(took):.1f} s after the link was restored, parameters equal to the uncut job's")
+
+
+def link_cut_beyond_timeout(accel, program, work):
+    """machine1's link cut for good while a long run trains (collective timeout 600 s): both machines are alive, and
+    each launcher names the other node as lost, stops its workers and exits with 1 within the heartbeat timeout (6 s
+    here) plus a few seconds."""
+    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = RunningJob(cluster, accel, program, ["long"], os.path.join(work, "job.log"), SHORT_HEARTBEAT)
+        for machine in (0, 1):
+            job.wait_for_line(machine, f"node_checkpoint: rank {2 * machine} step 20", JOB_TIMEOUT - 30)
+        check(launchers_met(cluster), "machine1's launcher is not connected to machine0's heartbeat port")
+        cluster.set_link(1, up=False)
+        codes, seconds = wait_all(job, 30)
+        time.sleep(0.5)  # their last lines
+        nodes = (f"node 1 (ranks 2, 3, at {cluster.machines[1].address})",
+                 f"node 0 (ranks 0, 1: the main node, at {cluster.machines[0].address}, which holds the job's store)")
+        for machine in (0, 1):
+            output = job.output(machine)
+            check(codes[machine] == 1, f"machine{machine}'s launcher exited with {codes[machine]}:\n{output}")
+            for part in (f"accel launch: {nodes[machine]} is lost: its launcher has not been heard for ",
+                         f"terminating this node's 2 running workers (ranks {2 * machine}, {2 * machine + 1})"):
+                check(part in output, f"machine{machine}'s launcher did not say {part!r}:\n{output}")
+            check(4 <= seconds[machine] < 6 + 5,
+                  f"machine{machine}'s launcher ended {seconds[machine]:.1f} s after the cut")
+            left = cluster.machines[machine].processes()
+            check(not left, f"processes left on machine{machine} after its launcher ended: {left}")
+    return f"each launcher named the other node and ended, {seconds[0]:.1f} and {seconds[1]:.1f} s after the cut"
+
+
+def case_link_cut(accel, program, work, length):
+    return {"restored": link_cut_restored, "beyond_timeout": link_cut_beyond_timeout}[length](accel, program, work)
+
+
+FLOOD = """
+import socket, sys, threading
+def drain(connection):
+    while connection.recv(1 << 16):
+        pass
+server = socket.create_server((sys.argv[1], 5001))
+print('listening', flush=True)
+threading.Thread(target=lambda: drain(server.accept()[0]), daemon=True).start()
+while True:
+    try:
+        connection = socket.create_connection((sys.argv[2], 5001), timeout=1)
+        break
+    except OSError:
+        pass
+connection.settimeout(None)
+zeros = bytes(1 << 16)
+while True:
+    connection.sendall(zeros)"""
+
+SLOW_RATE = 2_000_000  # bits per second, each link, each way
+TIGHT_HEARTBEAT = ["--heartbeat_timeout", "2", "--heartbeat_interval", "0.5"]
+
+
+def case_slow_link(accel, program, work):
+    """Links limited to 2 Mbit/s (tc tbf) and kept full both ways by bulk TCP traffic between the machines, while 10
+    steps train with a tight heartbeat (timeout 2 s): slow (each packet waits up to 100 ms in the full queue, some are
+    dropped and sent again), but the job ends with the parameters of the unlimited job byte for byte, and the
+    heartbeats, queued behind the bulk traffic, still get through (no node taken for lost)."""
+    reference = on_one_machine(accel, program, work, "train")
+    disk = os.path.join(work, "disk")
+    with harness.Cluster(2, disk, rate=SLOW_RATE, lifetime=JOB_TIMEOUT + 60) as cluster:
+        machine0, machine1 = cluster.machines
+        floods = [machine.start([sys.executable, "-c", FLOOD, machine.address, other.address], stdout=subprocess.PIPE,
+                                text=True) for machine, other in ((machine0, machine1), (machine1, machine0))]
+        for flood in floods:
+            check(flood.stdout.readline().strip() == "listening", "a bulk sender did not start")
+        time.sleep(1)  # the links full
+        before, started = cluster.link_bytes(1), time.monotonic()
+        job = Job(cluster, accel, program, ["train", f"{disk}/trained.safetensors"], os.path.join(work, "job.log"),
+                  TIGHT_HEARTBEAT)
+        seconds = time.monotonic() - started
+        crossed = [after - earlier for after, earlier in zip(cluster.link_bytes(1), before)]
+        check(all(flood.poll() is None for flood in floods), "a bulk sender stopped during the job")
+        check("is lost" not in job.output, f"a launcher took a slow node for lost:\n{job.output}")
+        job.check_every_rank("training on 2 Mbit/s links kept full", "trained")
+        with open(machine0.path(f"{disk}/trained.safetensors"), "rb") as f:
+            trained = f.read()
+    check(trained == reference, "the parameters trained over the slow links differ from those of the unlimited job")
+    # Full: each way at least 3/4 of the rate for the whole job.
+    check(min(crossed) >= 0.75 * SLOW_RATE / 8 * seconds,
+          f"machine1's link carried {crossed} bytes in {seconds:.1f} s: not kept full at {SLOW_RATE} bit/s")
+    return (f"{seconds:.1f} s on links kept full ({crossed[0] * 8 / seconds / 1e6:.2f} and "
+            f"{crossed[1] * 8 / seconds / 1e6:.2f} Mbit/s), parameters equal to the unlimited job's, no false alarm")
 
 
 def main():
