@@ -10,6 +10,7 @@
 #include "fp8.hpp"
 #include "parallel.hpp"
 #include "sharded_data_parallel.hpp"
+#include "hybrid_sharded.hpp"
 #include "shard_unit.hpp"
 #include "accumulation.hpp"
 #include "device.hpp"

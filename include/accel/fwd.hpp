@@ -36,6 +36,9 @@ template <class Backend>
 struct zero2;
 template <class Backend>
 struct fully_sharded;
+// Hybrid sharding, HSDP (hybrid_sharded.hpp).
+template <class Backend>
+struct hybrid_sharded;
 
 // Accumulation policies (accumulation.hpp).
 template <int N>

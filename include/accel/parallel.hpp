@@ -268,6 +268,11 @@ class process_group_topology {
   void wait_for_everyone() { communicator_->barrier(); }
   [[nodiscard]] communicator_type& communicator() noexcept { return *communicator_; }
 
+ protected:
+  /// Makes `group` (a process group of the mesh, this process among its members) what this facet's collectives, rank
+  /// and size are: hybrid sharding shards within its dp_shard group. Before any model is prepared.
+  void narrow_to(communicator_type& group) noexcept { communicator_ = &group; }
+
  private:
   communicator_type* communicator_;
   c10::Device device_;
@@ -302,7 +307,7 @@ struct bucketed_data_parallel : parallel_defaults, process_group_topology<Backen
     broadcast_module_state(module, this->communicator());
     if (this->num_processes() > 1)
       reducers_[&module] = std::make_unique<reducer_type>(module, this->communicator(), buckets_, group_of,
-                                                          make_bucket_hook<communicator_type>(comm_hook_));
+                                                          make_bucket_hook<communicator_type>(comm_hook_), replicas_);
   }
   /// Whether backward through `module` all-reduces its gradients (no_sync and accumulation turn it off).
   [[nodiscard]] bool gradient_sync(const torch::nn::Module& module) const {
@@ -335,9 +340,14 @@ struct bucketed_data_parallel : parallel_defaults, process_group_topology<Backen
     return nullptr;
   }
 
+ protected:
+  /// Hybrid sharding: the reducers made from now on all-reduce each reduced segment across `replicas` too.
+  void replicate_gradients_across(communicator_type& replicas) noexcept { replicas_ = &replicas; }
+
  private:
   bucket_options buckets_;
   comm_hook_options comm_hook_;
+  communicator_type* replicas_ = nullptr;
   std::map<const torch::nn::Module*, std::unique_ptr<reducer_type>> reducers_;
 };
 }  // namespace detail

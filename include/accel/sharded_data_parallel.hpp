@@ -321,6 +321,13 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
   /// When the shard units gather and let go (none without units), for tests.
   [[nodiscard]] const auto* unit_schedule() const noexcept { return schedule_.get(); }
 
+ protected:
+  using gather_communicator =
+      std::remove_reference_t<decltype(*std::declval<typename base::communicator_type&>().separate(std::string()))>;
+  /// What the units gather on when the policy's group is not the job's (hybrid sharding): a group of the same
+  /// processes as `communicator()`'s, kept for the process's life. None: the job's separate group.
+  void gather_units_on(gather_communicator& gathers) noexcept { unit_gathers_ = &gathers; }
+
  private:
   /// The shards of the optimizers that list any of `module`'s parameters, in the order they were prepared (the
   /// same on every process: they gather in that order).
@@ -395,20 +402,20 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
         for (auto& p : shards->parameters_of(u + 1)) units[u].parameters.push_back(std::move(p));
       }
     }
-    auto& gathers = detail::separate_process_group<typename base::communicator_type>(this->timeout_);
+    auto& gathers = unit_gathers_ != nullptr
+                        ? *unit_gathers_
+                        : detail::separate_process_group<typename base::communicator_type>(this->timeout_);
     schedule_ =
         std::make_shared<detail::unit_schedule<gather_communicator>>(gathers, this->sharding_, std::move(units));
     for (std::size_t u = 0; u < units_.size(); ++u) units_[u]->attach(schedule_, u);
   }
-
-  using gather_communicator =
-      std::remove_reference_t<decltype(*std::declval<typename base::communicator_type&>().separate(std::string()))>;
 
   std::vector<detail::shard_unit_base*> units_;           // the prepared models' units, in order
   std::unordered_map<const void*, std::size_t> unit_of_;  // a parameter's TensorImpl -> its unit + 1
   std::vector<detail::compat::grad_accumulator_handle> unit_accumulators_;
   std::shared_ptr<detail::unit_schedule<gather_communicator>> schedule_;
   std::shared_ptr<detail::parameter_encoding> encoding_;
+  gather_communicator* unit_gathers_ = nullptr;
 };
 
 }  // namespace accel

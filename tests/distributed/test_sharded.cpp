@@ -1338,3 +1338,186 @@ TEST_CASE(
   }
   acc.wait_for_everyone();
 }
+
+// Issue 34 item 2: hybrid sharding (HSDP) on the 2 x 2 mesh of 4 processes (mesh.hsdp.* in tests/CMakeLists.txt:
+// accel launch --parallelism_config_dp_replicate_size 2 --parallelism_config_dp_shard_size 2).
+
+namespace {
+
+using hsdp = accel::hybrid_sharded<accel::gloo>;
+
+/// This process's index in its dp_shard group, and that group's size, from the accelerator's ParallelismConfig.
+std::pair<int, int> shard_position() {
+  accel::accelerator<accel::fp32, hsdp> acc;
+  const auto& mesh = acc.parallelism_config();
+  REQUIRE(mesh.has_value());
+  return {acc.data_parallel_shard_rank(), mesh->size("dp_shard")};
+}
+
+/// Every process's copy of `parameters`, compared with this one's bit for bit: the replicas must not drift apart.
+template <class Accelerator>
+void check_same_everywhere(Accelerator& acc, const std::vector<torch::Tensor>& parameters) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : parameters) flat.push_back(p.reshape({-1}));
+  const auto mine = torch::cat(flat).unsqueeze(0);
+  const auto all = acc.gather(mine);
+  REQUIRE(all.size(0) == acc.num_processes());
+  for (int r = 0; r < acc.num_processes(); ++r) {
+    INFO("process " << r << " against process " << acc.process_index());
+    CHECK(torch::equal(all[r], mine[0]));
+  }
+}
+
+template <class Model>
+void check_hsdp_parity(optimizer_kind kind) {
+  using replicated = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+  using hybrid = accel::accelerator<accel::fp32, hsdp>;
+  const auto expected = train<replicated, Model>(kind, true);
+  const auto got = train<hybrid, Model>(kind, true);
+  hybrid acc;
+  REQUIRE(got.parameters.size() == expected.parameters.size());
+  for (std::size_t i = 0; i < got.parameters.size(); ++i) {
+    const auto difference = (got.parameters[i] - expected.parameters[i]).abs().max().template item<double>();
+    INFO(name_of(kind) << ", parameter " << i << ", max difference " << difference);
+    CHECK(difference <= 1e-6);
+  }
+  check_same_everywhere(acc, got.parameters);
+  torch::manual_seed(5);
+  uneven start(true);
+  CHECK_FALSE(torch::equal(got.parameters[0], start->parameters()[0]));  // it trained
+}
+
+}  // namespace
+
+TEST_CASE("hybrid_sharded refuses a mesh without dp_replicate and dp_shard, naming the sizes and the fix",
+          "[hsdp][hsdp_refusals]") {
+  using accel::detail::hybrid_sharding_mesh;
+  using Catch::Matchers::Contains;
+  // The message of the accel::mesh_error that checking `mesh` throws (none: it threw nothing).
+  const auto refusal = [](const std::optional<accel::mesh_layout>& mesh) -> std::string {
+    try {
+      hybrid_sharding_mesh(mesh, 4);
+    } catch (const accel::mesh_error& error) {
+      return error.what();
+    }
+    return "(nothing thrown)";
+  };
+  CHECK_THAT(refusal(std::nullopt), Contains("no device mesh is configured for this job of 4 processes") &&
+                                        Contains("--parallelism_config_dp_replicate_size R "
+                                                 "--parallelism_config_dp_shard_size S"));
+  CHECK_THAT(refusal(accel::mesh_layout({.dp_shard = 4}, 4)),
+             Contains("the mesh dp_replicate=1, dp_shard=4, cp=1, tp=1 lacks a dimension") &&
+                 Contains("with dp_replicate=1 use accel::fully_sharded"));
+  CHECK_THAT(refusal(accel::mesh_layout({.dp_replicate = 4}, 4)),
+             Contains("dp_replicate=4, dp_shard=1") && Contains("with dp_shard=1 accel::data_parallel"));
+  CHECK_THAT(refusal(accel::mesh_layout({.dp_shard = 2, .tp = 2}, 4)), Contains("has tp or cp"));
+  const std::optional<accel::mesh_layout> two_by_two(accel::mesh_layout({.dp_replicate = 2, .dp_shard = 2}, 4));
+  CHECK(&hybrid_sharding_mesh(two_by_two, 4) == &*two_by_two);
+  CHECK_THROWS_WITH(hsdp(accel::options{.sharding = {.state_dict = accel::state_dict_type::sharded}}),
+                    Contains("leave it at state_dict_type::full"));
+}
+
+TEST_CASE("hybrid_sharded trains as data_parallel within 1e-6, every replica alike bit for bit",
+          "[hsdp][hsdp_parity]") {
+  const auto kind = GENERATE(optimizer_kind::adamw, optimizer_kind::sgd_nesterov);
+  SECTION("without shard units") { check_hsdp_parity<uneven>(kind); }
+  SECTION("with shard units") { check_hsdp_parity<uneven_units>(kind); }
+}
+
+TEST_CASE("hybrid_sharded holds 1/dp_shard of the state, counted, as fully_sharded on one shard group would",
+          "[hsdp][hsdp_memory]") {
+  const auto measured = measure_training<hsdp>();
+  const auto [shard_rank, shards] = shard_position();
+  auto net = estimate_mlp();
+  const auto estimate = accel::estimate_training_bytes(
+      extents_of(*net),
+      {.stage = accel::sharding_stage::fully_sharded, .processes = shards, .process_index = shard_rank});
+  std::int64_t whole_state = 0;
+  for (const auto& p : net->parameters())
+    if (p.requires_grad()) whole_state += 8 * p.numel();
+  INFO("shard " << shard_rank << " of " << shards << ": measured between steps " << measured.at_rest
+                << " B (gather buffers " << measured.gather_buffers << ", bucket scales " << measured.bucket_scales
+                << "), estimated " << estimate.at_rest() << " B; optimizer state " << measured.optimizer_state
+                << " B of " << whole_state << " B in all");
+  CHECK(measured.optimizer_state == estimate.optimizer_state);
+  CHECK(measured.at_rest - measured.gather_buffers - measured.bucket_scales == estimate.at_rest());
+  CHECK(measured.kept_by_step == estimate.in_step() - estimate.at_rest());
+  // The shard group's states add up to the whole model's, once.
+  accel::accelerator<accel::fp32, hsdp> acc;
+  auto total = torch::tensor({static_cast<double>(measured.optimizer_state)}, torch::kDouble);
+  CHECK(acc.reduce(total, accel::reduction::sum).item<double>() ==
+        static_cast<double>(acc.num_processes() / shards * whole_state));
+}
+
+TEST_CASE("hybrid_sharded sends each reduced segment across the replicas: 1/dp_shard of what it reduce-scatters",
+          "[hsdp][hsdp_bytes]") {
+  accel::accelerator<accel::fp32, hsdp> acc;
+  const auto [shard_rank, shards] = shard_position();
+  auto net = estimate_mlp();
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto [model, opt] = acc.prepare(net, adamw);
+  torch::manual_seed(3 + acc.process_index());
+  const auto x = torch::randn({8, 64});
+  for (int step = 0; step < 3; ++step) {
+    acc.backward(model(x).pow(2).mean());
+    opt.step();
+    opt.zero_grad();
+  }
+  const auto* reducer = acc.parallel().reducer_for(*net);
+  REQUIRE(reducer != nullptr);
+  // Each bucket: its flat tensor of S segments reduce-scattered in the shard group, one segment all-reduced across
+  // the replicas; every segment is the padded chunks of its members and one flag each.
+  std::vector<std::int64_t> full_numel;  // of the trainable parameters, in registration order (the reducer's)
+  for (const auto& p : estimate_mlp()->parameters())
+    if (p.requires_grad()) full_numel.push_back(p.numel());
+  std::uint64_t segments = 0;
+  for (const auto& bucket : reducer->bucket_layout()) {
+    for (const auto member : bucket)
+      segments += static_cast<std::uint64_t>(accel::detail::shard_chunk(full_numel[member], shards));
+    segments += bucket.size();
+  }
+  INFO("shard " << shard_rank << ": reduce-scattered " << reducer->payload_elements() << " elements, all-reduced "
+                << reducer->replica_elements() << " across replicas, formula " << 3 * segments << " per replica");
+  CHECK(reducer->reduce_scatter_count() == 3 * reducer->bucket_layout().size());
+  CHECK(reducer->replica_elements() == 3 * segments);
+  CHECK(reducer->payload_elements() == 3 * segments * static_cast<std::uint64_t>(shards));
+}
+
+namespace {
+/// Where the 2 x 2 job leaves its checkpoint and the parameters it saved, for jobs on other meshes to load.
+std::filesystem::path hsdp_checkpoint() { return cross_job_directory("hybrid_sharded_2x2"); }
+}  // namespace
+
+TEST_CASE("hybrid_sharded resumes bit for bit on its mesh, and saves a checkpoint for other meshes to load",
+          "[hsdp][hsdp_save]") {
+  using hybrid = accel::accelerator<accel::fp32, hsdp>;
+  const auto dir = hsdp_checkpoint();
+  const auto uninterrupted = run_steps<hybrid>(0, 10, 5);
+  const auto saved = run_steps<hybrid>(0, 5, 5, {}, dir);
+  const auto resumed = run_steps<hybrid>(5, 10, 99, dir);
+  for (std::size_t i = 0; i < resumed.size(); ++i) CHECK(torch::equal(resumed[i], uninterrupted[i]));
+  CHECK(std::filesystem::exists(dir / "optimizer.bin"));  // the whole optimizer state, as data_parallel's
+  hybrid acc;
+  if (acc.is_main_process()) torch::save(saved, (dir / "saved_parameters.pt").string());
+  acc.wait_for_everyone();
+}
+
+TEMPLATE_TEST_CASE(
+    "a checkpoint saved by hybrid_sharded on 2 x 2 loads on another mesh: the saved parameters and optimizer state, "
+    "bit for bit",
+    "[hsdp_load]", accel::data_parallel<accel::gloo>, zero3) {
+  using loading = accel::accelerator<accel::fp32, TestType>;
+  const auto dir = hsdp_checkpoint();
+  std::vector<torch::Tensor> saved;
+  torch::load(saved, (dir / "saved_parameters.pt").string());
+  const auto again = accel_test::job_directory("accel_hsdp_saved_again_");
+  const auto loaded = run_steps<loading>(5, 5, 99, dir, again);
+  REQUIRE(loaded.size() == saved.size());
+  for (std::size_t i = 0; i < loaded.size(); ++i) CHECK(torch::equal(loaded[i], saved[i]));
+  const auto saved_state = saved_adamw_state(dir);
+  CHECK_FALSE(saved_state.empty());
+  CHECK(accel_test::all_equal(saved_adamw_state(again), saved_state));
+  loading acc;
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) accel::detail::remove_tree(again);
+}

@@ -9,7 +9,8 @@
 /// gradients (shard_layout.hpp); each full bucket is reduce-scattered instead, each process keeps the averaged
 /// segment for its own slices as its shard gradients, and the full gradients are released as soon as they are in a
 /// bucket. Buckets are allocated when their first gradient arrives and freed once reduced, at most two in flight
-/// (so backward holds at most three, one filling, and the two collectives' receive buffers).
+/// (so backward holds at most three, one filling, and the two collectives' receive buffers). Hybrid sharding gives
+/// the reducer its shard group and the replicas: each reduced segment is all-reduced across them before it is kept.
 // IWYU pragma: private, include <accel/parallel.hpp>
 #pragma once
 
@@ -209,11 +210,14 @@ class gradient_reducer {
 
  public:
   /// `group_of` (a parameter's group, or none) keeps each bucket within a group (assign_buckets); `hook`, when
-  /// given, reduces each bucket instead of a plain all-reduce (the replicated layout's all-reduce only).
+  /// given, reduces each bucket instead of a plain all-reduce (the replicated layout's all-reduce only). `replicas`
+  /// (sharded layout, hybrid sharding): the processes holding the same slices as this one in the other shard groups;
+  /// each reduce-scattered segment is then all-reduced across them, and every gradient is divided by the whole
+  /// job's size, `comm`'s times theirs.
   gradient_reducer(torch::nn::Module& module, C& comm, const bucket_options& limits,
                    const std::function<std::size_t(const at::Tensor&)>& group_of = {},
-                   std::unique_ptr<bucket_hook<C>> hook = nullptr)
-      : comm_(comm), hook_(std::move(hook)) {
+                   std::unique_ptr<bucket_hook<C>> hook = nullptr, C* replicas = nullptr)
+      : comm_(comm), replicas_(replicas), hook_(std::move(hook)) {
     std::vector<std::size_t> groups;
     for (const auto& item : module.named_parameters())
       if (item.value().requires_grad()) {
@@ -294,6 +298,9 @@ class gradient_reducer {
   /// Elements the gradient collectives were given since construction (each bucket's flat tensor, padding and
   /// "used" flags included): what is all-reduced, or what is reduce-scattered.
   [[nodiscard]] std::uint64_t payload_elements() const noexcept { return payload_elements_; }
+  /// Hybrid sharding: elements all-reduced across the replicas since construction (each reduced segment, padding and
+  /// flags included).
+  [[nodiscard]] std::uint64_t replica_elements() const noexcept { return replica_elements_; }
   /// Bytes handed to the gradient all-reduces since construction: the buckets as they are, or what the
   /// communication hook sent instead (cast, low-rank).
   [[nodiscard]] std::uint64_t communicated_bytes() const noexcept
@@ -330,6 +337,8 @@ class gradient_reducer {
     std::size_t member;
   };
 
+  int replica_count() const noexcept { return replicas_ == nullptr ? 1 : replicas_->size(); }
+
   /// Elements parameter `index` takes in its bucket: all of them, or (sharded) its chunk in each segment.
   std::int64_t stored_elements(std::size_t index) const {
     const auto numel = parameters_[index].numel();
@@ -348,7 +357,7 @@ class gradient_reducer {
       const auto& first = parameters_[members.front()];
       const auto flags = static_cast<std::int64_t>(members.size());
       buckets_.push_back({.flat = sharded ? at::Tensor() : at::zeros({numel + flags}, first.options()),
-                          .scale = at::scalar_tensor(1.0 / comm_.size(), first.options()),
+                          .scale = at::scalar_tensor(1.0 / (comm_.size() * replica_count()), first.options()),
                           .members = std::move(members),
                           .flags_offset = numel,
                           .segment = numel + flags,
@@ -481,6 +490,10 @@ class gradient_reducer {
     auto work = std::move(*b.in_flight);
     b.in_flight.reset();
     work.wait();
+    if (replicas_ != nullptr) {  // the same slices' sums from the other shard groups: the whole job's average
+      replicas_->all_reduce(b.reduced, reduction::sum).wait();
+      replica_elements_ += static_cast<std::uint64_t>(b.reduced.numel());
+    }
     const auto users = b.reduced.narrow(0, b.flags_offset, static_cast<std::int64_t>(b.members.size())).to(at::kCPU);
     for (std::size_t k = 0; k < b.members.size(); ++k) {
       if (users[static_cast<std::int64_t>(k)].template item<float>() == 0) continue;
@@ -561,6 +574,7 @@ class gradient_reducer {
   }
 
   C& comm_;
+  C* replicas_;                           // hybrid sharding: the same slices' processes in the other shard groups
   std::unique_ptr<bucket_hook<C>> hook_;  // replicated: how a bucket is reduced (none: all-reduced as it is)
   std::vector<std::string> names_;
   std::vector<at::Tensor> parameters_;
@@ -576,6 +590,7 @@ class gradient_reducer {
   std::uint64_t launched_count_ = 0;
   std::uint64_t overlapped_count_ = 0;
   std::uint64_t payload_elements_ = 0;
+  std::uint64_t replica_elements_ = 0;
   std::uint64_t plain_bytes_ = 0;  // all-reduced without a hook
   bool sync_ = true;
   bool armed_ = true;
