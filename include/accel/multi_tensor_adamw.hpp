@@ -53,7 +53,6 @@ class multi_tensor_adamw : public torch::optim::AdamW {
 
   void step_group(torch::optim::OptimizerParamGroup& group) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
-    std::vector<at::Tensor> stepped;
     std::map<std::int64_t, same_step> by_step;
     for (const auto& parameter : group.params()) {
       if (!parameter.grad().defined()) continue;
@@ -69,11 +68,7 @@ class multi_tensor_adamw : public torch::optim::AdamW {
       set.averages.push_back(state.exp_avg());
       set.squared_averages.push_back(state.exp_avg_sq());
       if (options.amsgrad()) set.max_squared_averages.push_back(state.max_exp_avg_sq());
-      stepped.push_back(parameter);
     }
-    if (stepped.empty()) return;
-    // The decoupled weight decay first, as LibTorch's AdamW does; nothing below reads a parameter before its update.
-    if (options.weight_decay() != 0) at::_foreach_mul_(stepped, at::Scalar(1 - options.lr() * options.weight_decay()));
     for (auto& [step, set] : by_step) update(set, step, options);
   }
 
@@ -82,6 +77,9 @@ class multi_tensor_adamw : public torch::optim::AdamW {
     const auto [beta1, beta2] = options.betas();
     const double bias_correction1 = 1 - std::pow(beta1, step);
     const double bias_correction2 = 1 - std::pow(beta2, step);
+    // The decoupled weight decay first, as LibTorch's AdamW does; nothing below reads a parameter before its update.
+    if (options.weight_decay() != 0)
+      at::_foreach_mul_(set.parameters, at::Scalar(1 - options.lr() * options.weight_decay()));
     at::_foreach_mul_(set.averages, at::Scalar(beta1));
     at::_foreach_add_(set.averages, set.gradients, at::Scalar(1 - beta1));
     at::_foreach_mul_(set.squared_averages, at::Scalar(beta2));
