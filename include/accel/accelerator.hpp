@@ -105,7 +105,7 @@ class accelerator {
         precision_(opts, parallel_.device()),
         accumulation_(opts),
         options_(opts),
-        parallelism_(parallelism_config_from_environment(parallel_.num_processes())),
+        parallelism_(configured_mesh(opts.parallelism_config, parallel_.num_processes())),
         schedule_(opts.project),
         state_(parallel_, registry_, opts.project, precision_, accumulation_, parallel_, schedule_),
         trackers_(opts.log_with, opts.project) {}
@@ -234,10 +234,10 @@ class accelerator {
   [[nodiscard]] bool is_main_process() const noexcept { return process_index() == 0; }
   [[nodiscard]] bool is_local_main_process() const noexcept { return local_process_index() == 0; }
   [[nodiscard]] bool is_last_process() const noexcept { return process_index() == num_processes() - 1; }
-  /// Accelerate's `parallelism_config`: the device mesh that `accel launch --parallelism_config_*` (or
-  /// PARALLELISM_CONFIG_*_SIZE, or the config file's parallelism_config block through `accel launch`) configures,
-  /// validated for this job when the accelerator was made (`accel::mesh_error` otherwise); none when nothing
-  /// configures one.
+  /// Accelerate's `parallelism_config`: the device mesh that `options::parallelism_config` and `accel launch
+  /// --parallelism_config_*` (or PARALLELISM_CONFIG_*_SIZE, or the config file's parallelism_config block through
+  /// `accel launch`) configure, the program's sizes first (`configured_mesh`), validated for this job when the
+  /// accelerator was made (`accel::mesh_error` otherwise); none when nothing configures one.
   [[nodiscard]] const std::optional<mesh_layout>& parallelism_config() const noexcept { return parallelism_; }
   /// This process's index along the mesh's dimensions, 0 along a dimension of size 1, as Accelerate's properties of
   /// the same names: dp_replicate, dp_shard, tp and cp. Throws `accel::mesh_error` when no mesh is configured.

@@ -33,6 +33,7 @@
 
 #include "detail/support/text.hpp"
 #include "launch.hpp"
+#include "options.hpp"
 
 namespace accel {
 
@@ -67,19 +68,23 @@ constexpr bool parallel_beside_pure_replication(const mesh_sizes& sizes) noexcep
   return (sizes.tp > 1 || sizes.cp > 1) && sizes.dp_replicate > 1 && sizes.dp_shard == 1;
 }
 
-/// One size's variable, PARALLELISM_CONFIG_<NAME>_SIZE, and its name as Accelerate's launch flag
-/// (`--parallelism_config_<name>_size`) and key of the config file's `parallelism_config:` block.
+/// One size's variable, PARALLELISM_CONFIG_<NAME>_SIZE, its name as Accelerate's launch flag
+/// (`--parallelism_config_<name>_size`) and key of the config file's `parallelism_config:` block, and its field in
+/// the program's `options::parallelism_config`.
 struct mesh_size_variable {
   std::string_view variable;
   std::string_view config_key;
   int mesh_sizes::* size;
+  std::optional<int> parallelism_options::* given;
 };
 
 inline constexpr std::array<mesh_size_variable, 4> mesh_size_variables{{
-    {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "parallelism_config_dp_replicate_size", &mesh_sizes::dp_replicate},
-    {"PARALLELISM_CONFIG_DP_SHARD_SIZE", "parallelism_config_dp_shard_size", &mesh_sizes::dp_shard},
-    {"PARALLELISM_CONFIG_CP_SIZE", "parallelism_config_cp_size", &mesh_sizes::cp},
-    {"PARALLELISM_CONFIG_TP_SIZE", "parallelism_config_tp_size", &mesh_sizes::tp},
+    {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "parallelism_config_dp_replicate_size", &mesh_sizes::dp_replicate,
+     &parallelism_options::dp_replicate_size},
+    {"PARALLELISM_CONFIG_DP_SHARD_SIZE", "parallelism_config_dp_shard_size", &mesh_sizes::dp_shard,
+     &parallelism_options::dp_shard_size},
+    {"PARALLELISM_CONFIG_CP_SIZE", "parallelism_config_cp_size", &mesh_sizes::cp, &parallelism_options::cp_size},
+    {"PARALLELISM_CONFIG_TP_SIZE", "parallelism_config_tp_size", &mesh_sizes::tp, &parallelism_options::tp_size},
 }};
 
 /// What Accelerate's launcher sets beside the sizes so that its Accelerator builds the mesh.
@@ -108,7 +113,7 @@ struct fixed_mesh {
 /// Accelerate. Throws `accel::mesh_error` naming the variable when one is not a whole number >= 1.
 inline mesh_sizes mesh_sizes_from_environment() {
   mesh_sizes sizes;
-  for (const auto& [name, key, size] : detail::mesh_size_variables) {
+  for (const auto& [name, key, size, given] : detail::mesh_size_variables) {
     const auto variable = detail::read_variable(name);
     if (!variable) continue;
     const auto& text = variable->value;
@@ -149,7 +154,7 @@ inline bool parallelism_config_in_environment() {
 /// processes means plain data parallelism (dp_replicate = the number of processes); otherwise the product must be
 /// the number of processes. Throws `accel::mesh_error` naming the sizes and the fix.
 inline mesh_sizes validate_mesh(mesh_sizes sizes, int num_processes) {
-  for (const auto& [name, key, size] : detail::mesh_size_variables)
+  for (const auto& [name, key, size, given] : detail::mesh_size_variables)
     if (sizes.*size < 1)
       throw mesh_error("accel: mesh " + detail::describe(sizes) + ": every size must be at least 1 (1: the " +
                        "dimension is not used); fix " + std::string(name) + " or the size given in the program");
@@ -321,6 +326,19 @@ class mesh_layout {
 inline std::optional<mesh_layout> parallelism_config_from_environment(int num_processes) {
   if (!parallelism_config_in_environment()) return std::nullopt;
   return mesh_layout(mesh_sizes_from_environment(), num_processes);
+}
+
+/// The mesh of Accelerate's `Accelerator(parallelism_config=...)` for a job of `num_processes`: each size the program
+/// `given` sets, each other from its PARALLELISM_CONFIG_*_SIZE (as Accelerate reads its unset fields); where the
+/// program sets none, the environment's (`parallelism_config_from_environment`). Validated (`validate_mesh`).
+inline std::optional<mesh_layout> configured_mesh(const parallelism_options& given, int num_processes) {
+  const auto& entries = detail::mesh_size_variables;
+  if (std::none_of(entries.begin(), entries.end(), [&](const auto& entry) { return (given.*entry.given).has_value(); }))
+    return parallelism_config_from_environment(num_processes);
+  auto sizes = mesh_sizes_from_environment();
+  for (const auto& entry : entries)
+    if (const auto& size = given.*entry.given) sizes.*entry.size = *size;
+  return mesh_layout(sizes, num_processes);
 }
 
 namespace detail {

@@ -76,7 +76,8 @@ struct hybrid_sharded : fully_sharded<Backend> {
   explicit hybrid_sharded(const options& opts)
       : base(opts),
         world_(&base::communicator()),
-        mesh_(detail::hybrid_sharding_mesh(parallelism_config_from_environment(world_->size()), world_->size()).sizes(),
+        mesh_(detail::hybrid_sharding_mesh(configured_mesh(opts.parallelism_config, world_->size()), world_->size())
+                  .sizes(),
               *world_) {
     if (opts.sharding.state_dict != state_dict_type::full)
       throw std::invalid_argument(

@@ -224,6 +224,17 @@ struct join_options {
   std::optional<bool> even_batches = std::nullopt;
 };
 
+/// The device mesh given in the program (Accelerate's `ParallelismConfig(dp_replicate_size=..., dp_shard_size=...,
+/// tp_size=..., cp_size=...)`, passed as `Accelerator(parallelism_config=...)`): a size set here is the mesh's; an
+/// unset one is read from its PARALLELISM_CONFIG_*_SIZE, as Accelerate reads its unset fields. Nothing set: the
+/// environment alone decides whether there is a mesh (accel/device_mesh.hpp, `configured_mesh`).
+struct parallelism_options {
+  std::optional<int> dp_replicate_size = std::nullopt;
+  std::optional<int> dp_shard_size = std::nullopt;
+  std::optional<int> tp_size = std::nullopt;
+  std::optional<int> cp_size = std::nullopt;
+};
+
 /// The experiment trackers built into accel (see accel/tracking.hpp), for `options::log_with`.
 enum class tracker { csv, json_lines, tensorboard, mlflow };
 
@@ -287,6 +298,9 @@ struct options {
   bool step_scheduler_with_optimizer = true;
   /// The trackers `init_trackers` starts on the main process (Accelerate's `log_with`); empty: none.
   std::vector<tracker> log_with = {};
+  /// The device mesh of N-D parallelism given in the program (Accelerate's `parallelism_config`); each size left
+  /// unset comes from the environment (`accel launch --parallelism_config_*`, PARALLELISM_CONFIG_*_SIZE).
+  parallelism_options parallelism_config = {};
 };
 
 }  // namespace accel

@@ -1415,6 +1415,17 @@ TEST_CASE("hybrid_sharded refuses a mesh without dp_replicate and dp_shard, nami
   CHECK(&hybrid_sharding_mesh(two_by_two, 4) == &*two_by_two);
   CHECK_THROWS_WITH(hsdp(accel::options{.sharding = {.state_dict = accel::state_dict_type::sharded}}),
                     Contains("leave it at state_dict_type::full"));
+  // The program's options::parallelism_config over the launcher's 2 x 2: its sizes first, the rest from the launch.
+  CHECK_THROWS_WITH(hsdp(accel::options{.parallelism_config = {.dp_replicate_size = 4, .dp_shard_size = 1}}),
+                    Contains("the mesh dp_replicate=4, dp_shard=1, cp=1, tp=1 lacks a dimension"));
+  CHECK_THROWS_WITH(hsdp(accel::options{.parallelism_config = {.dp_shard_size = 4}}),
+                    Contains("dp_replicate=2, dp_shard=4, cp=1, tp=1 spans 8 processes"));
+  accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>> acc(
+      accel::options{.parallelism_config = {.dp_replicate_size = 1, .dp_shard_size = 4}});
+  REQUIRE(acc.parallelism_config().has_value());
+  CHECK(acc.parallelism_config()->sizes() == accel::mesh_sizes{1, 4, 1, 1});
+  CHECK(acc.data_parallel_shard_rank() == acc.process_index());
+  CHECK(acc.data_parallel_rank() == 0);
 }
 
 TEST_CASE("hybrid_sharded trains as data_parallel within 1e-6, every replica alike bit for bit",

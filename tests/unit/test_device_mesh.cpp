@@ -166,6 +166,25 @@ TEST_CASE("a mesh is configured by ACCELERATE_USE_PARALLELISM_CONFIG, or by any 
                     Catch::StartsWith("accel: ACCELERATE_USE_PARALLELISM_CONFIG=\"maybe\" is neither true nor false"));
 }
 
+TEST_CASE("options::parallelism_config: the program's sizes, each unset one from its variable", "[mesh]") {
+  no_mesh_variables none;
+  CHECK_FALSE(accel::configured_mesh({}, 4).has_value());  // neither the program nor the environment
+  CHECK(accel::configured_mesh({.dp_shard_size = 4}, 4)->sizes() == accel::mesh_sizes{1, 4, 1, 1});
+  CHECK(accel::configured_mesh({.dp_replicate_size = 1}, 4)->sizes() == accel::mesh_sizes{4, 1, 1, 1});  // all 1
+  scoped_variable replicate("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "2");
+  scoped_variable shard("PARALLELISM_CONFIG_DP_SHARD_SIZE", "4");
+  CHECK(accel::configured_mesh({}, 8)->sizes() == accel::mesh_sizes{2, 4, 1, 1});  // the environment's alone
+  // The program's sizes win over the variables; the ones it leaves unset are read from them, as in Accelerate.
+  CHECK(accel::configured_mesh({.dp_shard_size = 2, .tp_size = 2}, 8)->sizes() == accel::mesh_sizes{2, 2, 1, 2});
+  CHECK_THROWS_WITH(accel::configured_mesh({.tp_size = 2}, 8), Catch::Contains("tp=2 spans 16 processes"));
+  CHECK_THROWS_WITH(accel::configured_mesh({.dp_shard_size = 0}, 8),
+                    Catch::Contains("every size must be at least 1"));
+  scoped_variable off("ACCELERATE_USE_PARALLELISM_CONFIG", "false");  // turns the variables off, not the program
+  CHECK_FALSE(accel::configured_mesh({}, 8).has_value());
+  CHECK(accel::configured_mesh({.dp_replicate_size = 1, .dp_shard_size = 8}, 8)->sizes() ==
+        accel::mesh_sizes{1, 8, 1, 1});
+}
+
 TEST_CASE("rank queries: the index along a dimension, 0 along one the mesh leaves out", "[mesh]") {
   const accel::mesh_layout layout({.dp_shard = 2, .tp = 2}, 4);  // shape [2, 2]: rank = 2 * dp_shard + tp
   for (int rank = 0; rank < 4; ++rank) {
