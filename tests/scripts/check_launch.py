@@ -592,6 +592,117 @@ def case_heartbeat_off():
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# Restarts agreed across nodes (--max_restarts with --nnodes > 1), the nodes' launchers on this machine sharing WORK:
+# the probe's starts file shows every worker of every node, and whether any of an earlier attempt was still alive.
+
+NODE_RESTARTS = [*HEARTBEAT, "--restart_delay", "0"]
+
+
+def run_nodes(programs, flags, timeout=30):
+    """Starts one launcher per program (2 workers each) with `flags` and waits for all; returns their (code, stderr)."""
+    launchers = start_nodes(programs, flags)
+    try:
+        return [ended(launcher, f"node {node}", timeout)[:2] for node, launcher in enumerate(launchers)]
+    finally:
+        cleanup(launchers)
+
+
+def attempt_ports(attempts, ranks):
+    """The MASTER_PORT each attempt's workers got: one per attempt, the same on every node."""
+    ports = []
+    for restart in range(attempts):
+        got = {read_variables(os.path.join(WORK, f"vars.{restart}.{rank}"))["MASTER_PORT"] for rank in ranks}
+        check(len(got) == 1, f"the workers of attempt {restart} got different ports: {got}")
+        ports.append(int(got.pop()))
+    return ports
+
+
+def restart_nodes_together(failing_rank):
+    """Rank `failing_rank` fails in attempt 0 of 2 nodes x 2 workers: every node stops its workers, and every node
+    starts attempt 1, none of whose workers starts before every worker of attempt 0 (of both nodes) is gone; the
+    launchers agree on a fresh store port, and both end with 0."""
+    results = run_nodes([[PROBE, "flaky", str(failing_rank), "3", "1", WORK]] * 2,
+                        [*NODE_RESTARTS, "--max_restarts", "2"])
+    starts = read_starts()
+    check_attempts(starts, 2, 4)
+    for start in starts:
+        if start["restart"] == 1:
+            check(start["earlier_alive"] == 0, f"rank {start['rank']} of attempt 1 started while "
+                                               f"{start['earlier_alive']} workers of attempt 0 were alive")
+    failed = start_pid(starts, 0, failing_rank)
+    failure = f"on node {failing_rank // 2}, worker rank {failing_rank} (pid {failed}) exited with code 3"
+    for node, (code, err) in enumerate(results):
+        check(code == 0, f"node {node}: expected exit code 0 after the restart, got {code}")
+        check(f"accel launch: {failure}; restarting the job on every node (restart 1 of 2)" in err,
+              f"node {node} did not name the failure and the restart")
+        check("is lost" not in err and "giving up" not in err, f"node {node} reported a loss or gave up")
+    other = 1 - failing_rank // 2
+    check(f"accel launch: {failure}; stopping this node's 2 running workers" in results[other][1],
+          f"node {other} did not say why it stopped its workers")
+    ports = attempt_ports(2, range(4))
+    for restart in range(2):
+        for rank in range(4):
+            v = read_variables(os.path.join(WORK, f"vars.{restart}.{rank}"))
+            check(v.get("ACCEL_RESTART_COUNT") == str(restart) and v.get("TORCHELASTIC_MAX_RESTARTS") == "2",
+                  f"attempt {restart}, rank {rank}: {v.get('ACCEL_RESTART_COUNT')}, {v.get('TORCHELASTIC_MAX_RESTARTS')}")
+    check(ports[1] != ports[0], f"attempt 1 met on the store port of attempt 0 ({ports})")
+
+
+def case_restart_nodes_worker_node_fails():
+    restart_nodes_together(3)
+
+
+def case_restart_nodes_main_node_fails():
+    restart_nodes_together(1)
+
+
+def case_restart_nodes_give_up():
+    # Every attempt fails on node 1: with --max_restarts 1 both launchers end after attempt 2, with the failing
+    # worker's code, naming its node, its rank and the attempts.
+    started = time.monotonic()
+    results = run_nodes([[PROBE, "flaky", "3", "3", "1000", WORK]] * 2, [*NODE_RESTARTS, "--max_restarts", "1"])
+    seconds = time.monotonic() - started
+    starts = read_starts()
+    check_attempts(starts, 2, 4)
+    last = start_pid(starts, 1, 3)
+    for node, (code, err) in enumerate(results):
+        check(code == 3, f"node {node}: expected the failing worker's exit code 3, got {code}")
+        check(f"accel launch: on node 1, worker rank 3 (pid {last}) exited with code 3; giving up after 1 restart: "
+              f"attempt 2 of 2 failed on every node" in err, f"node {node} did not give up naming the failure")
+        check(len(re.findall("restarting the job on every node", err)) == 1, f"node {node}: not one restart")
+    # Each attempt: the probe's start-up, the failing worker's wait for the others, SIGTERM to the rest.
+    check(seconds < 10, f"took {seconds:.1f} s")
+
+
+def case_restart_nodes_node_lost():
+    # A node lost is never restarted: node 0 names it and exits with 1, although restarts are left.
+    launchers, pids = sleeping_nodes(2, [*HEARTBEAT, "--max_restarts", "2"])
+    try:
+        launchers[1].send_signal(signal.SIGSTOP)
+        check_lost(launchers[0], "node 0", ["node 1 (ranks 2, 3, at 127.0.0.1) is lost: its launcher has not been "
+                                            "heard for ", "terminating this node's 2 running workers (ranks 0, 1) and "
+                                            "exiting with 1"], {rank: pids[rank] for rank in (0, 1)})
+        check(pids_written("pid", range(2)) == {rank: pids[rank] for rank in (0, 1)}, "node 0 restarted its workers")
+    finally:
+        cleanup(launchers)
+
+
+def case_restart_nodes_launcher_stopped():
+    # A launcher stopped by a signal leaves the job: it does not restart, and the other node names it at once (not
+    # after the heartbeat timeout) and ends with 1 rather than waiting for it to end the attempt.
+    launchers, pids = sleeping_nodes(2, [*NODE_RESTARTS, "--max_restarts", "2"])
+    try:
+        launchers[1].send_signal(signal.SIGTERM)
+        code, err, _ = ended(launchers[1], "node 1")
+        check(code == 128 + signal.SIGTERM and "restart" not in err, f"node 1 exited with {code}")
+        check_lost(launchers[0], "node 0", ["node 1 (ranks 2, 3, at 127.0.0.1) is lost: its launcher left the job "
+                                            "(exit code 143) before the nodes had agreed that it was over"],
+                   {rank: pids[rank] for rank in (0, 1)}, at_least=0, at_most=2)
+    finally:
+        cleanup(launchers)
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # Command line
 
 
@@ -647,7 +758,8 @@ def case_usage_restarts():
 
 def case_usage_restarts_multinode():
     check_usage_error(["--nproc_per_node", "1", "--nnodes", "2", "--master_addr", "10.0.0.1", "--max_restarts", "1",
-                       PROBE], "--max_restarts works only with --nnodes 1", "torchrun with a rendezvous")
+                       "--heartbeat_timeout", "0", PROBE], "--max_restarts with --nnodes 2",
+                      "needs the launchers' heartbeat connections", "--heartbeat_timeout above 0")
 
 
 def case_usage_heartbeat():

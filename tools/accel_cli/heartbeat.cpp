@@ -11,8 +11,24 @@
 // the launcher forks its workers, which a second thread would make unsafe.
 // A node is watched from the moment its launcher has connected: if one vanishes before, the workers waiting for it
 // at the job's start give up after their own timeout.
+//
+// Restarts agreed across the nodes (--max_restarts with --nnodes > 1), on the same connections, node 0 deciding, as
+// torchrun's agents do through their rendezvous. Attempts are numbered from 0 on every node:
+// - a node whose worker fails stops its own workers and tells node 0 "failed A CODE TIME WHAT" (A: the attempt; TIME:
+//   when, in microseconds of the system clock, so that node 0 names the earliest failure, not the first message);
+// - node 0 (at the first failure it hears of, its own included) sends every node "restart A WHAT": each stops its
+//   workers of attempt A (SIGTERM, then SIGKILL after --grace_period), as for a failure of its own;
+// - a node whose workers of attempt A have all ended (failed, stopped or succeeded) says "ended A";
+// - once every node has ended attempt A: none failed, node 0 sends "end 0" and the job is over on every node; one
+//   failed and restarts are left, node 0 waits --restart_delay, picks a free port for the next attempt's store and
+//   sends "go A+1 PORT WHAT" (a fresh rendezvous: nothing of attempt A's store is met again); none left, it sends
+//   "end CODE WHAT" and every launcher exits with the failing worker's code, naming it and the attempts.
+// The heartbeats go on between attempts. A node lost (silent, or its launcher gone before node 0 said "end") is never
+// restarted: the job's nodes are fixed, so every launcher names it and exits with 1, as without restarts. A node that
+// has not connected when its attempt has ended on this node counts as lost after --heartbeat_timeout.
 #include "heartbeat.hpp"
 
+#include <accel/detail/support/worker_variables.hpp>
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -21,11 +37,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <set>
 #include <stdexcept>
 #include <string_view>
 #include <utility>
@@ -93,6 +111,7 @@ struct peer_link {
   steady_clock::time_point last_heard = steady_clock::now();
   system_clock::time_point last_heard_clock = system_clock::now();
   bool said_bye = false;
+  std::string left;  // with restarts agreed across nodes: how its launcher left before the job was over
 
   void heard() {
     last_heard = steady_clock::now();
@@ -131,6 +150,7 @@ struct peer_link {
 
   // Why the peer is lost, or nothing while it is not: silent beyond `timeout`, or gone without a goodbye.
   std::optional<std::string> why_lost(bool ended, std::chrono::milliseconds timeout) const {
+    if (!left.empty()) return left;
     if (said_bye) return std::nullopt;
     if (ended) {
       return "its launcher's connection ended at " + clock_time(system_clock::now()) +
@@ -149,6 +169,51 @@ struct peer_link {
 
 std::string words_after(const std::string& line, std::string_view first_word) {
   return line.starts_with(first_word) ? line.substr(first_word.size()) : std::string();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Restarts agreed across the nodes: what the messages carry.
+
+// A worker's failure as a node reports it: its exit code, when (the earliest of several is the one named, whichever
+// message arrives first) and what, e.g. "on node 1, worker rank 3 (pid 42) exited with code 17".
+struct failure_report {
+  int exit_code = 1;
+  std::int64_t at_us = 0;
+  std::string text;
+};
+
+std::int64_t clock_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+// "A CODE TIME TEXT" (the words after "failed "), from node `node`: the attempt and the report, when well formed.
+std::optional<std::pair<int, failure_report>> parse_failure(const std::string& words, int node) {
+  int attempt = 0, consumed = 0;
+  failure_report report;
+  long long at_us = 0;
+  if (std::sscanf(words.c_str(), "%d %d %lld %n", &attempt, &report.exit_code, &at_us, &consumed) != 3)
+    return std::nullopt;
+  report.at_us = at_us;
+  report.text = "on node " + std::to_string(node) + ", " + words.substr(static_cast<std::size_t>(consumed));
+  return std::pair{attempt, std::move(report)};
+}
+
+// "NUMBER [NUMBER] TEXT" (the words after "go " or "end "): the numbers and the rest, when well formed.
+std::optional<std::pair<std::array<int, 2>, std::string>> parse_numbers(const std::string& words, int count) {
+  std::array<int, 2> numbers{};
+  int consumed = 0;
+  const int read = count == 2 ? std::sscanf(words.c_str(), "%d %d %n", &numbers[0], &numbers[1], &consumed)
+                              : std::sscanf(words.c_str(), "%d %n", &numbers[0], &consumed);
+  if (read != count) return std::nullopt;
+  return std::pair{numbers, words.substr(static_cast<std::size_t>(consumed))};
+}
+
+std::string restarts_text(int count) { return std::to_string(count) + (count == 1 ? " restart" : " restarts"); }
+
+// What a launcher that left before node 0 said the job was over did, for the others' message.
+std::string left_early(const std::string& bye) {
+  return "its launcher left the job (exit code " + (bye.size() > 4 ? bye.substr(4) : std::string("?")) +
+         ") before the nodes had agreed that it was over (it was stopped by a signal, or it was lost itself)";
 }
 
 // A listening socket on `port`, for IPv6 and IPv4 where the host has IPv6, else IPv4 alone.
@@ -213,8 +278,26 @@ class main_node_heartbeat final : public peer_watch {
     for (const peer_link& link : links_) {
       if (!link.said_bye) wake = std::min(wake, link.last_heard + options_.timeout);
     }
+    if (go_at_) wake = std::min(wake, *go_at_);
+    if (ended_at_) wake = std::min(wake, *ended_at_ + options_.timeout);
     return wake;
   }
+
+  bool coordinates_restarts() const override { return options_.max_restarts > 0; }
+
+  void worker_failed(int exit_code, const std::string& failure) override {
+    if (coordinates_restarts()) record_failure({exit_code, clock_us(), "on node 0, " + failure});
+  }
+
+  std::optional<std::string> take_restart_order() override { return std::exchange(order_, std::nullopt); }
+
+  void attempt_ended() override {
+    ended_.insert(0);
+    ended_at_ = steady_clock::now();
+    decide();
+  }
+
+  std::optional<attempt_verdict> verdict() override { return std::exchange(verdict_, std::nullopt); }
 
   std::optional<std::string> on_wakeup() override {
     if (finished_) return std::nullopt;
@@ -242,7 +325,9 @@ class main_node_heartbeat final : public peer_watch {
       }
     }
     std::erase_if(links_, [](const peer_link& link) { return link.fd < 0; });
+    if (!lost) lost = never_joined();
     if (lost) return report(*lost);
+    go_if_due();
     beat_if_due();
     return std::nullopt;
   }
@@ -285,9 +370,93 @@ class main_node_heartbeat final : public peer_watch {
       link.nproc = nproc;
       link.send_line("welcome");
     } else if (line.starts_with("bye")) {
-      link.said_bye = true;
+      if (coordinates_restarts() && !job_over_)
+        link.left = left_early(line);
+      else
+        link.said_bye = true;
     } else if (line.starts_with("lost ") && link.node > 0) {
       link.reported = line.substr(5);
+    } else if (link.node > 0 && coordinates_restarts()) {
+      on_attempt_line(link.node, line);
+    }
+  }
+
+  // ---- restarts agreed across the nodes (the comment at the top)
+
+  void on_attempt_line(int node, const std::string& line) {
+    if (const std::string failed = words_after(line, "failed "); !failed.empty()) {
+      if (auto parsed = parse_failure(failed, node); parsed && parsed->first == attempt_)
+        record_failure(std::move(parsed->second));
+    } else if (const std::string ended = words_after(line, "ended "); !ended.empty()) {
+      if (std::atoi(ended.c_str()) == attempt_) ended_.insert(node);
+      decide();
+    }
+  }
+
+  // The earliest failure is the one named; the first heard stops the attempt on every node.
+  void record_failure(failure_report failure) {
+    if (!first_failure_ || failure.at_us < first_failure_->at_us) first_failure_ = failure;
+    if (restart_ordered_) return;
+    restart_ordered_ = true;
+    order_ = failure.text;
+    broadcast("restart " + std::to_string(attempt_) + " " + failure.text);
+  }
+
+  // Once every node's workers of the attempt have ended: the job is over, or goes on after the delay.
+  void decide() {
+    if (job_over_ || go_at_ || static_cast<int>(ended_.size()) < options_.nnodes) return;
+    if (!first_failure_) return end_job(0, "");
+    if (restarts_ < options_.max_restarts) {
+      go_at_ = steady_clock::now() + options_.restart_delay;
+      return;
+    }
+    end_job(first_failure_->exit_code, first_failure_->text + "; giving up after " + restarts_text(restarts_) +
+                                            ": attempt " + std::to_string(attempt_ + 1) + " of " +
+                                            std::to_string(options_.max_restarts + 1) + " failed on every node");
+  }
+
+  void end_job(int exit_code, const std::string& message) {
+    job_over_ = true;
+    broadcast("end " + std::to_string(exit_code) + " " + message);
+    verdict_ = attempt_verdict{std::nullopt, exit_code, message};
+  }
+
+  // The next attempt, on a fresh port for its store (the last one's may linger in TIME_WAIT, its state is stale).
+  void go_if_due() {
+    if (!go_at_ || steady_clock::now() < *go_at_) return;
+    const int port = detail::launching::pick_free_port(INADDR_ANY, "accel launch: node 0",
+                                                       " for the next attempt's store");
+    ++restarts_;
+    const std::string message = first_failure_->text + "; restarting the job on every node (restart " +
+                                std::to_string(restarts_) + " of " + std::to_string(options_.max_restarts) + ")";
+    ++attempt_;
+    broadcast("go " + std::to_string(attempt_) + " " + std::to_string(port) + " " + message);
+    verdict_ = attempt_verdict{port, 0, message};
+    first_failure_.reset();
+    order_.reset();
+    restart_ordered_ = false;
+    ended_.clear();
+    go_at_.reset();
+    ended_at_.reset();
+  }
+
+  // A node whose launcher has not connected by --heartbeat_timeout after this node's attempt ended cannot be waited
+  // for: it counts as lost.
+  std::optional<std::string> never_joined() const {
+    if (!ended_at_ || steady_clock::now() < *ended_at_ + options_.timeout) return std::nullopt;
+    for (int node = 1; node < options_.nnodes; ++node) {
+      if (std::none_of(links_.begin(), links_.end(), [&](const peer_link& link) { return link.node == node; })) {
+        return "node " + std::to_string(node) + " (" + ranks_of(node, options_.nproc_per_node) +
+               ") is lost: its launcher never connected to this node's heartbeat port " +
+               std::to_string(options_.port);
+      }
+    }
+    return std::nullopt;
+  }
+
+  void broadcast(const std::string& line) const {
+    for (const peer_link& link : links_) {
+      if (link.node > 0) link.send_line(line);
     }
   }
 
@@ -314,6 +483,17 @@ class main_node_heartbeat final : public peer_watch {
   std::vector<peer_link> links_;
   steady_clock::time_point next_beat_ = steady_clock::now();
   bool finished_ = false;
+  // Restarts agreed across the nodes: the attempt running, its first failure, the nodes whose workers have ended it.
+  int attempt_ = 0;
+  int restarts_ = 0;
+  std::optional<failure_report> first_failure_;
+  bool restart_ordered_ = false;
+  std::optional<std::string> order_;  // for this node's workers
+  std::set<int> ended_;
+  std::optional<steady_clock::time_point> ended_at_;  // when this node's workers ended the attempt
+  std::optional<steady_clock::time_point> go_at_;     // when the next attempt starts
+  std::optional<attempt_verdict> verdict_;
+  bool job_over_ = false;
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -334,12 +514,36 @@ class other_node_heartbeat final : public peer_watch {
 
   steady_clock::time_point next_wakeup() const override {
     if (finished_) return steady_clock::time_point::max();
-    if (!connected_) return link_.fd >= 0 ? connect_deadline_ : next_attempt_;
-    return std::min(next_beat_, link_.last_heard + options_.timeout);
+    const steady_clock::time_point unwelcome =
+        ended_at_ && !welcomed_ ? *ended_at_ + options_.timeout : steady_clock::time_point::max();
+    if (!connected_) return std::min(link_.fd >= 0 ? connect_deadline_ : next_attempt_, unwelcome);
+    return std::min({next_beat_, link_.last_heard + options_.timeout, unwelcome});
   }
+
+  bool coordinates_restarts() const override { return options_.max_restarts > 0; }
+
+  void worker_failed(int exit_code, const std::string& failure) override {
+    if (!coordinates_restarts()) return;
+    tell_node_0("failed " + std::to_string(attempt_) + " " + std::to_string(exit_code) + " " +
+                std::to_string(clock_us()) + " " + failure);
+  }
+
+  std::optional<std::string> take_restart_order() override { return std::exchange(order_, std::nullopt); }
+
+  void attempt_ended() override {
+    ended_at_ = steady_clock::now();
+    tell_node_0("ended " + std::to_string(attempt_));
+  }
+
+  std::optional<attempt_verdict> verdict() override { return std::exchange(verdict_, std::nullopt); }
 
   std::optional<std::string> on_wakeup() override {
     if (finished_) return std::nullopt;
+    if (ended_at_ && !welcomed_ && steady_clock::now() >= *ended_at_ + options_.timeout) {
+      finished_ = true;
+      return main_node() + " is lost: its launcher was never reached at " + options_.master_addr + " port " +
+             std::to_string(options_.port) + advice(options_);
+    }
     if (!connected_ && !advance_connection()) return std::nullopt;
     bool ended = false;
     const std::vector<std::string> lines = link_.read_lines(ended);
@@ -348,18 +552,22 @@ class other_node_heartbeat final : public peer_watch {
       if (ended || heartbeat_stale(link_.last_heard, steady_clock::now(), options_.timeout)) retry_later();
       return std::nullopt;
     }
-    welcomed_ = true;
+    if (!welcomed_) {
+      welcomed_ = true;
+      for (const std::string& line : std::exchange(outbox_, {})) link_.send_line(line);
+    }
     for (const std::string& line : lines) {
+      if (line.starts_with("bye") && coordinates_restarts() && !job_over_) link_.left = left_early(line);
       if (line.starts_with("bye")) link_.said_bye = true;
       if (const std::string lost = words_after(line, "lost "); !lost.empty() && !link_.said_bye) {
         finished_ = true;
         return lost + advice(options_);
       }
+      if (coordinates_restarts()) on_attempt_line(line);
     }
     if (const std::optional<std::string> why = link_.why_lost(ended, options_.timeout)) {
       finished_ = true;
-      const std::string lost = "node 0 (" + ranks_of(0, options_.nproc_per_node) + ": the main node, at " +
-                               options_.master_addr + ", which holds the job's store) is lost: " + *why;
+      const std::string lost = main_node() + " is lost: " + *why;
       link_.send_line("lost " + lost);  // node 0, if it was only stopped, reads it when it runs again
       link_.close_link();
       return lost + advice(options_);
@@ -437,6 +645,40 @@ class other_node_heartbeat final : public peer_watch {
     next_beat_ = now + options_.interval;
   }
 
+  std::string main_node() const {
+    return "node 0 (" + ranks_of(0, options_.nproc_per_node) + ": the main node, at " + options_.master_addr +
+           ", which holds the job's store)";
+  }
+
+  // ---- restarts agreed across the nodes (the comment at the top)
+
+  // Before node 0's launcher has answered, what this node has to say waits.
+  void tell_node_0(const std::string& line) {
+    if (welcomed_)
+      link_.send_line(line);
+    else
+      outbox_.push_back(line);
+  }
+
+  void on_attempt_line(const std::string& line) {
+    if (const std::string restart = words_after(line, "restart "); !restart.empty()) {
+      if (auto order = parse_numbers(restart, 1); order && order->first[0] == attempt_ && !ended_at_)
+        order_ = order->second;
+    } else if (const std::string go = words_after(line, "go "); !go.empty()) {
+      if (auto next = parse_numbers(go, 2)) {
+        attempt_ = next->first[0];
+        verdict_ = attempt_verdict{next->first[1], 0, next->second};
+        order_.reset();
+        ended_at_.reset();
+      }
+    } else if (const std::string end = words_after(line, "end "); !end.empty()) {
+      if (auto over = parse_numbers(end, 1)) {
+        job_over_ = true;
+        verdict_ = attempt_verdict{std::nullopt, over->first[0], over->second};
+      }
+    }
+  }
+
   // Node 0's launcher may start after this one: tried again soon, so that the nodes are watched within a moment of
   // both launchers' start.
   static constexpr std::chrono::milliseconds connect_retry{200};
@@ -446,6 +688,13 @@ class other_node_heartbeat final : public peer_watch {
   bool connected_ = false;  // a connection is made
   bool welcomed_ = false;   // node 0's launcher answered the hello: from then on, node 0 is watched
   bool finished_ = false;
+  // Restarts agreed across the nodes: the attempt running, node 0's order to stop it, what node 0 decided after it.
+  int attempt_ = 0;
+  std::optional<std::string> order_;
+  std::optional<steady_clock::time_point> ended_at_;  // when this node's workers ended the attempt
+  std::optional<attempt_verdict> verdict_;
+  bool job_over_ = false;
+  std::vector<std::string> outbox_;
   steady_clock::time_point next_attempt_ = steady_clock::now();
   steady_clock::time_point connect_deadline_ = steady_clock::now();
   steady_clock::time_point next_beat_ = steady_clock::now();

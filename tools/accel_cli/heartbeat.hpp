@@ -19,6 +19,9 @@ struct heartbeat_options {
   int port = 0;                              // where node 0's launcher listens
   std::chrono::milliseconds interval{5000};  // between two heartbeats
   std::chrono::milliseconds timeout{15000};  // a node silent this long is lost
+  // Above 0: the nodes restart the job together, node 0 deciding (heartbeat.cpp), up to this many times.
+  int max_restarts = 0;
+  std::chrono::milliseconds restart_delay{1000};  // from the end of a failed attempt on every node to the next
 };
 
 // Node 0's launcher listens on `port` (throws std::runtime_error naming the port and the fix when it cannot); every

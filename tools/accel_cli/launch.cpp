@@ -16,8 +16,11 @@
 //   TORCHELASTIC_MAX_RESTARTS. A signal sent to the launcher ends the job without a restart;
 // - with --nnodes > 1, the launchers keep each other alive (heartbeat.cpp): one that hears nothing from another node
 //   for --heartbeat_timeout seconds (its machine vanished) names it, stops its own workers and exits with 1, instead
-//   of leaving them waiting for the collective timeout.
-// Static launch only: no rendezvous or elasticity (torchrun's --rdzv_*), so restarts need a single node.
+//   of leaving them waiting for the collective timeout;
+// - with --nnodes > 1 and --max_restarts, the nodes restart together over the same connections, node 0 deciding:
+//   a failure on any node stops every node's workers, and node 0 starts the next attempt on every node at once, on a
+//   fresh store port (heartbeat.cpp's comment has the protocol). A node lost is never restarted.
+// Static membership only: no elasticity (torchrun's --rdzv_* and --nnodes MIN:MAX).
 #include "launch.hpp"
 
 #include <netinet/in.h>
@@ -278,11 +281,11 @@ void check_consistency(const launch_options& options) {
         "--master_port 0 (pick a free port) works only with --nnodes 1, since every node must use the "
         "same port; give a fixed port on every node, e.g. --master_port 29500");
   }
-  if (options.nnodes > 1 && options.max_restarts > 0) {
+  if (options.nnodes > 1 && options.max_restarts > 0 && options.heartbeat_timeout.count() == 0) {
     throw usage_error(
-        "--max_restarts works only with --nnodes 1: a restart must start every node's workers again "
-        "together, which a static launch cannot coordinate, so run it on one node, or use torchrun "
-        "with a rendezvous (--rdzv_backend c10d) for several");
+        "--max_restarts with --nnodes " + std::to_string(options.nnodes) +
+        " needs the launchers' heartbeat connections, on which the nodes agree to restart together: give "
+        "--heartbeat_timeout above 0 (default 15), or leave out --max_restarts");
   }
   check_heartbeat(options);
   if (options.program.empty()) {
@@ -380,7 +383,10 @@ const char* launch_usage() {
          "  --prefix_output     prefix every line a worker prints with \"[rank R] \"\n"
          "  --grace_period S    seconds from SIGTERM to SIGKILL when stopping the workers (default 3)\n"
          "  --max_restarts R    after a worker fails, start all the workers again, up to R times (0 to 1000,\n"
-         "                      default 0; with --nnodes 1 only)\n"
+         "                      default 0). With K > 1 every node restarts together: a failure on any node\n"
+         "                      stops the workers of every node, then node 0 starts the next attempt on\n"
+         "                      every node, on a fresh port of its own for the store (not --master_port);\n"
+         "                      a node lost (see --heartbeat_timeout) is never restarted\n"
          "  --restart_delay S   seconds to wait before each restart (default 1)\n"
          "  --heartbeat_timeout S  with K > 1: a node whose launcher is not heard for S seconds is lost\n"
          "                      (its machine or its link is down): every other node names it (which node,\n"
@@ -430,7 +436,7 @@ int run_launch(const launch_options& options) {
   supervision.grace_period = options.grace_period;
   supervision.max_restarts = options.max_restarts;
   supervision.restart_delay = options.restart_delay;
-  std::unique_ptr<peer_watch> heartbeat;
+  std::unique_ptr<peer_watch> heartbeat;  // with restarts, node 0's decides when each attempt starts
   if (options.nnodes > 1 && options.heartbeat_timeout.count() > 0) {
     heartbeat = make_heartbeat({.nnodes = options.nnodes,
                                 .node_rank = options.node_rank,
@@ -438,14 +444,18 @@ int run_launch(const launch_options& options) {
                                 .master_addr = options.master_addr,
                                 .port = options.heartbeat_port.value_or(options.master_port + 1),
                                 .interval = options.heartbeat_interval,
-                                .timeout = options.heartbeat_timeout});
+                                .timeout = options.heartbeat_timeout,
+                                .max_restarts = options.max_restarts,
+                                .restart_delay = options.restart_delay});
     supervision.peers = heartbeat.get();
   }
-  const int exit_code = supervise_job(supervision, [&](int restart_count) {
-    // A fresh free port per attempt: the previous attempt's may still be held (TIME_WAIT).
-    const int master_port = options.master_port == 0
-                                ? detail::launching::pick_free_port(INADDR_ANY, "", "; give a port with --master_port")
-                                : options.master_port;
+  const int exit_code = supervise_job(supervision, [&](int restart_count, std::optional<int> agreed_port) {
+    // A fresh free port per attempt: the previous attempt's may still be held (TIME_WAIT). Across nodes, node 0 picks
+    // it and tells the others.
+    const int master_port =
+        agreed_port.value_or(options.master_port == 0 ? detail::launching::pick_free_port(
+                                                            INADDR_ANY, "", "; give a port with --master_port")
+                                                      : options.master_port);
     return worker_specs(options, master_port, restart_count);
   });
   if (heartbeat) heartbeat->finish(exit_code);
