@@ -27,6 +27,11 @@
 //           a run that goes on until it is stopped (a step every 20 ms, each printed), with a collective timeout of
 //           600 s: for the machine_lost tests, where a surviving process must be stopped by its launcher's
 //           heartbeat, long before a collective gives up.
+//   node_checkpoint [POLICY] restarts PROJECT_DIR FILE FAILING_ATTEMPTS
+//           for `accel launch --max_restarts` across machines (cluster.restart.*): 10 steps with resume::latest, a
+//           checkpoint every 2 steps saved on each node; in each attempt below FAILING_ATTEMPTS (ACCEL_RESTART_COUNT),
+//           process 3 kills itself (SIGKILL) after step 5. Each process says where its attempt started; the main
+//           process writes the full parameters to FILE at the end, which must not depend on the restarts.
 // POLICY is data_parallel (the default), zero2 or fully_sharded, over Gloo. Every process prints one line saying what
 // it did (or the checkpoint_error it got) and exits non-zero on failure.
 #include <accel/accel.hpp>
@@ -34,9 +39,11 @@
 
 #include "support.hpp"
 
+#include <csignal>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -47,7 +54,8 @@ namespace {
 
 constexpr const char* usage =
     "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] | ... resume DIR | "
-    "... train FILE | ... paced FILE | ... latest PROJECT_DIR stop|resume|lose_in_save [on_each_node] | ... long\n";
+    "... train FILE | ... paced FILE | ... latest PROJECT_DIR stop|resume|lose_in_save [on_each_node] | ... long | "
+    "... restarts PROJECT_DIR FILE FAILING_ATTEMPTS\n";
 
 template <class Accelerator>
 int save(const std::filesystem::path& directory, const accel::options& options) {
@@ -176,6 +184,44 @@ int latest(const std::filesystem::path& project_dir, std::string_view phase, con
 }
 
 template <class Accelerator>
+int restarts(const std::filesystem::path& project_dir, const std::filesystem::path& file, int failing_attempts) {
+  accel::options options{.cpu = true, .timeout = std::chrono::seconds(60)};
+  options.project = {.project_dir = project_dir.string(),
+                     .automatic_checkpoint_naming = true,
+                     .resume = accel::resume::latest,
+                     .save_every_steps = 2,
+                     .save_on_each_node = true};
+  const char* restart_count = std::getenv("ACCEL_RESTART_COUNT");
+  const int attempt = restart_count != nullptr ? std::atoi(restart_count) : 0;
+  accel_test::resumable_run<Accelerator> run(1, 64, options);
+  const int rank = run.acc.process_index();
+  bool announced = false;
+  while (run.acc.completed_steps() < 10)
+    for (auto&& [x, y] : run.batches) {
+      if (!announced) {  // the first pass's begin() has loaded the newest checkpoint, if any
+        announced = true;
+        const auto& from = run.acc.resumed_from();
+        std::printf("node_checkpoint: rank %d attempt %d started at step %lld from %s\n", rank, attempt,
+                    static_cast<long long>(run.acc.completed_steps()), from ? from->filename().c_str() : "nothing");
+        std::fflush(stdout);
+      }
+      if (rank == 3 && attempt < failing_attempts && run.acc.completed_steps() == 5) {
+        std::printf("node_checkpoint: rank 3 attempt %d kills itself after step 5\n", attempt);
+        std::fflush(stdout);
+        raise(SIGKILL);
+      }
+      run.acc.backward(torch::mse_loss(run.model(x), y));
+      run.opt.step();
+      run.sched.step();
+      run.opt.zero_grad();
+      if (run.acc.completed_steps() == 10) break;
+    }
+  const auto state = run.acc.get_state_dict(run.model);
+  if (run.acc.is_main_process()) accel::safetensors::save(file, state);
+  return 0;
+}
+
+template <class Accelerator>
 int train(const std::filesystem::path& file, const accel::options& options, bool paced) {
   accel_test::resumable_run<Accelerator> run(1, 64, options);
   if (!paced) run.train(10);
@@ -208,6 +254,10 @@ template <class Policy>
 int run_mode(std::string_view mode, const std::vector<std::string>& args) {
   using accelerator = accel::accelerator<accel::fp32, Policy>;
   if (mode == "long") return args.size() == 1 ? train_until_stopped<accelerator>() : (std::fputs(usage, stderr), 2);
+  if (mode == "restarts") {
+    if (args.size() != 4) return std::fputs(usage, stderr), 2;
+    return restarts<accelerator>(args[1], args[2], std::atoi(args[3].c_str()));
+  }
   const bool with_phase = mode == "latest";  // latest PROJECT_DIR stop|resume [on_each_node]
   const std::size_t fixed = with_phase ? 3 : 2;
   const bool on_each_node = args.size() == fixed + 1 && args[fixed] == "on_each_node";
@@ -237,7 +287,8 @@ int main(int argc, char** argv) {
     args.erase(args.begin());
   }
   const std::string mode = args.empty() ? "" : args[0];
-  if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest" && mode != "long" && mode != "paced") {
+  if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest" && mode != "long" && mode != "paced" &&
+      mode != "restarts") {
     std::fputs(usage, stderr);
     return 2;
   }

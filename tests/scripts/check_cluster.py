@@ -614,6 +614,100 @@ def case_slow_link(accel, program, work):
             f"{crossed[1] * 8 / seconds / 1e6:.2f} Mbit/s), parameters equal to the unlimited job's, no false alarm")
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# Restarts agreed across the machines (--max_restarts with --nnodes 2): `node_checkpoint restarts`, whose process 3
+# (machine1's second) kills itself after step 5 in the attempts below its last argument.
+
+RESTART_FLAGS = ["--restart_delay", "0", *SHORT_HEARTBEAT]
+
+
+def restart_job(cluster, accel, program, work, failing_attempts, max_restarts):
+    """The restarts job on the cluster, its project and its parameters on each machine's disk."""
+    disk = cluster.disk
+    return RunningJob(cluster, accel, program, ["restarts", f"{disk}/project", f"{disk}/trained.safetensors",
+                                                str(failing_attempts)], os.path.join(work, "job.log"),
+                      [*RESTART_FLAGS, "--max_restarts", str(max_restarts)])
+
+
+def named_failures(output, verdict):
+    """The failures the launcher's lines ending with `verdict` name, e.g. "on node 1, worker rank 3 (pid 42) was killed
+    by signal 9 (Killed)". Process 3's death resets its peers' connections before its launcher hears of it, so its
+    machine's other process, aborting on the reset, may end first and be the one named: either is machine1's."""
+    prefix = "accel launch: "
+    return [line[len(prefix):-len(verdict)] for line in output.splitlines()
+            if line.startswith(prefix) and line.endswith(verdict)]
+
+
+def check_named_failure(outputs, verdict):
+    """Both launchers name the same failure, one of machine1's processes (node 1, rank 2 or 3); returns it."""
+    named = [named_failures(output, verdict) for output in outputs]
+    check(len(named[0]) == 1 and named[0] == named[1],
+          f"the launchers named {named} before {verdict!r}:\n{outputs[0]}{outputs[1]}")
+    failure = named[0][0]
+    check(failure.startswith(("on node 1, worker rank 3 (pid ", "on node 1, worker rank 2 (pid ")) and
+          (" was killed by signal " in failure or " exited with code " in failure), f"the failure named: {failure}")
+    return failure
+
+
+def restart_worker_fails(accel, program, work):
+    """Process 3 kills itself after step 5 of attempt 0 (checkpoints at steps 2 and 4 on each machine's disk): both
+    launchers stop their workers, start attempt 1 together, the job resumes from checkpoint_1 on every process and
+    ends with the parameters of the uninterrupted job (1 machine x 4 processes) byte for byte."""
+    reference = os.path.join(work, "one_machine.safetensors")
+    one_machine = subprocess.run([accel, "launch", "--nproc_per_node", "4", "--master_port", "0", program, "restarts",
+                                  os.path.join(work, "one_machine"), reference, "0"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env=job_environment(), timeout=JOB_TIMEOUT)
+    check(one_machine.returncode == 0, f"the uninterrupted job failed:\n{one_machine.stdout}")
+    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = restart_job(cluster, accel, program, work, 1, 2)
+        job.wait_for_line(1, "node_checkpoint: rank 3 attempt 0 kills itself after step 5", JOB_TIMEOUT - 30)
+        killed = time.monotonic()
+        job.wait_for_line(0, "node_checkpoint: rank 0 attempt 1 started at step 4 from checkpoint_1", 60)
+        restarted = time.monotonic() - killed
+        codes, _ = wait_all(job, JOB_TIMEOUT - 30)
+        outputs = [job.output(machine) for machine in (0, 1)]
+        check(codes == [0, 0], f"the launchers exited with {codes}:\n{outputs[0]}{outputs[1]}")
+        failure = check_named_failure(outputs, "; restarting the job on every node (restart 1 of 2)")
+        for machine, output in enumerate(outputs):
+            check("giving up" not in output and "is lost" not in output, f"machine{machine}:\n{output}")
+            for rank in (2 * machine, 2 * machine + 1):
+                for started in ("attempt 0 started at step 0 from nothing",
+                                "attempt 1 started at step 4 from checkpoint_1"):
+                    check(f"node_checkpoint: rank {rank} {started}\n" in output,
+                          f"rank {rank} did not say {started!r}:\n{output}")
+        with open(cluster.machines[0].path(f"{cluster.disk}/trained.safetensors"), "rb") as f:
+            trained = f.read()
+    with open(reference, "rb") as f:
+        check(trained == f.read(), "the parameters after the restart differ from those of the uninterrupted job")
+    return (f"both machines restarted together ({failure}); attempt 1 resumed from checkpoint_1 {restarted:.1f} s after "
+            f"the kill, parameters equal to the uninterrupted job's")
+
+
+def restart_exhausted(accel, program, work):
+    """Process 3 kills itself in every attempt, with --max_restarts 1: after attempt 2 both launchers exit with the
+    failure's code (137 for the kill), each naming it (machine1's node and rank) and the attempts, a few seconds after
+    the kill, and nothing is left on either machine."""
+    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = restart_job(cluster, accel, program, work, 100, 1)
+        job.wait_for_line(1, "node_checkpoint: rank 3 attempt 1 kills itself after step 5", JOB_TIMEOUT - 30)
+        codes, took = wait_all(job, 30)
+        outputs = [job.output(machine) for machine in (0, 1)]
+        failure = check_named_failure(outputs, "; giving up after 1 restart: attempt 2 of 2 failed on every node")
+        code = 137 if "worker rank 3" in failure else 128 + 6
+        check(codes == [code, code], f"the launchers exited with {codes}, not the code of {failure}")
+        for machine, output in enumerate(outputs):
+            check(output.count("restarting the job on every node") == 1, f"machine{machine}: not one restart")
+            # The others stop at once (their collectives fail) or after the 3 s grace period.
+            check(took[machine] < 10, f"machine{machine}'s launcher ended {took[machine]:.1f} s after the last kill")
+            left = cluster.machines[machine].processes()
+            check(not left, f"processes left on machine{machine}: {left}")
+    return f"both launchers gave up naming {failure}, {took[0]:.1f} and {took[1]:.1f} s after the last kill"
+
+
+def case_restart(accel, program, work, which):
+    return {"worker_fails": restart_worker_fails, "exhausted": restart_exhausted}[which](accel, program, work)
+
+
 def main():
     if len(sys.argv) not in (5, 6):
         sys.exit(__doc__)
