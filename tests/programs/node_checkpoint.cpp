@@ -30,7 +30,8 @@
 //   node_checkpoint [POLICY] restarts PROJECT_DIR FILE FAILING_ATTEMPTS
 //           for `accel launch --max_restarts` across machines (cluster.restart.*): 10 steps with resume::latest, a
 //           checkpoint every 2 steps saved on each node; in each attempt below FAILING_ATTEMPTS (ACCEL_RESTART_COUNT),
-//           process 3 kills itself (SIGKILL) after step 5. Each process says where its attempt started; the main
+//           process 3 kills itself (SIGKILL) after step 5 while the others compute for 2 s more (outside any
+//           collective). Each process says where its attempt started; the main
 //           process writes the full parameters to FILE at the end, which must not depend on the restarts.
 // POLICY is data_parallel (the default), zero2 or fully_sharded, over Gloo. Every process prints one line saying what
 // it did (or the checkpoint_error it got) and exits non-zero on failure.
@@ -205,10 +206,15 @@ int restarts(const std::filesystem::path& project_dir, const std::filesystem::pa
                     static_cast<long long>(run.acc.completed_steps()), from ? from->filename().c_str() : "nothing");
         std::fflush(stdout);
       }
-      if (rank == 3 && attempt < failing_attempts && run.acc.completed_steps() == 5) {
-        std::printf("node_checkpoint: rank 3 attempt %d kills itself after step 5\n", attempt);
-        std::fflush(stdout);
-        raise(SIGKILL);
+      if (attempt < failing_attempts && run.acc.completed_steps() == 5) {
+        if (rank == 3) {
+          std::printf("node_checkpoint: rank 3 attempt %d kills itself after step 5\n", attempt);
+          std::fflush(stdout);
+          raise(SIGKILL);
+        }
+        // The others compute meanwhile (outside any collective): the launchers hear of process 3 before any of them
+        // fails on its closed connections, so that the failure named is always process 3's.
+        std::this_thread::sleep_for(std::chrono::seconds(2));
       }
       run.acc.backward(torch::mse_loss(run.model(x), y));
       run.opt.step();
