@@ -13,8 +13,9 @@
 //   flaky RANK CODE ATTEMPTS DIR  for restarts: each start appends "restart=K rank=R pid=P earlier_alive=A" to
 //                          DIR/starts (K: ACCEL_RESTART_COUNT; A: how many workers of earlier attempts are still
 //                          alive) after writing the variables to DIR/vars.K.<RANK>. While K < ATTEMPTS, rank RANK waits
-//                          until every worker of the attempt (on every node) has started, then exits with CODE (or dies of signal -CODE when
-//                          CODE is negative), and the others sleep 60 s; from attempt ATTEMPTS on, every worker exits 0
+//                          until every worker of the attempt (on every node) has started, then exits with CODE (or
+//                          dies of signal -CODE when CODE is negative), and the others sleep 60 s; from attempt
+//                          ATTEMPTS on, every worker exits 0
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>

@@ -671,8 +671,8 @@ def restart_worker_fails(accel, program, work):
             trained = f.read()
     with open(reference, "rb") as f:
         check(trained == f.read(), "the parameters after the restart differ from those of the uninterrupted job")
-    return (f"both machines restarted together ({failure}); attempt 1 resumed from checkpoint_1 {restarted:.1f} s after "
-            f"the kill, parameters equal to the uninterrupted job's")
+    return (f"both machines restarted together ({failure}); attempt 1 resumed from checkpoint_1 {restarted:.1f} s "
+            f"after the kill, parameters equal to the uninterrupted job's")
 
 
 def restart_exhausted(accel, program, work):

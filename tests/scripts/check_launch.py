@@ -643,8 +643,8 @@ def restart_nodes_together(failing_rank):
     for restart in range(2):
         for rank in range(4):
             v = read_variables(os.path.join(WORK, f"vars.{restart}.{rank}"))
-            check(v.get("ACCEL_RESTART_COUNT") == str(restart) and v.get("TORCHELASTIC_MAX_RESTARTS") == "2",
-                  f"attempt {restart}, rank {rank}: {v.get('ACCEL_RESTART_COUNT')}, {v.get('TORCHELASTIC_MAX_RESTARTS')}")
+            got = (v.get("ACCEL_RESTART_COUNT"), v.get("TORCHELASTIC_MAX_RESTARTS"))
+            check(got == (str(restart), "2"), f"attempt {restart}, rank {rank}: restart count and maximum {got}")
     check(ports[1] != ports[0], f"attempt 1 met on the store port of attempt 0 ({ports})")
 
 
@@ -656,11 +656,24 @@ def case_restart_nodes_main_node_fails():
     restart_nodes_together(1)
 
 
+def case_restart_nodes_after_success():
+    # Node 1's workers all succeed in attempt 0 while rank 1 of node 0 fails: the job restarts as a whole, node 1's
+    # workers included, and ends when every worker of attempt 1 has succeeded.
+    results = run_nodes([[PROBE, "flaky", "1", "3", "1", WORK], [PROBE, "flaky", "1", "3", "0", WORK]],
+                        [*NODE_RESTARTS, "--max_restarts", "1"])
+    check_attempts(read_starts(), 2, 4)
+    for node, (code, err) in enumerate(results):
+        check(code == 0, f"node {node}: expected exit code 0 after the restart, got {code}")
+        check("worker rank 1 (pid " in err and "restarting the job on every node (restart 1 of 1)" in err,
+              f"node {node} did not name the restart")
+
+
 def case_restart_nodes_give_up():
     # Every attempt fails on node 1: with --max_restarts 1 both launchers end after attempt 2, with the failing
-    # worker's code, naming its node, its rank and the attempts.
+    # worker's code, naming its node, its rank and the attempts; node 0 waits --restart_delay before the restart.
     started = time.monotonic()
-    results = run_nodes([[PROBE, "flaky", "3", "3", "1000", WORK]] * 2, [*NODE_RESTARTS, "--max_restarts", "1"])
+    results = run_nodes([[PROBE, "flaky", "3", "3", "1000", WORK]] * 2,
+                        [*HEARTBEAT, "--restart_delay", "1.5", "--max_restarts", "1"])
     seconds = time.monotonic() - started
     starts = read_starts()
     check_attempts(starts, 2, 4)
@@ -670,8 +683,13 @@ def case_restart_nodes_give_up():
         check(f"accel launch: on node 1, worker rank 3 (pid {last}) exited with code 3; giving up after 1 restart: "
               f"attempt 2 of 2 failed on every node" in err, f"node {node} did not give up naming the failure")
         check(len(re.findall("restarting the job on every node", err)) == 1, f"node {node}: not one restart")
-    # Each attempt: the probe's start-up, the failing worker's wait for the others, SIGTERM to the rest.
-    check(seconds < 10, f"took {seconds:.1f} s")
+    # Each attempt: the probe's start-up, the failing worker's wait for the others, SIGTERM to the rest; the delay,
+    # longer than the heartbeat timeout (1 s), with the heartbeats going on (no node taken for lost).
+    check(1.5 <= seconds < 10, f"took {seconds:.1f} s")
+    for node, (_, err) in enumerate(results):
+        check("is lost" not in err, f"node {node} took the other for lost during the delay")
+    starts_1 = [s for s in read_starts() if s["restart"] == 1]
+    check(all(s["earlier_alive"] == 0 for s in starts_1), f"attempt 1 started beside attempt 0's workers: {starts_1}")
 
 
 def case_restart_nodes_node_lost():
