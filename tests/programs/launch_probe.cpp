@@ -77,7 +77,7 @@ int write_environment(const std::string& prefix) {
        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE",
         "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "ACCELERATE_MIXED_PRECISION",
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCEL_CONFIG_FILE", "ACCEL_RESTART_COUNT",
-        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"}) {
+        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID"}) {
     content += std::string(name) + "=" + variable(name) + "\n";
   }
   write_file(prefix + "." + variable("RANK"), content);

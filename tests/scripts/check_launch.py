@@ -721,6 +721,110 @@ def case_restart_nodes_launcher_stopped():
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# Elastic membership (--nnodes MIN:MAX --rdzv_backend c10d): the launcher that can listen on the endpoint hosts the
+# rendezvous (node 0); the others join it and get their node ranks from it, attempt by attempt.
+
+
+def elastic_flags(nnodes, port, extra=()):
+    return ["--nnodes", nnodes, "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job7",
+            "--nproc_per_node", "2", *HEARTBEAT, "--restart_delay", "0", *extra]
+
+
+def start_elastic(count, nnodes, program, extra=()):
+    port = free_port()
+    return [start_launcher([ACCEL, "launch", *elastic_flags(nnodes, port, extra), *program]) for _ in range(count)]
+
+
+def attempt_variables(restart, ranks):
+    return {rank: read_variables(os.path.join(WORK, f"vars.{restart}.{rank}")) for rank in ranks}
+
+
+def check_world(variables, world, nodes):
+    ports = {v["MASTER_PORT"] for v in variables.values()}
+    check(len(ports) == 1, f"the workers got different ports: {ports}")
+    for rank, v in variables.items():
+        got = (v.get("RANK"), v.get("WORLD_SIZE"), v.get("GROUP_WORLD_SIZE"), v.get("MASTER_ADDR"),
+               v.get("TORCHELASTIC_RUN_ID"))
+        check(got == (str(rank), str(world), str(nodes), "127.0.0.1", "job7"), f"rank {rank}'s variables: {got}")
+
+
+def case_elastic_start():
+    # Two launchers, neither told its node rank: the rendezvous numbers them, and the job has 4 ranks.
+    launchers = start_elastic(2, "1:2", [PROBE, "flaky", "9", "3", "0", WORK])
+    try:
+        for node, launcher in enumerate(launchers):
+            code, err, _ = ended(launcher, f"launcher {node}")
+            check(code == 0, f"launcher {node} exited with {code}")
+            check("accel launch: the job starts on 2 nodes (rendezvous 'job7')" in err, f"launcher {node}'s start")
+    finally:
+        cleanup(launchers)
+    check_attempts(read_starts(), 1, 4)
+    check_world(attempt_variables(0, range(4)), 4, 2)
+
+
+def case_elastic_node_lost():
+    # A node lost (its launcher stopped) ends the attempt; with --nnodes 1:2 the job goes on on the other node alone,
+    # as a job of 2 processes, and ends with 0. The stopped launcher, running again, learns it was taken for lost.
+    launchers = start_elastic(2, "1:2", [PROBE, "flaky", "9", "3", "1", WORK], ["--max_restarts", "1"])
+    try:
+        start = time.monotonic()
+        while len(read_starts()) < 4:
+            check(time.monotonic() - start < 20, "the workers of attempt 0 did not start within 20 s")
+            time.sleep(0.05)
+        first = attempt_variables(0, range(4))
+        check_world(first, 4, 2)
+        # The host (node 0) is whichever launcher listened first: the parent of rank 0's worker.
+        with open(f"/proc/{start_pid(read_starts(), 0, 0)}/stat") as f:
+            parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        host = next(n for n in (0, 1) if launchers[n].pid == parent)
+        member = 1 - host
+        launchers[member].send_signal(signal.SIGSTOP)
+        code, err, seconds = ended(launchers[host], "the host")
+        check(code == 0, f"the host exited with {code}")
+        for needle in ("node 1 (ranks 2, 3, at 127.0.0.1) is lost: its launcher has not been heard for ",
+                       "restarting the job on every node (restart 1 of 1) on 1 node"):
+            check(needle in err, f"the host did not say {needle!r}")
+        check_world(attempt_variables(1, range(2)), 2, 1)
+        check(not os.path.exists(os.path.join(WORK, "vars.1.2")), "ranks 2 and 3 ran again")
+        launchers[member].send_signal(signal.SIGCONT)
+        code, err, _ = ended(launchers[member], "the member, continued")
+        check(code == 1 and "(found by node 0)" in err, f"the member exited with {code}")
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.send_signal(signal.SIGCONT)
+        cleanup(launchers)
+
+
+def case_elastic_rejoin():
+    # The job starts on the host alone (--nnodes 1:2, last call 0.3 s); a node that joins later is admitted at the
+    # next restart, where the job grows to 2 nodes (4 ranks).
+    port = free_port()
+    flags = elastic_flags("1:2", port, ["--max_restarts", "1", "--rdzv_conf", "last_call_timeout=0.3",
+                                        "--restart_delay", "2"])
+    launchers = [start_launcher([ACCEL, "launch", *flags, PROBE, "flaky", "1", "3", "1", WORK])]
+    try:
+        time.sleep(1)
+        launchers.append(start_launcher([ACCEL, "launch", *flags, PROBE, "flaky", "1", "3", "1", WORK]))
+        codes = [ended(launcher, f"launcher {node}")[0] for node, launcher in enumerate(launchers)]
+        check(codes == [0, 0], f"the launchers exited with {codes}")
+    finally:
+        cleanup(launchers)
+    check_world(attempt_variables(0, range(2)), 2, 1)
+    check_world(attempt_variables(1, range(4)), 4, 2)
+
+
+def case_usage_elastic():
+    check_usage_error(["--nproc_per_node", "1", "--nnodes", "1:2", PROBE], "--nnodes 1:2", "--rdzv_backend c10d")
+    check_usage_error(["--nproc_per_node", "1", "--nnodes", "3:2", PROBE], "--nnodes", "at most MAX")
+    check_usage_error(["--nproc_per_node", "1", "--rdzv_backend", "etcd", PROBE], "--rdzv_backend", "c10d", "'etcd'")
+    check_usage_error(["--nproc_per_node", "1", "--nnodes", "1:2", "--rdzv_backend", "c10d", PROBE],
+                      "--rdzv_endpoint HOST:PORT")
+    check_usage_error(["--nproc_per_node", "1", "--rdzv_endpoint", ":29400", PROBE], "--rdzv_endpoint", "HOST:PORT")
+    check_usage_error(["--nproc_per_node", "1", "--rdzv_conf", "timeout=3", PROBE], "last_call_timeout=S")
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # Command line
 
 

@@ -112,6 +112,7 @@ struct peer_link {
   system_clock::time_point last_heard_clock = system_clock::now();
   bool said_bye = false;
   std::string left;  // with restarts agreed across nodes: how its launcher left before the job was over
+  bool joined = false;  // an elastic job's launcher that joined the rendezvous (node: its rank in the attempt, or -1)
 
   void heard() {
     last_heard = steady_clock::now();
@@ -198,14 +199,17 @@ std::optional<std::pair<int, failure_report>> parse_failure(const std::string& w
   return std::pair{attempt, std::move(report)};
 }
 
-// "NUMBER [NUMBER] TEXT" (the words after "go " or "end "): the numbers and the rest, when well formed.
-std::optional<std::pair<std::array<int, 2>, std::string>> parse_numbers(const std::string& words, int count) {
-  std::array<int, 2> numbers{};
-  int consumed = 0;
-  const int read = count == 2 ? std::sscanf(words.c_str(), "%d %d %n", &numbers[0], &numbers[1], &consumed)
-                              : std::sscanf(words.c_str(), "%d %n", &numbers[0], &consumed);
-  if (read != count) return std::nullopt;
-  return std::pair{numbers, words.substr(static_cast<std::size_t>(consumed))};
+// "NUMBER ... TEXT" (the words after "go ", "restart " or "end "): N numbers and the rest, when well formed.
+template <std::size_t N>
+std::optional<std::pair<std::array<int, N>, std::string>> parse_numbers(const std::string& words) {
+  std::array<int, N> numbers{};
+  std::size_t at = 0;
+  for (int& number : numbers) {
+    int consumed = 0;
+    if (std::sscanf(words.c_str() + at, "%d %n", &number, &consumed) != 1) return std::nullopt;
+    at += static_cast<std::size_t>(consumed);
+  }
+  return std::pair{numbers, words.substr(at)};
 }
 
 std::string restarts_text(int count) { return std::to_string(count) + (count == 1 ? " restart" : " restarts"); }
@@ -214,6 +218,22 @@ std::string restarts_text(int count) { return std::to_string(count) + (count == 
 std::string left_early(const std::string& bye) {
   return "its launcher left the job (exit code " + (bye.size() > 4 ? bye.substr(4) : std::string("?")) +
          ") before the nodes had agreed that it was over (it was stopped by a signal, or it was lost itself)";
+}
+
+// A listening socket on `host`:`port` (an elastic job's rendezvous endpoint), or -1 when `host` is not this machine's
+// address or another launcher here listens there already: this launcher then joins the one that does.
+int listen_at(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return -1;
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const bool listening = fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 && listen(fd, 64) == 0;
+  freeaddrinfo(found);
+  if (listening) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
 }
 
 // A listening socket on `port`, for IPv6 and IPv4 where the host has IPv6, else IPv4 alone.
@@ -255,8 +275,9 @@ int listen_on(int port) {
 
 class main_node_heartbeat final : public peer_watch {
  public:
-  explicit main_node_heartbeat(const heartbeat_options& options)
-      : options_(options), listener_(listen_on(options.port)) {}
+  main_node_heartbeat(const heartbeat_options& options, int listener) : options_(options), listener_(listener) {
+    for (int node = 0; node < options.nnodes && !options.elastic; ++node) members_.insert(node);
+  }
 
   ~main_node_heartbeat() override {
     for (peer_link& link : links_) link.close_link();
@@ -279,11 +300,14 @@ class main_node_heartbeat final : public peer_watch {
       if (!link.said_bye) wake = std::min(wake, link.last_heard + options_.timeout);
     }
     if (go_at_) wake = std::min(wake, *go_at_);
+    if (last_call_at_) wake = std::min(wake, *last_call_at_);
     if (ended_at_) wake = std::min(wake, *ended_at_ + options_.timeout);
     return wake;
   }
 
-  bool coordinates_restarts() const override { return options_.max_restarts > 0; }
+  bool starts_after_rendezvous() const override { return options_.elastic; }
+
+  bool coordinates_restarts() const override { return options_.max_restarts > 0 || options_.elastic; }
 
   void worker_failed(int exit_code, const std::string& failure) override {
     if (coordinates_restarts()) record_failure({exit_code, clock_us(), "on node 0, " + failure});
@@ -314,7 +338,10 @@ class main_node_heartbeat final : public peer_watch {
       if (!link.reported.empty()) {
         lost = link.reported + " (found by node " + std::to_string(link.node) + ")";
         link.close_link();
-      } else if (const std::optional<std::string> why = link.why_lost(ended, options_.timeout)) {
+      } else if (const std::optional<std::string> why = link.why_lost(ended, options_.timeout);
+                 why && options_.elastic) {
+        member_lost(link, *why);
+      } else if (why) {
         lost = "node " + std::to_string(link.node) + " (" + ranks_of(link.node, link.nproc) + ", at " + link.address +
                ") is lost: " + *why;
         // A launcher that was only stopped reads this when it runs again, and stops too.
@@ -327,6 +354,7 @@ class main_node_heartbeat final : public peer_watch {
     std::erase_if(links_, [](const peer_link& link) { return link.fd < 0; });
     if (!lost) lost = never_joined();
     if (lost) return report(*lost);
+    if (forming_) form_if_ready();
     go_if_due();
     beat_if_due();
     return std::nullopt;
@@ -356,7 +384,9 @@ class main_node_heartbeat final : public peer_watch {
   }
 
   void on_line(peer_link& link, const std::string& line) {
-    if (const std::string hello = words_after(line, "hello "); link.node < 0 && !hello.empty()) {
+    if (const std::string join = words_after(line, "join "); options_.elastic && !link.joined && !join.empty()) {
+      on_join(link, join);
+    } else if (const std::string hello = words_after(line, "hello "); link.node < 0 && !hello.empty()) {
       int node = -1, nproc = 0;
       if (std::sscanf(hello.c_str(), "%d %d", &node, &nproc) != 2 || node < 1 || node >= options_.nnodes || nproc < 1) {
         std::fprintf(stderr, "accel launch: ignoring a heartbeat from %s that is not of this job's nodes ('%s')\n",
@@ -404,7 +434,8 @@ class main_node_heartbeat final : public peer_watch {
 
   // Once every node's workers of the attempt have ended: the job is over, or goes on after the delay.
   void decide() {
-    if (job_over_ || go_at_ || static_cast<int>(ended_.size()) < options_.nnodes) return;
+    const bool all_ended = std::includes(ended_.begin(), ended_.end(), members_.begin(), members_.end());
+    if (job_over_ || go_at_ || forming_ || !all_ended) return;
     if (!first_failure_) return end_job(0, "");
     if (restarts_ < options_.max_restarts) {
       go_at_ = steady_clock::now() + options_.restart_delay;
@@ -418,34 +449,119 @@ class main_node_heartbeat final : public peer_watch {
   void end_job(int exit_code, const std::string& message) {
     job_over_ = true;
     broadcast("end " + std::to_string(exit_code) + " " + message);
-    verdict_ = attempt_verdict{std::nullopt, exit_code, message};
+    verdict_ = attempt_verdict{std::nullopt, exit_code, message, std::nullopt, std::nullopt, attempt_};
   }
 
-  // The next attempt, on a fresh port for its store (the last one's may linger in TIME_WAIT, its state is stale).
+  // The next attempt, on a fresh port for its store (the last one's may linger in TIME_WAIT, its state is stale). An
+  // elastic job's goes on with the nodes joined now, if enough.
   void go_if_due() {
     if (!go_at_ || steady_clock::now() < *go_at_) return;
+    go_at_.reset();
+    std::string message = first_failure_->text + "; restarting the job on every node (restart " +
+                          std::to_string(restarts_ + 1) + " of " + std::to_string(options_.max_restarts) + ")";
+    if (options_.elastic) {
+      const int available = 1 + joined_count();
+      if (available < options_.min_nnodes) {
+        return end_job(first_failure_->exit_code,
+                       first_failure_->text + "; the job cannot go on: " + std::to_string(available) +
+                           (available == 1 ? " node is" : " nodes are") + " left, fewer than the " +
+                           std::to_string(options_.min_nnodes) + " of --nnodes MIN:MAX");
+      }
+      message += " on " + assign_ranks();
+    }
+    ++restarts_;
+    start_attempt(attempt_ + 1, message);
+  }
+
+  // Tells every node of the attempt its port, the number of nodes and its rank; the same for this node's verdict.
+  void start_attempt(int attempt, const std::string& message) {
     const int port = detail::launching::pick_free_port(INADDR_ANY, "accel launch: node 0",
                                                        " for the next attempt's store");
-    ++restarts_;
-    const std::string message = first_failure_->text + "; restarting the job on every node (restart " +
-                                std::to_string(restarts_) + " of " + std::to_string(options_.max_restarts) + ")";
-    ++attempt_;
-    broadcast("go " + std::to_string(attempt_) + " " + std::to_string(port) + " " + message);
-    verdict_ = attempt_verdict{port, 0, message};
+    const int nnodes = static_cast<int>(members_.size());
+    attempt_ = attempt;
+    for (const peer_link& link : links_) {
+      if (link.node > 0) {
+        link.send_line("go " + std::to_string(attempt) + " " + std::to_string(port) + " " + std::to_string(nnodes) +
+                       " " + std::to_string(link.node) + " " + message);
+      }
+    }
+    verdict_ = attempt_verdict{port, 0, message, nnodes, 0, attempt};
     first_failure_.reset();
     order_.reset();
     restart_ordered_ = false;
     ended_.clear();
-    go_at_.reset();
     ended_at_.reset();
+  }
+
+  // ---- elastic membership (--nnodes MIN:MAX)
+
+  void on_join(peer_link& link, const std::string& words) {
+    char id[256] = "";
+    int nproc = 0;
+    if (std::sscanf(words.c_str(), "%255s %d", id, &nproc) != 2 || id != options_.rdzv_id ||
+        nproc != options_.nproc_per_node) {
+      link.send_line("refused it joined with '" + words + "', this rendezvous is '" + options_.rdzv_id + " " +
+                     std::to_string(options_.nproc_per_node) + "' (--rdzv_id, --nproc_per_node): give every node "
+                     "the same values");
+      link.close_link();
+      return;
+    }
+    link.joined = true;
+    link.nproc = nproc;
+    link.send_line("welcome");
+  }
+
+  int joined_count() const {
+    return static_cast<int>(
+        std::count_if(links_.begin(), links_.end(), [](const peer_link& link) { return link.joined && link.fd >= 0; }));
+  }
+
+  // The nodes of the next attempt: this one (node 0) and the launchers joined, in the order they joined, up to the
+  // most nodes; those beyond wait for a later attempt. Returns "N nodes" for the messages.
+  std::string assign_ranks() {
+    members_ = {0};
+    for (peer_link& link : links_) {
+      link.node = -1;
+      if (link.joined && link.fd >= 0 && static_cast<int>(members_.size()) < options_.nnodes) {
+        link.node = static_cast<int>(members_.size());
+        members_.insert(link.node);
+      }
+    }
+    return std::to_string(members_.size()) + (members_.size() == 1 ? " node" : " nodes");
+  }
+
+  // The first attempt starts once the most nodes have joined, or the fewest and no other within the last call.
+  void form_if_ready() {
+    const int available = 1 + joined_count();
+    if (available < options_.nnodes) {
+      if (available < options_.min_nnodes) return last_call_at_.reset();
+      if (!last_call_at_) last_call_at_ = steady_clock::now() + options_.last_call;
+      if (steady_clock::now() < *last_call_at_) return;
+    }
+    forming_ = false;
+    last_call_at_.reset();
+    const std::string nodes = assign_ranks();
+    start_attempt(0, "the job starts on " + nodes + " (rendezvous '" + options_.rdzv_id + "')");
+  }
+
+  // A node of an elastic job lost: its attempt fails on every node, and the next one goes on without it.
+  void member_lost(peer_link& link, const std::string& why) {
+    const std::string lost = "node " + std::to_string(link.node) + " (" + ranks_of(link.node, link.nproc) + ", at " +
+                             link.address + ") is lost: " + why;
+    link.send_line("lost " + lost + " (found by node 0)");
+    link.close_link();
+    members_.erase(link.node);
+    if (!job_over_ && !forming_) record_failure({1, clock_us(), lost});
+    decide();
   }
 
   // A node whose launcher has not connected by --heartbeat_timeout after this node's attempt ended cannot be waited
   // for: it counts as lost.
   std::optional<std::string> never_joined() const {
     if (!ended_at_ || steady_clock::now() < *ended_at_ + options_.timeout) return std::nullopt;
-    for (int node = 1; node < options_.nnodes; ++node) {
-      if (std::none_of(links_.begin(), links_.end(), [&](const peer_link& link) { return link.node == node; })) {
+    for (const int node : members_) {
+      if (node > 0 &&
+          std::none_of(links_.begin(), links_.end(), [&](const peer_link& link) { return link.node == node; })) {
         return "node " + std::to_string(node) + " (" + ranks_of(node, options_.nproc_per_node) +
                ") is lost: its launcher never connected to this node's heartbeat port " +
                std::to_string(options_.port);
@@ -456,7 +572,7 @@ class main_node_heartbeat final : public peer_watch {
 
   void broadcast(const std::string& line) const {
     for (const peer_link& link : links_) {
-      if (link.node > 0) link.send_line(line);
+      if (link.node > 0 || link.joined) link.send_line(line);
     }
   }
 
@@ -473,7 +589,7 @@ class main_node_heartbeat final : public peer_watch {
     const steady_clock::time_point now = steady_clock::now();
     if (now < next_beat_) return;
     for (const peer_link& link : links_) {
-      if (link.node > 0) link.send_line("beat");
+      if (link.node > 0 || link.joined) link.send_line("beat");
     }
     next_beat_ = now + options_.interval;
   }
@@ -490,10 +606,13 @@ class main_node_heartbeat final : public peer_watch {
   bool restart_ordered_ = false;
   std::optional<std::string> order_;  // for this node's workers
   std::set<int> ended_;
+  std::set<int> members_;                             // the nodes of the attempt, 0 included
   std::optional<steady_clock::time_point> ended_at_;  // when this node's workers ended the attempt
   std::optional<steady_clock::time_point> go_at_;     // when the next attempt starts
   std::optional<attempt_verdict> verdict_;
   bool job_over_ = false;
+  bool forming_ = options_.elastic;                        // an elastic job's first attempt is not formed yet
+  std::optional<steady_clock::time_point> last_call_at_;  // then: when it starts with fewer than the most nodes
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -520,7 +639,9 @@ class other_node_heartbeat final : public peer_watch {
     return std::min({next_beat_, link_.last_heard + options_.timeout, unwelcome});
   }
 
-  bool coordinates_restarts() const override { return options_.max_restarts > 0; }
+  bool coordinates_restarts() const override { return options_.max_restarts > 0 || options_.elastic; }
+
+  bool starts_after_rendezvous() const override { return options_.elastic; }
 
   void worker_failed(int exit_code, const std::string& failure) override {
     if (!coordinates_restarts()) return;
@@ -547,6 +668,13 @@ class other_node_heartbeat final : public peer_watch {
     if (!connected_ && !advance_connection()) return std::nullopt;
     bool ended = false;
     const std::vector<std::string> lines = link_.read_lines(ended);
+    if (const auto refused = std::find_if(lines.begin(), lines.end(),
+                                          [](const std::string& line) { return line.starts_with("refused "); });
+        refused != lines.end()) {
+      finished_ = true;
+      return "the rendezvous at " + options_.master_addr + ":" + std::to_string(options_.port) +
+             " refused this node: " + refused->substr(8);
+    }
     if (!welcomed_ && std::find(lines.begin(), lines.end(), "welcome") == lines.end()) {
       // Not node 0's launcher yet (what accepted the connection may be something else): watched once welcomed.
       if (ended || heartbeat_stale(link_.last_heard, steady_clock::now(), options_.timeout)) retry_later();
@@ -617,7 +745,9 @@ class other_node_heartbeat final : public peer_watch {
     }
     connected_ = true;
     link_.heard();
-    link_.send_line("hello " + std::to_string(options_.node_rank) + " " + std::to_string(options_.nproc_per_node));
+    link_.send_line(options_.elastic ? "join " + options_.rdzv_id + " " + std::to_string(options_.nproc_per_node)
+                                     : "hello " + std::to_string(options_.node_rank) + " " +
+                                           std::to_string(options_.nproc_per_node));
     next_beat_ = now + options_.interval;
     return true;
   }
@@ -662,19 +792,20 @@ class other_node_heartbeat final : public peer_watch {
 
   void on_attempt_line(const std::string& line) {
     if (const std::string restart = words_after(line, "restart "); !restart.empty()) {
-      if (auto order = parse_numbers(restart, 1); order && order->first[0] == attempt_ && !ended_at_)
+      if (auto order = parse_numbers<1>(restart); order && order->first[0] == attempt_ && !ended_at_)
         order_ = order->second;
     } else if (const std::string go = words_after(line, "go "); !go.empty()) {
-      if (auto next = parse_numbers(go, 2)) {
-        attempt_ = next->first[0];
-        verdict_ = attempt_verdict{next->first[1], 0, next->second};
+      if (auto next = parse_numbers<4>(go)) {  // A PORT NNODES RANK
+        const auto [attempt, port, nnodes, node_rank] = next->first;  // this node's rank among those of the attempt
+        attempt_ = attempt;
+        verdict_ = attempt_verdict{port, 0, next->second, nnodes, node_rank, attempt};
         order_.reset();
         ended_at_.reset();
       }
     } else if (const std::string end = words_after(line, "end "); !end.empty()) {
-      if (auto over = parse_numbers(end, 1)) {
+      if (auto over = parse_numbers<1>(end)) {
         job_over_ = true;
-        verdict_ = attempt_verdict{std::nullopt, over->first[0], over->second};
+        verdict_ = attempt_verdict{std::nullopt, over->first[0], over->second, std::nullopt, std::nullopt, attempt_};
       }
     }
   }
@@ -703,7 +834,12 @@ class other_node_heartbeat final : public peer_watch {
 }  // namespace
 
 std::unique_ptr<peer_watch> make_heartbeat(const heartbeat_options& options) {
-  if (options.node_rank == 0) return std::make_unique<main_node_heartbeat>(options);
+  if (options.elastic) {
+    if (const int listener = listen_at(options.master_addr, options.port); listener >= 0)
+      return std::make_unique<main_node_heartbeat>(options, listener);
+    return std::make_unique<other_node_heartbeat>(options);
+  }
+  if (options.node_rank == 0) return std::make_unique<main_node_heartbeat>(options, listen_on(options.port));
   return std::make_unique<other_node_heartbeat>(options);
 }
 

@@ -98,6 +98,47 @@ struct given_option {
   std::string value;
 };
 
+// --nnodes K, or MIN:MAX for an elastic job (with a rendezvous).
+void apply_nnodes(launch_options& options, const option_token& option, const std::string& value) {
+  const std::size_t colon = value.find(':');
+  options.nnodes = static_cast<int>(parse_whole_number(option, value.substr(colon == std::string::npos ? 0 : colon + 1),
+                                                       1, most_nodes, "nodes, or MIN:MAX for an elastic job"));
+  options.min_nnodes.reset();
+  if (colon != std::string::npos) {
+    options.min_nnodes = static_cast<int>(parse_whole_number(option, value.substr(0, colon), 1, options.nnodes,
+                                                             "the fewest nodes of MIN:MAX, at most MAX"));
+  }
+}
+
+// torchrun's rendezvous flags: the c10d backend only (a launcher hosts it), or static (none).
+void apply_rendezvous_option(launch_options& options, const option_token& option, const std::string& value) {
+  if (option.name == "rdzv_backend") {
+    if (value != "c10d" && value != "static")
+      throw usage_error(option.spelling + " must be c10d (the launcher at --rdzv_endpoint hosts the rendezvous) or "
+                        "static (none), not '" + value + "'");
+    options.elastic = value == "c10d";
+  } else if (option.name == "rdzv_endpoint") {
+    const std::size_t colon = value.rfind(':');
+    options.rdzv_host = value.substr(0, colon);
+    if (colon != std::string::npos)
+      options.rdzv_port = static_cast<int>(parse_whole_number(option, value.substr(colon + 1), 1, 65535,
+                                                              "the rendezvous port of HOST:PORT"));
+    if (options.rdzv_host.empty())
+      throw usage_error(option.spelling + " must be HOST:PORT (the host of the rendezvous, reachable from every "
+                        "node), not '" + value + "'");
+  } else if (option.name == "rdzv_id") {
+    options.rdzv_id = value;
+  } else if (option.name == "rdzv_conf") {
+    const std::string key = "last_call_timeout=";
+    if (!value.starts_with(key))
+      throw usage_error(option.spelling + " takes last_call_timeout=S (seconds to wait for more nodes than the "
+                        "fewest), not '" + value + "'");
+    options.last_call = parse_seconds(option, value.substr(key.size()));
+  } else {
+    throw usage_error("unknown option '" + option.spelling + "'; 'accel launch --help' lists the options");
+  }
+}
+
 // Applies one option given on the command line.
 void apply_option(launch_options& options, const given_option& given) {
   const option_token& option = given.token;
@@ -116,7 +157,9 @@ void apply_option(launch_options& options, const given_option& given) {
     options.nproc_per_node =
         static_cast<int>(parse_whole_number(option, value, 1, most_workers_per_node, "worker processes on this node"));
   } else if (option.name == "nnodes") {
-    options.nnodes = static_cast<int>(parse_whole_number(option, value, 1, most_nodes, "nodes"));
+    apply_nnodes(options, option, value);
+  } else if (option.name.starts_with("rdzv_")) {
+    apply_rendezvous_option(options, option, value);
   } else if (option.name == "node_rank") {
     options.node_rank = static_cast<int>(
         parse_whole_number(option, value, 0, most_nodes - 1, "this node's index, 0 on the master node"));
@@ -157,7 +200,8 @@ given_option read_option(const std::string& argument, const std::string* next, b
                                                 "master_addr",        "master_port",      "grace_period",
                                                 "config_file",        "mixed_precision",  "gradient_accumulation_steps",
                                                 "max_restarts",       "restart_delay",    "heartbeat_port",
-                                                "heartbeat_interval", "heartbeat_timeout"};
+                                                "heartbeat_interval", "heartbeat_timeout", "rdzv_backend",
+                                                "rdzv_endpoint",      "rdzv_id",          "rdzv_conf"};
   if (std::find(std::begin(valued), std::end(valued), option.name) == std::end(valued) && !is_run_setting(option)) {
     throw usage_error("unknown option '" + option.spelling +
                       "'; 'accel launch --help' lists the options (an option meant for the program goes after the "
@@ -258,6 +302,21 @@ void check_heartbeat(const launch_options& options) {
   }
 }
 
+// An elastic job: the rendezvous host is named, the keep-alive on (the nodes agree over it).
+void check_elastic(const launch_options& options) {
+  if (options.rdzv_host.empty()) {
+    throw usage_error("--rdzv_backend c10d needs --rdzv_endpoint HOST:PORT: the address of the node whose launcher "
+                      "hosts the rendezvous (node 0), the same on every node");
+  }
+  if (options.heartbeat_timeout.count() == 0) {
+    throw usage_error("--rdzv_backend c10d needs the launchers' heartbeat connections, on which the nodes meet: give "
+                      "--heartbeat_timeout above 0 (default 15)");
+  }
+  if (options.program.empty()) {
+    throw usage_error("no program given: put the program and its arguments after the options");
+  }
+}
+
 // The checks that involve more than one option.
 void check_consistency(const launch_options& options) {
   if (options.nproc_per_node == 0) {
@@ -270,6 +329,12 @@ void check_consistency(const launch_options& options) {
     throw usage_error("--node_rank " + std::to_string(options.node_rank) + " is out of range for --nnodes " +
                       std::to_string(options.nnodes) + ": give each node a different --node_rank from 0 to " +
                       std::to_string(options.nnodes - 1) + " (0 on the node at --master_addr)");
+  }
+  if (options.elastic) return check_elastic(options);
+  if (options.min_nnodes) {
+    throw usage_error("--nnodes " + std::to_string(*options.min_nnodes) + ":" + std::to_string(options.nnodes) +
+                      " (an elastic job) needs a rendezvous: add --rdzv_backend c10d --rdzv_endpoint HOST:PORT "
+                      "(the same on every node)");
   }
   if (options.nnodes > 1 && !options.master_addr_given) {
     throw usage_error("--nnodes " + std::to_string(options.nnodes) +
@@ -316,19 +381,22 @@ void append_run_settings(std::vector<std::pair<std::string, std::string>>& varia
 
 // Each local worker's variables (accel/detail/support/worker_variables.hpp, as `accel::launch_processes` gives them)
 // and the run settings, for the attempt after `restart_count` restarts.
-std::vector<worker_spec> worker_specs(const launch_options& options, int master_port, int restart_count) {
-  const detail::launching::job_placement job{.nnodes = options.nnodes,
-                                             .node_rank = options.node_rank,
-                                             .nproc_per_node = options.nproc_per_node,
-                                             .master_addr = options.master_addr,
-                                             .master_port = master_port,
-                                             .restart_count = restart_count,
-                                             .max_restarts = options.max_restarts};
+std::vector<worker_spec> worker_specs(const launch_options& options, int master_port, int restart_count,
+                                      const std::optional<attempt_verdict>& agreed) {
+  const detail::launching::job_placement job{
+      .nnodes = agreed && agreed->nnodes ? *agreed->nnodes : options.nnodes,
+      .node_rank = agreed && agreed->node_rank ? *agreed->node_rank : options.node_rank,
+      .nproc_per_node = options.nproc_per_node,
+      .master_addr = options.elastic ? options.rdzv_host : options.master_addr,
+      .master_port = master_port,
+      .restart_count = restart_count,
+      .max_restarts = options.max_restarts};
   std::vector<worker_spec> specs;
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
     worker_spec spec;
-    spec.rank = options.node_rank * options.nproc_per_node + local_rank;
+    spec.rank = job.node_rank * options.nproc_per_node + local_rank;
     spec.variables = detail::launching::worker_variables(job, local_rank);
+    if (options.elastic) spec.variables.emplace_back("TORCHELASTIC_RUN_ID", options.rdzv_id);
     append_run_settings(spec.variables, options);
     specs.push_back(std::move(spec));
   }
@@ -437,27 +505,34 @@ int run_launch(const launch_options& options) {
   supervision.max_restarts = options.max_restarts;
   supervision.restart_delay = options.restart_delay;
   std::unique_ptr<peer_watch> heartbeat;  // with restarts, node 0's decides when each attempt starts
-  if (options.nnodes > 1 && options.heartbeat_timeout.count() > 0) {
+  if ((options.nnodes > 1 || options.elastic) && options.heartbeat_timeout.count() > 0) {
     heartbeat = make_heartbeat({.nnodes = options.nnodes,
                                 .node_rank = options.node_rank,
                                 .nproc_per_node = options.nproc_per_node,
-                                .master_addr = options.master_addr,
-                                .port = options.heartbeat_port.value_or(options.master_port + 1),
+                                .master_addr = options.elastic ? options.rdzv_host : options.master_addr,
+                                .port = options.elastic ? options.rdzv_port
+                                                        : options.heartbeat_port.value_or(options.master_port + 1),
                                 .interval = options.heartbeat_interval,
                                 .timeout = options.heartbeat_timeout,
                                 .max_restarts = options.max_restarts,
-                                .restart_delay = options.restart_delay});
+                                .restart_delay = options.restart_delay,
+                                .elastic = options.elastic,
+                                .min_nnodes = options.min_nnodes.value_or(options.nnodes),
+                                .rdzv_id = options.rdzv_id,
+                                .last_call = options.last_call});
     supervision.peers = heartbeat.get();
   }
-  const int exit_code = supervise_job(supervision, [&](int restart_count, std::optional<int> agreed_port) {
+  const auto workers = [&](int restart_count, const std::optional<attempt_verdict>& agreed) {
     // A fresh free port per attempt: the previous attempt's may still be held (TIME_WAIT). Across nodes, node 0 picks
     // it and tells the others.
-    const int master_port =
-        agreed_port.value_or(options.master_port == 0 ? detail::launching::pick_free_port(
-                                                            INADDR_ANY, "", "; give a port with --master_port")
-                                                      : options.master_port);
-    return worker_specs(options, master_port, restart_count);
-  });
+    int master_port = options.master_port;
+    if (agreed && agreed->master_port)
+      master_port = *agreed->master_port;
+    else if (master_port == 0)
+      master_port = detail::launching::pick_free_port(INADDR_ANY, "", "; give a port with --master_port");
+    return worker_specs(options, master_port, restart_count, agreed);
+  };
+  const int exit_code = supervise_job(supervision, workers);
   if (heartbeat) heartbeat->finish(exit_code);
   return exit_code;
 }

@@ -639,10 +639,11 @@ void announce_giving_up(const attempt_result& result, const supervision_options&
 // Between two attempts of a job whose nodes restart together: the heartbeats go on (so that no node takes this one
 // for lost) while node 0 gathers every node's end of the attempt and decides. A node lost ends the job with 1, a
 // signal to the launcher with 128 + its number, without a restart.
-attempt_verdict await_verdict(peer_watch& peers, signal_pipe& signals) {
-  peers.attempt_ended();
+attempt_verdict await_verdict(peer_watch& peers, signal_pipe& signals, bool after_attempt = true) {
+  if (after_attempt) peers.attempt_ended();
   for (;;) {
-    if (const std::optional<std::string> lost = peers.on_wakeup()) return {std::nullopt, 1, *lost};
+    if (const std::optional<std::string> lost = peers.on_wakeup())
+      return {std::nullopt, 1, *lost, std::nullopt, std::nullopt, 0};
     if (std::optional<attempt_verdict> verdict = peers.verdict()) return *std::move(verdict);
     std::vector<pollfd> fds{{signals.read_end(), POLLIN, 0}};
     peers.add_fds(fds);
@@ -651,7 +652,8 @@ attempt_verdict await_verdict(peer_watch& peers, signal_pipe& signals) {
     for (const received_signal& s : signals.take_signals()) {
       if (s.number == SIGCHLD) continue;
       return {std::nullopt, 128 + s.number,
-              "received " + sigabbrev(s.number) + " while waiting for the other nodes; not restarting"};
+              "received " + sigabbrev(s.number) + " while waiting for the other nodes; not restarting", std::nullopt,
+              std::nullopt, 0};
     }
   }
 }
@@ -664,16 +666,21 @@ bool coordinated(const supervision_options& options) {
 
 int supervise_job(const supervision_options& options, const workers_for_attempt& workers) {
   signal_pipe signals;  // one for every attempt, so that a signal between two attempts is not lost
-  std::optional<int> agreed_port;
+  std::optional<attempt_verdict> agreed;
+  if (options.peers != nullptr && options.peers->starts_after_rendezvous()) {
+    agreed = await_verdict(*options.peers, signals, /*after_attempt=*/false);
+    if (!agreed->message.empty()) std::fprintf(stderr, "accel launch: %s\n", agreed->message.c_str());
+    if (!agreed->master_port) return agreed->exit_code;
+  }
   for (int restart_count = 0;; ++restart_count) {
-    const std::vector<worker_spec> specs = workers(restart_count, agreed_port);
+    if (agreed) restart_count = agreed->attempt;  // node 0's count: the same on every node
+    const std::vector<worker_spec> specs = workers(restart_count, agreed);
     const attempt_result result = supervise_workers(options, specs, signals);
     if (result.launcher_signal || result.peer_lost) return result.exit_code;  // stopped by the user, or a node lost
     if (coordinated(options)) {
-      const attempt_verdict verdict = await_verdict(*options.peers, signals);
-      if (!verdict.message.empty()) std::fprintf(stderr, "accel launch: %s\n", verdict.message.c_str());
-      if (!verdict.master_port) return verdict.exit_code;
-      agreed_port = verdict.master_port;
+      agreed = await_verdict(*options.peers, signals);
+      if (!agreed->message.empty()) std::fprintf(stderr, "accel launch: %s\n", agreed->message.c_str());
+      if (!agreed->master_port) return agreed->exit_code;
       continue;
     }
     if (result.exit_code == 0) return result.exit_code;  // done

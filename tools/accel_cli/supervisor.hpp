@@ -19,10 +19,15 @@ struct worker_spec {
 
 // What the nodes of a job agreed after an attempt (peer_watch::verdict): start the next one on `master_port`, or end
 // the job with `exit_code`, saying `message` (empty when every worker succeeded).
+// An elastic job's verdict also says how many nodes the next attempt has and which of them this one is, and its
+// number (a node admitted later joins the job at a later attempt).
 struct attempt_verdict {
   std::optional<int> master_port;
   int exit_code = 0;
   std::string message;
+  std::optional<int> nnodes;
+  std::optional<int> node_rank;
+  int attempt = 0;
 };
 
 // What can end an attempt besides its workers: the other nodes' launchers, watched through their heartbeats
@@ -53,6 +58,8 @@ class peer_watch {
   virtual void attempt_ended() {}
   // What the nodes agreed once every node's workers of the attempt have ended: nothing yet, a next attempt, or the end.
   virtual std::optional<attempt_verdict> verdict() { return std::nullopt; }
+  // Whether the first attempt too waits for a verdict (an elastic job's rendezvous: who the nodes are).
+  virtual bool starts_after_rendezvous() const { return false; }
 };
 
 struct supervision_options {
@@ -64,10 +71,10 @@ struct supervision_options {
   peer_watch* peers = nullptr;                    // the other nodes' heartbeats, for a job of several nodes
 };
 
-// The workers of one attempt: restart_count is 0 for the first, k for the k-th restart; master_port is the port the
-// nodes agreed for a restart coordinated across nodes (none otherwise).
+// The workers of one attempt: restart_count is 0 for the first, k for the k-th restart; `agreed` is what the nodes
+// agreed for an attempt coordinated across nodes (its port, and for an elastic job its nodes), none otherwise.
 using workers_for_attempt =
-    std::function<std::vector<worker_spec>(int restart_count, std::optional<int> master_port)>;
+    std::function<std::vector<worker_spec>(int restart_count, const std::optional<attempt_verdict>& agreed)>;
 
 // Runs the job: starts every worker of an attempt in its own process group and waits for all of them. When one fails
 // or the launcher gets SIGINT/SIGTERM/SIGHUP/SIGQUIT, stops the others (the signal, then SIGKILL after the grace
