@@ -33,6 +33,10 @@
 //           process 3 kills itself (SIGKILL) after step 5 while the others compute for 2 s more (outside any
 //           collective). Each process says where its attempt started; the main
 //           process writes the full parameters to FILE at the end, which must not depend on the restarts.
+//   node_checkpoint [POLICY] elastic PROJECT_DIR FILE
+//           for an elastic job (cluster.elastic.*): 30 steps, a step every 100 ms, each printed, with resume::latest
+//           and a checkpoint every 2 steps saved on each node; each process says where its attempt started and in a
+//           world of how many processes; the main process writes the full parameters to FILE at the end.
 // POLICY is data_parallel (the default), zero2 or fully_sharded, over Gloo. Every process prints one line saying what
 // it did (or the checkpoint_error it got) and exits non-zero on failure.
 #include <accel/accel.hpp>
@@ -56,7 +60,7 @@ namespace {
 constexpr const char* usage =
     "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] | ... resume DIR | "
     "... train FILE | ... paced FILE | ... latest PROJECT_DIR stop|resume|lose_in_save [on_each_node] | ... long | "
-    "... restarts PROJECT_DIR FILE FAILING_ATTEMPTS\n";
+    "... restarts PROJECT_DIR FILE FAILING_ATTEMPTS | ... elastic PROJECT_DIR FILE\n";
 
 template <class Accelerator>
 int save(const std::filesystem::path& directory, const accel::options& options) {
@@ -228,6 +232,42 @@ int restarts(const std::filesystem::path& project_dir, const std::filesystem::pa
 }
 
 template <class Accelerator>
+int elastic(const std::filesystem::path& project_dir, const std::filesystem::path& file) {
+  accel::options options{.cpu = true, .timeout = std::chrono::seconds(60)};
+  options.project = {.project_dir = project_dir.string(),
+                     .automatic_checkpoint_naming = true,
+                     .resume = accel::resume::latest,
+                     .save_every_steps = 2,
+                     .save_on_each_node = true};
+  const char* restart_count = std::getenv("ACCEL_RESTART_COUNT");
+  const int attempt = restart_count != nullptr ? std::atoi(restart_count) : 0;
+  accel_test::resumable_run<Accelerator> run(1, 64, options);
+  const int rank = run.acc.process_index();
+  bool announced = false;
+  while (run.acc.completed_steps() < 30)
+    for (auto&& [x, y] : run.batches) {
+      if (!announced) {  // the first pass's begin() has loaded the newest checkpoint, if any
+        announced = true;
+        const auto& from = run.acc.resumed_from();
+        std::printf("node_checkpoint: rank %d attempt %d world %d started at step %lld from %s\n", rank, attempt,
+                    run.acc.num_processes(), static_cast<long long>(run.acc.completed_steps()),
+                    from ? from->filename().c_str() : "nothing");
+      }
+      run.acc.backward(torch::mse_loss(run.model(x), y));
+      run.opt.step();
+      run.sched.step();
+      run.opt.zero_grad();
+      std::printf("node_checkpoint: rank %d step %lld\n", rank, static_cast<long long>(run.acc.completed_steps()));
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (run.acc.completed_steps() == 30) break;
+    }
+  const auto state = run.acc.get_state_dict(run.model);
+  if (run.acc.is_main_process()) accel::safetensors::save(file, state);
+  return 0;
+}
+
+template <class Accelerator>
 int train(const std::filesystem::path& file, const accel::options& options, bool paced) {
   accel_test::resumable_run<Accelerator> run(1, 64, options);
   if (!paced) run.train(10);
@@ -260,6 +300,10 @@ template <class Policy>
 int run_mode(std::string_view mode, const std::vector<std::string>& args) {
   using accelerator = accel::accelerator<accel::fp32, Policy>;
   if (mode == "long") return args.size() == 1 ? train_until_stopped<accelerator>() : (std::fputs(usage, stderr), 2);
+  if (mode == "elastic") {
+    if (args.size() != 3) return std::fputs(usage, stderr), 2;
+    return elastic<accelerator>(args[1], args[2]);
+  }
   if (mode == "restarts") {
     if (args.size() != 4) return std::fputs(usage, stderr), 2;
     return restarts<accelerator>(args[1], args[2], std::atoi(args[3].c_str()));
@@ -294,7 +338,7 @@ int main(int argc, char** argv) {
   }
   const std::string mode = args.empty() ? "" : args[0];
   if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest" && mode != "long" && mode != "paced" &&
-      mode != "restarts") {
+      mode != "restarts" && mode != "elastic") {
     std::fputs(usage, stderr);
     return 2;
   }

@@ -699,6 +699,82 @@ def case_restart(accel, program, work, which):
     return {"worker_fails": restart_worker_fails, "exhausted": restart_exhausted}[which](accel, program, work)
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# Elastic membership (--nnodes 1:2 with a c10d rendezvous at machine0's address): `node_checkpoint elastic`.
+
+RDZV_PORT = 29400
+
+
+class ElasticJob(RunningJob):
+    """`node_checkpoint elastic PROJECT FILE` on every machine, one elastic `accel launch` each (no node rank given:
+    the rendezvous at machine0 numbers them)."""
+
+    def __init__(self, cluster, accel, program, log):
+        disk = cluster.disk
+        self.lines, self.log, self.lock = [[] for _ in cluster.machines], open(log, "w"), threading.Lock()
+        self.launchers = []
+        for machine in cluster.machines:
+            command = [accel, "launch", "--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                       f"{cluster.machines[0].address}:{RDZV_PORT}", "--rdzv_id", "elastic-test", "--nproc_per_node",
+                       "2", "--max_restarts", "1", "--restart_delay", "0", *SHORT_HEARTBEAT, program, "elastic",
+                       f"{disk}/project", f"{disk}/trained.safetensors"]
+            launcher = machine.start(command, env=job_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+            threading.Thread(target=self._relay, args=(machine, launcher.stdout), daemon=True).start()
+            self.launchers.append(launcher)
+
+
+def elastic_machine_lost(accel, program, work):
+    """2 machines x 2 processes (--nnodes 1:2) train with a checkpoint every 2 steps on each disk; at step 10 machine1
+    vanishes. machine0's launcher names it within the heartbeat timeout (6 s), and the job goes on on machine0 alone,
+    as a job of 2 processes (WORLD_SIZE 2, ranks 0 and 1), resumed from the newest checkpoint complete on its disk,
+    to step 30, ending with 0. Its parameters equal byte for byte those of a 2-process job resumed from a copy of
+    that checkpoint (loading a checkpoint of 4 processes under 2 converts the data positions so that each sample of
+    the epoch is seen once: dist.gloo.P*.resume_elsewhere)."""
+    disk = os.path.join(work, "disk")
+    with harness.Cluster(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = ElasticJob(cluster, accel, program, os.path.join(work, "job.log"))
+        for machine in (0, 1):
+            job.wait_for_line(machine, f"node_checkpoint: rank {2 * machine} step 10", JOB_TIMEOUT - 30)
+        cluster.vanish(1)
+        lost = time.monotonic()
+        check(wait_until(lambda: " attempt 1 world 2 started at step " in job.output(0), JOB_TIMEOUT - 30),
+              f"the job did not go on without machine1:\n{job.output(0)}")
+        resumed = time.monotonic() - lost
+        job.wait_for_line(0, "node_checkpoint: rank 0 step 30", JOB_TIMEOUT - 30)
+        codes, _ = wait_all(job, 30)
+        output = job.output(0)
+        check(codes[0] == 0, f"machine0's launcher exited with {codes[0]}:\n{output}")
+        for part in ("accel launch: the job starts on 2 nodes (rendezvous 'elastic-test')",
+                     f"accel launch: node 1 (ranks 2, 3, at {cluster.machines[1].address}) is lost: its launcher has "
+                     f"not been heard for ", "; restarting the job on every node (restart 1 of 1) on 1 node"):
+            check(part in output, f"machine0's launcher did not say {part!r}:\n{output}")
+        starts = [line.split(" started at step ", 1)[1].strip() for line in output.splitlines()
+                  if line.startswith("node_checkpoint: rank ") and " attempt 1 world 2 " in line]
+        check(len(starts) == 2 and starts[0] == starts[1] and " from checkpoint_" in starts[0],
+              f"ranks 0 and 1 of attempt 1 (a world of 2) started at {starts}:\n{output}")
+        step, checkpoint = starts[0].split(" from ")
+        shutil.copytree(cluster.machines[0].path(f"{disk}/project/checkpoints/{checkpoint}"),
+                        os.path.join(work, "reference", "checkpoints", checkpoint))
+        with open(cluster.machines[0].path(f"{disk}/trained.safetensors"), "rb") as f:
+            trained = f.read()
+    reference = os.path.join(work, "reference.safetensors")
+    again = subprocess.run([accel, "launch", "--nproc_per_node", "2", "--master_port", "0", program, "elastic",
+                            os.path.join(work, "reference"), reference], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=job_environment(), timeout=JOB_TIMEOUT)
+    check(again.returncode == 0 and f"world 2 started at step {step} from {checkpoint}" in again.stdout,
+          f"the 2-process job resumed from a copy of {checkpoint} failed:\n{again.stdout}")
+    with open(reference, "rb") as f:
+        check(trained == f.read(), f"the job that went on without machine1 differs from a 2-process job resumed from "
+                                   f"{checkpoint}")
+    return (f"machine1 lost at step 10; the job went on as 2 processes from {checkpoint} (step {step}), "
+            f"{resumed:.1f} s after the loss, equal to a 2-process job resumed from it")
+
+
+def case_elastic(accel, program, work, which):
+    return {"machine_lost": elastic_machine_lost}[which](accel, program, work)
+
+
 def main():
     if len(sys.argv) not in (5, 6):
         sys.exit(__doc__)
