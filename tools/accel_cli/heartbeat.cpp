@@ -21,11 +21,20 @@
 // - a node whose workers of attempt A have all ended (failed, stopped or succeeded) says "ended A";
 // - once every node has ended attempt A: none failed, node 0 sends "end 0" and the job is over on every node; one
 //   failed and restarts are left, node 0 waits --restart_delay, picks a free port for the next attempt's store and
-//   sends "go A+1 PORT WHAT" (a fresh rendezvous: nothing of attempt A's store is met again); none left, it sends
-//   "end CODE WHAT" and every launcher exits with the failing worker's code, naming it and the attempts.
+//   sends each node "go A+1 PORT NNODES RANK WHAT" (a fresh rendezvous: nothing of attempt A's store is met again);
+//   none left, it sends "end CODE WHAT" and every launcher exits with the failing worker's code, naming it and the
+//   attempts.
 // The heartbeats go on between attempts. A node lost (silent, or its launcher gone before node 0 said "end") is never
 // restarted: the job's nodes are fixed, so every launcher names it and exits with 1, as without restarts. A node that
 // has not connected when its attempt has ended on this node counts as lost after --heartbeat_timeout.
+//
+// Elastic membership (--rdzv_backend c10d, --nnodes MIN:MAX), on the same protocol: node 0 is the launcher that can
+// listen on the rendezvous endpoint. The others say "join ID NPROC" instead of "hello" (answered "welcome", or
+// "refused WHY" for another ID or NPROC) and wait, beating; node 0 starts attempt 0 when MAX nodes have joined, or
+// MIN once no other has joined within the last call, numbering the nodes in the order they joined: "go A PORT NNODES
+// RANK WHAT" (the static job's "go" has the same form). A node lost is then a failure of the attempt, no longer a
+// reason to end the job: the next attempt, after the restart delay, has the nodes joined then (the survivors, and
+// any that joined since, up to MAX), if at least MIN; node 0 lost still ends the job.
 #include "heartbeat.hpp"
 
 #include <accel/detail/support/worker_variables.hpp>

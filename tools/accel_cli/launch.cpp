@@ -20,7 +20,10 @@
 // - with --nnodes > 1 and --max_restarts, the nodes restart together over the same connections, node 0 deciding:
 //   a failure on any node stops every node's workers, and node 0 starts the next attempt on every node at once, on a
 //   fresh store port (heartbeat.cpp's comment has the protocol). A node lost is never restarted.
-// Static membership only: no elasticity (torchrun's --rdzv_* and --nnodes MIN:MAX).
+// - with --rdzv_backend c10d (torchrun's elastic launch, --nnodes MIN:MAX), the launcher that can listen on
+//   --rdzv_endpoint hosts the rendezvous and is node 0; the others join it, and node 0 numbers the nodes of each
+//   attempt: a node lost ends the attempt and the job goes on with the others while MIN remain, a node that joins
+//   later is admitted at the next restart (heartbeat.cpp).
 #include "launch.hpp"
 
 #include <netinet/in.h>
@@ -432,63 +435,82 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
   return options;
 }
 
-const char* launch_usage() {
-  return "usage: accel launch --nproc_per_node N [options] [--] program [arguments...]\n"
-         "\n"
-         "Starts N processes of program on this node, each with torchrun's environment variables, and waits\n"
-         "for them. When a worker fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
-         "accel launch exits with the failing worker's exit code (128 + S for a death by signal S), or,\n"
-         "with --max_restarts R, starts all N workers again, up to R times.\n"
-         "SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to accel launch are passed on to every worker, and no\n"
-         "restart follows.\n"
-         "\n"
-         "options (--name value or --name=value; dashes work as well as underscores):\n"
-         "  --nproc_per_node N  worker processes on this node (required, at least 1)\n"
-         "  --nnodes K          number of nodes (default 1)\n"
-         "  --node_rank I       this node's index, from 0 to K-1 (default 0)\n"
-         "  --master_addr A     host name or IP address of node 0 (default 127.0.0.1; required if K > 1)\n"
-         "  --master_port P     TCP port on node 0 (default 29500; 0 picks a free port, with one node only)\n"
-         "  --prefix_output     prefix every line a worker prints with \"[rank R] \"\n"
-         "  --grace_period S    seconds from SIGTERM to SIGKILL when stopping the workers (default 3)\n"
-         "  --max_restarts R    after a worker fails, start all the workers again, up to R times (0 to 1000,\n"
-         "                      default 0). With K > 1 every node restarts together: a failure on any node\n"
-         "                      stops the workers of every node, then node 0 starts the next attempt on\n"
-         "                      every node, on a fresh port of its own for the store (not --master_port);\n"
-         "                      a node lost (see --heartbeat_timeout) is never restarted\n"
-         "  --restart_delay S   seconds to wait before each restart (default 1)\n"
-         "  --heartbeat_timeout S  with K > 1: a node whose launcher is not heard for S seconds is lost\n"
-         "                      (its machine or its link is down): every other node names it (which node,\n"
-         "                      its ranks, since when), stops its workers and exits with 1, instead of\n"
-         "                      waiting for the collective timeout (default 15; 0 turns the keep-alive off)\n"
-         "  --heartbeat_interval S  seconds between two heartbeats (default 5, at most half the timeout)\n"
-         "  --heartbeat_port P  the TCP port on node 0 where the launchers' heartbeats meet (default\n"
-         "                      --master_port + 1; the same on every node)\n"
-         "  --mixed_precision M no, bf16, fp16 or fp8: sets ACCELERATE_MIXED_PRECISION for the workers\n"
-         "  --gradient_accumulation_steps N  sets ACCELERATE_GRADIENT_ACCUMULATION_STEPS for the workers\n"
-         "  --parallelism_config_dp_replicate_size N, --parallelism_config_dp_shard_size N,\n"
-         "  --parallelism_config_cp_size N, --parallelism_config_tp_size N\n"
-         "                      the device mesh (Accelerate's ParallelismConfig): checked against the job\n"
-         "                      (the sizes must multiply to K*N) before any worker starts, then set as\n"
-         "                      PARALLELISM_CONFIG_*_SIZE (all four) and ACCELERATE_USE_PARALLELISM_CONFIG=true\n"
-         "  --config_file F     the config file to read (default: $ACCEL_CONFIG_FILE, or\n"
-         "                      ~/.config/accel/default_config.yaml if it exists; see 'accel config')\n"
-         "  -h, --help          show this help\n"
-         "\n"
-         "accelerate's --num_processes, --num_machines, --machine_rank, --main_process_ip and\n"
-         "--main_process_port are accepted for the same settings. The config file's settings are the\n"
-         "defaults (num_processes there counts the whole job: --nproc_per_node is num_processes /\n"
-         "num_machines); the command line overrides them. The workers get ACCEL_CONFIG_FILE naming it.\n"
-         "\n"
-         "Worker l (0 <= l < N) gets RANK=I*N+l, WORLD_SIZE=K*N, LOCAL_RANK=l, LOCAL_WORLD_SIZE=N,\n"
-         "GROUP_RANK=NODE_RANK=I, GROUP_WORLD_SIZE=K, ROLE_RANK=RANK, ROLE_WORLD_SIZE=WORLD_SIZE, MASTER_ADDR,\n"
-         "MASTER_PORT, ACCEL_RESTART_COUNT=TORCHELASTIC_RESTART_COUNT=k on the k-th restart (0 at first),\n"
-         "TORCHELASTIC_MAX_RESTARTS=R, and OMP_NUM_THREADS=1 when N > 1 and OMP_NUM_THREADS is not set.\n"
-         "\n"
-         "examples:\n"
-         "  accel launch --nproc_per_node 2 ./train --epochs 3\n"
-         "  accel launch --nproc_per_node 2 --max_restarts 3 ./train --resume\n"
-         "  accel launch --nnodes 2 --node_rank 0 --master_addr 10.0.0.1 --nproc_per_node 4 ./train\n";
-}
+namespace {
+
+// accel launch --help (a constant, too long for a function).
+constexpr const char* launch_usage_text =
+    "usage: accel launch --nproc_per_node N [options] [--] program [arguments...]\n"
+    "\n"
+    "Starts N processes of program on this node, each with torchrun's environment variables, and waits\n"
+    "for them. When a worker fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
+    "accel launch exits with the failing worker's exit code (128 + S for a death by signal S), or,\n"
+    "with --max_restarts R, starts all N workers again, up to R times.\n"
+    "SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to accel launch are passed on to every worker, and no\n"
+    "restart follows.\n"
+    "\n"
+    "options (--name value or --name=value; dashes work as well as underscores):\n"
+    "  --nproc_per_node N  worker processes on this node (required, at least 1)\n"
+    "  --nnodes K          number of nodes (default 1)\n"
+    "  --node_rank I       this node's index, from 0 to K-1 (default 0)\n"
+    "  --master_addr A     host name or IP address of node 0 (default 127.0.0.1; required if K > 1)\n"
+    "  --master_port P     TCP port on node 0 (default 29500; 0 picks a free port, with one node only)\n"
+    "  --prefix_output     prefix every line a worker prints with \"[rank R] \"\n"
+    "  --grace_period S    seconds from SIGTERM to SIGKILL when stopping the workers (default 3)\n"
+    "  --max_restarts R    after a worker fails, start all the workers again, up to R times (0 to 1000,\n"
+    "                      default 0). With K > 1 every node restarts together: a failure on any node\n"
+    "                      stops the workers of every node, then node 0 starts the next attempt on\n"
+    "                      every node, on a fresh port of its own for the store (not --master_port);\n"
+    "                      a node lost (see --heartbeat_timeout) is never restarted (an elastic job,\n"
+    "                      below, goes on without it)\n"
+    "  --restart_delay S   seconds to wait before each restart (default 1)\n"
+    "  --heartbeat_timeout S  with K > 1: a node whose launcher is not heard for S seconds is lost\n"
+    "                      (its machine or its link is down): every other node names it (which node,\n"
+    "                      its ranks, since when), stops its workers and exits with 1, instead of\n"
+    "                      waiting for the collective timeout (default 15; 0 turns the keep-alive off)\n"
+    "  --heartbeat_interval S  seconds between two heartbeats (default 5, at most half the timeout)\n"
+    "  --heartbeat_port P  the TCP port on node 0 where the launchers' heartbeats meet (default\n"
+    "                      --master_port + 1; the same on every node)\n"
+    "  --nnodes MIN:MAX, --rdzv_backend c10d, --rdzv_endpoint HOST:PORT, --rdzv_id ID\n"
+    "                      an elastic job (torchrun's flags): the launcher at HOST (which can listen on\n"
+    "                      PORT, default 29400) hosts the rendezvous and is node 0; every other launcher\n"
+    "                      joins it with the same ID and --nproc_per_node, and node 0 numbers the nodes\n"
+    "                      (no --node_rank, --master_addr or --master_port). The job starts on MAX nodes,\n"
+    "                      or on MIN or more once no other joined within the last call. A node lost ends\n"
+    "                      the attempt; with --max_restarts the job goes on with the others (WORLD_SIZE\n"
+    "                      and RANK renumbered) while MIN remain; a node that joins later is admitted at\n"
+    "                      the next restart. Workers also get TORCHELASTIC_RUN_ID=ID\n"
+    "  --rdzv_conf last_call_timeout=S  seconds to wait for more than MIN nodes (default 30)\n"
+    "  --mixed_precision M no, bf16, fp16 or fp8: sets ACCELERATE_MIXED_PRECISION for the workers\n"
+    "  --gradient_accumulation_steps N  sets ACCELERATE_GRADIENT_ACCUMULATION_STEPS for the workers\n"
+    "  --parallelism_config_dp_replicate_size N, --parallelism_config_dp_shard_size N,\n"
+    "  --parallelism_config_cp_size N, --parallelism_config_tp_size N\n"
+    "                      the device mesh (Accelerate's ParallelismConfig): checked against the job\n"
+    "                      (the sizes must multiply to K*N) before any worker starts, then set as\n"
+    "                      PARALLELISM_CONFIG_*_SIZE (all four) and ACCELERATE_USE_PARALLELISM_CONFIG=true\n"
+    "  --config_file F     the config file to read (default: $ACCEL_CONFIG_FILE, or\n"
+    "                      ~/.config/accel/default_config.yaml if it exists; see 'accel config')\n"
+    "  -h, --help          show this help\n"
+    "\n"
+    "accelerate's --num_processes, --num_machines, --machine_rank, --main_process_ip and\n"
+    "--main_process_port are accepted for the same settings. The config file's settings are the\n"
+    "defaults (num_processes there counts the whole job: --nproc_per_node is num_processes /\n"
+    "num_machines); the command line overrides them. The workers get ACCEL_CONFIG_FILE naming it.\n"
+    "\n"
+    "Worker l (0 <= l < N) gets RANK=I*N+l, WORLD_SIZE=K*N, LOCAL_RANK=l, LOCAL_WORLD_SIZE=N,\n"
+    "GROUP_RANK=NODE_RANK=I, GROUP_WORLD_SIZE=K, ROLE_RANK=RANK, ROLE_WORLD_SIZE=WORLD_SIZE, MASTER_ADDR,\n"
+    "MASTER_PORT, ACCEL_RESTART_COUNT=TORCHELASTIC_RESTART_COUNT=k on the k-th restart (0 at first),\n"
+    "TORCHELASTIC_MAX_RESTARTS=R, and OMP_NUM_THREADS=1 when N > 1 and OMP_NUM_THREADS is not set.\n"
+    "\n"
+    "examples:\n"
+    "  accel launch --nproc_per_node 2 ./train --epochs 3\n"
+    "  accel launch --nproc_per_node 2 --max_restarts 3 ./train --resume\n"
+    "  accel launch --nnodes 2 --node_rank 0 --master_addr 10.0.0.1 --nproc_per_node 4 ./train\n"
+    "  accel launch --nnodes 1:2 --rdzv_backend c10d --rdzv_endpoint 10.0.0.1:29400 --rdzv_id run7\n"
+    "      --max_restarts 3 --nproc_per_node 4 ./train\n";
+
+}  // namespace
+
+const char* launch_usage() { return launch_usage_text; }
 
 int run_launch(const launch_options& options) {
   // torchrun does the same: N workers each starting one OpenMP thread per core would oversubscribe the cores.
