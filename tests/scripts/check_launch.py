@@ -814,6 +814,27 @@ def case_elastic_rejoin():
     check_world(attempt_variables(1, range(4)), 4, 2)
 
 
+def case_elastic_refused():
+    # A launcher that joins with another --nproc_per_node is refused, naming both, and exits with 1; the host goes on.
+    port = free_port()
+    host = start_launcher([ACCEL, "launch", *elastic_flags("1:2", port, ["--rdzv_conf", "last_call_timeout=0.3"]),
+                           PROBE, "sleep", WORK])
+    try:
+        start = time.monotonic()
+        while not os.path.exists(os.path.join(WORK, "pid.1")):
+            check(time.monotonic() - start < 20, "the host's workers did not start within 20 s")
+            time.sleep(0.05)
+        flags = elastic_flags("1:2", port)
+        flags[flags.index("--nproc_per_node") + 1] = "1"
+        code, err, _ = ended(start_launcher([ACCEL, "launch", *flags, PROBE, "exit", "0"]), "the joiner")
+        check(code == 1, f"the joiner exited with {code}")
+        check(f"the rendezvous at 127.0.0.1:{port} refused this node: it joined with 'job7 1', this rendezvous is "
+              f"'job7 2' (--rdzv_id, --nproc_per_node)" in err, "the joiner did not say why it was refused")
+        check(host.poll() is None, "the host ended")
+    finally:
+        cleanup([host])
+
+
 def case_usage_elastic():
     check_usage_error(["--nproc_per_node", "1", "--nnodes", "1:2", PROBE], "--nnodes 1:2", "--rdzv_backend c10d")
     check_usage_error(["--nproc_per_node", "1", "--nnodes", "3:2", PROBE], "--nnodes", "at most MAX")

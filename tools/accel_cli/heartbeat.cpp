@@ -395,6 +395,10 @@ class main_node_heartbeat final : public peer_watch {
   void on_line(peer_link& link, const std::string& line) {
     if (const std::string join = words_after(line, "join "); options_.elastic && !link.joined && !join.empty()) {
       on_join(link, join);
+    } else if (options_.elastic && line.starts_with("hello ")) {
+      link.send_line("refused it is a launcher of a static job (--node_rank), this one is elastic: give every node "
+                     "the same --nnodes, --rdzv_backend c10d and --rdzv_endpoint");
+      link.close_link();
     } else if (const std::string hello = words_after(line, "hello "); link.node < 0 && !hello.empty()) {
       int node = -1, nproc = 0;
       if (std::sscanf(hello.c_str(), "%d %d", &node, &nproc) != 2 || node < 1 || node >= options_.nnodes || nproc < 1) {
