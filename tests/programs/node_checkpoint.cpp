@@ -33,10 +33,12 @@
 //           process 3 kills itself (SIGKILL) after step 5 while the others compute for 2 s more (outside any
 //           collective). Each process says where its attempt started; the main
 //           process writes the full parameters to FILE at the end, which must not depend on the restarts.
-//   node_checkpoint [POLICY] elastic PROJECT_DIR FILE
+//   node_checkpoint [POLICY] elastic PROJECT_DIR FILE [FAILING_ATTEMPT [shared]]
 //           for an elastic job (cluster.elastic.*): 30 steps, a step every 100 ms, each printed, with resume::latest
 //           and a checkpoint every 2 steps saved on each node; each process says where its attempt started and in a
-//           world of how many processes; the main process writes the full parameters to FILE at the end.
+//           world of how many processes; the main process writes the full parameters to FILE at the end. In attempt
+//           FAILING_ATTEMPT (ACCEL_RESTART_COUNT), process 1 kills itself after step 20 while the others compute 2 s.
+//           With `shared`, PROJECT_DIR is on a disk every machine sees: the main process saves (no save_on_each_node).
 // POLICY is data_parallel (the default), zero2 or fully_sharded, over Gloo. Every process prints one line saying what
 // it did (or the checkpoint_error it got) and exits non-zero on failure.
 #include <accel/accel.hpp>
@@ -60,7 +62,7 @@ namespace {
 constexpr const char* usage =
     "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] | ... resume DIR | "
     "... train FILE | ... paced FILE | ... latest PROJECT_DIR stop|resume|lose_in_save [on_each_node] | ... long | "
-    "... restarts PROJECT_DIR FILE FAILING_ATTEMPTS | ... elastic PROJECT_DIR FILE\n";
+    "... restarts PROJECT_DIR FILE FAILING_ATTEMPTS | ... elastic PROJECT_DIR FILE [FAILING_ATTEMPT [shared]]\n";
 
 template <class Accelerator>
 int save(const std::filesystem::path& directory, const accel::options& options) {
@@ -232,13 +234,14 @@ int restarts(const std::filesystem::path& project_dir, const std::filesystem::pa
 }
 
 template <class Accelerator>
-int elastic(const std::filesystem::path& project_dir, const std::filesystem::path& file) {
+int elastic(const std::filesystem::path& project_dir, const std::filesystem::path& file, int failing_attempt,
+            bool shared_disk) {
   accel::options options{.cpu = true, .timeout = std::chrono::seconds(60)};
   options.project = {.project_dir = project_dir.string(),
                      .automatic_checkpoint_naming = true,
                      .resume = accel::resume::latest,
                      .save_every_steps = 2,
-                     .save_on_each_node = true};
+                     .save_on_each_node = !shared_disk};
   const char* restart_count = std::getenv("ACCEL_RESTART_COUNT");
   const int attempt = restart_count != nullptr ? std::atoi(restart_count) : 0;
   accel_test::resumable_run<Accelerator> run(1, 64, options);
@@ -252,6 +255,10 @@ int elastic(const std::filesystem::path& project_dir, const std::filesystem::pat
         std::printf("node_checkpoint: rank %d attempt %d world %d started at step %lld from %s\n", rank, attempt,
                     run.acc.num_processes(), static_cast<long long>(run.acc.completed_steps()),
                     from ? from->filename().c_str() : "nothing");
+      }
+      if (attempt == failing_attempt && run.acc.completed_steps() == 20) {
+        if (rank == 1) raise(SIGKILL);
+        std::this_thread::sleep_for(std::chrono::seconds(2));  // outside any collective: process 1 is the one named
       }
       run.acc.backward(torch::mse_loss(run.model(x), y));
       run.opt.step();
@@ -301,8 +308,10 @@ int run_mode(std::string_view mode, const std::vector<std::string>& args) {
   using accelerator = accel::accelerator<accel::fp32, Policy>;
   if (mode == "long") return args.size() == 1 ? train_until_stopped<accelerator>() : (std::fputs(usage, stderr), 2);
   if (mode == "elastic") {
-    if (args.size() != 3) return std::fputs(usage, stderr), 2;
-    return elastic<accelerator>(args[1], args[2]);
+    if (args.size() < 3 || args.size() > 5 || (args.size() == 5 && args[4] != "shared"))
+      return std::fputs(usage, stderr), 2;
+    return elastic<accelerator>(args[1], args[2], args.size() >= 4 ? std::atoi(args[3].c_str()) : -1,
+                                args.size() == 5);
   }
   if (mode == "restarts") {
     if (args.size() != 4) return std::fputs(usage, stderr), 2;

@@ -709,19 +709,21 @@ class ElasticJob(RunningJob):
     """`node_checkpoint elastic PROJECT FILE` on every machine, one elastic `accel launch` each (no node rank given:
     the rendezvous at machine0 numbers them)."""
 
-    def __init__(self, cluster, accel, program, log):
+    def __init__(self, cluster, accel, program, log, max_restarts=1, project=None, more=()):
         disk = cluster.disk
         self.lines, self.log, self.lock = [[] for _ in cluster.machines], open(log, "w"), threading.Lock()
-        self.launchers = []
-        for machine in cluster.machines:
-            command = [accel, "launch", "--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
-                       f"{cluster.machines[0].address}:{RDZV_PORT}", "--rdzv_id", "elastic-test", "--nproc_per_node",
-                       "2", "--max_restarts", "1", "--restart_delay", "0", *SHORT_HEARTBEAT, program, "elastic",
-                       f"{disk}/project", f"{disk}/trained.safetensors"]
-            launcher = machine.start(command, env=job_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
-            threading.Thread(target=self._relay, args=(machine, launcher.stdout), daemon=True).start()
-            self.launchers.append(launcher)
+        self.command = [accel, "launch", "--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                        f"{cluster.machines[0].address}:{RDZV_PORT}", "--rdzv_id", "elastic-test", "--nproc_per_node",
+                        "2", "--max_restarts", str(max_restarts), "--restart_delay", "0", *SHORT_HEARTBEAT, program,
+                        "elastic", project or f"{disk}/project", f"{disk}/trained.safetensors", *more]
+        self.launchers = [self.start(machine) for machine in cluster.machines]
+
+    def start(self, machine):
+        """Starts the job's launcher on `machine` (again, for a machine that came back); returns it."""
+        launcher = machine.start(self.command, env=job_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+        threading.Thread(target=self._relay, args=(machine, launcher.stdout), daemon=True).start()
+        return launcher
 
 
 def elastic_machine_lost(accel, program, work):
@@ -771,8 +773,64 @@ def elastic_machine_lost(accel, program, work):
             f"{resumed:.1f} s after the loss, equal to a 2-process job resumed from it")
 
 
+def attempt_starts(output, attempt, world):
+    """What the processes of `attempt` said about their start: {rank: "STEP from CHECKPOINT"}."""
+    marker = f" attempt {attempt} world {world} started at step "
+    return {int(line.split()[2]): line.split(marker, 1)[1].strip() for line in output.splitlines()
+            if line.startswith("node_checkpoint: rank ") and marker in line}
+
+
+def elastic_rejoin(accel, program, work):
+    """As machine_lost, with the checkpoints on a disk both machines see (the host's, as a network file system; the
+    main process saves them), then machine1 comes back (its link restored, its launcher started again) and joins while
+    the job goes on without it; at the next restart (process 1 kills itself after step 20 of attempt 1) it is
+    admitted: attempt 2 runs on both machines as 4 processes, from the newest checkpoint (one of attempt 1, saved by
+    2 processes), and ends with the parameters of a 4-process job resumed from a copy of it, both launchers exiting
+    with 0."""
+    disk = os.path.join(work, "disk")
+    project = os.path.join(work, "shared-project")
+    with harness.Cluster(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = ElasticJob(cluster, accel, program, os.path.join(work, "job.log"), max_restarts=2, project=project,
+                         more=["1", "shared"])
+        for machine in (0, 1):
+            job.wait_for_line(machine, f"node_checkpoint: rank {2 * machine} step 10", JOB_TIMEOUT - 30)
+        cluster.vanish(1)
+        check(wait_until(lambda: attempt_starts(job.output(0), 1, 2), JOB_TIMEOUT - 30),
+              f"the job did not go on without machine1:\n{job.output(0)}")
+        cluster.set_link(1, up=True)
+        with job.lock:
+            job.lines[1].clear()
+        returned = job.start(cluster.machines[1])
+        check(wait_until(lambda: returned.poll() is not None or len(attempt_starts(job.output(0), 2, 4)) == 2,
+                         JOB_TIMEOUT - 30), f"machine1 was not admitted:\n{job.output(0)}{job.output(1)}")
+        codes = [job.launchers[0].wait(JOB_TIMEOUT - 30), returned.wait(JOB_TIMEOUT - 30)]
+        time.sleep(0.5)  # their last lines
+        outputs = [job.output(0), job.output(1)]
+        check(codes == [0, 0], f"the launchers exited with {codes}:\n{outputs[0]}{outputs[1]}")
+        check("; restarting the job on every node (restart 2 of 2) on 2 nodes" in outputs[0],
+              f"machine0 did not restart on 2 nodes:\n{outputs[0]}")
+        starts = {**attempt_starts(outputs[0], 2, 4), **attempt_starts(outputs[1], 2, 4)}
+        check(sorted(starts) == [0, 1, 2, 3] and len(set(starts.values())) == 1,
+              f"attempt 2's processes started at {starts}:\n{outputs[0]}{outputs[1]}")
+        step, checkpoint = starts[0].split(" from ")
+        check(int(step) > 10, f"attempt 2 resumed from {checkpoint} (step {step}), not from one of attempt 1")
+        shutil.copytree(os.path.join(project, "checkpoints", checkpoint),
+                        os.path.join(work, "reference", "checkpoints", checkpoint))
+        with open(cluster.machines[0].path(f"{disk}/trained.safetensors"), "rb") as f:
+            trained = f.read()
+    reference = os.path.join(work, "reference.safetensors")
+    again = subprocess.run([accel, "launch", "--nproc_per_node", "4", "--master_port", "0", program, "elastic",
+                            os.path.join(work, "reference"), reference], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=job_environment(), timeout=JOB_TIMEOUT)
+    check(again.returncode == 0 and f"world 4 started at step {step} from {checkpoint}" in again.stdout,
+          f"the 4-process job resumed from a copy of {checkpoint} failed:\n{again.stdout}")
+    with open(reference, "rb") as f:
+        check(trained == f.read(), f"the job machine1 rejoined differs from a 4-process job resumed from {checkpoint}")
+    return f"machine1 came back and was admitted at the next restart: 4 processes from {checkpoint} (step {step})"
+
+
 def case_elastic(accel, program, work, which):
-    return {"machine_lost": elastic_machine_lost}[which](accel, program, work)
+    return {"machine_lost": elastic_machine_lost, "rejoin": elastic_rejoin}[which](accel, program, work)
 
 
 def main():
