@@ -13,8 +13,9 @@
 //   flaky RANK CODE ATTEMPTS DIR  for restarts: each start appends "restart=K rank=R pid=P earlier_alive=A" to
 //                          DIR/starts (K: ACCEL_RESTART_COUNT; A: how many workers of earlier attempts are still
 //                          alive) after writing the variables to DIR/vars.K.<RANK>. While K < ATTEMPTS, rank RANK waits
-//                          until every local worker has started, then exits with CODE (or dies of signal -CODE when
-//                          CODE is negative), and the others sleep 60 s; from attempt ATTEMPTS on, every worker exits 0
+//                          until every worker of the attempt (on every node) has started, then exits with CODE (or
+//                          dies of signal -CODE when CODE is negative), and the others sleep 60 s; from attempt
+//                          ATTEMPTS on, every worker exits 0
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -76,7 +77,7 @@ int write_environment(const std::string& prefix) {
        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE",
         "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "ACCELERATE_MIXED_PRECISION",
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCEL_CONFIG_FILE", "ACCEL_RESTART_COUNT",
-        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"}) {
+        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID"}) {
     content += std::string(name) + "=" + variable(name) + "\n";
   }
   write_file(prefix + "." + variable("RANK"), content);
@@ -170,7 +171,7 @@ int flaky(int failing_rank, int code, int failing_attempts, const std::string& d
     const std::vector<start_record> starts = read_starts(starts_path);
     return std::count_if(starts.begin(), starts.end(), [&](const start_record& s) { return s.restart == restart; });
   };
-  for (int waited_ms = 0; started_here() < std::atoi(variable("LOCAL_WORLD_SIZE").c_str()) && waited_ms < 20'000;
+  for (int waited_ms = 0; started_here() < std::atoi(variable("WORLD_SIZE").c_str()) && waited_ms < 20'000;
        waited_ms += 10) {
     sleep_ms(10);
   }

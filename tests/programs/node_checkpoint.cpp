@@ -27,6 +27,18 @@
 //           a run that goes on until it is stopped (a step every 20 ms, each printed), with a collective timeout of
 //           600 s: for the machine_lost tests, where a surviving process must be stopped by its launcher's
 //           heartbeat, long before a collective gives up.
+//   node_checkpoint [POLICY] restarts PROJECT_DIR FILE FAILING_ATTEMPTS
+//           for `accel launch --max_restarts` across machines (cluster.restart.*): 10 steps with resume::latest, a
+//           checkpoint every 2 steps saved on each node; in each attempt below FAILING_ATTEMPTS (ACCEL_RESTART_COUNT),
+//           process 3 kills itself (SIGKILL) after step 5 while the others compute for 2 s more (outside any
+//           collective). Each process says where its attempt started; the main
+//           process writes the full parameters to FILE at the end, which must not depend on the restarts.
+//   node_checkpoint [POLICY] elastic PROJECT_DIR FILE [FAILING_ATTEMPT [shared]]
+//           for an elastic job (cluster.elastic.*): 30 steps, a step every 100 ms, each printed, with resume::latest
+//           and a checkpoint every 2 steps saved on each node; each process says where its attempt started and in a
+//           world of how many processes; the main process writes the full parameters to FILE at the end. In attempt
+//           FAILING_ATTEMPT (ACCEL_RESTART_COUNT), process 1 kills itself after step 20 while the others compute 2 s.
+//           With `shared`, PROJECT_DIR is on a disk every machine sees: the main process saves (no save_on_each_node).
 // POLICY is data_parallel (the default), zero2 or fully_sharded, over Gloo. Every process prints one line saying what
 // it did (or the checkpoint_error it got) and exits non-zero on failure.
 #include <accel/accel.hpp>
@@ -34,9 +46,11 @@
 
 #include "support.hpp"
 
+#include <csignal>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -47,7 +61,8 @@ namespace {
 
 constexpr const char* usage =
     "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] | ... resume DIR | "
-    "... train FILE | ... paced FILE | ... latest PROJECT_DIR stop|resume|lose_in_save [on_each_node] | ... long\n";
+    "... train FILE | ... paced FILE | ... latest PROJECT_DIR stop|resume|lose_in_save [on_each_node] | ... long | "
+    "... restarts PROJECT_DIR FILE FAILING_ATTEMPTS | ... elastic PROJECT_DIR FILE [FAILING_ATTEMPT [shared]]\n";
 
 template <class Accelerator>
 int save(const std::filesystem::path& directory, const accel::options& options) {
@@ -176,6 +191,90 @@ int latest(const std::filesystem::path& project_dir, std::string_view phase, con
 }
 
 template <class Accelerator>
+int restarts(const std::filesystem::path& project_dir, const std::filesystem::path& file, int failing_attempts) {
+  accel::options options{.cpu = true, .timeout = std::chrono::seconds(60)};
+  options.project = {.project_dir = project_dir.string(),
+                     .automatic_checkpoint_naming = true,
+                     .resume = accel::resume::latest,
+                     .save_every_steps = 2,
+                     .save_on_each_node = true};
+  const char* restart_count = std::getenv("ACCEL_RESTART_COUNT");
+  const int attempt = restart_count != nullptr ? std::atoi(restart_count) : 0;
+  accel_test::resumable_run<Accelerator> run(1, 64, options);
+  const int rank = run.acc.process_index();
+  bool announced = false;
+  while (run.acc.completed_steps() < 10)
+    for (auto&& [x, y] : run.batches) {
+      if (!announced) {  // the first pass's begin() has loaded the newest checkpoint, if any
+        announced = true;
+        const auto& from = run.acc.resumed_from();
+        std::printf("node_checkpoint: rank %d attempt %d started at step %lld from %s\n", rank, attempt,
+                    static_cast<long long>(run.acc.completed_steps()), from ? from->filename().c_str() : "nothing");
+        std::fflush(stdout);
+      }
+      if (attempt < failing_attempts && run.acc.completed_steps() == 5) {
+        if (rank == 3) {
+          std::printf("node_checkpoint: rank 3 attempt %d kills itself after step 5\n", attempt);
+          std::fflush(stdout);
+          raise(SIGKILL);
+        }
+        // The others compute meanwhile (outside any collective): the launchers hear of process 3 before any of them
+        // fails on its closed connections, so that the failure named is always process 3's.
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+      }
+      run.acc.backward(torch::mse_loss(run.model(x), y));
+      run.opt.step();
+      run.sched.step();
+      run.opt.zero_grad();
+      if (run.acc.completed_steps() == 10) break;
+    }
+  const auto state = run.acc.get_state_dict(run.model);
+  if (run.acc.is_main_process()) accel::safetensors::save(file, state);
+  return 0;
+}
+
+template <class Accelerator>
+int elastic(const std::filesystem::path& project_dir, const std::filesystem::path& file, int failing_attempt,
+            bool shared_disk) {
+  accel::options options{.cpu = true, .timeout = std::chrono::seconds(60)};
+  options.project = {.project_dir = project_dir.string(),
+                     .automatic_checkpoint_naming = true,
+                     .resume = accel::resume::latest,
+                     .save_every_steps = 2,
+                     .save_on_each_node = !shared_disk};
+  const char* restart_count = std::getenv("ACCEL_RESTART_COUNT");
+  const int attempt = restart_count != nullptr ? std::atoi(restart_count) : 0;
+  accel_test::resumable_run<Accelerator> run(1, 64, options);
+  const int rank = run.acc.process_index();
+  bool announced = false;
+  while (run.acc.completed_steps() < 30)
+    for (auto&& [x, y] : run.batches) {
+      if (!announced) {  // the first pass's begin() has loaded the newest checkpoint, if any
+        announced = true;
+        const auto& from = run.acc.resumed_from();
+        std::printf("node_checkpoint: rank %d attempt %d world %d started at step %lld from %s\n", rank, attempt,
+                    run.acc.num_processes(), static_cast<long long>(run.acc.completed_steps()),
+                    from ? from->filename().c_str() : "nothing");
+      }
+      if (attempt == failing_attempt && run.acc.completed_steps() == 20) {
+        if (rank == 1) raise(SIGKILL);
+        std::this_thread::sleep_for(std::chrono::seconds(2));  // outside any collective: process 1 is the one named
+      }
+      run.acc.backward(torch::mse_loss(run.model(x), y));
+      run.opt.step();
+      run.sched.step();
+      run.opt.zero_grad();
+      std::printf("node_checkpoint: rank %d step %lld\n", rank, static_cast<long long>(run.acc.completed_steps()));
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (run.acc.completed_steps() == 30) break;
+    }
+  const auto state = run.acc.get_state_dict(run.model);
+  if (run.acc.is_main_process()) accel::safetensors::save(file, state);
+  return 0;
+}
+
+template <class Accelerator>
 int train(const std::filesystem::path& file, const accel::options& options, bool paced) {
   accel_test::resumable_run<Accelerator> run(1, 64, options);
   if (!paced) run.train(10);
@@ -208,6 +307,16 @@ template <class Policy>
 int run_mode(std::string_view mode, const std::vector<std::string>& args) {
   using accelerator = accel::accelerator<accel::fp32, Policy>;
   if (mode == "long") return args.size() == 1 ? train_until_stopped<accelerator>() : (std::fputs(usage, stderr), 2);
+  if (mode == "elastic") {
+    if (args.size() < 3 || args.size() > 5 || (args.size() == 5 && args[4] != "shared"))
+      return std::fputs(usage, stderr), 2;
+    return elastic<accelerator>(args[1], args[2], args.size() >= 4 ? std::atoi(args[3].c_str()) : -1,
+                                args.size() == 5);
+  }
+  if (mode == "restarts") {
+    if (args.size() != 4) return std::fputs(usage, stderr), 2;
+    return restarts<accelerator>(args[1], args[2], std::atoi(args[3].c_str()));
+  }
   const bool with_phase = mode == "latest";  // latest PROJECT_DIR stop|resume [on_each_node]
   const std::size_t fixed = with_phase ? 3 : 2;
   const bool on_each_node = args.size() == fixed + 1 && args[fixed] == "on_each_node";
@@ -237,7 +346,8 @@ int main(int argc, char** argv) {
     args.erase(args.begin());
   }
   const std::string mode = args.empty() ? "" : args[0];
-  if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest" && mode != "long" && mode != "paced") {
+  if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest" && mode != "long" && mode != "paced" &&
+      mode != "restarts" && mode != "elastic") {
     std::fputs(usage, stderr);
     return 2;
   }

@@ -614,6 +614,225 @@ def case_slow_link(accel, program, work):
             f"{crossed[1] * 8 / seconds / 1e6:.2f} Mbit/s), parameters equal to the unlimited job's, no false alarm")
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# Restarts agreed across the machines (--max_restarts with --nnodes 2): `node_checkpoint restarts`, whose process 3
+# (machine1's second) kills itself after step 5 in the attempts below its last argument.
+
+RESTART_FLAGS = ["--restart_delay", "0", *SHORT_HEARTBEAT]
+
+
+def restart_job(cluster, accel, program, work, failing_attempts, max_restarts):
+    """The restarts job on the cluster, its project and its parameters on each machine's disk."""
+    disk = cluster.disk
+    return RunningJob(cluster, accel, program, ["restarts", f"{disk}/project", f"{disk}/trained.safetensors",
+                                                str(failing_attempts)], os.path.join(work, "job.log"),
+                      [*RESTART_FLAGS, "--max_restarts", str(max_restarts)])
+
+
+def check_named_failure(outputs, verdict):
+    """Both launchers print the same line naming process 3's death and `verdict`; returns the failure named."""
+    prefix = "accel launch: on node 1, worker rank 3 (pid "
+    named = [[line for line in output.splitlines() if line.startswith(prefix) and line.endswith(verdict)]
+             for output in outputs]
+    check(len(named[0]) == 1 and named[0] == named[1],
+          f"the launchers named {named}, expected process 3's death before {verdict!r}:\n{outputs[0]}{outputs[1]}")
+    failure = named[0][0][len("accel launch: "):-len(verdict)]
+    check(failure.endswith(") was killed by signal 9 (Killed)"), f"the failure named: {failure}")
+    return failure
+
+
+def restart_worker_fails(accel, program, work):
+    """Process 3 kills itself after step 5 of attempt 0 (checkpoints at steps 2 and 4 on each machine's disk): both
+    launchers stop their workers, start attempt 1 together, the job resumes from checkpoint_1 on every process and
+    ends with the parameters of the uninterrupted job (1 machine x 4 processes) byte for byte."""
+    reference = os.path.join(work, "one_machine.safetensors")
+    one_machine = subprocess.run([accel, "launch", "--nproc_per_node", "4", "--master_port", "0", program, "restarts",
+                                  os.path.join(work, "one_machine"), reference, "0"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env=job_environment(), timeout=JOB_TIMEOUT)
+    check(one_machine.returncode == 0, f"the uninterrupted job failed:\n{one_machine.stdout}")
+    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = restart_job(cluster, accel, program, work, 1, 2)
+        job.wait_for_line(1, "node_checkpoint: rank 3 attempt 0 kills itself after step 5", JOB_TIMEOUT - 30)
+        killed = time.monotonic()
+        job.wait_for_line(0, "node_checkpoint: rank 0 attempt 1 started at step 4 from checkpoint_1", 60)
+        restarted = time.monotonic() - killed
+        codes, _ = wait_all(job, JOB_TIMEOUT - 30)
+        outputs = [job.output(machine) for machine in (0, 1)]
+        check(codes == [0, 0], f"the launchers exited with {codes}:\n{outputs[0]}{outputs[1]}")
+        failure = check_named_failure(outputs, "; restarting the job on every node (restart 1 of 2)")
+        for machine, output in enumerate(outputs):
+            check("giving up" not in output and "is lost" not in output, f"machine{machine}:\n{output}")
+            for rank in (2 * machine, 2 * machine + 1):
+                for started in ("attempt 0 started at step 0 from nothing",
+                                "attempt 1 started at step 4 from checkpoint_1"):
+                    check(f"node_checkpoint: rank {rank} {started}\n" in output,
+                          f"rank {rank} did not say {started!r}:\n{output}")
+        with open(cluster.machines[0].path(f"{cluster.disk}/trained.safetensors"), "rb") as f:
+            trained = f.read()
+    with open(reference, "rb") as f:
+        check(trained == f.read(), "the parameters after the restart differ from those of the uninterrupted job")
+    return (f"both machines restarted together ({failure}); attempt 1 resumed from checkpoint_1 {restarted:.1f} s "
+            f"after the kill, parameters equal to the uninterrupted job's")
+
+
+def restart_exhausted(accel, program, work):
+    """Process 3 kills itself in every attempt, with --max_restarts 1: after attempt 2 both launchers exit with 137
+    (the killed worker's code), each naming machine1's node, rank 3 and the attempts, within seconds of the kill, and
+    nothing is left on either machine."""
+    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = restart_job(cluster, accel, program, work, 100, 1)
+        job.wait_for_line(1, "node_checkpoint: rank 3 attempt 1 kills itself after step 5", JOB_TIMEOUT - 30)
+        codes, took = wait_all(job, 30)
+        outputs = [job.output(machine) for machine in (0, 1)]
+        failure = check_named_failure(outputs, "; giving up after 1 restart: attempt 2 of 2 failed on every node")
+        check(codes == [137, 137], f"the launchers exited with {codes}, not the code of {failure}")
+        for machine, output in enumerate(outputs):
+            check(output.count("restarting the job on every node") == 1, f"machine{machine}: not one restart")
+            # The others stop at once (their collectives fail) or after the 3 s grace period.
+            check(took[machine] < 10, f"machine{machine}'s launcher ended {took[machine]:.1f} s after the last kill")
+            left = cluster.machines[machine].processes()
+            check(not left, f"processes left on machine{machine}: {left}")
+    return f"both launchers gave up naming {failure}, {took[0]:.1f} and {took[1]:.1f} s after the last kill"
+
+
+def case_restart(accel, program, work, which):
+    return {"worker_fails": restart_worker_fails, "exhausted": restart_exhausted}[which](accel, program, work)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Elastic membership (--nnodes 1:2 with a c10d rendezvous at machine0's address): `node_checkpoint elastic`.
+
+RDZV_PORT = 29400
+
+
+class ElasticJob(RunningJob):
+    """`node_checkpoint elastic PROJECT FILE` on every machine, one elastic `accel launch` each (no node rank given:
+    the rendezvous at machine0 numbers them)."""
+
+    def __init__(self, cluster, accel, program, log, max_restarts=1, project=None, more=()):
+        disk = cluster.disk
+        self.lines, self.log, self.lock = [[] for _ in cluster.machines], open(log, "w"), threading.Lock()
+        self.command = [accel, "launch", "--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                        f"{cluster.machines[0].address}:{RDZV_PORT}", "--rdzv_id", "elastic-test", "--nproc_per_node",
+                        "2", "--max_restarts", str(max_restarts), "--restart_delay", "0", *SHORT_HEARTBEAT, program,
+                        "elastic", project or f"{disk}/project", f"{disk}/trained.safetensors", *more]
+        self.launchers = [self.start(machine) for machine in cluster.machines]
+
+    def start(self, machine):
+        """Starts the job's launcher on `machine` (again, for a machine that came back); returns it."""
+        launcher = machine.start(self.command, env=job_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+        threading.Thread(target=self._relay, args=(machine, launcher.stdout), daemon=True).start()
+        return launcher
+
+
+def elastic_machine_lost(accel, program, work):
+    """2 machines x 2 processes (--nnodes 1:2) train with a checkpoint every 2 steps on each disk; at step 10 machine1
+    vanishes. machine0's launcher names it within the heartbeat timeout (6 s), and the job goes on on machine0 alone,
+    as a job of 2 processes (WORLD_SIZE 2, ranks 0 and 1), resumed from the newest checkpoint complete on its disk,
+    to step 30, ending with 0. Its parameters equal byte for byte those of a 2-process job resumed from a copy of
+    that checkpoint (loading a checkpoint of 4 processes under 2 converts the data positions so that each sample of
+    the epoch is seen once: dist.gloo.P*.resume_elsewhere)."""
+    disk = os.path.join(work, "disk")
+    with harness.Cluster(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = ElasticJob(cluster, accel, program, os.path.join(work, "job.log"))
+        for machine in (0, 1):
+            job.wait_for_line(machine, f"node_checkpoint: rank {2 * machine} step 10", JOB_TIMEOUT - 30)
+        cluster.vanish(1)
+        lost = time.monotonic()
+        check(wait_until(lambda: " attempt 1 world 2 started at step " in job.output(0), JOB_TIMEOUT - 30),
+              f"the job did not go on without machine1:\n{job.output(0)}")
+        resumed = time.monotonic() - lost
+        job.wait_for_line(0, "node_checkpoint: rank 0 step 30", JOB_TIMEOUT - 30)
+        codes, _ = wait_all(job, 30)
+        output = job.output(0)
+        check(codes[0] == 0, f"machine0's launcher exited with {codes[0]}:\n{output}")
+        for part in ("accel launch: the job starts on 2 nodes (rendezvous 'elastic-test')",
+                     f"accel launch: node 1 (ranks 2, 3, at {cluster.machines[1].address}) is lost: its launcher has "
+                     f"not been heard for ", "; restarting the job on every node (restart 1 of 1) on 1 node"):
+            check(part in output, f"machine0's launcher did not say {part!r}:\n{output}")
+        starts = [line.split(" started at step ", 1)[1].strip() for line in output.splitlines()
+                  if line.startswith("node_checkpoint: rank ") and " attempt 1 world 2 " in line]
+        check(len(starts) == 2 and starts[0] == starts[1] and " from checkpoint_" in starts[0],
+              f"ranks 0 and 1 of attempt 1 (a world of 2) started at {starts}:\n{output}")
+        step, checkpoint = starts[0].split(" from ")
+        shutil.copytree(cluster.machines[0].path(f"{disk}/project/checkpoints/{checkpoint}"),
+                        os.path.join(work, "reference", "checkpoints", checkpoint))
+        with open(cluster.machines[0].path(f"{disk}/trained.safetensors"), "rb") as f:
+            trained = f.read()
+    reference = os.path.join(work, "reference.safetensors")
+    again = subprocess.run([accel, "launch", "--nproc_per_node", "2", "--master_port", "0", program, "elastic",
+                            os.path.join(work, "reference"), reference], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=job_environment(), timeout=JOB_TIMEOUT)
+    check(again.returncode == 0 and f"world 2 started at step {step} from {checkpoint}" in again.stdout,
+          f"the 2-process job resumed from a copy of {checkpoint} failed:\n{again.stdout}")
+    with open(reference, "rb") as f:
+        check(trained == f.read(), f"the job that went on without machine1 differs from a 2-process job resumed from "
+                                   f"{checkpoint}")
+    return (f"machine1 lost at step 10; the job went on as 2 processes from {checkpoint} (step {step}), "
+            f"{resumed:.1f} s after the loss, equal to a 2-process job resumed from it")
+
+
+def attempt_starts(output, attempt, world):
+    """What the processes of `attempt` said about their start: {rank: "STEP from CHECKPOINT"}."""
+    marker = f" attempt {attempt} world {world} started at step "
+    return {int(line.split()[2]): line.split(marker, 1)[1].strip() for line in output.splitlines()
+            if line.startswith("node_checkpoint: rank ") and marker in line}
+
+
+def elastic_rejoin(accel, program, work):
+    """As machine_lost, with the checkpoints on a disk both machines see (the host's, as a network file system; the
+    main process saves them), then machine1 comes back (its link restored, its launcher started again) and joins while
+    the job goes on without it; at the next restart (process 1 kills itself after step 20 of attempt 1) it is
+    admitted: attempt 2 runs on both machines as 4 processes, from the newest checkpoint (one of attempt 1, saved by
+    2 processes), and ends with the parameters of a 4-process job resumed from a copy of it, both launchers exiting
+    with 0."""
+    disk = os.path.join(work, "disk")
+    project = os.path.join(work, "shared-project")
+    with harness.Cluster(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = ElasticJob(cluster, accel, program, os.path.join(work, "job.log"), max_restarts=2, project=project,
+                         more=["1", "shared"])
+        for machine in (0, 1):
+            job.wait_for_line(machine, f"node_checkpoint: rank {2 * machine} step 10", JOB_TIMEOUT - 30)
+        cluster.vanish(1)
+        check(wait_until(lambda: attempt_starts(job.output(0), 1, 2), JOB_TIMEOUT - 30),
+              f"the job did not go on without machine1:\n{job.output(0)}")
+        cluster.set_link(1, up=True)
+        with job.lock:
+            job.lines[1].clear()
+        returned = job.start(cluster.machines[1])
+        check(wait_until(lambda: returned.poll() is not None or len(attempt_starts(job.output(0), 2, 4)) == 2,
+                         JOB_TIMEOUT - 30), f"machine1 was not admitted:\n{job.output(0)}{job.output(1)}")
+        codes = [job.launchers[0].wait(JOB_TIMEOUT - 30), returned.wait(JOB_TIMEOUT - 30)]
+        time.sleep(0.5)  # their last lines
+        outputs = [job.output(0), job.output(1)]
+        check(codes == [0, 0], f"the launchers exited with {codes}:\n{outputs[0]}{outputs[1]}")
+        check("; restarting the job on every node (restart 2 of 2) on 2 nodes" in outputs[0],
+              f"machine0 did not restart on 2 nodes:\n{outputs[0]}")
+        starts = {**attempt_starts(outputs[0], 2, 4), **attempt_starts(outputs[1], 2, 4)}
+        check(sorted(starts) == [0, 1, 2, 3] and len(set(starts.values())) == 1,
+              f"attempt 2's processes started at {starts}:\n{outputs[0]}{outputs[1]}")
+        step, checkpoint = starts[0].split(" from ")
+        check(int(step) > 10, f"attempt 2 resumed from {checkpoint} (step {step}), not from one of attempt 1")
+        shutil.copytree(os.path.join(project, "checkpoints", checkpoint),
+                        os.path.join(work, "reference", "checkpoints", checkpoint))
+        with open(cluster.machines[0].path(f"{disk}/trained.safetensors"), "rb") as f:
+            trained = f.read()
+    reference = os.path.join(work, "reference.safetensors")
+    again = subprocess.run([accel, "launch", "--nproc_per_node", "4", "--master_port", "0", program, "elastic",
+                            os.path.join(work, "reference"), reference], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=job_environment(), timeout=JOB_TIMEOUT)
+    check(again.returncode == 0 and f"world 4 started at step {step} from {checkpoint}" in again.stdout,
+          f"the 4-process job resumed from a copy of {checkpoint} failed:\n{again.stdout}")
+    with open(reference, "rb") as f:
+        check(trained == f.read(), f"the job machine1 rejoined differs from a 4-process job resumed from {checkpoint}")
+    return f"machine1 came back and was admitted at the next restart: 4 processes from {checkpoint} (step {step})"
+
+
+def case_elastic(accel, program, work, which):
+    return {"machine_lost": elastic_machine_lost, "rejoin": elastic_rejoin}[which](accel, program, work)
+
+
 def main():
     if len(sys.argv) not in (5, 6):
         sys.exit(__doc__)

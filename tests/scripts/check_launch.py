@@ -592,6 +592,260 @@ def case_heartbeat_off():
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# Restarts agreed across nodes (--max_restarts with --nnodes > 1), the nodes' launchers on this machine sharing WORK:
+# the probe's starts file shows every worker of every node, and whether any of an earlier attempt was still alive.
+
+NODE_RESTARTS = [*HEARTBEAT, "--restart_delay", "0"]
+
+
+def run_nodes(programs, flags, timeout=30):
+    """Starts one launcher per program (2 workers each) with `flags` and waits for all; returns their (code, stderr)."""
+    launchers = start_nodes(programs, flags)
+    try:
+        return [ended(launcher, f"node {node}", timeout)[:2] for node, launcher in enumerate(launchers)]
+    finally:
+        cleanup(launchers)
+
+
+def attempt_ports(attempts, ranks):
+    """The MASTER_PORT each attempt's workers got: one per attempt, the same on every node."""
+    ports = []
+    for restart in range(attempts):
+        got = {read_variables(os.path.join(WORK, f"vars.{restart}.{rank}"))["MASTER_PORT"] for rank in ranks}
+        check(len(got) == 1, f"the workers of attempt {restart} got different ports: {got}")
+        ports.append(int(got.pop()))
+    return ports
+
+
+def restart_nodes_together(failing_rank):
+    """Rank `failing_rank` fails in attempt 0 of 2 nodes x 2 workers: every node stops its workers, and every node
+    starts attempt 1, none of whose workers starts before every worker of attempt 0 (of both nodes) is gone; the
+    launchers agree on a fresh store port, and both end with 0."""
+    results = run_nodes([[PROBE, "flaky", str(failing_rank), "3", "1", WORK]] * 2,
+                        [*NODE_RESTARTS, "--max_restarts", "2"])
+    starts = read_starts()
+    check_attempts(starts, 2, 4)
+    for start in starts:
+        if start["restart"] == 1:
+            check(start["earlier_alive"] == 0, f"rank {start['rank']} of attempt 1 started while "
+                                               f"{start['earlier_alive']} workers of attempt 0 were alive")
+    failed = start_pid(starts, 0, failing_rank)
+    failure = f"on node {failing_rank // 2}, worker rank {failing_rank} (pid {failed}) exited with code 3"
+    for node, (code, err) in enumerate(results):
+        check(code == 0, f"node {node}: expected exit code 0 after the restart, got {code}")
+        check(f"accel launch: {failure}; restarting the job on every node (restart 1 of 2)" in err,
+              f"node {node} did not name the failure and the restart")
+        check("is lost" not in err and "giving up" not in err, f"node {node} reported a loss or gave up")
+    other = 1 - failing_rank // 2
+    check(f"accel launch: {failure}; stopping this node's 2 running workers" in results[other][1],
+          f"node {other} did not say why it stopped its workers")
+    ports = attempt_ports(2, range(4))
+    for restart in range(2):
+        for rank in range(4):
+            v = read_variables(os.path.join(WORK, f"vars.{restart}.{rank}"))
+            got = (v.get("ACCEL_RESTART_COUNT"), v.get("TORCHELASTIC_MAX_RESTARTS"))
+            check(got == (str(restart), "2"), f"attempt {restart}, rank {rank}: restart count and maximum {got}")
+    check(ports[1] != ports[0], f"attempt 1 met on the store port of attempt 0 ({ports})")
+
+
+def case_restart_nodes_worker_node_fails():
+    restart_nodes_together(3)
+
+
+def case_restart_nodes_main_node_fails():
+    restart_nodes_together(1)
+
+
+def case_restart_nodes_after_success():
+    # Node 1's workers all succeed in attempt 0 while rank 1 of node 0 fails: the job restarts as a whole, node 1's
+    # workers included, and ends when every worker of attempt 1 has succeeded.
+    results = run_nodes([[PROBE, "flaky", "1", "3", "1", WORK], [PROBE, "flaky", "1", "3", "0", WORK]],
+                        [*NODE_RESTARTS, "--max_restarts", "1"])
+    check_attempts(read_starts(), 2, 4)
+    for node, (code, err) in enumerate(results):
+        check(code == 0, f"node {node}: expected exit code 0 after the restart, got {code}")
+        check("worker rank 1 (pid " in err and "restarting the job on every node (restart 1 of 1)" in err,
+              f"node {node} did not name the restart")
+
+
+def case_restart_nodes_give_up():
+    # Every attempt fails on node 1: with --max_restarts 1 both launchers end after attempt 2, with the failing
+    # worker's code, naming its node, its rank and the attempts; node 0 waits --restart_delay before the restart.
+    started = time.monotonic()
+    results = run_nodes([[PROBE, "flaky", "3", "3", "1000", WORK]] * 2,
+                        [*HEARTBEAT, "--restart_delay", "1.5", "--max_restarts", "1"])
+    seconds = time.monotonic() - started
+    starts = read_starts()
+    check_attempts(starts, 2, 4)
+    last = start_pid(starts, 1, 3)
+    for node, (code, err) in enumerate(results):
+        check(code == 3, f"node {node}: expected the failing worker's exit code 3, got {code}")
+        check(f"accel launch: on node 1, worker rank 3 (pid {last}) exited with code 3; giving up after 1 restart: "
+              f"attempt 2 of 2 failed on every node" in err, f"node {node} did not give up naming the failure")
+        check(len(re.findall("restarting the job on every node", err)) == 1, f"node {node}: not one restart")
+    # Each attempt: the probe's start-up, the failing worker's wait for the others, SIGTERM to the rest; the delay,
+    # longer than the heartbeat timeout (1 s), with the heartbeats going on (no node taken for lost).
+    check(1.5 <= seconds < 10, f"took {seconds:.1f} s")
+    for node, (_, err) in enumerate(results):
+        check("is lost" not in err, f"node {node} took the other for lost during the delay")
+    starts_1 = [s for s in read_starts() if s["restart"] == 1]
+    check(all(s["earlier_alive"] == 0 for s in starts_1), f"attempt 1 started beside attempt 0's workers: {starts_1}")
+
+
+def case_restart_nodes_node_lost():
+    # A node lost is never restarted: node 0 names it and exits with 1, although restarts are left.
+    launchers, pids = sleeping_nodes(2, [*HEARTBEAT, "--max_restarts", "2"])
+    try:
+        launchers[1].send_signal(signal.SIGSTOP)
+        check_lost(launchers[0], "node 0", ["node 1 (ranks 2, 3, at 127.0.0.1) is lost: its launcher has not been "
+                                            "heard for ", "terminating this node's 2 running workers (ranks 0, 1) and "
+                                            "exiting with 1"], {rank: pids[rank] for rank in (0, 1)})
+        check(pids_written("pid", range(2)) == {rank: pids[rank] for rank in (0, 1)}, "node 0 restarted its workers")
+    finally:
+        cleanup(launchers)
+
+
+def case_restart_nodes_launcher_stopped():
+    # A launcher stopped by a signal leaves the job: it does not restart, and the other node names it at once (not
+    # after the heartbeat timeout) and ends with 1 rather than waiting for it to end the attempt.
+    launchers, pids = sleeping_nodes(2, [*NODE_RESTARTS, "--max_restarts", "2"])
+    try:
+        launchers[1].send_signal(signal.SIGTERM)
+        code, err, _ = ended(launchers[1], "node 1")
+        check(code == 128 + signal.SIGTERM and "restart" not in err, f"node 1 exited with {code}")
+        check_lost(launchers[0], "node 0", ["node 1 (ranks 2, 3, at 127.0.0.1) is lost: its launcher left the job "
+                                            "(exit code 143) before the nodes had agreed that it was over"],
+                   {rank: pids[rank] for rank in (0, 1)}, at_least=0, at_most=2)
+    finally:
+        cleanup(launchers)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Elastic membership (--nnodes MIN:MAX --rdzv_backend c10d): the launcher that can listen on the endpoint hosts the
+# rendezvous (node 0); the others join it and get their node ranks from it, attempt by attempt.
+
+
+def elastic_flags(nnodes, port, extra=()):
+    return ["--nnodes", nnodes, "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job7",
+            "--nproc_per_node", "2", *HEARTBEAT, "--restart_delay", "0", *extra]
+
+
+def start_elastic(count, nnodes, program, extra=()):
+    port = free_port()
+    return [start_launcher([ACCEL, "launch", *elastic_flags(nnodes, port, extra), *program]) for _ in range(count)]
+
+
+def attempt_variables(restart, ranks):
+    return {rank: read_variables(os.path.join(WORK, f"vars.{restart}.{rank}")) for rank in ranks}
+
+
+def check_world(variables, world, nodes):
+    ports = {v["MASTER_PORT"] for v in variables.values()}
+    check(len(ports) == 1, f"the workers got different ports: {ports}")
+    for rank, v in variables.items():
+        got = (v.get("RANK"), v.get("WORLD_SIZE"), v.get("GROUP_WORLD_SIZE"), v.get("MASTER_ADDR"),
+               v.get("TORCHELASTIC_RUN_ID"))
+        check(got == (str(rank), str(world), str(nodes), "127.0.0.1", "job7"), f"rank {rank}'s variables: {got}")
+
+
+def case_elastic_start():
+    # Two launchers, neither told its node rank: the rendezvous numbers them, and the job has 4 ranks.
+    launchers = start_elastic(2, "1:2", [PROBE, "flaky", "9", "3", "0", WORK])
+    try:
+        for node, launcher in enumerate(launchers):
+            code, err, _ = ended(launcher, f"launcher {node}")
+            check(code == 0, f"launcher {node} exited with {code}")
+            check("accel launch: the job starts on 2 nodes (rendezvous 'job7')" in err, f"launcher {node}'s start")
+    finally:
+        cleanup(launchers)
+    check_attempts(read_starts(), 1, 4)
+    check_world(attempt_variables(0, range(4)), 4, 2)
+
+
+def case_elastic_node_lost():
+    # A node lost (its launcher stopped) ends the attempt; with --nnodes 1:2 the job goes on on the other node alone,
+    # as a job of 2 processes, and ends with 0. The stopped launcher, running again, learns it was taken for lost.
+    launchers = start_elastic(2, "1:2", [PROBE, "flaky", "9", "3", "1", WORK], ["--max_restarts", "1"])
+    try:
+        start = time.monotonic()
+        while len(read_starts()) < 4:
+            check(time.monotonic() - start < 20, "the workers of attempt 0 did not start within 20 s")
+            time.sleep(0.05)
+        first = attempt_variables(0, range(4))
+        check_world(first, 4, 2)
+        # The host (node 0) is whichever launcher listened first: the parent of rank 0's worker.
+        with open(f"/proc/{start_pid(read_starts(), 0, 0)}/stat") as f:
+            parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        host = next(n for n in (0, 1) if launchers[n].pid == parent)
+        member = 1 - host
+        launchers[member].send_signal(signal.SIGSTOP)
+        code, err, seconds = ended(launchers[host], "the host")
+        check(code == 0, f"the host exited with {code}")
+        for needle in ("node 1 (ranks 2, 3, at 127.0.0.1) is lost: its launcher has not been heard for ",
+                       "restarting the job on every node (restart 1 of 1) on 1 node"):
+            check(needle in err, f"the host did not say {needle!r}")
+        check_world(attempt_variables(1, range(2)), 2, 1)
+        check(not os.path.exists(os.path.join(WORK, "vars.1.2")), "ranks 2 and 3 ran again")
+        launchers[member].send_signal(signal.SIGCONT)
+        code, err, _ = ended(launchers[member], "the member, continued")
+        check(code == 1 and "(found by node 0)" in err, f"the member exited with {code}")
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.send_signal(signal.SIGCONT)
+        cleanup(launchers)
+
+
+def case_elastic_rejoin():
+    # The job starts on the host alone (--nnodes 1:2, last call 0.3 s); a node that joins later is admitted at the
+    # next restart, where the job grows to 2 nodes (4 ranks).
+    port = free_port()
+    flags = elastic_flags("1:2", port, ["--max_restarts", "1", "--rdzv_conf", "last_call_timeout=0.3",
+                                        "--restart_delay", "2"])
+    launchers = [start_launcher([ACCEL, "launch", *flags, PROBE, "flaky", "1", "3", "1", WORK])]
+    try:
+        time.sleep(1)
+        launchers.append(start_launcher([ACCEL, "launch", *flags, PROBE, "flaky", "1", "3", "1", WORK]))
+        codes = [ended(launcher, f"launcher {node}")[0] for node, launcher in enumerate(launchers)]
+        check(codes == [0, 0], f"the launchers exited with {codes}")
+    finally:
+        cleanup(launchers)
+    check_world(attempt_variables(0, range(2)), 2, 1)
+    check_world(attempt_variables(1, range(4)), 4, 2)
+
+
+def case_elastic_refused():
+    # A launcher that joins with another --nproc_per_node is refused, naming both, and exits with 1; the host goes on.
+    port = free_port()
+    host = start_launcher([ACCEL, "launch", *elastic_flags("1:2", port, ["--rdzv_conf", "last_call_timeout=0.3"]),
+                           PROBE, "sleep", WORK])
+    try:
+        start = time.monotonic()
+        while not os.path.exists(os.path.join(WORK, "pid.1")):
+            check(time.monotonic() - start < 20, "the host's workers did not start within 20 s")
+            time.sleep(0.05)
+        flags = elastic_flags("1:2", port)
+        flags[flags.index("--nproc_per_node") + 1] = "1"
+        code, err, _ = ended(start_launcher([ACCEL, "launch", *flags, PROBE, "exit", "0"]), "the joiner")
+        check(code == 1, f"the joiner exited with {code}")
+        check(f"the rendezvous at 127.0.0.1:{port} refused this node: it joined with 'job7 1', this rendezvous is "
+              f"'job7 2' (--rdzv_id, --nproc_per_node)" in err, "the joiner did not say why it was refused")
+        check(host.poll() is None, "the host ended")
+    finally:
+        cleanup([host])
+
+
+def case_usage_elastic():
+    check_usage_error(["--nproc_per_node", "1", "--nnodes", "1:2", PROBE], "--nnodes 1:2", "--rdzv_backend c10d")
+    check_usage_error(["--nproc_per_node", "1", "--nnodes", "3:2", PROBE], "--nnodes", "at most MAX")
+    check_usage_error(["--nproc_per_node", "1", "--rdzv_backend", "etcd", PROBE], "--rdzv_backend", "c10d", "'etcd'")
+    check_usage_error(["--nproc_per_node", "1", "--nnodes", "1:2", "--rdzv_backend", "c10d", PROBE],
+                      "--rdzv_endpoint HOST:PORT")
+    check_usage_error(["--nproc_per_node", "1", "--rdzv_endpoint", ":29400", PROBE], "--rdzv_endpoint", "HOST:PORT")
+    check_usage_error(["--nproc_per_node", "1", "--rdzv_conf", "timeout=3", PROBE], "last_call_timeout=S")
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # Command line
 
 
@@ -647,7 +901,8 @@ def case_usage_restarts():
 
 def case_usage_restarts_multinode():
     check_usage_error(["--nproc_per_node", "1", "--nnodes", "2", "--master_addr", "10.0.0.1", "--max_restarts", "1",
-                       PROBE], "--max_restarts works only with --nnodes 1", "torchrun with a rendezvous")
+                       "--heartbeat_timeout", "0", PROBE], "--max_restarts with --nnodes 2",
+                      "needs the launchers' heartbeat connections", "--heartbeat_timeout above 0")
 
 
 def case_usage_heartbeat():

@@ -19,10 +19,22 @@ struct heartbeat_options {
   int port = 0;                              // where node 0's launcher listens
   std::chrono::milliseconds interval{5000};  // between two heartbeats
   std::chrono::milliseconds timeout{15000};  // a node silent this long is lost
+  // Above 0: the nodes restart the job together, node 0 deciding (heartbeat.cpp), up to this many times.
+  int max_restarts = 0;
+  std::chrono::milliseconds restart_delay{1000};  // from the end of a failed attempt on every node to the next
+  // Elastic membership (--nnodes MIN:MAX, --rdzv_backend c10d): node 0 hosts the rendezvous at master_addr:port, the
+  // others join it with rdzv_id and get their node ranks from it for each attempt; nnodes is the most nodes. A node
+  // lost ends the attempt, and the job goes on with the others while min_nnodes remain and restarts are left.
+  bool elastic = false;
+  int min_nnodes = 1;
+  std::string rdzv_id;
+  std::chrono::milliseconds last_call{30000};  // waiting for more than min_nnodes at the first attempt
 };
 
 // Node 0's launcher listens on `port` (throws std::runtime_error naming the port and the fix when it cannot); every
-// other node's launcher connects to it. The watch is then given to supervise_job (supervision_options::peers).
+// other node's launcher connects to it. The watch is then given to supervise_job (supervision_options::peers). In an
+// elastic job, node 0 is the launcher that can listen on master_addr:port (the rendezvous endpoint), as torchrun's
+// c10d rendezvous host is the one whose address the endpoint names.
 std::unique_ptr<peer_watch> make_heartbeat(const heartbeat_options& options);
 
 // Whether a peer last heard at `last_heard` is silent beyond `timeout` at `now`: the keep-alive's one judgement.

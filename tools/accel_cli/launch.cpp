@@ -16,8 +16,14 @@
 //   TORCHELASTIC_MAX_RESTARTS. A signal sent to the launcher ends the job without a restart;
 // - with --nnodes > 1, the launchers keep each other alive (heartbeat.cpp): one that hears nothing from another node
 //   for --heartbeat_timeout seconds (its machine vanished) names it, stops its own workers and exits with 1, instead
-//   of leaving them waiting for the collective timeout.
-// Static launch only: no rendezvous or elasticity (torchrun's --rdzv_*), so restarts need a single node.
+//   of leaving them waiting for the collective timeout;
+// - with --nnodes > 1 and --max_restarts, the nodes restart together over the same connections, node 0 deciding:
+//   a failure on any node stops every node's workers, and node 0 starts the next attempt on every node at once, on a
+//   fresh store port (heartbeat.cpp's comment has the protocol). A node lost is never restarted.
+// - with --rdzv_backend c10d (torchrun's elastic launch, --nnodes MIN:MAX), the launcher that can listen on
+//   --rdzv_endpoint hosts the rendezvous and is node 0; the others join it, and node 0 numbers the nodes of each
+//   attempt: a node lost ends the attempt and the job goes on with the others while MIN remain, a node that joins
+//   later is admitted at the next restart (heartbeat.cpp).
 #include "launch.hpp"
 
 #include <netinet/in.h>
@@ -95,6 +101,47 @@ struct given_option {
   std::string value;
 };
 
+// --nnodes K, or MIN:MAX for an elastic job (with a rendezvous).
+void apply_nnodes(launch_options& options, const option_token& option, const std::string& value) {
+  const std::size_t colon = value.find(':');
+  options.nnodes = static_cast<int>(parse_whole_number(option, value.substr(colon == std::string::npos ? 0 : colon + 1),
+                                                       1, most_nodes, "nodes, or MIN:MAX for an elastic job"));
+  options.min_nnodes.reset();
+  if (colon != std::string::npos) {
+    options.min_nnodes = static_cast<int>(parse_whole_number(option, value.substr(0, colon), 1, options.nnodes,
+                                                             "the fewest nodes of MIN:MAX, at most MAX"));
+  }
+}
+
+// torchrun's rendezvous flags: the c10d backend only (a launcher hosts it), or static (none).
+void apply_rendezvous_option(launch_options& options, const option_token& option, const std::string& value) {
+  if (option.name == "rdzv_backend") {
+    if (value != "c10d" && value != "static")
+      throw usage_error(option.spelling + " must be c10d (the launcher at --rdzv_endpoint hosts the rendezvous) or "
+                        "static (none), not '" + value + "'");
+    options.elastic = value == "c10d";
+  } else if (option.name == "rdzv_endpoint") {
+    const std::size_t colon = value.rfind(':');
+    options.rdzv_host = value.substr(0, colon);
+    if (colon != std::string::npos)
+      options.rdzv_port = static_cast<int>(parse_whole_number(option, value.substr(colon + 1), 1, 65535,
+                                                              "the rendezvous port of HOST:PORT"));
+    if (options.rdzv_host.empty())
+      throw usage_error(option.spelling + " must be HOST:PORT (the host of the rendezvous, reachable from every "
+                        "node), not '" + value + "'");
+  } else if (option.name == "rdzv_id") {
+    options.rdzv_id = value;
+  } else if (option.name == "rdzv_conf") {
+    const std::string key = "last_call_timeout=";
+    if (!value.starts_with(key))
+      throw usage_error(option.spelling + " takes last_call_timeout=S (seconds to wait for more nodes than the "
+                        "fewest), not '" + value + "'");
+    options.last_call = parse_seconds(option, value.substr(key.size()));
+  } else {
+    throw usage_error("unknown option '" + option.spelling + "'; 'accel launch --help' lists the options");
+  }
+}
+
 // Applies one option given on the command line.
 void apply_option(launch_options& options, const given_option& given) {
   const option_token& option = given.token;
@@ -113,7 +160,9 @@ void apply_option(launch_options& options, const given_option& given) {
     options.nproc_per_node =
         static_cast<int>(parse_whole_number(option, value, 1, most_workers_per_node, "worker processes on this node"));
   } else if (option.name == "nnodes") {
-    options.nnodes = static_cast<int>(parse_whole_number(option, value, 1, most_nodes, "nodes"));
+    apply_nnodes(options, option, value);
+  } else if (option.name.starts_with("rdzv_")) {
+    apply_rendezvous_option(options, option, value);
   } else if (option.name == "node_rank") {
     options.node_rank = static_cast<int>(
         parse_whole_number(option, value, 0, most_nodes - 1, "this node's index, 0 on the master node"));
@@ -154,7 +203,8 @@ given_option read_option(const std::string& argument, const std::string* next, b
                                                 "master_addr",        "master_port",      "grace_period",
                                                 "config_file",        "mixed_precision",  "gradient_accumulation_steps",
                                                 "max_restarts",       "restart_delay",    "heartbeat_port",
-                                                "heartbeat_interval", "heartbeat_timeout"};
+                                                "heartbeat_interval", "heartbeat_timeout", "rdzv_backend",
+                                                "rdzv_endpoint",      "rdzv_id",          "rdzv_conf"};
   if (std::find(std::begin(valued), std::end(valued), option.name) == std::end(valued) && !is_run_setting(option)) {
     throw usage_error("unknown option '" + option.spelling +
                       "'; 'accel launch --help' lists the options (an option meant for the program goes after the "
@@ -255,6 +305,21 @@ void check_heartbeat(const launch_options& options) {
   }
 }
 
+// An elastic job: the rendezvous host is named, the keep-alive on (the nodes agree over it).
+void check_elastic(const launch_options& options) {
+  if (options.rdzv_host.empty()) {
+    throw usage_error("--rdzv_backend c10d needs --rdzv_endpoint HOST:PORT: the address of the node whose launcher "
+                      "hosts the rendezvous (node 0), the same on every node");
+  }
+  if (options.heartbeat_timeout.count() == 0) {
+    throw usage_error("--rdzv_backend c10d needs the launchers' heartbeat connections, on which the nodes meet: give "
+                      "--heartbeat_timeout above 0 (default 15)");
+  }
+  if (options.program.empty()) {
+    throw usage_error("no program given: put the program and its arguments after the options");
+  }
+}
+
 // The checks that involve more than one option.
 void check_consistency(const launch_options& options) {
   if (options.nproc_per_node == 0) {
@@ -268,6 +333,12 @@ void check_consistency(const launch_options& options) {
                       std::to_string(options.nnodes) + ": give each node a different --node_rank from 0 to " +
                       std::to_string(options.nnodes - 1) + " (0 on the node at --master_addr)");
   }
+  if (options.elastic) return check_elastic(options);
+  if (options.min_nnodes) {
+    throw usage_error("--nnodes " + std::to_string(*options.min_nnodes) + ":" + std::to_string(options.nnodes) +
+                      " (an elastic job) needs a rendezvous: add --rdzv_backend c10d --rdzv_endpoint HOST:PORT "
+                      "(the same on every node)");
+  }
   if (options.nnodes > 1 && !options.master_addr_given) {
     throw usage_error("--nnodes " + std::to_string(options.nnodes) +
                       " needs --master_addr: the workers of every node connect to node 0, so give its host name or "
@@ -278,11 +349,11 @@ void check_consistency(const launch_options& options) {
         "--master_port 0 (pick a free port) works only with --nnodes 1, since every node must use the "
         "same port; give a fixed port on every node, e.g. --master_port 29500");
   }
-  if (options.nnodes > 1 && options.max_restarts > 0) {
+  if (options.nnodes > 1 && options.max_restarts > 0 && options.heartbeat_timeout.count() == 0) {
     throw usage_error(
-        "--max_restarts works only with --nnodes 1: a restart must start every node's workers again "
-        "together, which a static launch cannot coordinate, so run it on one node, or use torchrun "
-        "with a rendezvous (--rdzv_backend c10d) for several");
+        "--max_restarts with --nnodes " + std::to_string(options.nnodes) +
+        " needs the launchers' heartbeat connections, on which the nodes agree to restart together: give "
+        "--heartbeat_timeout above 0 (default 15), or leave out --max_restarts");
   }
   check_heartbeat(options);
   if (options.program.empty()) {
@@ -313,19 +384,22 @@ void append_run_settings(std::vector<std::pair<std::string, std::string>>& varia
 
 // Each local worker's variables (accel/detail/support/worker_variables.hpp, as `accel::launch_processes` gives them)
 // and the run settings, for the attempt after `restart_count` restarts.
-std::vector<worker_spec> worker_specs(const launch_options& options, int master_port, int restart_count) {
-  const detail::launching::job_placement job{.nnodes = options.nnodes,
-                                             .node_rank = options.node_rank,
-                                             .nproc_per_node = options.nproc_per_node,
-                                             .master_addr = options.master_addr,
-                                             .master_port = master_port,
-                                             .restart_count = restart_count,
-                                             .max_restarts = options.max_restarts};
+std::vector<worker_spec> worker_specs(const launch_options& options, int master_port, int restart_count,
+                                      const std::optional<attempt_verdict>& agreed) {
+  const detail::launching::job_placement job{
+      .nnodes = agreed && agreed->nnodes ? *agreed->nnodes : options.nnodes,
+      .node_rank = agreed && agreed->node_rank ? *agreed->node_rank : options.node_rank,
+      .nproc_per_node = options.nproc_per_node,
+      .master_addr = options.elastic ? options.rdzv_host : options.master_addr,
+      .master_port = master_port,
+      .restart_count = restart_count,
+      .max_restarts = options.max_restarts};
   std::vector<worker_spec> specs;
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
     worker_spec spec;
-    spec.rank = options.node_rank * options.nproc_per_node + local_rank;
+    spec.rank = job.node_rank * options.nproc_per_node + local_rank;
     spec.variables = detail::launching::worker_variables(job, local_rank);
+    if (options.elastic) spec.variables.emplace_back("TORCHELASTIC_RUN_ID", options.rdzv_id);
     append_run_settings(spec.variables, options);
     specs.push_back(std::move(spec));
   }
@@ -361,60 +435,82 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
   return options;
 }
 
-const char* launch_usage() {
-  return "usage: accel launch --nproc_per_node N [options] [--] program [arguments...]\n"
-         "\n"
-         "Starts N processes of program on this node, each with torchrun's environment variables, and waits\n"
-         "for them. When a worker fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
-         "accel launch exits with the failing worker's exit code (128 + S for a death by signal S), or,\n"
-         "with --max_restarts R, starts all N workers again, up to R times.\n"
-         "SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to accel launch are passed on to every worker, and no\n"
-         "restart follows.\n"
-         "\n"
-         "options (--name value or --name=value; dashes work as well as underscores):\n"
-         "  --nproc_per_node N  worker processes on this node (required, at least 1)\n"
-         "  --nnodes K          number of nodes (default 1)\n"
-         "  --node_rank I       this node's index, from 0 to K-1 (default 0)\n"
-         "  --master_addr A     host name or IP address of node 0 (default 127.0.0.1; required if K > 1)\n"
-         "  --master_port P     TCP port on node 0 (default 29500; 0 picks a free port, with one node only)\n"
-         "  --prefix_output     prefix every line a worker prints with \"[rank R] \"\n"
-         "  --grace_period S    seconds from SIGTERM to SIGKILL when stopping the workers (default 3)\n"
-         "  --max_restarts R    after a worker fails, start all the workers again, up to R times (0 to 1000,\n"
-         "                      default 0; with --nnodes 1 only)\n"
-         "  --restart_delay S   seconds to wait before each restart (default 1)\n"
-         "  --heartbeat_timeout S  with K > 1: a node whose launcher is not heard for S seconds is lost\n"
-         "                      (its machine or its link is down): every other node names it (which node,\n"
-         "                      its ranks, since when), stops its workers and exits with 1, instead of\n"
-         "                      waiting for the collective timeout (default 15; 0 turns the keep-alive off)\n"
-         "  --heartbeat_interval S  seconds between two heartbeats (default 5, at most half the timeout)\n"
-         "  --heartbeat_port P  the TCP port on node 0 where the launchers' heartbeats meet (default\n"
-         "                      --master_port + 1; the same on every node)\n"
-         "  --mixed_precision M no, bf16, fp16 or fp8: sets ACCELERATE_MIXED_PRECISION for the workers\n"
-         "  --gradient_accumulation_steps N  sets ACCELERATE_GRADIENT_ACCUMULATION_STEPS for the workers\n"
-         "  --parallelism_config_dp_replicate_size N, --parallelism_config_dp_shard_size N,\n"
-         "  --parallelism_config_cp_size N, --parallelism_config_tp_size N\n"
-         "                      the device mesh (Accelerate's ParallelismConfig): checked against the job\n"
-         "                      (the sizes must multiply to K*N) before any worker starts, then set as\n"
-         "                      PARALLELISM_CONFIG_*_SIZE (all four) and ACCELERATE_USE_PARALLELISM_CONFIG=true\n"
-         "  --config_file F     the config file to read (default: $ACCEL_CONFIG_FILE, or\n"
-         "                      ~/.config/accel/default_config.yaml if it exists; see 'accel config')\n"
-         "  -h, --help          show this help\n"
-         "\n"
-         "accelerate's --num_processes, --num_machines, --machine_rank, --main_process_ip and\n"
-         "--main_process_port are accepted for the same settings. The config file's settings are the\n"
-         "defaults (num_processes there counts the whole job: --nproc_per_node is num_processes /\n"
-         "num_machines); the command line overrides them. The workers get ACCEL_CONFIG_FILE naming it.\n"
-         "\n"
-         "Worker l (0 <= l < N) gets RANK=I*N+l, WORLD_SIZE=K*N, LOCAL_RANK=l, LOCAL_WORLD_SIZE=N,\n"
-         "GROUP_RANK=NODE_RANK=I, GROUP_WORLD_SIZE=K, ROLE_RANK=RANK, ROLE_WORLD_SIZE=WORLD_SIZE, MASTER_ADDR,\n"
-         "MASTER_PORT, ACCEL_RESTART_COUNT=TORCHELASTIC_RESTART_COUNT=k on the k-th restart (0 at first),\n"
-         "TORCHELASTIC_MAX_RESTARTS=R, and OMP_NUM_THREADS=1 when N > 1 and OMP_NUM_THREADS is not set.\n"
-         "\n"
-         "examples:\n"
-         "  accel launch --nproc_per_node 2 ./train --epochs 3\n"
-         "  accel launch --nproc_per_node 2 --max_restarts 3 ./train --resume\n"
-         "  accel launch --nnodes 2 --node_rank 0 --master_addr 10.0.0.1 --nproc_per_node 4 ./train\n";
-}
+namespace {
+
+// accel launch --help (a constant, too long for a function).
+constexpr const char* launch_usage_text =
+    "usage: accel launch --nproc_per_node N [options] [--] program [arguments...]\n"
+    "\n"
+    "Starts N processes of program on this node, each with torchrun's environment variables, and waits\n"
+    "for them. When a worker fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
+    "accel launch exits with the failing worker's exit code (128 + S for a death by signal S), or,\n"
+    "with --max_restarts R, starts all N workers again, up to R times.\n"
+    "SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to accel launch are passed on to every worker, and no\n"
+    "restart follows.\n"
+    "\n"
+    "options (--name value or --name=value; dashes work as well as underscores):\n"
+    "  --nproc_per_node N  worker processes on this node (required, at least 1)\n"
+    "  --nnodes K          number of nodes (default 1)\n"
+    "  --node_rank I       this node's index, from 0 to K-1 (default 0)\n"
+    "  --master_addr A     host name or IP address of node 0 (default 127.0.0.1; required if K > 1)\n"
+    "  --master_port P     TCP port on node 0 (default 29500; 0 picks a free port, with one node only)\n"
+    "  --prefix_output     prefix every line a worker prints with \"[rank R] \"\n"
+    "  --grace_period S    seconds from SIGTERM to SIGKILL when stopping the workers (default 3)\n"
+    "  --max_restarts R    after a worker fails, start all the workers again, up to R times (0 to 1000,\n"
+    "                      default 0). With K > 1 every node restarts together: a failure on any node\n"
+    "                      stops the workers of every node, then node 0 starts the next attempt on\n"
+    "                      every node, on a fresh port of its own for the store (not --master_port);\n"
+    "                      a node lost (see --heartbeat_timeout) is never restarted (an elastic job,\n"
+    "                      below, goes on without it)\n"
+    "  --restart_delay S   seconds to wait before each restart (default 1)\n"
+    "  --heartbeat_timeout S  with K > 1: a node whose launcher is not heard for S seconds is lost\n"
+    "                      (its machine or its link is down): every other node names it (which node,\n"
+    "                      its ranks, since when), stops its workers and exits with 1, instead of\n"
+    "                      waiting for the collective timeout (default 15; 0 turns the keep-alive off)\n"
+    "  --heartbeat_interval S  seconds between two heartbeats (default 5, at most half the timeout)\n"
+    "  --heartbeat_port P  the TCP port on node 0 where the launchers' heartbeats meet (default\n"
+    "                      --master_port + 1; the same on every node)\n"
+    "  --nnodes MIN:MAX, --rdzv_backend c10d, --rdzv_endpoint HOST:PORT, --rdzv_id ID\n"
+    "                      an elastic job (torchrun's flags): the launcher at HOST (which can listen on\n"
+    "                      PORT, default 29400) hosts the rendezvous and is node 0; every other launcher\n"
+    "                      joins it with the same ID and --nproc_per_node, and node 0 numbers the nodes\n"
+    "                      (no --node_rank, --master_addr or --master_port). The job starts on MAX nodes,\n"
+    "                      or on MIN or more once no other joined within the last call. A node lost ends\n"
+    "                      the attempt; with --max_restarts the job goes on with the others (WORLD_SIZE\n"
+    "                      and RANK renumbered) while MIN remain; a node that joins later is admitted at\n"
+    "                      the next restart. Workers also get TORCHELASTIC_RUN_ID=ID\n"
+    "  --rdzv_conf last_call_timeout=S  seconds to wait for more than MIN nodes (default 30)\n"
+    "  --mixed_precision M no, bf16, fp16 or fp8: sets ACCELERATE_MIXED_PRECISION for the workers\n"
+    "  --gradient_accumulation_steps N  sets ACCELERATE_GRADIENT_ACCUMULATION_STEPS for the workers\n"
+    "  --parallelism_config_dp_replicate_size N, --parallelism_config_dp_shard_size N,\n"
+    "  --parallelism_config_cp_size N, --parallelism_config_tp_size N\n"
+    "                      the device mesh (Accelerate's ParallelismConfig): checked against the job\n"
+    "                      (the sizes must multiply to K*N) before any worker starts, then set as\n"
+    "                      PARALLELISM_CONFIG_*_SIZE (all four) and ACCELERATE_USE_PARALLELISM_CONFIG=true\n"
+    "  --config_file F     the config file to read (default: $ACCEL_CONFIG_FILE, or\n"
+    "                      ~/.config/accel/default_config.yaml if it exists; see 'accel config')\n"
+    "  -h, --help          show this help\n"
+    "\n"
+    "accelerate's --num_processes, --num_machines, --machine_rank, --main_process_ip and\n"
+    "--main_process_port are accepted for the same settings. The config file's settings are the\n"
+    "defaults (num_processes there counts the whole job: --nproc_per_node is num_processes /\n"
+    "num_machines); the command line overrides them. The workers get ACCEL_CONFIG_FILE naming it.\n"
+    "\n"
+    "Worker l (0 <= l < N) gets RANK=I*N+l, WORLD_SIZE=K*N, LOCAL_RANK=l, LOCAL_WORLD_SIZE=N,\n"
+    "GROUP_RANK=NODE_RANK=I, GROUP_WORLD_SIZE=K, ROLE_RANK=RANK, ROLE_WORLD_SIZE=WORLD_SIZE, MASTER_ADDR,\n"
+    "MASTER_PORT, ACCEL_RESTART_COUNT=TORCHELASTIC_RESTART_COUNT=k on the k-th restart (0 at first),\n"
+    "TORCHELASTIC_MAX_RESTARTS=R, and OMP_NUM_THREADS=1 when N > 1 and OMP_NUM_THREADS is not set.\n"
+    "\n"
+    "examples:\n"
+    "  accel launch --nproc_per_node 2 ./train --epochs 3\n"
+    "  accel launch --nproc_per_node 2 --max_restarts 3 ./train --resume\n"
+    "  accel launch --nnodes 2 --node_rank 0 --master_addr 10.0.0.1 --nproc_per_node 4 ./train\n"
+    "  accel launch --nnodes 1:2 --rdzv_backend c10d --rdzv_endpoint 10.0.0.1:29400 --rdzv_id run7\n"
+    "      --max_restarts 3 --nproc_per_node 4 ./train\n";
+
+}  // namespace
+
+const char* launch_usage() { return launch_usage_text; }
 
 int run_launch(const launch_options& options) {
   // torchrun does the same: N workers each starting one OpenMP thread per core would oversubscribe the cores.
@@ -430,24 +526,35 @@ int run_launch(const launch_options& options) {
   supervision.grace_period = options.grace_period;
   supervision.max_restarts = options.max_restarts;
   supervision.restart_delay = options.restart_delay;
-  std::unique_ptr<peer_watch> heartbeat;
-  if (options.nnodes > 1 && options.heartbeat_timeout.count() > 0) {
+  std::unique_ptr<peer_watch> heartbeat;  // with restarts, node 0's decides when each attempt starts
+  if ((options.nnodes > 1 || options.elastic) && options.heartbeat_timeout.count() > 0) {
     heartbeat = make_heartbeat({.nnodes = options.nnodes,
                                 .node_rank = options.node_rank,
                                 .nproc_per_node = options.nproc_per_node,
-                                .master_addr = options.master_addr,
-                                .port = options.heartbeat_port.value_or(options.master_port + 1),
+                                .master_addr = options.elastic ? options.rdzv_host : options.master_addr,
+                                .port = options.elastic ? options.rdzv_port
+                                                        : options.heartbeat_port.value_or(options.master_port + 1),
                                 .interval = options.heartbeat_interval,
-                                .timeout = options.heartbeat_timeout});
+                                .timeout = options.heartbeat_timeout,
+                                .max_restarts = options.max_restarts,
+                                .restart_delay = options.restart_delay,
+                                .elastic = options.elastic,
+                                .min_nnodes = options.min_nnodes.value_or(options.nnodes),
+                                .rdzv_id = options.rdzv_id,
+                                .last_call = options.last_call});
     supervision.peers = heartbeat.get();
   }
-  const int exit_code = supervise_job(supervision, [&](int restart_count) {
-    // A fresh free port per attempt: the previous attempt's may still be held (TIME_WAIT).
-    const int master_port = options.master_port == 0
-                                ? detail::launching::pick_free_port(INADDR_ANY, "", "; give a port with --master_port")
-                                : options.master_port;
-    return worker_specs(options, master_port, restart_count);
-  });
+  const auto workers = [&](int restart_count, const std::optional<attempt_verdict>& agreed) {
+    // A fresh free port per attempt: the previous attempt's may still be held (TIME_WAIT). Across nodes, node 0 picks
+    // it and tells the others.
+    int master_port = options.master_port;
+    if (agreed && agreed->master_port)
+      master_port = *agreed->master_port;
+    else if (master_port == 0)
+      master_port = detail::launching::pick_free_port(INADDR_ANY, "", "; give a port with --master_port");
+    return worker_specs(options, master_port, restart_count, agreed);
+  };
+  const int exit_code = supervise_job(supervision, workers);
   if (heartbeat) heartbeat->finish(exit_code);
   return exit_code;
 }

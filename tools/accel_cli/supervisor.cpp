@@ -289,6 +289,7 @@ struct attempt_result {
   int exit_code = 0;                   // as supervise_job() returns it
   std::optional<int> launcher_signal;  // the first SIGINT/SIGTERM/SIGHUP/SIGQUIT sent to the launcher: no restart
   std::string failure;                 // the first failing worker and how, e.g. "worker rank 1 (pid 42) exited ..."
+  bool peer_lost = false;              // another node was lost (heartbeat.hpp): no restart
 };
 
 // Supervises one attempt: its workers, from their start to the last one's exit.
@@ -314,7 +315,7 @@ class supervisor {
       enforce_deadline();
     }
     drain_output();
-    return {exit_code_.value_or(0), launcher_signal_, failure_};
+    return {exit_code_.value_or(0), launcher_signal_, failure_, peer_lost_};
   }
 
  private:
@@ -490,6 +491,7 @@ class supervisor {
     exit_code_ = code;
     failure_ =
         "worker rank " + std::to_string(w.spec->rank) + " (pid " + std::to_string(w.pid) + ") " + describe_exit(status);
+    if (options_.peers != nullptr) options_.peers->worker_failed(code, failure_);
     const std::size_t others = count_running();
     std::string message = "accel launch: " + failure_;
     if (others == 1) message += "; terminating the other worker";
@@ -519,10 +521,26 @@ class supervisor {
   // take this one for lost meanwhile); a node found lost stops the workers as a failing worker does.
   void watch_peers() {
     if (options_.peers == nullptr) return;
-    const std::optional<std::string> lost = options_.peers->on_wakeup();
-    if (!lost || stopping_) return;
+    if (const std::optional<std::string> lost = options_.peers->on_wakeup()) return on_peer_lost(*lost);
+    if (const std::optional<std::string> order = options_.peers->take_restart_order(); order && !stopping_) {
+      failure_ = *order;
+      exit_code_ = 1;
+      std::fprintf(stderr, "accel launch: %s; stopping this node's %s\n", order->c_str(),
+                   count_workers(count_running(), " running").c_str());
+      begin_stopping(SIGTERM);
+    }
+  }
+
+  // A node lost ends the job, never followed by a restart (the job's nodes are fixed): found while the workers stop
+  // already (a failure or a restart), it is still what the launcher reports.
+  void on_peer_lost(const std::string& lost) {
+    peer_lost_ = true;
     exit_code_ = 1;
-    failure_ = *lost;
+    failure_ = lost;
+    if (stopping_) {
+      std::fprintf(stderr, "accel launch: %s\n", lost.c_str());
+      return;
+    }
     std::string ranks;
     for (const worker& w : workers_) {
       if (w.running) ranks += (ranks.empty() ? "" : ", ") + std::to_string(w.spec->rank);
@@ -589,6 +607,7 @@ class supervisor {
   pid_t launcher_pid_ = getpid();
   bool stopping_ = false;
   bool killed_ = false;
+  bool peer_lost_ = false;
   steady_clock::time_point deadline_{};
 };
 
@@ -617,14 +636,54 @@ void announce_giving_up(const attempt_result& result, const supervision_options&
                options.max_restarts == 1 ? "restart" : "restarts");
 }
 
+// Between two attempts of a job whose nodes restart together: the heartbeats go on (so that no node takes this one
+// for lost) while node 0 gathers every node's end of the attempt and decides. A node lost ends the job with 1, a
+// signal to the launcher with 128 + its number, without a restart.
+attempt_verdict await_verdict(peer_watch& peers, signal_pipe& signals, bool after_attempt = true) {
+  if (after_attempt) peers.attempt_ended();
+  for (;;) {
+    if (const std::optional<std::string> lost = peers.on_wakeup())
+      return {std::nullopt, 1, *lost, std::nullopt, std::nullopt, 0};
+    if (std::optional<attempt_verdict> verdict = peers.verdict()) return *std::move(verdict);
+    std::vector<pollfd> fds{{signals.read_end(), POLLIN, 0}};
+    peers.add_fds(fds);
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(peers.next_wakeup() - steady_clock::now()).count();
+    poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(left, 0, 60'000)));
+    for (const received_signal& s : signals.take_signals()) {
+      if (s.number == SIGCHLD) continue;
+      return {std::nullopt, 128 + s.number,
+              "received " + sigabbrev(s.number) + " while waiting for the other nodes; not restarting", std::nullopt,
+              std::nullopt, 0};
+    }
+  }
+}
+
+bool coordinated(const supervision_options& options) {
+  return options.peers != nullptr && options.peers->coordinates_restarts();
+}
+
 }  // namespace
 
 int supervise_job(const supervision_options& options, const workers_for_attempt& workers) {
   signal_pipe signals;  // one for every attempt, so that a signal between two attempts is not lost
+  std::optional<attempt_verdict> agreed;
+  if (options.peers != nullptr && options.peers->starts_after_rendezvous()) {
+    agreed = await_verdict(*options.peers, signals, /*after_attempt=*/false);
+    if (!agreed->message.empty()) std::fprintf(stderr, "accel launch: %s\n", agreed->message.c_str());
+    if (!agreed->master_port) return agreed->exit_code;
+  }
   for (int restart_count = 0;; ++restart_count) {
-    const std::vector<worker_spec> specs = workers(restart_count);
+    if (agreed) restart_count = agreed->attempt;  // node 0's count: the same on every node
+    const std::vector<worker_spec> specs = workers(restart_count, agreed);
     const attempt_result result = supervise_workers(options, specs, signals);
-    if (result.exit_code == 0 || result.launcher_signal) return result.exit_code;  // done, or stopped by the user
+    if (result.launcher_signal || result.peer_lost) return result.exit_code;  // stopped by the user, or a node lost
+    if (coordinated(options)) {
+      agreed = await_verdict(*options.peers, signals);
+      if (!agreed->message.empty()) std::fprintf(stderr, "accel launch: %s\n", agreed->message.c_str());
+      if (!agreed->master_port) return agreed->exit_code;
+      continue;
+    }
+    if (result.exit_code == 0) return result.exit_code;  // done
     if (restart_count == options.max_restarts) {
       if (options.max_restarts > 0) announce_giving_up(result, options);
       return result.exit_code;
