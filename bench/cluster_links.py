@@ -40,8 +40,8 @@ PYTORCH = ["pytorch_ddp", "pytorch_fsdp2"]
 JOB_TIMEOUT = 300
 # What the link carries beyond Gloo's payload: Ethernet, IP and TCP headers (66 bytes a packet; a veth passes
 # TSO/GSO packets of up to 64 kB, each counted with one set of headers), the acknowledgements of the other direction's
-# packets, and Gloo's own messages (a 48-byte preamble per send and per ready notice). 0.24% to 0.26% measured
-# (2026-11-27); 1% bounds it.
+# packets, and Gloo's own messages (a 48-byte preamble per send and per ready notice). 0.24% to 0.33% measured
+# (2026-11-27, docs/performance.md); 1% bounds it.
 HEADERS = 0.01
 
 # ---- What Gloo's algorithms send (gloo/allreduce.cc, allgather.cc, alltoall.cc, broadcast.cc, as bundled with
@@ -176,40 +176,35 @@ def environment():
     return env
 
 
-def run_job(cluster, command):
-    """Runs `command` on both machines; returns (machine0's last figure line's fields, bytes machine1 sent and
-    received, seconds)."""
+def run_everywhere(cluster, command):
+    """Runs `command` on both machines to its end; returns (its output, bytes machine1 sent and received, seconds)."""
     output = io.StringIO()
     before, started = cluster.link_bytes(1), time.monotonic()
     codes = harness.run_everywhere(cluster, command, JOB_TIMEOUT, env=environment(), output=output)
-    seconds = time.monotonic() - started
-    after = cluster.link_bytes(1)
-    text = output.getvalue()
+    seconds, after = time.monotonic() - started, cluster.link_bytes(1)
     if codes != [0, 0]:
-        sys.exit(f"job failed ({codes}): {' '.join(command)}\n{text}")
+        sys.exit(f"job failed ({codes}): {' '.join(command)}\n{output.getvalue()}")
+    return output.getvalue(), (after[0] - before[0], after[1] - before[1]), seconds
+
+
+def run_job(cluster, command):
+    """Runs a benchmark job; returns (the fields of machine0's last figure line, bytes machine1 sent and received,
+    seconds)."""
+    text, crossed, seconds = run_everywhere(cluster, command)
     lines = [line.split()[1:] for line in text.splitlines() if line.startswith("[machine0] ") and
              len(line.split()) == 5 and line.split()[1] in ACCEL + PYTORCH]
     if not lines:
         sys.exit(f"no figure from: {' '.join(command)}\n{text}")
-    return lines[-1], (after[0] - before[0], after[1] - before[1]), seconds
+    return lines[-1], crossed, seconds
 
 
 def idle_rate(cluster, accel):
     """Bytes per second crossing machine1's link (each way) while only the launchers run (`sleep 8` as the job):
     their heartbeats, the links' own chatter."""
-    crossed, seconds = run_job_plain(cluster, [accel, "launch", "--nnodes", "2", "--node_rank", "{node_rank}",
-                                               "--nproc_per_node", "2", "--master_addr", "{master_addr}",
-                                               "--master_port", PORT, "sleep", "8"])
+    _, crossed, seconds = run_everywhere(cluster, [accel, "launch", "--nnodes", "2", "--node_rank", "{node_rank}",
+                                                   "--nproc_per_node", "2", "--master_addr", "{master_addr}",
+                                                   "--master_port", PORT, "sleep", "8"])
     return crossed[0] / seconds, crossed[1] / seconds
-
-
-def run_job_plain(cluster, command):
-    before, started = cluster.link_bytes(1), time.monotonic()
-    codes = harness.run_everywhere(cluster, command, JOB_TIMEOUT, env=environment(), output=io.StringIO())
-    seconds, after = time.monotonic() - started, cluster.link_bytes(1)
-    if codes != [0, 0]:
-        sys.exit(f"job failed ({codes}): {' '.join(command)}")
-    return (after[0] - before[0], after[1] - before[1]), seconds
 
 
 def measure_bytes(accel, bench, python):
