@@ -20,6 +20,10 @@
 #                             a dataset costing 1 ms of CPU per sample (bench/data_pipeline.cpp)
 #   scripts/bench.sh soak     20,000 steps and 200 save_state/load_state cycles on 2 Gloo processes, each process's
 #                             resident set sampled every second (bench/soak.cpp)
+#   scripts/bench.sh cluster  2 machines x 2 processes of the namespace cluster (root only; skipped otherwise): bytes
+#                             per step across the machines' link for data_parallel, zero2, fully_sharded and
+#                             hybrid_sharded against Gloo's formula, and ms per step on 1 Gbit/s and 100 Mbit/s links
+#                             against PyTorch's DDP and FSDP2 under torchrun (bench/cluster_links.py)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 which=${1:-all}
@@ -68,4 +72,11 @@ if [[ $which == all || $which == data ]]; then
 fi
 if [[ $which == all || $which == soak ]]; then
   "$build/tools/accel" launch --nproc_per_node 2 --master_port 0 "$build/bench/bench_soak" "${SOAK_STEPS:-20000}" 100
+fi
+if [[ $which == all || $which == cluster ]]; then
+  status=0
+  "$venv_python" "$root/bench/cluster_links.py" "$build/tools/accel" "$build/bench/bench_cluster_step" \
+    "$venv_python" "${ROUNDS:-3}" || status=$?
+  # 77: not root, said why; 1: accel's bytes differ from the formula, said which (a finding, not a crash).
+  [[ $status == 0 || $status == 77 || $status == 1 ]] || exit $status
 fi

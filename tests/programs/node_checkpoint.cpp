@@ -1,12 +1,16 @@
 // For tests/scripts/save_on_each_node.py and check_cluster.py: a job of 2 nodes of 2 Gloo processes (two
 // `accel launch --nnodes 2`, on one machine in two working directories, or on two machines of the namespace cluster,
 // tests/scripts/cluster.py), or the same job on one node of 4 processes.
-//   node_checkpoint [POLICY] save DIR [on_each_node]
+//   node_checkpoint [POLICY] save DIR [on_each_node] [sharded]
 //           5 training steps (dropout, AdamW, a scheduler, a shuffled loader), then save_state(DIR), with
-//           options::project.save_on_each_node when `on_each_node` is given.
-//   node_checkpoint [POLICY] resume DIR
+//           options::project.save_on_each_node when `on_each_node` is given, in the sharded format
+//           (state_dict_type::sharded) when `sharded` is.
+//   node_checkpoint [POLICY] resume DIR [sharded]
 //           10 uninterrupted steps, and load_state(DIR) into objects built from another seed followed by 5 steps;
 //           both must end with the same parameters, bit for bit.
+//   node_checkpoint [POLICY] loaded DIR FILE
+//           load_state(DIR) into objects built from another seed, then the main process writes the full parameters
+//           to FILE (safetensors): what a checkpoint made under another number of processes loads as.
 //   node_checkpoint [POLICY] latest PROJECT_DIR stop|resume [on_each_node]
 //           options::project.resume = resume::latest, an automatic checkpoint every 2 steps under PROJECT_DIR:
 //           `stop` trains 7 steps and ends (checkpoint_0..2 saved); `resume` trains 10 uninterrupted steps, and a run
@@ -46,8 +50,10 @@
 
 #include "support.hpp"
 
+#include <algorithm>
 #include <csignal>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -60,9 +66,11 @@
 namespace {
 
 constexpr const char* usage =
-    "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] | ... resume DIR | "
-    "... train FILE | ... paced FILE | ... latest PROJECT_DIR stop|resume|lose_in_save [on_each_node] | ... long | "
-    "... restarts PROJECT_DIR FILE FAILING_ATTEMPTS | ... elastic PROJECT_DIR FILE [FAILING_ATTEMPT [shared]]\n";
+    "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] [sharded] | ... resume DIR "
+    "[sharded] | ... loaded DIR FILE | ... train FILE | ... paced FILE | ... latest PROJECT_DIR "
+    "stop|resume|lose_in_save [on_each_node] | ... long | ... restarts PROJECT_DIR FILE FAILING_ATTEMPTS | "
+    "... elastic PROJECT_DIR FILE [FAILING_ATTEMPT [shared]]
+";
 
 template <class Accelerator>
 int save(const std::filesystem::path& directory, const accel::options& options) {
@@ -105,6 +113,17 @@ int resume(const std::filesystem::path& directory, const accel::options& options
   std::printf("node_checkpoint: rank %d resumed %s\n", rank, same ? "bit for bit" : "with other parameters");
   std::fflush(stdout);
   return same ? 0 : 1;
+}
+
+template <class Accelerator>
+int loaded(const std::filesystem::path& directory, const std::filesystem::path& file, const accel::options& options) {
+  accel_test::resumable_run<Accelerator> run(99, 64, options);
+  run.acc.load_state(directory);
+  const auto state = run.acc.get_state_dict(run.model);  // a collective under the sharded policies
+  if (run.acc.is_main_process()) accel::safetensors::save(file, state);
+  std::printf("node_checkpoint: rank %d loaded\n", run.acc.process_index());
+  std::fflush(stdout);
+  return 0;
 }
 
 /// Registered by the `latest` runs, so that their checkpoints hold a registered object: counts the saves, and with
@@ -318,20 +337,26 @@ int run_mode(std::string_view mode, const std::vector<std::string>& args) {
     return restarts<accelerator>(args[1], args[2], std::atoi(args[3].c_str()));
   }
   const bool with_phase = mode == "latest";  // latest PROJECT_DIR stop|resume [on_each_node]
-  const std::size_t fixed = with_phase ? 3 : 2;
-  const bool on_each_node = args.size() == fixed + 1 && args[fixed] == "on_each_node";
-  if (args.size() < fixed ||
-      (args.size() == fixed + 1 && (!on_each_node || mode == "resume" || mode == "train" || mode == "paced")) ||
-      args.size() > fixed + 1 ||
+  const std::size_t fixed = with_phase || mode == "loaded" ? 3 : 2;
+  const std::vector<std::string> flags(args.begin() + static_cast<std::ptrdiff_t>(std::min(fixed, args.size())),
+                                       args.end());
+  const auto given = [&](std::string_view flag) { return std::find(flags.begin(), flags.end(), flag) != flags.end(); };
+  const bool on_each_node = given("on_each_node"), sharded = given("sharded");
+  const bool flags_fit = (mode == "save" || mode == "latest" || !on_each_node) &&
+                         (mode == "save" || mode == "resume" || !sharded) &&
+                         flags.size() == static_cast<std::size_t>(on_each_node) + static_cast<std::size_t>(sharded);
+  if (args.size() < fixed || !flags_fit ||
       (with_phase && args[2] != "stop" && args[2] != "resume" && args[2] != "lose_in_save")) {
     std::fputs(usage, stderr);
     return 2;
   }
   // A process left alone (its peer failed) gives up within a minute instead of the default half hour.
-  const accel::options options{
+  accel::options options{
       .cpu = true, .timeout = std::chrono::seconds(60), .project = {.save_on_each_node = on_each_node}};
+  if (sharded) options.sharding.state_dict = accel::state_dict_type::sharded;
   if (mode == "save") return save<accelerator>(args[1], options);
   if (mode == "resume") return resume<accelerator>(args[1], options);
+  if (mode == "loaded") return loaded<accelerator>(args[1], args[2], options);
   if (mode == "latest") return latest<accelerator>(args[1], args[2], options);
   return train<accelerator>(args[1], options, mode == "paced");
 }
@@ -346,8 +371,8 @@ int main(int argc, char** argv) {
     args.erase(args.begin());
   }
   const std::string mode = args.empty() ? "" : args[0];
-  if (mode != "save" && mode != "resume" && mode != "train" && mode != "latest" && mode != "long" && mode != "paced" &&
-      mode != "restarts" && mode != "elastic") {
+  if (mode != "save" && mode != "resume" && mode != "loaded" && mode != "train" && mode != "latest" && mode != "long" &&
+      mode != "paced" && mode != "restarts" && mode != "elastic") {
     std::fputs(usage, stderr);
     return 2;
   }

@@ -7,12 +7,14 @@ CASE is one of the case_* functions below (CTest runs each as cluster.CASE); the
 policy (data_parallel or fully_sharded, which gathers its slices into the same files; CTest: cluster.CASE.POLICY),
 resume_latest how the checkpoints were saved (on_each_node or main_process_saves), machine_lost which machine
 vanishes and when (worker_node or main_node mid-step, during_save), link_cut for how long (restored within the
-heartbeat timeout, beyond_timeout).
+heartbeat timeout, beyond_timeout), sharded_format where the sharded checkpoint goes (unshared_disk: refused) or which
+policy saves it into a directory both machines see (fully_sharded, zero2).
 Where the host cannot make the cluster (not root, iproute2 missing), the test says why and exits with 77, which CTest
 reports as skipped.
 Processes 0 and 1 of a job are machine0's, 2 and 3 machine1's; the launchers meet at machine0's address.
 Python standard library only.
 """
+import json
 import math
 import os
 import shutil
@@ -831,6 +833,96 @@ def elastic_rejoin(accel, program, work):
 
 def case_elastic(accel, program, work, which):
     return {"machine_lost": elastic_machine_lost, "rejoin": elastic_rejoin}[which](accel, program, work)
+SHARDED_FILES = {"accel_checksums.txt", "accel_state.bin", "shard_layout.bin", "optimizer.bin", "scheduler.bin"} | {
+    f"{kind}_shard_{rank}.safetensors" for kind in ("model", "optimizer") for rank in range(4)} | random_states(0, 1, 2, 3)
+
+
+def safetensors_tensors(path):
+    """{name: (dtype, shape, raw bytes)} of a safetensors file, read with the standard library."""
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header, data = json.loads(f.read(length)), f.read()
+    return {name: (entry["dtype"], entry["shape"], data[entry["data_offsets"][0]:entry["data_offsets"][1]])
+            for name, entry in header.items() if name != "__metadata__"}
+
+
+def one_machine_job(accel, program, processes, args):
+    """`node_checkpoint ARGS` on 1 machine x `processes` (the host): its per-rank lines, failing the check on failure."""
+    job = subprocess.run([accel, "launch", "--nproc_per_node", str(processes), "--master_port", "0", program, *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_environment(),
+                         timeout=JOB_TIMEOUT)
+    check(job.returncode == 0, f"{' '.join(args)} on 1 machine x {processes} failed:\n{job.stdout}")
+    return job.stdout
+
+
+def sharded_unshared_disk(accel, program, work):
+    """The sharded format on disks the machines do not share: every process writes its own shards into one directory,
+    which no machine's disk can hold whole, so the save is refused on every process before anything is written,
+    with save_on_each_node and without, each naming the fix; the full format with save_on_each_node is the way
+    (cluster.save_on_each_node.fully_sharded)."""
+    disk = os.path.join(work, "disk")
+    refusals = {
+        "without save_on_each_node": ([], ["does not see ", ".partial, which process 0 made: in the sharded format "
+                                           "every process writes its shard files into the checkpoint, so its "
+                                           "directory must be on a file system every process sees"]),
+        "with save_on_each_node": (["on_each_node"], ["save_on_each_node writes a whole checkpoint on each machine",
+                                                       "use state_dict_type::full with save_on_each_node, or a file "
+                                                       "system every machine sees"]),
+    }
+    with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+        for index, (how, (flags, parts)) in enumerate(refusals.items()):
+            ckpt = f"{disk}/ckpt{index}"
+            job = Job(cluster, accel, program, ["fully_sharded", "save", ckpt, *flags, "sharded"],
+                      os.path.join(work, f"save{index}.log"))
+            check(job.codes != [0, 0], f"{how}: the sharded save on unshared disks was not refused:\n{job.output}")
+            # Without save_on_each_node only the processes that do not see process 0's staging directory know why;
+            # they tell the others, so every process names the fix.
+            for rank in range(4):
+                got = job.lines.get(rank, "")
+                check(got.startswith("save failed: accel::save_state: ") and all(part in got for part in parts),
+                      f"{how}: rank {rank} printed {got!r}, expected the refusal naming {parts}:\n{job.output}")
+            for machine in cluster.machines:
+                left = sorted(name for name in files_on(machine, disk) if name.startswith(f"ckpt{index}"))
+                check(not left, f"{how}: {machine.name}'s disk holds {left} of a refused checkpoint")
+    return "refused on every process, with save_on_each_node and without, nothing written"
+
+
+def sharded_shared_disk(accel, program, work, policy):
+    """`policy` on 2 machines x 2 processes saving in the sharded format into a directory every machine sees (the
+    host's file system, as a network file system): each process writes its own shard files; the job resumes from it
+    bit for bit on the 2 machines. Copied into a directory of one machine, as a user moves a checkpoint, it resumes
+    bit for bit on 1 machine x 4 processes, and loads on 1 machine x 2 with the parameters that were saved."""
+    shared = os.path.join(work, "shared")
+    os.makedirs(shared)
+    ckpt = os.path.join(shared, "ckpt")
+    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+        saved = Job(cluster, accel, program, [policy, "save", ckpt, "sharded"], os.path.join(work, "save.log"))
+        saved.check_every_rank(f"{policy}: sharded save on a shared disk", "saved")
+        check(set(os.listdir(ckpt)) == SHARDED_FILES, f"the sharded checkpoint holds {sorted(os.listdir(ckpt))}")
+        resumed = Job(cluster, accel, program, [policy, "resume", ckpt, "sharded"], os.path.join(work, "resume.log"))
+        resumed.check_every_rank(f"{policy}: resume on 2 machines x 2", "resumed bit for bit")
+    moved = os.path.join(work, "one_machine", "ckpt")
+    shutil.copytree(ckpt, moved)
+    output = one_machine_job(accel, program, 4, [policy, "resume", moved, "sharded"])
+    check(all(f"node_checkpoint: rank {rank} resumed bit for bit" in output for rank in range(4)),
+          f"{policy}: resuming on 1 machine x 4:\n{output}")
+    # Loaded under 4 processes (each reading back its own shards, the load the resume above showed right) and under
+    # 2 (each assembling the parameters from 4 processes' shards): the same parameters, byte for byte.
+    loaded = {}
+    for processes in (4, 2):
+        loaded[processes] = os.path.join(work, f"loaded_by_{processes}.safetensors")
+        one_machine_job(accel, program, processes, [policy, "loaded", moved, loaded[processes]])
+    got, expected = safetensors_tensors(loaded[2]), safetensors_tensors(loaded[4])
+    check(got and got == expected, f"{policy}: the parameters loaded on 1 machine x 2 differ from those loaded on "
+                                   f"1 machine x 4: {sorted(got)} against {sorted(expected)}")
+    return (f"{len(SHARDED_FILES)} files from 4 processes on 2 machines; resumed bit for bit on 2 x 2 and 1 x 4, "
+            f"loaded on 1 x 2 with the {len(got)} saved tensors")
+
+
+def case_sharded_format(accel, program, work, what):
+    if what == "unshared_disk":
+        return sharded_unshared_disk(accel, program, work)
+    return sharded_shared_disk(accel, program, work, what)
 
 
 def main():
