@@ -69,8 +69,7 @@ constexpr const char* usage =
     "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] [sharded] | ... resume DIR "
     "[sharded] | ... loaded DIR FILE | ... train FILE | ... paced FILE | ... latest PROJECT_DIR "
     "stop|resume|lose_in_save [on_each_node] | ... long | ... restarts PROJECT_DIR FILE FAILING_ATTEMPTS | "
-    "... elastic PROJECT_DIR FILE [FAILING_ATTEMPT [shared]]
-";
+    "... elastic PROJECT_DIR FILE [FAILING_ATTEMPT [shared]]\n";
 
 template <class Accelerator>
 int save(const std::filesystem::path& directory, const accel::options& options) {
