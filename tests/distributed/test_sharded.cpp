@@ -1543,7 +1543,8 @@ std::int64_t thread_rchar() {
 /// What one process may read loading the checkpoint in `dir` under `processes` processes: 1.2 x the bytes of the
 /// files `sliced` selects / P, plus each such file's header, plus every other file whole (the manifest, the layout,
 /// accel_state.bin, the process files, optimizer.bin).
-double read_allowance(const std::filesystem::path& dir, int processes, const std::function<bool(std::string)>& sliced) {
+double read_allowance(const std::filesystem::path& dir, int processes,
+                      const std::function<bool(std::string)>& sliced) {
   double sliced_bytes = 0, headers = 0, others = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const auto size = static_cast<double>(entry.file_size());
@@ -1559,6 +1560,9 @@ double read_allowance(const std::filesystem::path& dir, int processes, const std
   }
   return 1.2 * sliced_bytes / processes + headers + others;
 }
+
+constexpr auto copy_everything =
+    std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing;
 
 /// bigmodel.read's model: about 2.6 MiB of float32 in four layers, the last one's bias frozen (so held whole).
 torch::nn::Sequential read_model() {
@@ -1589,7 +1593,8 @@ std::map<std::string, std::vector<torch::Tensor>> held_state(Accelerator& acc, t
   std::map<std::string, std::vector<torch::Tensor>> held;
   for (const auto& item : net.named_parameters()) {
     const auto shard = acc.parallel().shard_of(item.value());
-    const auto found = opt.state().find(accel::detail::compat::optimizer_state_key(shard ? shard->slice : item.value()));
+    const auto key = accel::detail::compat::optimizer_state_key(shard ? shard->slice : item.value());
+    const auto found = opt.state().find(key);
     if (found == opt.state().end()) continue;
     auto& adamw = static_cast<torch::optim::AdamWParamState&>(*found->second);
     held[item.key()] = {adamw.exp_avg().clone(), adamw.exp_avg_sq().clone(),
@@ -1603,7 +1608,8 @@ std::map<std::string, std::vector<torch::Tensor>> held_state(Accelerator& acc, t
 torch::Tensor saved_state_field(const std::filesystem::path& dir, int saved, const std::string& name) {
   std::vector<torch::Tensor> pieces;
   for (int r = 0; r < saved; ++r)
-    for (auto& [key, tensor] : accel::safetensors::load(dir / ("optimizer_shard_" + std::to_string(r) + ".safetensors")))
+    for (auto& [key, tensor] :
+         accel::safetensors::load(dir / ("optimizer_shard_" + std::to_string(r) + ".safetensors")))
       if (key == name) pieces.push_back(tensor.reshape({-1}));
   return torch::cat(pieces);
 }
@@ -1622,11 +1628,12 @@ void load_sharded_read_model(const std::filesystem::path& dir, int saved, Then&&
   const auto before = thread_rchar();
   acc.load_state(dir);
   const auto read = thread_rchar() - before;
-  const auto allowed = read_allowance(dir, P, [](const std::string& name) { return name.find("_shard_") != std::string::npos; });
+  const auto allowed =
+      read_allowance(dir, P, [](const std::string& name) { return name.find("_shard_") != std::string::npos; });
   INFO("process " << r << " of " << P << " read " << read << " B loading a checkpoint of " << saved
                   << " processes; allowed " << allowed << " B");
-  std::cout << "bigmodel.read: sharded checkpoint of " << saved << " processes loaded at " << P << ": process " << r
-            << " read " << read << " B (allowed " << static_cast<std::int64_t>(allowed) << ")" << std::endl;
+  std::cout << "bigmodel.read: sharded checkpoint of " << saved << " processes loaded at " << P << ": process "
+            << r << " read " << read << " B (allowed " << static_cast<std::int64_t>(allowed) << ")" << std::endl;
   CHECK(static_cast<double>(read) <= allowed);
   const auto merged = accel_test::job_directory("accel_bigmodel_read_merged_");
   if (acc.is_main_process()) accel::merge_weights(dir, merged);
@@ -1641,8 +1648,11 @@ void load_sharded_read_model(const std::filesystem::path& dir, int saved, Then&&
     REQUIRE(shard);
     const auto span = accel::detail::shard_span_of(c10::multiply_integers(shard->sizes), r, P);
     CHECK(shard->begin == span.begin);
-    CHECK(torch::equal(fields[0], saved_state_field(dir, saved, "model." + name + "/exp_avg").narrow(0, span.begin, span.length)));
-    CHECK(torch::equal(fields[1], saved_state_field(dir, saved, "model." + name + "/exp_avg_sq").narrow(0, span.begin, span.length)));
+    const auto field = [&](const std::string& kind) {
+      return saved_state_field(dir, saved, "model." + name + "/" + kind).narrow(0, span.begin, span.length);
+    };
+    CHECK(torch::equal(fields[0], field("exp_avg")));
+    CHECK(torch::equal(fields[1], field("exp_avg_sq")));
   }
   acc.wait_for_everyone();
   if (acc.is_main_process()) accel::detail::remove_tree(merged);
@@ -1650,8 +1660,10 @@ void load_sharded_read_model(const std::filesystem::path& dir, int saved, Then&&
 }
 }  // namespace
 
-TEST_CASE("bigmodel.read: loading into fully_sharded reads only this process's slices, of a sharded and of a full "
-          "checkpoint, and goes on bit for bit", "[bigmodel_read]") {
+TEST_CASE(
+    "bigmodel.read: loading into fully_sharded reads only this process's slices, of a sharded and of a full "
+    "checkpoint, and goes on bit for bit",
+    "[bigmodel_read]") {
   const char* keep = std::getenv("ACCEL_TEST_READ_DIR");
   const auto dir = keep != nullptr ? std::filesystem::path(keep) : accel_test::job_directory("accel_bigmodel_read_");
   std::vector<torch::Tensor> continued;
@@ -1679,8 +1691,7 @@ TEST_CASE("bigmodel.read: loading into fully_sharded reads only this process's s
     const auto damaged = accel_test::job_directory("accel_bigmodel_read_damaged_");
     accel::accelerator<accel::fp32, zero3> acc(sharded_files);
     if (acc.is_main_process()) {
-      std::filesystem::copy(dir, damaged,
-                            std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+      std::filesystem::copy(dir, damaged, copy_everything);
       std::fstream file(damaged / "model_shard_1.safetensors", std::ios::in | std::ios::out | std::ios::binary);
       file.seekg(-1, std::ios::end);
       const char last = static_cast<char>(file.get());
@@ -1717,11 +1728,25 @@ TEST_CASE("bigmodel.read: loading into fully_sharded reads only this process's s
   const auto before = thread_rchar();
   acc.load_state(full_dir);
   const auto read = thread_rchar() - before;
-  const auto allowed = read_allowance(full_dir, acc.num_processes(), [](const std::string& name) { return name == "model.safetensors"; });
-  std::cout << "bigmodel.read: full checkpoint loaded at " << acc.num_processes() << ": process " << acc.process_index()
-            << " read " << read << " B of a model.safetensors of " << std::filesystem::file_size(full_dir / "model.safetensors")
-            << " B (allowed " << static_cast<std::int64_t>(allowed) << ")" << std::endl;
+  const auto allowed = read_allowance(full_dir, acc.num_processes(),
+                                      [](const std::string& name) { return name == "model.safetensors"; });
+  std::cout << "bigmodel.read: full checkpoint loaded at " << acc.num_processes() << ": process "
+            << acc.process_index() << " read " << read << " B of a model.safetensors of "
+            << std::filesystem::file_size(full_dir / "model.safetensors") << " B (allowed "
+            << static_cast<std::int64_t>(allowed) << ")" << std::endl;
   CHECK(static_cast<double>(read) <= allowed);
+  {  // model.safetensors a byte longer than saved: read only in part, its size (not its checksum) refuses it.
+    const auto longer = accel_test::job_directory("accel_bigmodel_read_longer_");
+    if (acc.is_main_process()) {
+      std::filesystem::copy(full_dir, longer, copy_everything);
+      std::ofstream(longer / "model.safetensors", std::ios::binary | std::ios::app).put('\0');
+    }
+    acc.wait_for_everyone();
+    CHECK_THROWS_WITH(acc.load_state(longer), Catch::Contains("model.safetensors is damaged: its 2648737 bytes differ "
+                                                              "from the 2648736 saved"));
+    acc.wait_for_everyone();
+    if (acc.is_main_process()) accel::detail::remove_tree(longer);
+  }
   const auto loaded = full_parameters(acc, model);
   REQUIRE(loaded.size() == saved_weights.size());
   for (std::size_t i = 0; i < loaded.size(); ++i) CHECK(torch::equal(loaded[i], saved_weights[i]));

@@ -96,7 +96,9 @@ class ranged_reader {
     for (std::size_t f = 0; f < files_.size(); ++f)
       if (files_[f].name == name) return f;
     const auto& saved = listed_file(directory_, name, manifest_);
-    if (manifest_.opened() == nullptr) throw missing_checkpoint_file(directory_ / name);
+    const auto size_now = manifest_.opened() != nullptr ? manifest_.opened()->size(name) : std::nullopt;
+    if (!size_now) throw missing_checkpoint_file(directory_ / name);
+    check_as_saved(directory_ / name, saved, *size_now, saved.crc32c);  // the size; the checksum once read whole
     opened file{.name = name, .head = std::string(8, '\0'), .data_begin = 0, .size = saved.size, .entries = {},
                 .order = {}};
     std::uint64_t length = 0;
@@ -133,7 +135,8 @@ class ranged_reader {
       throw damaged_or(f, "accel::load_state: " + where + " lacks " + tensor + " (a damaged checkpoint?)");
     const auto& e = found->second;
     const auto type = safetensors::detail::scalar_type_of(e.dtype);
-    if (!type) throw damaged_or(f, "accel::load_state: " + where + ": " + tensor + " has the unknown dtype " + e.dtype);
+    if (!type)
+      throw damaged_or(f, "accel::load_state: " + where + ": " + tensor + " has the unknown dtype " + e.dtype);
     const auto element = static_cast<std::int64_t>(c10::elementSize(*type));
     const auto count = elements < 0 ? c10::multiply_integers(e.shape) : elements;
     if (e.offsets.size() != 2 || e.offsets[0] < 0 || e.offsets[1] - e.offsets[0] != count * element ||
@@ -280,7 +283,8 @@ inline held_weights read_held_shards(ranged_reader& reader, const shard_layout_t
     located.push_back(reader.locate(
         first, layout.names[t], layout.sharded[t] ? shard_span_of(numel, 0, static_cast<int>(table.processes)).length
                                                   : numel));
-    described[layout.names[t]] = at::empty(layout.shapes[t], at::TensorOptions().dtype(located.back().first).device(at::kMeta));
+    described[layout.names[t]] =
+        at::empty(layout.shapes[t], at::TensorOptions().dtype(located.back().first).device(at::kMeta));
   }
   reader.check_fit([&] { check_weights_fit(model, described, what); });
   held_weights held;
@@ -322,9 +326,9 @@ inline held_weights read_held_files(ranged_reader& reader, const std::vector<std
   for (const auto& [name, spot] : located) {
     const auto& shape = reader.file(spot.file).entries.at(name).shape;
     const auto part = parts.weight(index, name);
-    held.tensors[name] = reader.read(
-        {{.file = spot.file, .begin = 0, .length = c10::multiply_integers(shape), .offset = spot.offset}}, spot.type, shape,
-        part, name);
+    const ranged_reader::piece whole{
+        .file = spot.file, .begin = 0, .length = c10::multiply_integers(shape), .offset = spot.offset};
+    held.tensors[name] = reader.read({whole}, spot.type, shape, part, name);
     if (!part.whole) held.slices[name] = part.begin;
   }
   return held;
