@@ -617,6 +617,16 @@ class accelerator {
     return state;
   }
 
+  /// Loads the weights in `where` into a prepared model (Accelerate's `load_checkpoint_in_model`): a `.safetensors`
+  /// file, or a directory holding Hugging Face's `model.safetensors.index.json` and the files it names, or
+  /// `model.safetensors`. Each process reads only the byte ranges of what it holds (under fully_sharded, its slice of
+  /// each parameter), never a file whole. Every parameter and buffer must be there with its shape and dtype, and
+  /// nothing else; otherwise every process throws `accel::checkpoint_error` and the model is as it was. A collective.
+  template <class Model>
+  void load_model(const Model& model, const std::filesystem::path& where) {
+    detail::load_held_model(parallel_, *detail::module_pointer(unwrap_model(model)), where);
+  }
+
   /// The model as the user built it: the handle (ModuleHolder or shared_ptr) of a prepared model; any other
   /// model handle is returned as it is. A handle shares the module, so this never copies parameters.
   template <class Model>

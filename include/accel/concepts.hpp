@@ -174,6 +174,7 @@ concept declares_capabilities = requires {
   { Q::distributed_type() } -> std::convertible_to<std::string_view>;   // what selects it in accel::dispatch
   requires std::same_as<decltype(Q::joins_uneven_inputs), const bool>;  // has the uneven inputs facet
   requires std::same_as<decltype(Q::steps_alone), const bool>;          // each process can step its whole model alone
+  requires std::same_as<decltype(Q::keeps_parameter_slices), const bool>;  // only its slices of the parameters
 };
 
 /// What the accelerator calls on its accumulation policy: the required hooks...
@@ -224,7 +225,7 @@ concept parallel_policy =
     (detail::checkpoint_participation<Q> ||
      detail::unsatisfied<"this parallel policy lacks a hook of the checkpoint participation facet: checkpoint_format(), with_full_parameters(module, action), full_parameter(parameter), with_full_optimizer_state(optimizer, write), load_full_optimizer_state(optimizer, load) or shard_of(parameter): derive it from accel::parallel_defaults", Q>()) &&
     (detail::declares_capabilities<Q> ||
-     detail::unsatisfied<"this parallel policy lacks name(), distributed_type() or its capabilities (static constexpr bool joins_uneven_inputs, steps_alone): derive it from accel::parallel_defaults", Q>()) &&
+     detail::unsatisfied<"this parallel policy lacks name(), distributed_type() or its capabilities (static constexpr bool joins_uneven_inputs, steps_alone, keeps_parameter_slices): derive it from accel::parallel_defaults", Q>()) &&
     (!detail::declares_capabilities<Q> || !Q::joins_uneven_inputs || detail::uneven_inputs<Q> ||
      detail::unsatisfied<"this parallel policy declares joins_uneven_inputs but lacks a hook of the uneven inputs facet: begin_join(modules), finish_join() or abandon_join() noexcept: see accel/concepts.hpp", Q>()) &&
     detail::well_formed_state_hooks<Q>;

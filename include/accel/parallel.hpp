@@ -87,6 +87,10 @@ struct parallel_defaults {
   /// Each process can step its whole model alone, without the others (`local_sgd`): its optimizer holds the whole
   /// state of full parameters.
   static constexpr bool steps_alone = true;
+  /// Between steps each process keeps only its slice (`shard_of`) of each parameter the policy shards
+  /// (fully_sharded): `load_state` then reads only those slices of a checkpoint's weights, as it reads only its
+  /// slices of the optimizer state of every policy that shards it.
+  static constexpr bool keeps_parameter_slices = false;
 
   // Model preparation.
   /// Forgets every prepared model (`free_memory`).

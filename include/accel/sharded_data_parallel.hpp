@@ -249,6 +249,8 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
   using base::base;
   [[nodiscard]] static std::string name() { return "fully_sharded<" + std::string(Backend::name) + ">"; }
   [[nodiscard]] static constexpr std::string_view distributed_type() noexcept { return "FSDP"; }
+  /// Between steps each process holds only its slices of the parameters.
+  static constexpr bool keeps_parameter_slices = true;
 
   /// As the other sharded policies, and finds the model's shard units first: their gradient buckets stay within
   /// the unit.

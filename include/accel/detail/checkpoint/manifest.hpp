@@ -10,6 +10,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -61,6 +62,13 @@ class opened_files {
       done += static_cast<std::uint64_t>(got);
     }
     return true;
+  }
+  /// The size of `name` now (fstat of the file opened); none if it was not opened.
+  [[nodiscard]] std::optional<std::uint64_t> size(const std::string& name) const {
+    const auto found = fds_.find(name);
+    struct stat status{};
+    if (found == fds_.end() || ::fstat(found->second, &status) != 0) return std::nullopt;
+    return static_cast<std::uint64_t>(status.st_size);
   }
   /// The size and CRC-32C of `name`, read in pieces of 1 MiB (never held whole); none if it was not opened.
   [[nodiscard]] std::optional<std::pair<std::uint64_t, std::uint32_t>> size_and_checksum(

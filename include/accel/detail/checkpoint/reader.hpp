@@ -34,6 +34,7 @@
 #include "archives.hpp"
 #include "format.hpp"
 #include "manifest.hpp"
+#include "rank_local.hpp"
 #include "settings.hpp"
 #include "sharded_format.hpp"
 
@@ -68,10 +69,12 @@ inline void check_generator_states(const std::vector<std::pair<at::Generator, at
 
 /// What a load applies, read and checked: nothing of the program has changed yet.
 struct checkpoint_contents {
-  /// Each model's weights by name (assembled from every process's files in the sharded format).
+  /// Each model's weights by name, as this process holds them (rank_local.hpp): whole, or its slice (flat) of
+  /// those `weight_slices` lists (with the slice's first element).
   std::vector<std::map<std::string, at::Tensor>> weights;
+  std::vector<std::map<std::string, std::int64_t>> weight_slices;
   /// Each optimizer's archive (its options; its full state in the full format) and, in the sharded format, its
-  /// full state by field, assembled.
+  /// state by field as this process holds it: its slice of each parameter the policy shards.
   std::vector<torch::serialize::InputArchive> optimizer_archives;
   std::vector<std::map<std::string, at::Tensor>> optimizer_states;
   /// Each slot's archive, by kind, in registration order.
@@ -111,8 +114,9 @@ std::vector<std::shared_ptr<torch::nn::Module>> hooked_models(Parallel& parallel
 class checkpoint_reader {
  public:
   checkpoint_reader(const std::filesystem::path& directory, const prepared_registry& registry, int process,
-                    int processes, const c10::Device& read_to, bool allow_unchecked = false)
+                    int processes, const c10::Device& read_to, bool allow_unchecked = false, held_parts parts = {})
       : allow_unchecked_(allow_unchecked),
+        parts_(std::move(parts)),
         directory_(directory),
         process_(process),
         processes_(processes),
@@ -205,23 +209,38 @@ class checkpoint_reader {
     return files;
   }
 
-  /// Each model's weights, checked against it; a sharded checkpoint's weights and optimizer states assembled in full
-  /// from every process's files (sharded_format.hpp), to load as a full checkpoint's.
+  /// Each model's weights, checked against it, as this process holds them (`parts_`): of safetensors files listed
+  /// in the manifest (a sharded checkpoint's, a full one's model.safetensors), only those byte ranges are read
+  /// (rank_local.hpp); a pickled model file, or one without a manifest, is read whole. A sharded checkpoint's
+  /// optimizer states likewise.
   void read_weights(const std::vector<std::shared_ptr<torch::nn::Module>>& models, checkpoint_contents& contents) {
     contents.sharded = sharded_.has_value();
+    std::optional<ranged_reader> ranged;
+    if (manifest_) ranged.emplace(directory_, *manifest_);
     for (std::size_t i = 0; i < models.size(); ++i) {
-      auto [loaded, name] = sharded_ ? std::pair{assemble_model(directory_, manifest_, *sharded_, i),
-                                                 checkpoint_files::shard(checkpoint_files::kind::model, i, 0)}
-                                     : read_model_weights(directory_, i, manifest_);
+      const auto what = [&](const std::string& name) {
+        return "accel::load_state: the weights in " + (directory_ / name).string() + " do not fit the prepared model";
+      };
+      const auto full_name = checkpoint_files::model(i, true);
+      if (sharded_ || (ranged && manifest_->files().contains(full_name))) {
+        auto held = sharded_ ? read_held_shards(*ranged, *sharded_, i, parts_, *models[i],
+                                                what(checkpoint_files::shard(checkpoint_files::kind::model, i, 0)))
+                             : read_held_files(*ranged, {ranged->open(full_name)}, i, parts_, *models[i],
+                                               what(full_name));
+        contents.weights.push_back(std::move(held.tensors));
+        contents.weight_slices.push_back(std::move(held.slices));
+        continue;
+      }
+      auto [loaded, name] = read_model_weights(directory_, i, manifest_);
       contents.weights.emplace_back(loaded.begin(), loaded.end());
-      check_weights_fit(
-          *models[i], contents.weights.back(),
-          "accel::load_state: the weights in " + (directory_ / name).string() + " do not fit the prepared model");
+      contents.weight_slices.emplace_back();
+      check_weights_fit(*models[i], contents.weights.back(), what(name));
     }
-    for (std::size_t i = 0; sharded_ && i < optimizers_; ++i) {
-      contents.optimizer_states.push_back(assemble_optimizer_state(directory_, manifest_, *sharded_, i));
-      for (auto& [name, tensor] : contents.optimizer_states.back()) tensor = tensor.to(read_to_);  // map_location
-    }
+    for (std::size_t i = 0; sharded_ && i < optimizers_; ++i)
+      contents.optimizer_states.push_back(read_held_optimizer_state(*ranged, *sharded_, i, parts_));
+    if (ranged) ranged->check_whole_files();
+    for (auto& states : contents.optimizer_states)
+      for (auto& [name, tensor] : states) tensor = tensor.to(read_to_);  // map_location
   }
 
   /// Each slot's archive: a shared slot's file, or a per-process slot's key in this process's file.
@@ -256,6 +275,7 @@ class checkpoint_reader {
   }
 
   bool allow_unchecked_;
+  held_parts parts_;
   std::filesystem::path directory_;
   int process_;
   int processes_;

@@ -10,8 +10,9 @@
 /// - `shard_layout.bin` (main process): the number of processes, and each model tensor's name, full shape and
 ///   whether it is sharded. Process r's slice of a sharded tensor of n elements is its elements [r c, (r + 1) c)
 ///   flattened, c = ceil(n / P) (shard_layout.hpp): concatenated in process order, the slices are the tensor.
-/// Loading assembles the full tensors (and full states) from every process's file, then loads them as a full
-/// checkpoint: so a sharded checkpoint loads under any number of processes and any parallel policy.
+/// Loading reads of these files only what each process holds (rank_local.hpp): its slices, by ranged reads of the
+/// files whose slices overlap them, or whole tensors where the policy holds them whole; so a sharded checkpoint loads
+/// under any number of processes and any parallel policy.
 // IWYU pragma: private, include <accel/checkpoint.hpp>
 #pragma once
 
@@ -210,59 +211,6 @@ void without_state(torch::optim::Optimizer& optimizer, Save&& save) {
   optimizer.state() = std::move(kept);
 }
 
-/// Reads every process's `kind` file `index` of a sharded checkpoint, in process order, each handed to `use`
-/// (name -> tensor) before the next is read.
-template <class Use>
-void for_each_shard_file(const std::filesystem::path& directory, const std::optional<checkpoint_manifest>& manifest,
-                         std::string_view kind, std::size_t index, std::int64_t processes, Use&& use) {
-  for (std::int64_t r = 0; r < processes; ++r) {
-    const auto name = checkpoint_files::shard(kind, index, static_cast<int>(r));
-    auto loaded = safetensors::parse(read_checkpoint_file(directory, name, manifest), (directory / name).string());
-    use(static_cast<int>(r), std::map<std::string, at::Tensor>(loaded.begin(), loaded.end()), name);
-  }
-}
-
-/// Puts process r's slice `piece` of a tensor of `numel` elements into `whole` (flat), checking that it is the
-/// slice the layout rule gives process r.
-inline void place_slice(at::Tensor& whole, const at::Tensor& piece, std::int64_t numel, int r, std::int64_t processes,
-                        const std::string& what, const std::string& file) {
-  const auto span = shard_span_of(numel, r, static_cast<int>(processes));
-  if (piece.numel() != span.length)
-    throw checkpoint_error("accel::load_state: " + file + " holds " + std::to_string(piece.numel()) + " elements of " +
-                           what + ", where process " + std::to_string(r) + " of " + std::to_string(processes) +
-                           " owns " + std::to_string(span.length) + " (a damaged checkpoint?)");
-  whole.narrow(0, span.begin, span.length).copy_(piece.reshape({-1}));
-}
-
-/// Model `index`'s full tensors (in the layout's order) from every process's shard file.
-inline safetensors::tensor_list assemble_model(const std::filesystem::path& directory,
-                                               const std::optional<checkpoint_manifest>& manifest,
-                                               const shard_layout_table& table, std::size_t index) {
-  const auto& layout = table.models.at(index);
-  std::vector<at::Tensor> whole(layout.names.size());
-  for_each_shard_file(directory, manifest, checkpoint_files::kind::model, index, table.processes,
-                      [&](int r, auto tensors, auto& file) {
-                        for (std::size_t t = 0; t < layout.names.size(); ++t) {
-                          const auto found = tensors.find(layout.names[t]);
-                          if (!layout.sharded[t] && r != 0) continue;
-                          if (found == tensors.end())
-                            throw checkpoint_error("accel::load_state: " + file + " lacks " + layout.names[t] +
-                                                   " (a damaged checkpoint?)");
-                          if (!layout.sharded[t]) {
-                            whole[t] = found->second;
-                            continue;
-                          }
-                          const auto numel = c10::multiply_integers(layout.shapes[t]);
-                          if (r == 0) whole[t] = at::empty({numel}, found->second.options());
-                          place_slice(whole[t], found->second, numel, r, table.processes, layout.names[t], file);
-                        }
-                      });
-  safetensors::tensor_list tensors;
-  for (std::size_t t = 0; t < layout.names.size(); ++t)
-    tensors.emplace_back(layout.names[t], layout.sharded[t] ? whole[t].view(layout.shapes[t]) : whole[t]);
-  return tensors;
-}
-
 /// The header of the checkpoint file `name` (checked: check_checkpoint_file), read through the files the manifest
 /// opened: its first 8 + length bytes, none of its data.
 inline safetensors::detail::file_header read_checkpoint_header(const std::filesystem::path& directory,
@@ -393,47 +341,9 @@ inline void write_merged_model(const std::filesystem::path& directory, const che
   });
 }
 
-/// Optimizer `index`'s full state from every process's shard file: each field of each parameter's state under its
-/// name (`state_field_name`), full tensors shaped as their parameters, steps as 0-d tensors.
-inline std::map<std::string, at::Tensor> assemble_optimizer_state(const std::filesystem::path& directory,
-                                                                  const std::optional<checkpoint_manifest>& manifest,
-                                                                  const shard_layout_table& table, std::size_t index) {
-  // Each parameter's full shape and whether it is sharded, by the names the fields are saved under.
-  std::map<std::string, std::pair<std::vector<std::int64_t>, bool>> parameters;
-  for (std::size_t m = 0; m < table.models.size(); ++m)
-    for (std::size_t t = 0; t < table.models[m].names.size(); ++t)
-      parameters[state_field_name(m, table.models[m].names[t], "")] = {table.models[m].shapes[t],
-                                                                       table.models[m].sharded[t]};
-  std::map<std::string, at::Tensor> state;
-  for_each_shard_file(
-      directory, manifest, checkpoint_files::kind::optimizer, index, table.processes,
-      [&](int r, auto tensors, auto& file) {
-        for (auto& [name, piece] : tensors) {
-          const auto slash = name.rfind('/');
-          const auto parameter = parameters.find(name.substr(0, slash == std::string::npos ? 0 : slash + 1));
-          if (slash == std::string::npos || parameter == parameters.end())
-            throw checkpoint_error("accel::load_state: " + file + " holds " + name +
-                                   ", the state of no parameter of the layout (a damaged checkpoint?)");
-          const auto& [shape, sharded] = parameter->second;
-          if (piece.dim() == 0 || !sharded) {  // a step count, the same everywhere, or a full state tensor
-            state.try_emplace(name, piece);
-            continue;
-          }
-          const auto numel = c10::multiply_integers(shape);
-          auto found = state.find(name);
-          if (found == state.end()) found = state.emplace(name, at::empty({numel}, piece.options())).first;
-          place_slice(found->second, piece, numel, r, table.processes, name, file);
-        }
-      });
-  for (auto& [name, tensor] : state) {
-    const auto& [shape, sharded] = parameters.at(name.substr(0, name.rfind('/') + 1));
-    if (sharded && tensor.dim() == 1 && tensor.numel() == c10::multiply_integers(shape)) tensor = tensor.view(shape);
-  }
-  return state;
-}
-
-/// Gives each parameter `optimizer` lists its full state from `state` (assemble_optimizer_state), by the name
-/// `name_of` gives it; a parameter with nothing saved gets no state, as one that never had a gradient.
+/// Gives each tensor `optimizer` lists (a parameter, or a policy's shard of one) its state from `state`
+/// (read_held_optimizer_state: shaped as that tensor), by the name `name_of` gives it; one with nothing saved gets no
+/// state, as one that never had a gradient.
 template <class NameOf>
 void set_full_state(torch::optim::Optimizer& optimizer, const std::map<std::string, at::Tensor>& state,
                     NameOf&& name_of) {

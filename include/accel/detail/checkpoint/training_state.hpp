@@ -37,6 +37,7 @@
 #include "directory.hpp"
 #include "format.hpp"
 #include "numbering.hpp"
+#include "rank_local.hpp"
 #include "reader.hpp"
 #include "settings.hpp"
 #include "sharded_format.hpp"
@@ -151,7 +152,7 @@ class training_state {
         std::optional<checkpoint_contents> contents;
         on_every_process_or_none(parallel_, "load_state", "reading " + directory.string(), [&] {
           contents = checkpoint_reader(directory, registry_, parallel_.process_index(), parallel_.num_processes(),
-                                       read_to, how.allow_unchecked)
+                                       read_to, how.allow_unchecked, parts_held(models))
                          .read(models, !settings_.load_hooks.empty());
         });
         apply(*contents, models, read_to);
@@ -229,13 +230,35 @@ class training_state {
     return serialised(mine);
   }
 
-  /// What a load sets once its transaction committed: each model's weights and the generators (`Contents`: accel's
-  /// checkpoint_contents or accelerate_contents), which nothing after can fail.
+  /// What this process holds of `models`' tensors and their optimizer state, which is all a load reads of them
+  /// (rank_local.hpp): the slice `shard_of` gives of each parameter the policy shards; of the weights only where the
+  /// policy keeps no more than its slices of the parameters (`keeps_parameter_slices`).
+  held_parts parts_held(const std::vector<std::shared_ptr<torch::nn::Module>>& models) const {
+    held_parts parts;
+    parts.weights.resize(models.size());
+    for (std::size_t m = 0; m < models.size(); ++m)
+      for (const auto& item : models[m]->named_parameters())
+        if (const auto shard = parallel_.shard_of(item.value())) {
+          const held_part part{.begin = shard->begin, .length = shard->slice.numel(), .whole = false};
+          parts.states[state_field_name(m, item.key(), "")] = part;
+          if constexpr (Parallel::keeps_parameter_slices) parts.weights[m][item.key()] = part;
+        }
+    return parts;
+  }
+
+  /// What a load sets once its transaction committed: each model's weights (those `slices` lists as this process's
+  /// slice of them) and the generators (`Contents`: accel's checkpoint_contents or accelerate_contents), which
+  /// nothing after can fail.
   template <class Contents>
   static void install_weights_and_generators(Contents& contents,
-                                             const std::vector<std::shared_ptr<torch::nn::Module>>& models) {
+                                             const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                                             const std::vector<std::map<std::string, std::int64_t>>& slices = {}) {
     at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < models.size(); ++i) copy_weights(*models[i], contents.weights[i]);
+    for (std::size_t i = 0; i < models.size(); ++i)
+      if (i < slices.size())
+        copy_held_weights(*models[i], contents.weights[i], slices[i]);
+      else
+        copy_weights(*models[i], contents.weights[i]);
     for (auto& [generator, state] : contents.generator_states) {
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(state);
@@ -260,7 +283,7 @@ class training_state {
                            contents.slot_archives[kind][i]);
     });
     transaction.commit();
-    install_weights_and_generators(contents, models);
+    install_weights_and_generators(contents, models, contents.weight_slices);
   }
 
   /// `load_from_accelerate`'s apply step. Each optimizer's parameters are named by their models' names in errors.
@@ -323,13 +346,17 @@ class training_state {
   }
 
   /// Each optimizer loads a full state, which the parallel policy may shard; what is kept to undo is the
-  /// optimizer's own state, put back as it is. A sharded checkpoint names each state by its parameter's name.
+  /// optimizer's own state, put back as it is. A sharded checkpoint's state, read as this process holds it, is set
+  /// on what the optimizer lists once the policy has it (its shards), by its parameter's name.
   void load_optimizers(load_transaction& transaction, checkpoint_contents& contents,
                        const std::vector<std::shared_ptr<torch::nn::Module>>& models, const c10::Device& read_to) {
     std::map<const void*, std::string> state_names;
     for (std::size_t m = 0; contents.sharded && m < models.size(); ++m)
-      for (const auto& item : models[m]->named_parameters())
+      for (const auto& item : models[m]->named_parameters()) {
         state_names.emplace(item.value().unsafeGetTensorImpl(), state_field_name(m, item.key(), ""));
+        if (const auto shard = parallel_.shard_of(item.value()))
+          state_names.emplace(shard->slice.unsafeGetTensorImpl(), state_field_name(m, item.key(), ""));
+      }
     const auto state_name = [&state_names](const at::Tensor& parameter) {
       const auto found = state_names.find(parameter.unsafeGetTensorImpl());
       return found == state_names.end() ? std::string() : found->second;
@@ -341,10 +368,8 @@ class training_state {
           checkpoint_files::optimizer(i),
           [optimizer](torch::serialize::OutputArchive& out) { save_optimizer(*optimizer, out); },
           [&, optimizer, i](torch::serialize::InputArchive& in) {
-            parallel_.load_full_optimizer_state(*optimizer, [&] {
-              load_optimizer(*optimizer, in);
-              if (contents.sharded) set_full_state(*optimizer, contents.optimizer_states[i], state_name);
-            });
+            parallel_.load_full_optimizer_state(*optimizer, [&] { load_optimizer(*optimizer, in); });
+            if (contents.sharded) set_full_state(*optimizer, contents.optimizer_states[i], state_name);
             place_state_on_parameters(*optimizer, read_to);
           },
           contents.optimizer_archives[i],

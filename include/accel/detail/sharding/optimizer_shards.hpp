@@ -159,7 +159,7 @@ class optimizer_shards {
     const auto found = index_.find(parameter.unsafeGetTensorImpl());
     if (found == index_.end()) return std::nullopt;
     const auto& p = parameters_[found->second];
-    return parameter_shard{.slice = p.shard, .sizes = p.sizes};
+    return parameter_shard{.slice = p.shard, .sizes = p.sizes, .begin = p.span.begin};
   }
   /// This process's span of `parameter` when it is one of the sharded parameters.
   [[nodiscard]] const shard_span* span_of(const at::Tensor& parameter) const {

@@ -15,10 +15,11 @@
 
 namespace accel {
 /// What a sharded policy holds of a parameter on this process (`shard_of`, a parallel policy hook): its slice
-/// (flat, its current values) and the full parameter's shape.
+/// (flat, its current values), the full parameter's shape, and where the slice begins in the flattened parameter.
 struct parameter_shard {
   at::Tensor slice;
   std::vector<std::int64_t> sizes;
+  std::int64_t begin = 0;
 };
 }  // namespace accel
 
