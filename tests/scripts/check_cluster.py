@@ -728,6 +728,24 @@ class ElasticJob(RunningJob):
         return launcher
 
 
+def check_equals_resumed_copy(accel, program, work, project, trained_file, processes, step, checkpoint):
+    """The parameters the elastic job wrote to `trained_file` equal byte for byte those of a job of `processes` on
+    the host resumed from a copy of `project`'s `checkpoint` (taken while the cluster still runs)."""
+    shutil.copytree(os.path.join(project, "checkpoints", checkpoint),
+                    os.path.join(work, "reference", "checkpoints", checkpoint))
+    with open(trained_file, "rb") as f:
+        trained = f.read()
+    reference = os.path.join(work, "reference.safetensors")
+    again = subprocess.run([accel, "launch", "--nproc_per_node", str(processes), "--master_port", "0", program,
+                            "elastic", os.path.join(work, "reference"), reference], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=job_environment(), timeout=JOB_TIMEOUT)
+    check(again.returncode == 0 and f"world {processes} started at step {step} from {checkpoint}" in again.stdout,
+          f"the {processes}-process job resumed from a copy of {checkpoint} failed:\n{again.stdout}")
+    with open(reference, "rb") as f:
+        check(trained == f.read(), f"the elastic job's parameters differ from those of a {processes}-process job "
+                                   f"resumed from {checkpoint}")
+
+
 def elastic_machine_lost(accel, program, work):
     """2 machines x 2 processes (--nnodes 1:2) train with a checkpoint every 2 steps on each disk; at step 10 machine1
     vanishes. machine0's launcher names it within the heartbeat timeout (6 s), and the job goes on on machine0 alone,
@@ -758,19 +776,8 @@ def elastic_machine_lost(accel, program, work):
         check(len(starts) == 2 and starts[0] == starts[1] and " from checkpoint_" in starts[0],
               f"ranks 0 and 1 of attempt 1 (a world of 2) started at {starts}:\n{output}")
         step, checkpoint = starts[0].split(" from ")
-        shutil.copytree(cluster.machines[0].path(f"{disk}/project/checkpoints/{checkpoint}"),
-                        os.path.join(work, "reference", "checkpoints", checkpoint))
-        with open(cluster.machines[0].path(f"{disk}/trained.safetensors"), "rb") as f:
-            trained = f.read()
-    reference = os.path.join(work, "reference.safetensors")
-    again = subprocess.run([accel, "launch", "--nproc_per_node", "2", "--master_port", "0", program, "elastic",
-                            os.path.join(work, "reference"), reference], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, env=job_environment(), timeout=JOB_TIMEOUT)
-    check(again.returncode == 0 and f"world 2 started at step {step} from {checkpoint}" in again.stdout,
-          f"the 2-process job resumed from a copy of {checkpoint} failed:\n{again.stdout}")
-    with open(reference, "rb") as f:
-        check(trained == f.read(), f"the job that went on without machine1 differs from a 2-process job resumed from "
-                                   f"{checkpoint}")
+        check_equals_resumed_copy(accel, program, work, cluster.machines[0].path(f"{disk}/project"),
+                                  cluster.machines[0].path(f"{disk}/trained.safetensors"), 2, step, checkpoint)
     return (f"machine1 lost at step 10; the job went on as 2 processes from {checkpoint} (step {step}), "
             f"{resumed:.1f} s after the loss, equal to a 2-process job resumed from it")
 
@@ -816,18 +823,8 @@ def elastic_rejoin(accel, program, work):
               f"attempt 2's processes started at {starts}:\n{outputs[0]}{outputs[1]}")
         step, checkpoint = starts[0].split(" from ")
         check(int(step) > 10, f"attempt 2 resumed from {checkpoint} (step {step}), not from one of attempt 1")
-        shutil.copytree(os.path.join(project, "checkpoints", checkpoint),
-                        os.path.join(work, "reference", "checkpoints", checkpoint))
-        with open(cluster.machines[0].path(f"{disk}/trained.safetensors"), "rb") as f:
-            trained = f.read()
-    reference = os.path.join(work, "reference.safetensors")
-    again = subprocess.run([accel, "launch", "--nproc_per_node", "4", "--master_port", "0", program, "elastic",
-                            os.path.join(work, "reference"), reference], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, env=job_environment(), timeout=JOB_TIMEOUT)
-    check(again.returncode == 0 and f"world 4 started at step {step} from {checkpoint}" in again.stdout,
-          f"the 4-process job resumed from a copy of {checkpoint} failed:\n{again.stdout}")
-    with open(reference, "rb") as f:
-        check(trained == f.read(), f"the job machine1 rejoined differs from a 4-process job resumed from {checkpoint}")
+        check_equals_resumed_copy(accel, program, work, project,
+                                  cluster.machines[0].path(f"{disk}/trained.safetensors"), 4, step, checkpoint)
     return f"machine1 came back and was admitted at the next restart: 4 processes from {checkpoint} (step {step})"
 
 
