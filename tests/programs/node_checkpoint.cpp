@@ -66,7 +66,7 @@
 namespace {
 
 constexpr const char* usage =
-    "usage: node_checkpoint [data_parallel|zero2|fully_sharded] save DIR [on_each_node] [sharded] | ... resume DIR "
+    "usage: node_checkpoint [data_parallel|zero2|fully_sharded|hybrid_sharded] save DIR [on_each_node] [sharded] | ... resume DIR "
     "[sharded] | ... loaded DIR FILE | ... train FILE | ... paced FILE | ... latest PROJECT_DIR "
     "stop|resume|lose_in_save [on_each_node] | ... long | ... restarts PROJECT_DIR FILE FAILING_ATTEMPTS | "
     "... elastic PROJECT_DIR FILE [FAILING_ATTEMPT [shared]]\n";
@@ -365,7 +365,8 @@ int run_mode(std::string_view mode, const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string policy = "data_parallel";
-  if (!args.empty() && (args[0] == "data_parallel" || args[0] == "zero2" || args[0] == "fully_sharded")) {
+  if (!args.empty() && (args[0] == "data_parallel" || args[0] == "zero2" || args[0] == "fully_sharded" ||
+                        args[0] == "hybrid_sharded")) {
     policy = args[0];
     args.erase(args.begin());
   }
@@ -377,5 +378,7 @@ int main(int argc, char** argv) {
   }
   if (policy == "zero2") return run_mode<accel::zero2<accel::gloo>>(mode, args);
   if (policy == "fully_sharded") return run_mode<accel::fully_sharded<accel::gloo>>(mode, args);
+  // Its mesh from the launcher (--parallelism_config_dp_replicate_size, --parallelism_config_dp_shard_size).
+  if (policy == "hybrid_sharded") return run_mode<accel::hybrid_sharded<accel::gloo>>(mode, args);
   return run_mode<accel::data_parallel<accel::gloo>>(mode, args);
 }

@@ -227,18 +227,19 @@ def case_harness(accel, program, work):
             f"and restored, nothing left behind")
 
 
-def train_across_machines(accel, program, work, policy):
-    """10 steps of `policy` on 2 machines x 2 processes end with the bytes of the same job on 1 machine x 4."""
+def train_across_machines(accel, program, work, policy, flags=()):
+    """10 steps of `policy` on 2 machines x 2 processes end with the bytes of the same job on 1 machine x 4, both
+    launched with `flags`."""
     reference = os.path.join(work, "one_machine.safetensors")
-    one_machine = subprocess.run([accel, "launch", "--nproc_per_node", "4", "--master_port", "0", program, policy,
-                                  "train", reference], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 env=job_environment(), timeout=JOB_TIMEOUT)
+    one_machine = subprocess.run([accel, "launch", "--nproc_per_node", "4", "--master_port", "0", *flags, program,
+                                  policy, "train", reference], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, env=job_environment(), timeout=JOB_TIMEOUT)
     check(one_machine.returncode == 0, f"the job on one machine failed:\n{one_machine.stdout}")
     disk = os.path.join(work, "disk")
     with harness.Cluster(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
         crossed = cluster.link_bytes(1)
         job = Job(cluster, accel, program, [policy, "train", f"{disk}/trained.safetensors"],
-                  os.path.join(work, "job.log"))
+                  os.path.join(work, "job.log"), flags)
         job.check_every_rank(f"{policy} across machines", "trained")
         crossed = [after - before for after, before in zip(cluster.link_bytes(1), crossed)]
         with open(cluster.machines[0].path(f"{disk}/trained.safetensors"), "rb") as f:
@@ -263,6 +264,14 @@ def case_zero2(accel, program, work):
 
 def case_fully_sharded(accel, program, work):
     return train_across_machines(accel, program, work, "fully_sharded")
+
+
+def case_hybrid_sharded(accel, program, work):
+    """The 2 x 2 mesh laid out over the machines as Accelerate's: ranks 0, 1 (machine0) and 2, 3 (machine1) are the
+    dp_shard groups, so the shards stay within a machine and the replicas' all-reduce crosses the link."""
+    return train_across_machines(accel, program, work, "hybrid_sharded",
+                                 ["--parallelism_config_dp_replicate_size", "2", "--parallelism_config_dp_shard_size",
+                                  "2"])
 
 
 def files_on(machine, directory):
