@@ -1555,11 +1555,10 @@ std::int64_t process_rchar() {
 /// What one process may read loading the checkpoint in `dir` under `processes` processes: 1.2 x the bytes of the
 /// files `sliced` selects / P, plus each such file's header, plus every other file whole (the manifest, the layout,
 /// accel_state.bin, the process files, optimizer.bin).
-double read_allowance(const std::filesystem::path& dir, int processes,
-                      const std::function<bool(std::string)>& sliced) {
+double read_allowance(const std::filesystem::path& dir, int processes, const std::function<bool(std::string)>& sliced) {
   double sliced_bytes = 0, headers = 0, others = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const auto size = static_cast<double>(entry.file_size());
+  for (const auto& entry : accel::detail::directory_entries(dir)) {
+    const auto size = static_cast<double>(std::filesystem::file_size(entry.path()));
     if (!sliced(entry.path().filename().string())) {
       others += size;
       continue;
@@ -1572,9 +1571,6 @@ double read_allowance(const std::filesystem::path& dir, int processes,
   }
   return 1.2 * sliced_bytes / processes + headers + others;
 }
-
-constexpr auto copy_everything =
-    std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing;
 
 /// bigmodel.read's model: about 2.6 MiB of float32 in four layers, the last one's bias frozen (so held whole).
 torch::nn::Sequential read_model() {
@@ -1644,8 +1640,8 @@ void load_sharded_read_model(const std::filesystem::path& dir, int saved, Then&&
       read_allowance(dir, P, [](const std::string& name) { return name.find("_shard_") != std::string::npos; });
   INFO("process " << r << " of " << P << " read " << read << " B loading a checkpoint of " << saved
                   << " processes; allowed " << allowed << " B");
-  std::cout << "bigmodel.read: sharded checkpoint of " << saved << " processes loaded at " << P << ": process "
-            << r << " read " << read << " B (allowed " << static_cast<std::int64_t>(allowed) << ")" << std::endl;
+  std::cout << "bigmodel.read: sharded checkpoint of " << saved << " processes loaded at " << P << ": process " << r
+            << " read " << read << " B (allowed " << static_cast<std::int64_t>(allowed) << ")" << std::endl;
   CHECK(static_cast<double>(read) <= allowed);
   const auto merged = accel_test::job_directory("accel_bigmodel_read_merged_");
   if (acc.is_main_process()) accel::merge_weights(dir, merged);
@@ -1703,7 +1699,7 @@ TEST_CASE(
     const auto damaged = accel_test::job_directory("accel_bigmodel_read_damaged_");
     accel::accelerator<accel::fp32, zero3> acc(sharded_files);
     if (acc.is_main_process()) {
-      std::filesystem::copy(dir, damaged, copy_everything);
+      accel_test::copy_tree(dir, damaged);
       std::fstream file(damaged / "model_shard_1.safetensors", std::ios::in | std::ios::out | std::ios::binary);
       file.seekg(-1, std::ios::end);
       const char last = static_cast<char>(file.get());
@@ -1742,15 +1738,15 @@ TEST_CASE(
   const auto read = process_rchar() - before;
   const auto allowed = read_allowance(full_dir, acc.num_processes(),
                                       [](const std::string& name) { return name == "model.safetensors"; });
-  std::cout << "bigmodel.read: full checkpoint loaded at " << acc.num_processes() << ": process "
-            << acc.process_index() << " read " << read << " B of a model.safetensors of "
+  std::cout << "bigmodel.read: full checkpoint loaded at " << acc.num_processes() << ": process " << acc.process_index()
+            << " read " << read << " B of a model.safetensors of "
             << std::filesystem::file_size(full_dir / "model.safetensors") << " B (allowed "
             << static_cast<std::int64_t>(allowed) << ")" << std::endl;
   CHECK(static_cast<double>(read) <= allowed);
   {  // model.safetensors a byte longer than saved: read only in part, its size (not its checksum) refuses it.
     const auto longer = accel_test::job_directory("accel_bigmodel_read_longer_");
     if (acc.is_main_process()) {
-      std::filesystem::copy(full_dir, longer, copy_everything);
+      accel_test::copy_tree(full_dir, longer);
       std::ofstream(longer / "model.safetensors", std::ios::binary | std::ios::app).put('\0');
     }
     acc.wait_for_everyone();

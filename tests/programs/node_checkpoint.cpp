@@ -66,7 +66,8 @@
 namespace {
 
 constexpr const char* usage =
-    "usage: node_checkpoint [data_parallel|zero2|fully_sharded|hybrid_sharded] save DIR [on_each_node] [sharded] | ... resume DIR "
+    "usage: node_checkpoint [data_parallel|zero2|fully_sharded|hybrid_sharded] save DIR [on_each_node] [sharded] | ... "
+    "resume DIR "
     "[sharded] | ... loaded DIR FILE | ... train FILE | ... paced FILE | ... latest PROJECT_DIR "
     "stop|resume|lose_in_save [on_each_node] | ... long | ... restarts PROJECT_DIR FILE FAILING_ATTEMPTS | "
     "... elastic PROJECT_DIR FILE [FAILING_ATTEMPT [shared]]\n";
@@ -328,8 +329,7 @@ int run_mode(std::string_view mode, const std::vector<std::string>& args) {
   if (mode == "elastic") {
     if (args.size() < 3 || args.size() > 5 || (args.size() == 5 && args[4] != "shared"))
       return std::fputs(usage, stderr), 2;
-    return elastic<accelerator>(args[1], args[2], args.size() >= 4 ? std::atoi(args[3].c_str()) : -1,
-                                args.size() == 5);
+    return elastic<accelerator>(args[1], args[2], args.size() >= 4 ? std::atoi(args[3].c_str()) : -1, args.size() == 5);
   }
   if (mode == "restarts") {
     if (args.size() != 4) return std::fputs(usage, stderr), 2;
@@ -365,8 +365,8 @@ int run_mode(std::string_view mode, const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string policy = "data_parallel";
-  if (!args.empty() && (args[0] == "data_parallel" || args[0] == "zero2" || args[0] == "fully_sharded" ||
-                        args[0] == "hybrid_sharded")) {
+  if (!args.empty() &&
+      (args[0] == "data_parallel" || args[0] == "zero2" || args[0] == "fully_sharded" || args[0] == "hybrid_sharded")) {
     policy = args[0];
     args.erase(args.begin());
   }

@@ -177,8 +177,7 @@ TEST_CASE("options::parallelism_config: the program's sizes, each unset one from
   // The program's sizes win over the variables; the ones it leaves unset are read from them, as in Accelerate.
   CHECK(accel::configured_mesh({.dp_shard_size = 2, .tp_size = 2}, 8)->sizes() == accel::mesh_sizes{2, 2, 1, 2});
   CHECK_THROWS_WITH(accel::configured_mesh({.tp_size = 2}, 8), Catch::Contains("tp=2 spans 16 processes"));
-  CHECK_THROWS_WITH(accel::configured_mesh({.dp_shard_size = 0}, 8),
-                    Catch::Contains("every size must be at least 1"));
+  CHECK_THROWS_WITH(accel::configured_mesh({.dp_shard_size = 0}, 8), Catch::Contains("every size must be at least 1"));
   scoped_variable off("ACCELERATE_USE_PARALLELISM_CONFIG", "false");  // turns the variables off, not the program
   CHECK_FALSE(accel::configured_mesh({}, 8).has_value());
   CHECK(accel::configured_mesh({.dp_replicate_size = 1, .dp_shard_size = 8}, 8)->sizes() ==

@@ -120,7 +120,7 @@ struct peer_link {
   steady_clock::time_point last_heard = steady_clock::now();
   system_clock::time_point last_heard_clock = system_clock::now();
   bool said_bye = false;
-  std::string left;  // with restarts agreed across nodes: how its launcher left before the job was over
+  std::string left;     // with restarts agreed across nodes: how its launcher left before the job was over
   bool joined = false;  // an elastic job's launcher that joined the rendezvous (node: its rank in the attempt, or -1)
 
   void heard() {
@@ -396,8 +396,9 @@ class main_node_heartbeat final : public peer_watch {
     if (const std::string join = words_after(line, "join "); options_.elastic && !link.joined && !join.empty()) {
       on_join(link, join);
     } else if (options_.elastic && line.starts_with("hello ")) {
-      link.send_line("refused it is a launcher of a static job (--node_rank), this one is elastic: give every node "
-                     "the same --nnodes, --rdzv_backend c10d and --rdzv_endpoint");
+      link.send_line(
+          "refused it is a launcher of a static job (--node_rank), this one is elastic: give every node "
+          "the same --nnodes, --rdzv_backend c10d and --rdzv_endpoint");
       link.close_link();
     } else if (const std::string hello = words_after(line, "hello "); link.node < 0 && !hello.empty()) {
       int node = -1, nproc = 0;
@@ -455,8 +456,8 @@ class main_node_heartbeat final : public peer_watch {
       return;
     }
     end_job(first_failure_->exit_code, first_failure_->text + "; giving up after " + restarts_text(restarts_) +
-                                            ": attempt " + std::to_string(attempt_ + 1) + " of " +
-                                            std::to_string(options_.max_restarts + 1) + " failed on every node");
+                                           ": attempt " + std::to_string(attempt_ + 1) + " of " +
+                                           std::to_string(options_.max_restarts + 1) + " failed on every node");
   }
 
   void end_job(int exit_code, const std::string& message) {
@@ -488,8 +489,8 @@ class main_node_heartbeat final : public peer_watch {
 
   // Tells every node of the attempt its port, the number of nodes and its rank; the same for this node's verdict.
   void start_attempt(int attempt, const std::string& message) {
-    const int port = detail::launching::pick_free_port(INADDR_ANY, "accel launch: node 0",
-                                                       " for the next attempt's store");
+    const int port =
+        detail::launching::pick_free_port(INADDR_ANY, "accel launch: node 0", " for the next attempt's store");
     const int nnodes = static_cast<int>(members_.size());
     attempt_ = attempt;
     for (const peer_link& link : links_) {
@@ -514,7 +515,8 @@ class main_node_heartbeat final : public peer_watch {
     if (std::sscanf(words.c_str(), "%255s %d", id, &nproc) != 2 || id != options_.rdzv_id ||
         nproc != options_.nproc_per_node) {
       link.send_line("refused it joined with '" + words + "', this rendezvous is '" + options_.rdzv_id + " " +
-                     std::to_string(options_.nproc_per_node) + "' (--rdzv_id, --nproc_per_node): give every node "
+                     std::to_string(options_.nproc_per_node) +
+                     "' (--rdzv_id, --nproc_per_node): give every node "
                      "the same values");
       link.close_link();
       return;
@@ -576,8 +578,7 @@ class main_node_heartbeat final : public peer_watch {
       if (node > 0 &&
           std::none_of(links_.begin(), links_.end(), [&](const peer_link& link) { return link.node == node; })) {
         return "node " + std::to_string(node) + " (" + ranks_of(node, options_.nproc_per_node) +
-               ") is lost: its launcher never connected to this node's heartbeat port " +
-               std::to_string(options_.port);
+               ") is lost: its launcher never connected to this node's heartbeat port " + std::to_string(options_.port);
       }
     }
     return std::nullopt;
@@ -624,7 +625,7 @@ class main_node_heartbeat final : public peer_watch {
   std::optional<steady_clock::time_point> go_at_;     // when the next attempt starts
   std::optional<attempt_verdict> verdict_;
   bool job_over_ = false;
-  bool forming_ = options_.elastic;                        // an elastic job's first attempt is not formed yet
+  bool forming_ = options_.elastic;                       // an elastic job's first attempt is not formed yet
   std::optional<steady_clock::time_point> last_call_at_;  // then: when it starts with fewer than the most nodes
 };
 
@@ -808,7 +809,7 @@ class other_node_heartbeat final : public peer_watch {
       if (auto order = parse_numbers<1>(restart); order && order->first[0] == attempt_ && !ended_at_)
         order_ = order->second;
     } else if (const std::string go = words_after(line, "go "); !go.empty()) {
-      if (auto next = parse_numbers<4>(go)) {  // A PORT NNODES RANK
+      if (auto next = parse_numbers<4>(go)) {                         // A PORT NNODES RANK
         const auto [attempt, port, nnodes, node_rank] = next->first;  // this node's rank among those of the attempt
         attempt_ = attempt;
         verdict_ = attempt_verdict{port, 0, next->second, nnodes, node_rank, attempt};

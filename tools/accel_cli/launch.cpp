@@ -117,25 +117,31 @@ void apply_nnodes(launch_options& options, const option_token& option, const std
 void apply_rendezvous_option(launch_options& options, const option_token& option, const std::string& value) {
   if (option.name == "rdzv_backend") {
     if (value != "c10d" && value != "static")
-      throw usage_error(option.spelling + " must be c10d (the launcher at --rdzv_endpoint hosts the rendezvous) or "
-                        "static (none), not '" + value + "'");
+      throw usage_error(option.spelling +
+                        " must be c10d (the launcher at --rdzv_endpoint hosts the rendezvous) or "
+                        "static (none), not '" +
+                        value + "'");
     options.elastic = value == "c10d";
   } else if (option.name == "rdzv_endpoint") {
     const std::size_t colon = value.rfind(':');
     options.rdzv_host = value.substr(0, colon);
     if (colon != std::string::npos)
-      options.rdzv_port = static_cast<int>(parse_whole_number(option, value.substr(colon + 1), 1, 65535,
-                                                              "the rendezvous port of HOST:PORT"));
+      options.rdzv_port = static_cast<int>(
+          parse_whole_number(option, value.substr(colon + 1), 1, 65535, "the rendezvous port of HOST:PORT"));
     if (options.rdzv_host.empty())
-      throw usage_error(option.spelling + " must be HOST:PORT (the host of the rendezvous, reachable from every "
-                        "node), not '" + value + "'");
+      throw usage_error(option.spelling +
+                        " must be HOST:PORT (the host of the rendezvous, reachable from every "
+                        "node), not '" +
+                        value + "'");
   } else if (option.name == "rdzv_id") {
     options.rdzv_id = value;
   } else if (option.name == "rdzv_conf") {
     const std::string key = "last_call_timeout=";
     if (!value.starts_with(key))
-      throw usage_error(option.spelling + " takes last_call_timeout=S (seconds to wait for more nodes than the "
-                        "fewest), not '" + value + "'");
+      throw usage_error(option.spelling +
+                        " takes last_call_timeout=S (seconds to wait for more nodes than the "
+                        "fewest), not '" +
+                        value + "'");
     options.last_call = parse_seconds(option, value.substr(key.size()));
   } else {
     throw usage_error("unknown option '" + option.spelling + "'; 'accel launch --help' lists the options");
@@ -199,12 +205,24 @@ given_option read_option(const std::string& argument, const std::string* next, b
     if (option.value) throw usage_error(option.spelling + " takes no value; write just " + option.spelling);
     return {option, ""};
   }
-  static constexpr std::string_view valued[] = {"nproc_per_node",     "nnodes",           "node_rank",
-                                                "master_addr",        "master_port",      "grace_period",
-                                                "config_file",        "mixed_precision",  "gradient_accumulation_steps",
-                                                "max_restarts",       "restart_delay",    "heartbeat_port",
-                                                "heartbeat_interval", "heartbeat_timeout", "rdzv_backend",
-                                                "rdzv_endpoint",      "rdzv_id",          "rdzv_conf"};
+  static constexpr std::string_view valued[] = {"nproc_per_node",
+                                                "nnodes",
+                                                "node_rank",
+                                                "master_addr",
+                                                "master_port",
+                                                "grace_period",
+                                                "config_file",
+                                                "mixed_precision",
+                                                "gradient_accumulation_steps",
+                                                "max_restarts",
+                                                "restart_delay",
+                                                "heartbeat_port",
+                                                "heartbeat_interval",
+                                                "heartbeat_timeout",
+                                                "rdzv_backend",
+                                                "rdzv_endpoint",
+                                                "rdzv_id",
+                                                "rdzv_conf"};
   if (std::find(std::begin(valued), std::end(valued), option.name) == std::end(valued) && !is_run_setting(option)) {
     throw usage_error("unknown option '" + option.spelling +
                       "'; 'accel launch --help' lists the options (an option meant for the program goes after the "
@@ -308,12 +326,14 @@ void check_heartbeat(const launch_options& options) {
 // An elastic job: the rendezvous host is named, the keep-alive on (the nodes agree over it).
 void check_elastic(const launch_options& options) {
   if (options.rdzv_host.empty()) {
-    throw usage_error("--rdzv_backend c10d needs --rdzv_endpoint HOST:PORT: the address of the node whose launcher "
-                      "hosts the rendezvous (node 0), the same on every node");
+    throw usage_error(
+        "--rdzv_backend c10d needs --rdzv_endpoint HOST:PORT: the address of the node whose launcher "
+        "hosts the rendezvous (node 0), the same on every node");
   }
   if (options.heartbeat_timeout.count() == 0) {
-    throw usage_error("--rdzv_backend c10d needs the launchers' heartbeat connections, on which the nodes meet: give "
-                      "--heartbeat_timeout above 0 (default 15)");
+    throw usage_error(
+        "--rdzv_backend c10d needs the launchers' heartbeat connections, on which the nodes meet: give "
+        "--heartbeat_timeout above 0 (default 15)");
   }
   if (options.program.empty()) {
     throw usage_error("no program given: put the program and its arguments after the options");
@@ -350,10 +370,9 @@ void check_consistency(const launch_options& options) {
         "same port; give a fixed port on every node, e.g. --master_port 29500");
   }
   if (options.nnodes > 1 && options.max_restarts > 0 && options.heartbeat_timeout.count() == 0) {
-    throw usage_error(
-        "--max_restarts with --nnodes " + std::to_string(options.nnodes) +
-        " needs the launchers' heartbeat connections, on which the nodes agree to restart together: give "
-        "--heartbeat_timeout above 0 (default 15), or leave out --max_restarts");
+    throw usage_error("--max_restarts with --nnodes " + std::to_string(options.nnodes) +
+                      " needs the launchers' heartbeat connections, on which the nodes agree to restart together: give "
+                      "--heartbeat_timeout above 0 (default 15), or leave out --max_restarts");
   }
   check_heartbeat(options);
   if (options.program.empty()) {
@@ -528,20 +547,20 @@ int run_launch(const launch_options& options) {
   supervision.restart_delay = options.restart_delay;
   std::unique_ptr<peer_watch> heartbeat;  // with restarts, node 0's decides when each attempt starts
   if ((options.nnodes > 1 || options.elastic) && options.heartbeat_timeout.count() > 0) {
-    heartbeat = make_heartbeat({.nnodes = options.nnodes,
-                                .node_rank = options.node_rank,
-                                .nproc_per_node = options.nproc_per_node,
-                                .master_addr = options.elastic ? options.rdzv_host : options.master_addr,
-                                .port = options.elastic ? options.rdzv_port
-                                                        : options.heartbeat_port.value_or(options.master_port + 1),
-                                .interval = options.heartbeat_interval,
-                                .timeout = options.heartbeat_timeout,
-                                .max_restarts = options.max_restarts,
-                                .restart_delay = options.restart_delay,
-                                .elastic = options.elastic,
-                                .min_nnodes = options.min_nnodes.value_or(options.nnodes),
-                                .rdzv_id = options.rdzv_id,
-                                .last_call = options.last_call});
+    heartbeat = make_heartbeat(
+        {.nnodes = options.nnodes,
+         .node_rank = options.node_rank,
+         .nproc_per_node = options.nproc_per_node,
+         .master_addr = options.elastic ? options.rdzv_host : options.master_addr,
+         .port = options.elastic ? options.rdzv_port : options.heartbeat_port.value_or(options.master_port + 1),
+         .interval = options.heartbeat_interval,
+         .timeout = options.heartbeat_timeout,
+         .max_restarts = options.max_restarts,
+         .restart_delay = options.restart_delay,
+         .elastic = options.elastic,
+         .min_nnodes = options.min_nnodes.value_or(options.nnodes),
+         .rdzv_id = options.rdzv_id,
+         .last_call = options.last_call});
     supervision.peers = heartbeat.get();
   }
   const auto workers = [&](int restart_count, const std::optional<attempt_verdict>& agreed) {

@@ -37,7 +37,7 @@ struct launch_options {
   int rdzv_port = 29400;  // torchrun's default
   std::string rdzv_id = "none";
   std::chrono::milliseconds last_call{30000};  // --rdzv_conf last_call_timeout: waiting for more than MIN nodes
-  std::optional<int> job_processes;  // the config file's num_processes: the whole job, over every node
+  std::optional<int> job_processes;            // the config file's num_processes: the whole job, over every node
   config_values run;  // mixed_precision, gradient_accumulation_steps, the mesh sizes: passed on to the workers
   std::optional<mesh_sizes> mesh;  // the sizes in force (flags, file, environment), validated, when any is set
   std::optional<std::filesystem::path> config_file;  // the config file read, if any (passed on to the workers)

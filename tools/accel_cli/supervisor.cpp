@@ -651,9 +651,12 @@ attempt_verdict await_verdict(peer_watch& peers, signal_pipe& signals, bool afte
     poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(left, 0, 60'000)));
     for (const received_signal& s : signals.take_signals()) {
       if (s.number == SIGCHLD) continue;
-      return {std::nullopt, 128 + s.number,
-              "received " + sigabbrev(s.number) + " while waiting for the other nodes; not restarting", std::nullopt,
-              std::nullopt, 0};
+      return {std::nullopt,
+              128 + s.number,
+              "received " + sigabbrev(s.number) + " while waiting for the other nodes; not restarting",
+              std::nullopt,
+              std::nullopt,
+              0};
     }
   }
 }

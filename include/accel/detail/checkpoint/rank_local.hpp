@@ -99,11 +99,10 @@ class ranged_reader {
     const auto size_now = manifest_.opened() != nullptr ? manifest_.opened()->size(name) : std::nullopt;
     if (!size_now) throw missing_checkpoint_file(directory_ / name);
     check_as_saved(directory_ / name, saved, *size_now, saved.crc32c);  // the size; the checksum once read whole
-    opened file{.name = name, .head = std::string(8, '\0'), .data_begin = 0, .size = saved.size, .entries = {},
-                .order = {}};
+    opened file{
+        .name = name, .head = std::string(8, '\0'), .data_begin = 0, .size = saved.size, .entries = {}, .order = {}};
     std::uint64_t length = 0;
-    if (saved.size < 8 || !manifest_.opened()->read_range(name, 0, 8, file.head.data()))
-      throw whole_file_problem(name);
+    if (saved.size < 8 || !manifest_.opened()->read_range(name, 0, 8, file.head.data())) throw whole_file_problem(name);
     std::memcpy(&length, file.head.data(), sizeof length);
     if (length > saved.size - 8) throw whole_file_problem(name);
     file.head.resize(8 + length);
@@ -135,15 +134,14 @@ class ranged_reader {
       throw damaged_or(f, "accel::load_state: " + where + " lacks " + tensor + " (a damaged checkpoint?)");
     const auto& e = found->second;
     const auto type = safetensors::detail::scalar_type_of(e.dtype);
-    if (!type)
-      throw damaged_or(f, "accel::load_state: " + where + ": " + tensor + " has the unknown dtype " + e.dtype);
+    if (!type) throw damaged_or(f, "accel::load_state: " + where + ": " + tensor + " has the unknown dtype " + e.dtype);
     const auto element = static_cast<std::int64_t>(c10::elementSize(*type));
     const auto count = elements < 0 ? c10::multiply_integers(e.shape) : elements;
     if (e.offsets.size() != 2 || e.offsets[0] < 0 || e.offsets[1] - e.offsets[0] != count * element ||
         static_cast<std::uint64_t>(e.offsets[1]) > file.size - file.data_begin)
       throw damaged_or(f, "accel::load_state: " + where + " holds " + tensor +
-                                 " in another size than its header or the layout gives, or outside its data (a "
-                                 "damaged checkpoint?)");
+                              " in another size than its header or the layout gives, or outside its data (a "
+                              "damaged checkpoint?)");
     return {*type, file.data_begin + static_cast<std::uint64_t>(e.offsets[0])};
   }
 
@@ -171,7 +169,8 @@ class ranged_reader {
     }
     if (covered != part.length)
       throw checkpoint_error("accel::load_state: the checkpoint's files hold " + std::to_string(covered) + " of the " +
-                             std::to_string(part.length) + " elements of " + what + " this process loads (a damaged "
+                             std::to_string(part.length) + " elements of " + what +
+                             " this process loads (a damaged "
                              "checkpoint?)");
     return out;
   }
@@ -211,8 +210,8 @@ class ranged_reader {
         crc = crc32c_extend(crc, std::string_view(span->at, span->bytes));
         next += span->bytes;
       }
-      if (next == file.size) check_as_saved(directory_ / file.name, listed_file(directory_, file.name, manifest_),
-                                            file.size, crc);
+      if (next == file.size)
+        check_as_saved(directory_ / file.name, listed_file(directory_, file.name, manifest_), file.size, crc);
     }
   }
 
@@ -280,9 +279,9 @@ inline held_weights read_held_shards(ranged_reader& reader, const shard_layout_t
   std::map<std::string, at::Tensor> described;  // on the meta device: names, shapes and dtypes, no data
   for (std::size_t t = 0; t < layout.names.size(); ++t) {
     const auto numel = c10::multiply_integers(layout.shapes[t]);
-    located.push_back(reader.locate(
-        first, layout.names[t], layout.sharded[t] ? shard_span_of(numel, 0, static_cast<int>(table.processes)).length
-                                                  : numel));
+    located.push_back(
+        reader.locate(first, layout.names[t],
+                      layout.sharded[t] ? shard_span_of(numel, 0, static_cast<int>(table.processes)).length : numel));
     described[layout.names[t]] =
         at::empty(layout.shapes[t], at::TensorOptions().dtype(located.back().first).device(at::kMeta));
   }
@@ -294,8 +293,8 @@ inline held_weights read_held_shards(ranged_reader& reader, const shard_layout_t
     const auto part = parts.weight(index, name);
     const auto pieces = layout.sharded[t]
                             ? spread_pieces(reader, file_of, table.processes, name, numel, part, located[t].first)
-                            : std::vector<ranged_reader::piece>{{.file = first, .begin = 0, .length = numel,
-                                                                 .offset = located[t].second}};
+                            : std::vector<ranged_reader::piece>{
+                                  {.file = first, .begin = 0, .length = numel, .offset = located[t].second}};
     held.tensors[name] = reader.read(pieces, located[t].first, layout.shapes[t], part, name);
     if (!part.whole) held.slices[name] = part.begin;
   }
@@ -368,8 +367,8 @@ inline std::map<std::string, at::Tensor> read_held_optimizer_state(ranged_reader
     const auto type =
         reader.locate(first, name, shard_span_of(numel, 0, static_cast<int>(table.processes)).length).first;
     const auto part = parts.state(prefix);
-    state[name] = reader.read(spread_pieces(reader, file_of, table.processes, name, numel, part, type), type, shape,
-                              part, name);
+    state[name] =
+        reader.read(spread_pieces(reader, file_of, table.processes, name, numel, part, type), type, shape, part, name);
   }
   return state;
 }

@@ -223,10 +223,10 @@ class checkpoint_reader {
       };
       const auto full_name = checkpoint_files::model(i, true);
       if (sharded_ || (ranged && manifest_->files().contains(full_name))) {
-        auto held = sharded_ ? read_held_shards(*ranged, *sharded_, i, parts_, *models[i],
-                                                what(checkpoint_files::shard(checkpoint_files::kind::model, i, 0)))
-                             : read_held_files(*ranged, {ranged->open(full_name)}, i, parts_, *models[i],
-                                               what(full_name));
+        auto held = sharded_
+                        ? read_held_shards(*ranged, *sharded_, i, parts_, *models[i],
+                                           what(checkpoint_files::shard(checkpoint_files::kind::model, i, 0)))
+                        : read_held_files(*ranged, {ranged->open(full_name)}, i, parts_, *models[i], what(full_name));
         contents.weights.push_back(std::move(held.tensors));
         contents.weight_slices.push_back(std::move(held.slices));
         continue;
