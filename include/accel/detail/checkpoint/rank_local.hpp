@@ -67,6 +67,20 @@ struct held_parts {
   }
 };
 
+/// Adds to `parts` what this process holds of model `index` (`model`) under `parallel`: the slice `shard_of` gives of
+/// each parameter the policy shards, for its optimizer state; for the weights too where the policy keeps no more than
+/// its slices of the parameters (`keeps_parameter_slices`).
+template <class Parallel>
+void add_held_parts(held_parts& parts, const Parallel& parallel, std::size_t index, const torch::nn::Module& model) {
+  if (parts.weights.size() <= index) parts.weights.resize(index + 1);
+  for (const auto& item : model.named_parameters())
+    if (const auto shard = parallel.shard_of(item.value())) {
+      const held_part part{.begin = shard->begin, .length = shard->slice.numel(), .whole = false};
+      parts.states[state_field_name(index, item.key(), "")] = part;
+      if constexpr (Parallel::keeps_parameter_slices) parts.weights[index][item.key()] = part;
+    }
+}
+
 /// Reads byte ranges of a checkpoint's safetensors files (opened by its manifest), and checks each file this process
 /// read whole against its CRC-32C once everything is read (`check_whole_files`).
 class ranged_reader {
@@ -140,8 +154,8 @@ class ranged_reader {
     if (e.offsets.size() != 2 || e.offsets[0] < 0 || e.offsets[1] - e.offsets[0] != count * element ||
         static_cast<std::uint64_t>(e.offsets[1]) > file.size - file.data_begin)
       throw damaged_or(f, "accel::load_state: " + where + " holds " + tensor +
-                              " in another size than its header or the layout gives, or outside its data (a "
-                              "damaged checkpoint?)");
+                              " in another size than its header or the layout gives, or outside its data "
+                              "(a damaged checkpoint?)");
     return {*type, file.data_begin + static_cast<std::uint64_t>(e.offsets[0])};
   }
 
@@ -170,8 +184,7 @@ class ranged_reader {
     if (covered != part.length)
       throw checkpoint_error("accel::load_state: the checkpoint's files hold " + std::to_string(covered) + " of the " +
                              std::to_string(part.length) + " elements of " + what +
-                             " this process loads (a damaged "
-                             "checkpoint?)");
+                             " this process loads (a damaged checkpoint?)");
     return out;
   }
 
@@ -429,11 +442,7 @@ void load_held_model(Parallel& parallel, torch::nn::Module& module, const std::f
     held_weights held;
     on_every_process_or_none(parallel, "load_model", "reading " + where.string(), [&] {
       held_parts parts;
-      parts.weights.resize(1);
-      if constexpr (Parallel::keeps_parameter_slices)
-        for (const auto& item : module.named_parameters())
-          if (const auto shard = parallel.shard_of(item.value()))
-            parts.weights[0][item.key()] = {.begin = shard->begin, .length = shard->slice.numel(), .whole = false};
+      add_held_parts(parts, parallel, 0, module);
       const auto [directory, names] = model_files_of(where);
       const auto manifest = plain_files(directory, names);
       ranged_reader reader(directory, manifest, /*checksums=*/false);

@@ -235,14 +235,7 @@ class training_state {
   /// policy keeps no more than its slices of the parameters (`keeps_parameter_slices`).
   held_parts parts_held(const std::vector<std::shared_ptr<torch::nn::Module>>& models) const {
     held_parts parts;
-    parts.weights.resize(models.size());
-    for (std::size_t m = 0; m < models.size(); ++m)
-      for (const auto& item : models[m]->named_parameters())
-        if (const auto shard = parallel_.shard_of(item.value())) {
-          const held_part part{.begin = shard->begin, .length = shard->slice.numel(), .whole = false};
-          parts.states[state_field_name(m, item.key(), "")] = part;
-          if constexpr (Parallel::keeps_parameter_slices) parts.weights[m][item.key()] = part;
-        }
+    for (std::size_t m = 0; m < models.size(); ++m) add_held_parts(parts, parallel_, m, *models[m]);
     return parts;
   }
 
