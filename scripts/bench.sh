@@ -12,6 +12,8 @@
 #   scripts/bench.sh dispatch the loop under accel::dispatch against the same loop on a directly typed accelerator
 #   scripts/bench.sh sharded  data_parallel, zero1, zero2, fully_sharded against PyTorch's DDP, ZeroRedundancyOptimizer and FSDP2, AdamW,
 #                             2 Gloo processes (bench/sharded_compare.py)
+#   scripts/bench.sh mesh     hybrid_sharded on the 2 x 2 mesh against FSDP2's HSDP, 4 Gloo processes
+#                             (bench/mesh_compare.py)
 #   scripts/bench.sh comm_hooks   bytes sent and time per step with each gradient communication hook (none, fp16, bf16,
 #                             PowerSGD of rank 1 and 4; PowerSGD also with the model in one bucket) at width 1024,
 #                             accel against PyTorch's DDP with the same hook, 2 Gloo processes
@@ -58,6 +60,10 @@ fi
 if [[ $which == all || $which == sharded ]]; then
   "$venv_python" "$root/bench/sharded_compare.py" "$build/tools/accel" "$build/bench/bench_sharded_step" \
     "$venv_python" "${ROUNDS:-5}"
+fi
+if [[ $which == all || $which == mesh ]]; then
+  "$venv_python" "$root/bench/mesh_compare.py" "$build/tools/accel" "$build/bench/bench_mesh_step" "$venv_python" \
+    "${ROUNDS:-5}"
 fi
 if [[ $which == all || $which == ddp ]]; then
   "$venv_python" "$root/bench/ddp_compare.py" "$build/tools/accel" "$build/bench/bench_ddp_step" "$venv_python" \

@@ -1,0 +1,113 @@
+# The PyTorch side of the mesh benchmark: the job of bench/mesh_step.cpp (MLP, AdamW, batch 32 per process, one
+# thread per process) on Gloo, started by `accel launch` with the mesh sizes in PARALLELISM_CONFIG_DP_REPLICATE_SIZE
+# and PARALLELISM_CONFIG_DP_SHARD_SIZE (as Accelerate's ParallelismConfig reads them). Strategies:
+#   pytorch_hsdp        FSDP2 on a 2-D mesh: fully_shard(mesh=init_device_mesh("cpu", (R, S))) on each Linear and
+#                       on the root (HSDP: sharded over dp_shard, replicated over dp_replicate), AdamW
+#   pytorch_hsdp_whole  the same on the root only, reshard_after_forward=False (the shard group's parameters gathered
+#                       once per step, as accel's hybrid_sharded without units), AdamW
+# Process 0 prints `strategy width ms_per_step optimizer_state_bytes_per_process dp_shard_bytes dp_replicate_bytes`
+# (mesh_step.cpp's fields; the bytes counted by wrapping the collectives FSDP2 calls, on one step after the timed
+# ones), or `strategy width unsupported REASON`.
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ddp_step import make_mlp, ms_per_step, wide_batches
+from sharded_step import state_bytes
+
+
+class CollectiveCounter:
+    """What one step hands to each group's collectives, with a ring's share of it sent by each process: (n-1)/n of
+    what is all-gathered or reduce-scattered, 2 (n-1)/n of what is all-reduced. Wraps torch.distributed's functions,
+    which FSDP2 calls through the module at each use."""
+
+    def __init__(self, groups):
+        self.groups = groups  # name -> ProcessGroup
+        self.sent = {name: 0.0 for name in groups}
+        self.saved = {}
+
+    def _add(self, group, tensor, factor):
+        for name, known in self.groups.items():
+            if group is known:
+                n = dist.get_world_size(group)
+                self.sent[name] += tensor.numel() * tensor.element_size() * factor * (n - 1) / n
+                return
+        raise RuntimeError(f"a collective on a group outside the mesh: {group}")
+
+    def __enter__(self):
+        def wrap(name, counted):
+            original = getattr(dist, name)
+            self.saved[name] = original
+
+            def counting(*args, **kwargs):
+                counted(*args, **kwargs)
+                return original(*args, **kwargs)
+            setattr(dist, name, counting)
+
+        wrap("all_gather_single", lambda output, input, group=None, **_: self._add(group, output, 1))
+        wrap("reduce_scatter_single", lambda output, input, group=None, **_: self._add(group, input, 1))
+        wrap("all_reduce", lambda tensor, group=None, **_: self._add(group, tensor, 2))
+        return self
+
+    def __exit__(self, *_):
+        for name, original in self.saved.items():
+            setattr(dist, name, original)
+
+
+def build(strategy, width):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    replicas = int(os.environ["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"])
+    shards = int(os.environ["PARALLELISM_CONFIG_DP_SHARD_SIZE"])
+    mesh = init_device_mesh("cpu", (replicas, shards), mesh_dim_names=("dp_replicate", "dp_shard"))
+    model = make_mlp(width)
+    if strategy == "pytorch_hsdp_whole":
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    else:
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    groups = {"dp_shard": mesh["dp_shard"].get_group(), "dp_replicate": mesh["dp_replicate"].get_group()}
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), groups
+
+
+def main():
+    strategy = sys.argv[1]
+    width, steps, warmup = (int(a) for a in sys.argv[2:5])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    try:
+        model, optimizer, groups = build(strategy, width)
+    except Exception as error:  # noqa: BLE001 - reported, not hidden
+        if rank == 0:
+            print(f"{strategy} {width} unsupported {type(error).__name__}: {str(error).splitlines()[0][:120]}",
+                  flush=True)
+        dist.barrier()
+        sys.stdout.flush()
+        os._exit(0)
+    data = wide_batches(width, rank)
+
+    def step(i):
+        x, y = data[i % len(data)]
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    ms = ms_per_step(step, steps, warmup)
+    with CollectiveCounter(groups) as counter:
+        step(0)
+    if rank == 0:
+        print(f"{strategy} {width} {ms:.4f} {state_bytes(optimizer)} {counter.sent['dp_shard']:.0f} "
+              f"{counter.sent['dp_replicate']:.0f}", flush=True)
+    # As sharded_step.py: leave together without tearing Gloo down (PyTorch 2.13 may abort a rank there).
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
