@@ -14,6 +14,8 @@
 #                             2 Gloo processes (bench/sharded_compare.py)
 #   scripts/bench.sh mesh     hybrid_sharded on the 2 x 2 mesh against FSDP2's HSDP, 4 Gloo processes
 #                             (bench/mesh_compare.py)
+#   scripts/bench.sh load     loading a 1 GB checkpoint into a 4-process fully_sharded model (its sharded and its full
+#                             format) against DCP's load into FSDP2: time and peak resident set (bench/load_compare.py)
 #   scripts/bench.sh comm_hooks   bytes sent and time per step with each gradient communication hook (none, fp16, bf16,
 #                             PowerSGD of rank 1 and 4; PowerSGD also with the model in one bucket) at width 1024,
 #                             accel against PyTorch's DDP with the same hook, 2 Gloo processes
@@ -64,6 +66,10 @@ fi
 if [[ $which == all || $which == mesh ]]; then
   "$venv_python" "$root/bench/mesh_compare.py" "$build/tools/accel" "$build/bench/bench_mesh_step" "$venv_python" \
     "${ROUNDS:-5}"
+fi
+if [[ $which == all || $which == load ]]; then
+  "$venv_python" "$root/bench/load_compare.py" "$build/tools/accel" "$build/bench/bench_checkpoint_load" \
+    "$venv_python" "${ROUNDS:-3}"
 fi
 if [[ $which == all || $which == ddp ]]; then
   "$venv_python" "$root/bench/ddp_compare.py" "$build/tools/accel" "$build/bench/bench_ddp_step" "$venv_python" \

@@ -150,8 +150,9 @@ concept optimizer_stepping = requires(Q& q, torch::optim::Optimizer& opt, const 
 template <class Q>
 concept checkpoint_participation =
     requires(Q& q, torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params, torch::nn::Module& module) {
-      { q.checkpoint_format() } -> std::convertible_to<state_dict_type>;        // what save_state writes
-      q.with_full_parameters(module, [] {});                                    // the weights full for the while
+      { q.checkpoint_format() } -> std::convertible_to<state_dict_type>;  // what save_state writes
+      q.with_full_parameters(module, [] {});                              // the weights full for the while
+      q.with_parameters_at_rest(module, [] {});  // the weights as kept between steps (a rank-local load's target)
       { q.full_parameter(params.front()) } -> std::convertible_to<at::Tensor>;  // get_state_dict, one at a time
       q.with_full_optimizer_state(opt, [] {});  // save_state: the optimizer holding the job's full state for the while
       q.load_full_optimizer_state(opt, [] {});  // load_state: a full state loaded, the policy keeps its part
@@ -223,7 +224,7 @@ concept parallel_policy =
     (detail::optimizer_stepping<Q> ||
      detail::unsatisfied<"this parallel policy lacks a hook of the optimizer stepping facet: prepare_optimizer(optimizer), attach_gradients(optimizer), step_optimizer(optimizer), zero_grad(optimizer, set_to_none), any_non_finite(bool), gradient_norm(parameters, norm_type) or clip_grad_norm(parameters, max_norm, norm_type): derive it from accel::parallel_defaults", Q>()) &&
     (detail::checkpoint_participation<Q> ||
-     detail::unsatisfied<"this parallel policy lacks a hook of the checkpoint participation facet: checkpoint_format(), with_full_parameters(module, action), full_parameter(parameter), with_full_optimizer_state(optimizer, write), load_full_optimizer_state(optimizer, load) or shard_of(parameter): derive it from accel::parallel_defaults", Q>()) &&
+     detail::unsatisfied<"this parallel policy lacks a hook of the checkpoint participation facet: checkpoint_format(), with_full_parameters(module, action), with_parameters_at_rest(module, action), full_parameter(parameter), with_full_optimizer_state(optimizer, write), load_full_optimizer_state(optimizer, load) or shard_of(parameter): derive it from accel::parallel_defaults", Q>()) &&
     (detail::declares_capabilities<Q> ||
      detail::unsatisfied<"this parallel policy lacks name(), distributed_type() or its capabilities (static constexpr bool joins_uneven_inputs, steps_alone, keeps_parameter_slices): derive it from accel::parallel_defaults", Q>()) &&
     (!detail::declares_capabilities<Q> || !Q::joins_uneven_inputs || detail::uneven_inputs<Q> ||

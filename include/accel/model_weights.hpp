@@ -40,11 +40,10 @@ inline safetensors::tensor_list state_of(const torch::nn::Module& module) {
 }
 
 /// Throws `checkpoint_error` ("`what`; nothing was loaded:" and one line per problem) unless `weights` holds
-/// exactly `module`'s parameters and buffers, each with its shape and dtype.
-inline void check_weights_fit(const torch::nn::Module& module, const std::map<std::string, at::Tensor>& weights,
+/// exactly the tensors of `state` (a model's `state_of`), each with its shape and dtype.
+inline void check_weights_fit(const safetensors::tensor_list& state, const std::map<std::string, at::Tensor>& weights,
                               const std::string& what) {
   std::string problems;
-  const auto state = state_of(module);
   for (const auto& [name, tensor] : state) {
     auto found = weights.find(name);
     if (found == weights.end()) {
@@ -60,6 +59,11 @@ inline void check_weights_fit(const torch::nn::Module& module, const std::map<st
     if (std::none_of(state.begin(), state.end(), [&](const auto& s) { return s.first == name; }))
       problems += "\n  unexpected: " + name;
   if (!problems.empty()) throw checkpoint_error(what + "; nothing was loaded:" + problems);
+}
+/// The same against `module`'s parameters and buffers.
+inline void check_weights_fit(const torch::nn::Module& module, const std::map<std::string, at::Tensor>& weights,
+                              const std::string& what) {
+  check_weights_fit(state_of(module), weights, what);
 }
 
 /// Copies `weights` (checked by `check_weights_fit`) into `module`'s parameters and buffers, in place.

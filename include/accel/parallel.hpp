@@ -133,6 +133,12 @@ struct parallel_defaults {
   static void with_full_parameters(torch::nn::Module&, Action&& action) {
     std::forward<Action>(action)();
   }
+  /// Runs `action` with `module`'s parameters as the policy keeps them between steps (load_state and load_model
+  /// write into them there, where the policy `keeps_parameter_slices`): replicated, full.
+  template <class Action>
+  static void with_parameters_at_rest(torch::nn::Module&, Action&& action) {
+    std::forward<Action>(action)();
+  }
   /// `parameter` with all its elements (get_state_dict): itself, replicated.
   [[nodiscard]] static at::Tensor full_parameter(const at::Tensor& parameter) { return parameter; }
   /// `save_state`, on every process, for each prepared optimizer: `write()` (which the main process uses to write

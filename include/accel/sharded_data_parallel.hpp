@@ -304,6 +304,14 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
     std::forward<Action>(action)();
     for (auto* shards : listing) shards->take_slices_of_full();
   }
+  /// Runs `action` with `module`'s sharded parameters at rest, each its slice only, flat, in the shard's storage:
+  /// a load writes this process's slices there without gathering anything (a gathered group is let go: its next
+  /// use gathers it again, as after a step).
+  template <class Action>
+  void with_parameters_at_rest(torch::nn::Module& module, Action&& action) {
+    for (auto* shards : shards_listing(module)) shards->release();
+    std::forward<Action>(action)();
+  }
   /// `parameter` in full: a released one is gathered (a collective then, one parameter at a time).
   [[nodiscard]] at::Tensor full_parameter(const at::Tensor& parameter) {
     for (auto& [optimizer, shards] : this->shards_)

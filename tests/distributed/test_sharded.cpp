@@ -1633,9 +1633,20 @@ void load_sharded_read_model(const std::filesystem::path& dir, int saved, Then&&
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
   auto [model, opt] = acc.prepare(net, adamw);
   const int P = acc.num_processes(), r = acc.process_index();
+  const auto allocated_before = settled_cpu_bytes();
+  accel::reset_peak_memory_stats(c10::Device(c10::kCPU));
   const auto before = process_rchar();
   acc.load_state(dir);
   const auto read = process_rchar() - before;
+  // Nothing gathered: what the load allocates at its peak is what it read (this process's slices of the weights and
+  // of the AdamW state), the state it keeps to undo, and buffers: a fraction of the whole weights (the path that
+  // gathered them allocated all of them at once).
+  const auto added = accel::memory_stats(c10::Device(c10::kCPU)).peak_allocated - allocated_before;
+  std::int64_t weights = 0;
+  for (const auto& p : read_model()->parameters()) weights += p.numel() * p.element_size();
+  std::cout << "bigmodel.read: process " << r << " of " << P << " allocated at most " << added
+            << " B while loading (whole weights " << weights << " B)" << std::endl;
+  CHECK(added <= 4 * weights / P);
   const auto allowed =
       read_allowance(dir, P, [](const std::string& name) { return name.find("_shard_") != std::string::npos; });
   INFO("process " << r << " of " << P << " read " << read << " B loading a checkpoint of " << saved

@@ -48,6 +48,7 @@ struct held_part {
   std::int64_t begin = 0;
   std::int64_t length = 0;
   bool whole = true;
+  std::vector<std::int64_t> sizes;  // the whole tensor's shape, of a slice (the parameter may be its slice only)
 };
 
 /// What this process holds of each model's tensors and of each parameter's optimizer state, by name (the state by
@@ -75,10 +76,35 @@ void add_held_parts(held_parts& parts, const Parallel& parallel, std::size_t ind
   if (parts.weights.size() <= index) parts.weights.resize(index + 1);
   for (const auto& item : model.named_parameters())
     if (const auto shard = parallel.shard_of(item.value())) {
-      const held_part part{.begin = shard->begin, .length = shard->slice.numel(), .whole = false};
+      const held_part part{
+          .begin = shard->begin, .length = shard->slice.numel(), .whole = false, .sizes = shard->sizes};
       parts.states[state_field_name(index, item.key(), "")] = part;
       if constexpr (Parallel::keeps_parameter_slices) parts.weights[index][item.key()] = part;
     }
+}
+
+/// Model `index`'s parameters and buffers (`model`'s `state_of`) in their whole shapes: those this process holds a
+/// slice of as meta tensors of the whole shape (between steps such a parameter is its slice only).
+inline safetensors::tensor_list whole_state_of(const torch::nn::Module& model, std::size_t index,
+                                               const held_parts& parts) {
+  auto state = state_of(model);
+  for (auto& [name, tensor] : state)
+    if (const auto part = parts.weight(index, name); !part.whole)
+      tensor = at::empty(part.sizes, tensor.options().device(at::kMeta));
+  return state;
+}
+
+/// Of model `index`'s whole tensors, read from a file read whole, keeps this process's slice of each it holds a slice
+/// of (`parts`); gives where each slice begins (held_weights' `slices`).
+inline std::map<std::string, std::int64_t> keep_held_slices(std::map<std::string, at::Tensor>& tensors,
+                                                            std::size_t index, const held_parts& parts) {
+  std::map<std::string, std::int64_t> slices;
+  for (auto& [name, tensor] : tensors)
+    if (const auto part = parts.weight(index, name); !part.whole) {
+      tensor = tensor.reshape({-1}).narrow(0, part.begin, part.length).clone();
+      slices[name] = part.begin;
+    }
+  return slices;
 }
 
 /// Reads byte ranges of a checkpoint's safetensors files (opened by its manifest), and checks each file this process
@@ -298,7 +324,7 @@ inline held_weights read_held_shards(ranged_reader& reader, const shard_layout_t
     described[layout.names[t]] =
         at::empty(layout.shapes[t], at::TensorOptions().dtype(located.back().first).device(at::kMeta));
   }
-  reader.check_fit([&] { check_weights_fit(model, described, what); });
+  reader.check_fit([&] { check_weights_fit(whole_state_of(model, index, parts), described, what); });
   held_weights held;
   for (std::size_t t = 0; t < layout.names.size(); ++t) {
     const auto& name = layout.names[t];
@@ -333,7 +359,7 @@ inline held_weights read_held_files(ranged_reader& reader, const std::vector<std
       described[name] =
           at::empty(reader.file(f).entries.at(name).shape, at::TensorOptions().dtype(type).device(at::kMeta));
     }
-  reader.check_fit([&] { check_weights_fit(model, described, what); });
+  reader.check_fit([&] { check_weights_fit(whole_state_of(model, index, parts), described, what); });
   held_weights held;
   for (const auto& [name, spot] : located) {
     const auto& shape = reader.file(spot.file).entries.at(name).shape;
@@ -386,19 +412,40 @@ inline std::map<std::string, at::Tensor> read_held_optimizer_state(ranged_reader
   return state;
 }
 
+/// Where a load finds the parameters whose slices it read: full (gathered for the while), or at rest, each its slice
+/// only (`with_parameters_at_rest`).
+enum class sliced_weights { full, at_rest };
+
 /// Copies `tensors` (a held_weights' tensors, checked) into `module`'s parameters and buffers, in place: those
-/// `slices` lists into their range of the flattened tensor (full for the while: the policy keeps its slice of it).
+/// `slices` lists into their range of the flattened tensor, or, at rest, into the slice the parameter then is.
 inline void copy_held_weights(torch::nn::Module& module, const std::map<std::string, at::Tensor>& tensors,
-                              const std::map<std::string, std::int64_t>& slices) {
+                              const std::map<std::string, std::int64_t>& slices, sliced_weights where) {
   at::NoGradGuard no_grad;
   for (auto& [name, tensor] : state_of(module)) {
     const auto& piece = tensors.at(name);
     const auto slice = slices.find(name);
     if (slice == slices.end())
       tensor.copy_(piece);
+    else if (where == sliced_weights::at_rest)
+      tensor.view({-1}).copy_(piece.view({-1}));
     else
       tensor.view({-1}).narrow(0, slice->second, piece.numel()).copy_(piece);
   }
+}
+
+/// Where a rank-local load under `Parallel` finds the parameters whose slices it read: at rest, nothing gathered,
+/// where the policy `keeps_parameter_slices` (the only policies whose weights it reads in slices).
+template <class Parallel>
+inline constexpr sliced_weights load_target =
+    Parallel::keeps_parameter_slices ? sliced_weights::at_rest : sliced_weights::full;
+
+/// Runs `action` with `module`'s weights where a rank-local load writes them (`load_target`).
+template <class Parallel, class Action>
+void with_weights_to_load(Parallel& parallel, torch::nn::Module& module, Action&& action) {
+  if constexpr (load_target<Parallel> == sliced_weights::at_rest)
+    parallel.with_parameters_at_rest(module, std::forward<Action>(action));
+  else
+    parallel.with_full_parameters(module, std::forward<Action>(action));
 }
 
 /// Safetensors files outside a checkpoint (`names`, in `directory`), opened for ranged reads as a manifest opens a
@@ -438,7 +485,7 @@ inline std::pair<std::filesystem::path, std::vector<std::string>> model_files_of
 /// against the module on every process before anything changes; a failure anywhere throws everywhere. A collective.
 template <class Parallel>
 void load_held_model(Parallel& parallel, torch::nn::Module& module, const std::filesystem::path& where) {
-  parallel.with_full_parameters(module, [&] {
+  with_weights_to_load(parallel, module, [&] {
     held_weights held;
     on_every_process_or_none(parallel, "load_model", "reading " + where.string(), [&] {
       held_parts parts;
@@ -451,7 +498,7 @@ void load_held_model(Parallel& parallel, torch::nn::Module& module, const std::f
       held = read_held_files(reader, files, 0, parts, module,
                              "accel::load_model: the weights in " + where.string() + " do not fit this model");
     });
-    copy_held_weights(module, held.tensors, held.slices);
+    copy_held_weights(module, held.tensors, held.slices, load_target<Parallel>);
   });
 }
 

@@ -233,8 +233,8 @@ class checkpoint_reader {
       }
       auto [loaded, name] = read_model_weights(directory_, i, manifest_);
       contents.weights.emplace_back(loaded.begin(), loaded.end());
-      contents.weight_slices.emplace_back();
-      check_weights_fit(*models[i], contents.weights.back(), what(name));
+      check_weights_fit(whole_state_of(*models[i], i, parts_), contents.weights.back(), what(name));
+      contents.weight_slices.push_back(keep_held_slices(contents.weights.back(), i, parts_));
     }
     for (std::size_t i = 0; sharded_ && i < optimizers_; ++i)
       contents.optimizer_states.push_back(read_held_optimizer_state(*ranged, *sharded_, i, parts_));

@@ -46,13 +46,32 @@
 
 namespace accel::detail {
 
-/// Runs `action` with the parameters of `models[first...]` full (a policy that shards parameters gathers them for
-/// the while, on every process), keeping what it writes into them.
+/// Runs `action` inside `around(model, next)` for each of `models[first...]`, nested.
+template <class Around, class Action>
+void around_each_model(const std::vector<std::shared_ptr<torch::nn::Module>>& models, Around& around, Action& action,
+                       std::size_t first = 0) {
+  if (first == models.size()) return action();
+  around(*models[first], [&] { around_each_model(models, around, action, first + 1); });
+}
+
+/// Runs `action` with the parameters of `models` full (a policy that shards parameters gathers them for the while, on
+/// every process), keeping what it writes into them.
 template <class Parallel, class Action>
 void with_full_weights(Parallel& parallel, const std::vector<std::shared_ptr<torch::nn::Module>>& models,
-                       Action&& action, std::size_t first = 0) {
-  if (first == models.size()) return std::forward<Action>(action)();
-  parallel.with_full_parameters(*models[first], [&] { with_full_weights(parallel, models, action, first + 1); });
+                       Action&& action) {
+  auto around = [&parallel](torch::nn::Module& model, const auto& next) { parallel.with_full_parameters(model, next); };
+  around_each_model(models, around, action);
+}
+
+/// Runs `action` with the parameters of `models` where a rank-local load writes them (`load_target`): at rest under
+/// a policy that keeps only its slices, so that a load gathers nothing.
+template <class Parallel, class Action>
+void with_weights_to_load(Parallel& parallel, const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                          Action&& action) {
+  auto around = [&parallel](torch::nn::Module& model, const auto& next) {
+    with_weights_to_load(parallel, model, next);
+  };
+  around_each_model(models, around, action);
 }
 
 /// Where `load_state` reads the optimizers' state to: `where`, by default (Accelerate's) `on_device` when several
@@ -147,8 +166,11 @@ class training_state {
       return;
     }
     as_collective("load_state", [&] {
-      with_full_weights(parallel_, registry_.models(), [&] {
-        const auto models = hooked_models(parallel_, registry_, settings_, directory);
+      auto models = registry_.models();
+      if (!settings_.load_hooks.empty())  // the hooks see the weights full, as Accelerate's do
+        with_full_weights(parallel_, models,
+                          [&] { models = hooked_models(parallel_, registry_, settings_, directory); });
+      with_weights_to_load(parallel_, registry_.models(), [&] {
         std::optional<checkpoint_contents> contents;
         on_every_process_or_none(parallel_, "load_state", "reading " + directory.string(), [&] {
           contents = checkpoint_reader(directory, registry_, parallel_.process_index(), parallel_.num_processes(),
@@ -249,7 +271,7 @@ class training_state {
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < models.size(); ++i)
       if (i < slices.size())
-        copy_held_weights(*models[i], contents.weights[i], slices[i]);
+        copy_held_weights(*models[i], contents.weights[i], slices[i], load_target<Parallel>);
       else
         copy_weights(*models[i], contents.weights[i]);
     for (auto& [generator, state] : contents.generator_states) {
