@@ -5,14 +5,13 @@
 /// GPU, in CPU memory, or on disk, where its weights stay in a safetensors file and are read in for their own forward
 /// only (Accelerate's `AlignDevicesHook`), then let go.
 ///
-///     accel::shard_unit<Block> block{nullptr};  // what goes to disk must be inside a unit: its forward brings it in
+///     MyModel model{nullptr};  // what may go to disk is inside an accel::shard_unit: its forward brings it in
 ///     {
 ///       accel::init_empty_weights empty;  // nothing allocated: every parameter is on the meta device
 ///       model = MyModel();
 ///     }
-///     auto dispatched = accel::load_checkpoint_and_dispatch(
-///         *model, "model.safetensors", {.planning = {.max_memory = {{accel::map_device::cpu(), 2LL << 30}},
-///                                                    .no_split_module_classes = {"Block"}}});
+///     const auto dispatched = accel::load_checkpoint_and_dispatch(
+///         *model, "model.safetensors", {.planning = {.max_memory = {{accel::map_device::cpu(), 2LL << 30}}}});
 ///     auto logits = model->forward(tokens);  // keep `dispatched` alive while the model runs
 ///
 /// The hook: a LibTorch module has no forward hooks, so the seam is `accel::shard_unit` (shard_unit.hpp), whose

@@ -272,3 +272,45 @@ TEST_CASE("dispatch refusals name the problem and the fix, before anything chang
     CHECK(all_meta(*model, ""));
   }
 }
+
+// Where CUDA is present (scripts/gpu.sh runs every bigmodel.* test there): GPU entries on GPU 0, a CPU entry and disk
+// entries brought to GPU 0 for their forward; cpu_offload and disk_offload to GPU 0. The reference is the same model
+// moved whole to GPU 0 (the same kernels: bit for bit). Without CUDA it says so and checks nothing.
+TEST_CASE("GPU placement: GPU, CPU and disk entries run on GPU 0, bit for bit with the model on GPU 0",
+          "[bigmodel_offload]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA here: the GPU placement is not tried");
+    return;
+  }
+  const torch::Device gpu(torch::kCUDA, 0);
+  const auto dir = accel_test::scratch_directory("offload_gpu");
+  torch::NoGradGuard no_grad;
+  auto whole = reference_model();
+  accel::save_model(*whole, dir);
+  whole->to(gpu);
+  const auto expected = whole->forward(tokens().to(gpu));
+  SECTION("a map over GPU 0, the CPU and disk") {
+    auto model = empty_model();
+    const auto dispatched = accel::load_checkpoint_and_dispatch(*model, dir,
+                                                                {.map = {{"embed", map_device::gpu(0)},
+                                                                         {"blocks.0", map_device::gpu(0)},
+                                                                         {"blocks.1", map_device::cpu()},
+                                                                         {"blocks.2", map_device::disk()},
+                                                                         {"blocks.3", map_device::disk()},
+                                                                         {"head", map_device::gpu(0)},
+                                                                         {"seen", map_device::gpu(0)}}});
+    CHECK(torch::equal(model->forward(tokens().to(gpu)), expected));
+    CHECK(model->units[0]->module()->up->weight.device() == gpu);
+    CHECK(model->units[1]->module()->up->weight.device().is_cpu());  // back at rest after its forward
+    CHECK(model->units[2]->module()->up->weight.is_meta());
+  }
+  SECTION("cpu_offload and disk_offload to GPU 0") {
+    auto on_cpu = reference_model();
+    const auto offloaded = accel::cpu_offload(*on_cpu, gpu);
+    CHECK(torch::equal(on_cpu->forward(tokens().to(gpu)), expected));
+    CHECK(on_cpu->head->module()->weight.device().is_cpu());
+    auto on_disk = reference_model();
+    const auto from_disk = accel::disk_offload(*on_disk, dir / "disk", gpu);
+    CHECK(torch::equal(on_disk->forward(tokens().to(gpu)), expected));
+  }
+}
