@@ -320,11 +320,13 @@ struct weight_sources {
   stored_tensors offload;
 };
 
-/// Refuses a dispatch that cannot be done, before anything of the model changes: a tensor on disk outside every
-/// unit (or resting on the CPU and running on a GPU outside every unit), a meta tensor with nothing to load it from.
+/// Refuses a dispatch that cannot be done, before anything of the model changes: a GPU this machine lacks, a tensor
+/// on disk outside every unit (or resting on the CPU and running on a GPU outside every unit), a meta tensor with
+/// nothing to load it from.
 inline void check_placement(const std::vector<placed_tensor>& placed, const weight_sources& sources,
                             c10::Device execution, const std::string& caller) {
   for (const auto& item : placed) {
+    if (item.device.type == map_device::kind::gpu) (void)memory_device(item.device, caller);  // a GPU that is there
     const bool disk = item.parameter && item.device.type == map_device::kind::disk;
     if (disk && !item.unit)
       throw device_map_error(

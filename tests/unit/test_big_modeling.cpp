@@ -261,16 +261,25 @@ TEST_CASE("dispatch refusals name the problem and the fix, before anything chang
     if (!torch::cuda::is_available())
       REQUIRE_THROWS_WITH(accel::dispatch_model(*in_memory, {{"", map_device::gpu(0)}}),
                           Contains("places weights on GPU 0, which this machine does not have"));
+    if (!torch::cuda::is_available())  // refused before the CPU entries were moved
+      REQUIRE_THROWS(accel::dispatch_model(*in_memory, {{"head", map_device::gpu(0)}, {"", map_device::disk()}},
+                                           {.offload_folder = dir / "never"}));
+    CHECK_FALSE(std::filesystem::exists(dir / "never"));
+    CHECK(in_memory->units[0]->module()->up->weight.device().is_cpu());
   }
-  SECTION("a dropped handle detaches its hooks: the disk-mapped weights are not read in any more") {
-    auto model = empty_model();
-    {
-      const auto dispatched = accel::load_checkpoint_and_dispatch(*model, dir, {.map = {{"", map_device::disk()}}});
-      CHECK_NOTHROW(logits(model));
-    }
-    CHECK_THROWS(logits(model));
-    CHECK(all_meta(*model, ""));
+}
+
+TEST_CASE("a dropped handle detaches its hooks: the disk-mapped weights are not read in any more",
+          "[bigmodel_offload]") {
+  const auto dir = accel_test::scratch_directory("offload_dropped");
+  saved_reference(dir);
+  auto model = empty_model();
+  {
+    const auto dispatched = accel::load_checkpoint_and_dispatch(*model, dir, {.map = {{"", map_device::disk()}}});
+    CHECK_NOTHROW(logits(model));
   }
+  CHECK_THROWS(logits(model));
+  CHECK(all_meta(*model, ""));
 }
 
 // Where CUDA is present (scripts/gpu.sh runs every bigmodel.* test there): GPU entries on GPU 0, a CPU entry and disk
