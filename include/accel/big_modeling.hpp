@@ -265,22 +265,38 @@ inline map_device device_for(const device_map& map, const std::string& name, con
   return best->second;
 }
 
-/// Every parameter and buffer of `model` once, with its device and its innermost unit.
+/// The innermost of `units` that holds `name`.
+inline std::optional<std::size_t> innermost_unit(const std::vector<std::pair<std::string, shard_unit_base*>>& units,
+                                                 const std::string& name) {
+  std::optional<std::size_t> found;
+  for (std::size_t u = 0; u < units.size(); ++u)
+    if (is_under(name, units[u].first) && (!found || units[u].first.size() >= units[*found].first.size())) found = u;
+  return found;
+}
+
+/// Every parameter and buffer of `model` once, with its device and its innermost unit. A tied parameter (the same
+/// tensor under a second name) is placed by its first name; should its other name lie in another unit while it is
+/// mapped to disk, that unit's forward would find it gone: refused, naming both.
 inline std::vector<placed_tensor> place(torch::nn::Module& model, const device_map& map, const std::string& caller) {
   const auto units = units_of(model);
   std::vector<placed_tensor> placed;
-  std::set<const c10::TensorImpl*> seen;
+  std::map<const c10::TensorImpl*, std::size_t> seen;
   const auto add = [&](const std::string& name, const at::Tensor& tensor, bool parameter) {
-    if (!tensor.defined() || !seen.insert(tensor.unsafeGetTensorImpl()).second) return;
-    placed_tensor item{
-        .name = name, .tensor = tensor, .parameter = parameter, .device = device_for(map, name, caller), .unit = {}};
-    std::size_t longest = 0;
-    for (std::size_t u = 0; u < units.size(); ++u)
-      if (is_under(name, units[u].first) && (!item.unit || units[u].first.size() >= longest)) {
-        item.unit = u;
-        longest = units[u].first.size();
-      }
-    placed.push_back(std::move(item));
+    if (!tensor.defined()) return;
+    const auto [first, inserted] = seen.emplace(tensor.unsafeGetTensorImpl(), placed.size());
+    if (!inserted) {
+      const auto& tied = placed[first->second];
+      if (tied.device.type == map_device::kind::disk && innermost_unit(units, name) != tied.unit)
+        throw device_map_error(caller + ": " + name + " is " + tied.name + " (tied), which is mapped to disk and " +
+                               "brought in by another unit's forward than the one using " + name + "; map " +
+                               tied.name + " to \"cpu\", or hold both names in one unit");
+      return;
+    }
+    placed.push_back({.name = name,
+                      .tensor = tensor,
+                      .parameter = parameter,
+                      .device = device_for(map, name, caller),
+                      .unit = innermost_unit(units, name)});
   };
   for (const auto& item : model.named_parameters()) add(item.key(), item.value(), true);
   for (const auto& item : model.named_buffers()) add(item.key(), item.value(), false);

@@ -282,6 +282,53 @@ TEST_CASE("a dropped handle detaches its hooks: the disk-mapped weights are not 
   CHECK(all_meta(*model, ""));
 }
 
+namespace {
+/// A module holding a unit of its own (wrapped in a unit in turn): units nest.
+struct NestedImpl : torch::nn::Module {
+  NestedImpl()
+      : outer(register_module("outer", torch::nn::Linear(6, 6))),
+        inner(register_module("inner", accel::shard_unit(torch::nn::Linear(6, 3)))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return inner(torch::relu(outer(x))); }
+  torch::nn::Linear outer;
+  accel::shard_unit<torch::nn::Linear> inner;
+};
+TORCH_MODULE(Nested);
+
+/// A head whose weight is the embedding's (tied), in a unit of its own.
+struct TiedHeadImpl : torch::nn::Module {
+  explicit TiedHeadImpl(const torch::Tensor& tied) : weight(register_parameter("weight", tied)) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::matmul(x, weight.t()); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(TiedHead);
+}  // namespace
+
+TEST_CASE("nested units each bring in their own tensors; a tied weight on disk used by another unit is refused",
+          "[bigmodel_offload]") {
+  const auto dir = accel_test::scratch_directory("offload_nested");
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  accel::shard_unit<Nested> nested(Nested{});
+  const auto input = torch::randn({5, 6});
+  const auto expected = nested(input);
+  const auto dispatched = accel::disk_offload(*nested, dir / "nested");
+  CHECK(torch::equal(nested(input), expected));
+  CHECK(all_meta(*nested, ""));
+  CHECK(dispatched.disk_bytes_read() == (6 * 6 + 6 + 6 * 3 + 3) * 4);
+
+  torch::nn::Sequential tied_model;
+  auto embed = accel::shard_unit(torch::nn::Embedding(10, 4));
+  tied_model->push_back("embed", embed);
+  tied_model->push_back("head", accel::shard_unit(TiedHead(embed->module()->weight)));
+  REQUIRE_THROWS_WITH(accel::dispatch_model(*tied_model, {{"embed", map_device::disk()}, {"head", map_device::cpu()}},
+                                            {.offload_folder = dir / "tied"}),
+                      Catch::Matchers::Contains("head.weight is embed.weight (tied), which is mapped to disk") &&
+                          Catch::Matchers::Contains("map embed.weight to \"cpu\", or hold both names in one unit"));
+  CHECK(embed->module()->weight.device().is_cpu());
+  const auto in_memory = accel::dispatch_model(*tied_model, {{"", map_device::cpu()}});
+  CHECK(embed->module()->weight.is_same(tied_model->named_parameters()["head.weight"]));
+}
+
 // Where CUDA is present (scripts/gpu.sh runs every bigmodel.* test there): GPU entries on GPU 0, a CPU entry and disk
 // entries brought to GPU 0 for their forward; cpu_offload and disk_offload to GPU 0. The reference is the same model
 // moved whole to GPU 0 (the same kernels: bit for bit). Without CUDA it says so and checks nothing.
