@@ -349,8 +349,7 @@ inline void check_placement(const std::vector<placed_tensor>& placed, const weig
           caller + ": " + item.name +
           " is mapped to disk, but no accel::shard_unit holds it, and only a unit's forward can bring its weights in "
           "(LibTorch modules have no forward hooks); wrap the module that holds it in a unit "
-          "(register_module(\"block\", "
-          "accel::shard_unit(Block(...)))), or map it to \"cpu\"");
+          "(register_module(\"block\", accel::shard_unit(Block(...)))), or map it to \"cpu\"");
     if (item.parameter && item.device.type == map_device::kind::cpu && !execution.is_cpu() && !item.unit)
       throw device_map_error(caller + ": " + item.name + " rests on the CPU and runs on " + execution.str() +
                              ", but no accel::shard_unit holds it to move it there for its forward; wrap the module "
