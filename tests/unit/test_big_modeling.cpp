@@ -303,7 +303,7 @@ struct TiedHeadImpl : torch::nn::Module {
 TORCH_MODULE(TiedHead);
 }  // namespace
 
-TEST_CASE("nested units each bring in their own tensors; a tied weight on disk used by another unit is refused",
+TEST_CASE("nested units each bring in their own tensors, and a tied weight on disk used by another unit is refused",
           "[bigmodel_offload]") {
   const auto dir = accel_test::scratch_directory("offload_nested");
   torch::NoGradGuard no_grad;
