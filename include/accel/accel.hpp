@@ -29,6 +29,7 @@
 #include "memory_estimate.hpp"
 #include "device_map.hpp"
 #include "module_tree.hpp"
+#include "big_modeling.hpp"
 #include "logging.hpp"
 #include "shard.hpp"
 #include "data_loader.hpp"
