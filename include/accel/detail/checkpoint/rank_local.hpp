@@ -49,6 +49,13 @@ struct held_part {
   std::int64_t length = 0;
   bool whole = true;
   std::vector<std::int64_t> sizes;  // the whole tensor's shape, of a slice (the parameter may be its slice only)
+
+  /// All `numel` elements of a tensor held whole.
+  static held_part all_of(std::int64_t numel) {
+    held_part part;
+    part.length = numel;
+    return part;
+  }
 };
 
 /// What this process holds of each model's tensors and of each parameter's optimizer state, by name (the state by
@@ -190,7 +197,7 @@ class ranged_reader {
   at::Tensor read(const std::vector<piece>& pieces, at::ScalarType type, const std::vector<std::int64_t>& shape,
                   held_part part, const std::string& what) {
     const auto numel = c10::multiply_integers(shape);
-    if (part.whole) part = {0, numel, true};
+    if (part.whole) part = held_part::all_of(numel);
     auto out = part.whole ? at::empty(shape, at::TensorOptions().dtype(type)) : at::empty({part.length}, type);
     const auto element = static_cast<std::int64_t>(c10::elementSize(type));
     std::int64_t covered = 0;
@@ -292,7 +299,7 @@ template <class FileOf>
 std::vector<ranged_reader::piece> spread_pieces(ranged_reader& reader, FileOf&& file_of, std::int64_t processes,
                                                 const std::string& name, std::int64_t numel, held_part part,
                                                 at::ScalarType type) {
-  if (part.whole) part = {0, numel, true};
+  if (part.whole) part = held_part::all_of(numel);
   std::vector<ranged_reader::piece> pieces;
   for (int r = 0; r < processes; ++r) {
     const auto span = shard_span_of(numel, r, static_cast<int>(processes));
