@@ -12,6 +12,7 @@
 #include "sharded_data_parallel.hpp"
 #include "hybrid_sharded.hpp"
 #include "shard_unit.hpp"
+#include "construct_sharded.hpp"
 #include "accumulation.hpp"
 #include "device.hpp"
 #include "batch_range.hpp"

@@ -89,6 +89,10 @@ struct hybrid_sharded : fully_sharded<Backend> {
     this->gather_units_on(detail::separate_group_of(shard_group, "accel/hsdp/unit_gathers"));
   }
 
+  /// Not yet: its prepare broadcasts the whole model across the job (the replicas), which a model built by
+  /// accel::construct_sharded does not hold; construct_sharded refuses it at compile time.
+  static constexpr bool takes_constructed_slices = false;
+
   [[nodiscard]] static std::string name() { return "hybrid_sharded<" + std::string(Backend::name) + ">"; }
   /// FSDP with `HYBRID_SHARD` in Accelerate.
   [[nodiscard]] static constexpr std::string_view distributed_type() noexcept { return "FSDP"; }

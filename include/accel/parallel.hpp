@@ -310,11 +310,13 @@ struct bucketed_data_parallel : parallel_defaults, process_group_topology<Backen
     check_comm_hook_options(comm_hook_, Backend::sums_bfloat16, Backend::computes_on_cpu);
   }
 
-  /// Broadcasts process 0's parameters and buffers, then hooks the gradient all-reduce (with several processes);
-  /// `group_of` keeps each gradient bucket within a group of parameters (fully_sharded's units).
-  void prepare_model(torch::nn::Module& module, const std::function<std::size_t(const at::Tensor&)>& group_of = {}) {
+  /// Broadcasts process 0's parameters and buffers (but those `built_sliced` names: fully_sharded's units built by
+  /// accel::construct_sharded), then hooks the gradient all-reduce (with several processes); `group_of` keeps each
+  /// gradient bucket within a group of parameters (fully_sharded's units).
+  void prepare_model(torch::nn::Module& module, const std::function<std::size_t(const at::Tensor&)>& group_of = {},
+                     const std::function<bool(const at::Tensor&)>& built_sliced = {}) {
     check_same_module(module, this->communicator());
-    broadcast_module_state(module, this->communicator());
+    broadcast_module_state(module, this->communicator(), 0, built_sliced);
     if (this->num_processes() > 1)
       reducers_[&module] = std::make_unique<reducer_type>(module, this->communicator(), buckets_, group_of,
                                                           make_bucket_hook<communicator_type>(comm_hook_), replicas_);

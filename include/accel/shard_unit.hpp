@@ -105,6 +105,7 @@ class shard_unit_impl
       register_parameter(item.key(), item.value(), item.value().requires_grad());
     for (auto& item : wrapped.named_buffers(/*recurse=*/false)) register_buffer(item.key(), item.value());
     for (auto& item : wrapped.named_children()) register_module(item.key(), item.value());
+    slice_if_constructing(wrapped);
   }
 
   /// The wrapped module's forward, its parameters full for it: what `forward` (detail::unit_forward) calls.

@@ -66,9 +66,11 @@ struct sharded_optimizer : bucketed_data_parallel<Backend, Layout> {
       : base(opts), buckets_(opts.buckets), sharding_(opts.sharding), timeout_(opts.timeout) {}
 
   /// As `data_parallel`, and remembers the model's parameters: the optimizer prepared next may only shard those.
-  /// `group_of` keeps each gradient bucket within a group of parameters.
-  void prepare_model(torch::nn::Module& module, const std::function<std::size_t(const at::Tensor&)>& group_of = {}) {
-    base::prepare_model(module, group_of);
+  /// `group_of` keeps each gradient bucket within a group of parameters; the parameters `built_sliced` names are not
+  /// broadcast (each process holds its own slice of them only).
+  void prepare_model(torch::nn::Module& module, const std::function<std::size_t(const at::Tensor&)>& group_of = {},
+                     const std::function<bool(const at::Tensor&)>& built_sliced = {}) {
+    base::prepare_model(module, group_of, built_sliced);
     for (const auto& p : module.parameters()) prepared_.insert(p.unsafeGetTensorImpl());
   }
 
@@ -251,12 +253,17 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
   [[nodiscard]] static constexpr std::string_view distributed_type() noexcept { return "FSDP"; }
   /// Between steps each process holds only its slices of the parameters.
   static constexpr bool keeps_parameter_slices = true;
+  /// A model built by `accel::construct_sharded` (its shard units holding this process's slices only, over the
+  /// processes of `communicator()`) is prepared from those slices.
+  static constexpr bool takes_constructed_slices = true;
 
   /// As the other sharded policies, and finds the model's shard units first: their gradient buckets stay within
-  /// the unit.
+  /// the unit. The parameters of units built by construct_sharded are not broadcast: their slices are this
+  /// process's already (the same initialisation on every process, which construct_sharded checked).
   void prepare_model(torch::nn::Module& module) {
     find_units(module);
-    base::prepare_model(module, unit_group_of());
+    base::prepare_model(module, unit_group_of(),
+                        [this](const at::Tensor& p) { return constructed_.contains(p.unsafeGetTensorImpl()); });
   }
   /// At prepare, before `prepare_model`: the precision policy's encoding (none: every parameter in its own type).
   /// The shards of the optimizers prepared from now on gather the parameters it encodes that way for each forward
@@ -266,7 +273,14 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
   /// go; then (re)builds the units' schedule from every optimizer's shards.
   template <class Optimizer>
   void prepare_optimizer(Optimizer& optimizer) {
-    base::prepare_optimizer(optimizer, unit_group_of(), encoding_);
+    const std::function<at::Tensor(const at::Tensor&)> constructed_slice = [this](const at::Tensor& p) {
+      const auto found = constructed_.find(p.unsafeGetTensorImpl());
+      if (found == constructed_.end()) return at::Tensor();
+      auto slice = std::move(found->second);
+      constructed_.erase(found);  // the shards own it now
+      return slice;
+    };
+    base::prepare_optimizer(optimizer, unit_group_of(), encoding_, constructed_slice);
     schedule_units();
   }
   /// Steps this process's shards, then lets the full parameters go until the next forward gathers them.
@@ -277,6 +291,7 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
   /// The full parameters of `module` outside its shard units, gathered before its forward (those of the optimizers
   /// that list any of its parameters: another model's stay released); the units gather their own.
   void before_forward(const torch::nn::Module& module) {
+    refuse_unclaimed_slices(module);
     for (auto* shards : shards_listing(module)) shards->gather_group(0, this->communicator());
     if (schedule_) schedule_->begin_forward();
     base::before_forward(module);
@@ -323,6 +338,7 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
   void release_models() {
     for (auto& [optimizer, shards] : this->shards_) shards->materialize(this->communicator());
     schedule_.reset();
+    constructed_.clear();
     units_.clear();
     unit_of_.clear();
     unit_accumulators_.clear();
@@ -360,6 +376,8 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
       auto* unit = dynamic_cast<detail::shard_unit_base*>(submodule.get());
       if (unit == nullptr) continue;
       units_.push_back(unit);
+      for (auto& kept : unit->take_constructed_slices())
+        constructed_[kept.parameter.unsafeGetTensorImpl()] = std::move(kept.slice);
       for (const auto& p : submodule->parameters()) {
         unit_of_[p.unsafeGetTensorImpl()] = units_.size();
         // Taken now, while the parameter has its full shape, which the node records: one made at rest would
@@ -420,8 +438,22 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
     for (std::size_t u = 0; u < units_.size(); ++u) units_[u]->attach(schedule_, u);
   }
 
-  std::vector<detail::shard_unit_base*> units_;           // the prepared models' units, in order
-  std::unordered_map<const void*, std::size_t> unit_of_;  // a parameter's TensorImpl -> its unit + 1
+  /// A forward before the optimizer of a model built by construct_sharded was prepared would find its units'
+  /// parameters holding nothing.
+  void refuse_unclaimed_slices(const torch::nn::Module& module) const {
+    if (constructed_.empty()) return;
+    const auto parameters = module.parameters();
+    if (std::any_of(parameters.begin(), parameters.end(),
+                    [this](const at::Tensor& p) { return constructed_.contains(p.unsafeGetTensorImpl()); }))
+      throw std::logic_error(
+          "accel::fully_sharded: this model was built by accel::construct_sharded, and its shard units' parameters "
+          "hold nothing until the optimizer that trains them is prepared; prepare it with the model, "
+          "acc.prepare(model, optimizer), before the first forward");
+  }
+
+  std::vector<detail::shard_unit_base*> units_;              // the prepared models' units, in order
+  std::unordered_map<const void*, at::Tensor> constructed_;  // built sliced, not yet taken by an optimizer's shards
+  std::unordered_map<const void*, std::size_t> unit_of_;     // a parameter's TensorImpl -> its unit + 1
   std::vector<detail::compat::grad_accumulator_handle> unit_accumulators_;
   std::shared_ptr<detail::unit_schedule<gather_communicator>> schedule_;
   std::shared_ptr<detail::parameter_encoding> encoding_;

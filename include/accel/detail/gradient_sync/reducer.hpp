@@ -117,10 +117,13 @@ void check_same_module(const torch::nn::Module& module, C& comm) {
   }
 }
 
-/// Makes every process's parameters and buffers those of process `source` (0: where training starts).
+/// Makes every process's parameters and buffers those of process `source` (0: where training starts), but the
+/// parameters `kept_apart` names (built sliced by accel::construct_sharded: each process holds its own slice only).
 template <communicator C>
-void broadcast_module_state(const torch::nn::Module& module, C& comm, int source = 0) {
+void broadcast_module_state(const torch::nn::Module& module, C& comm, int source = 0,
+                            const std::function<bool(const at::Tensor&)>& kept_apart = {}) {
   auto tensors = module.parameters();
+  if (kept_apart) std::erase_if(tensors, kept_apart);
   for (auto& buffer : module.buffers()) tensors.push_back(buffer);
   broadcast_tensors(tensors, comm, source);
 }

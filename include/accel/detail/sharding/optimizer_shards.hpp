@@ -204,7 +204,8 @@ class optimizer_shards {
   optimizer_shards(torch::optim::Optimizer& optimizer, int rank, int world, const bucket_options& limits,
                    IsPrepared&& is_prepared, bool own_storage,
                    const std::function<std::size_t(const at::Tensor&)>& group_of,
-                   const std::function<bool(const at::Tensor&)>& gathered_apart = {})
+                   const std::function<bool(const at::Tensor&)>& gathered_apart = {},
+                   const std::function<at::Tensor(const at::Tensor&)>& constructed_slice = {})
       : rank_(rank), world_(world) {
     if (!optimizer.state().empty())
       throw std::invalid_argument(
@@ -228,9 +229,12 @@ class optimizer_shards {
         auto [found, added] = index_.try_emplace(listed.unsafeGetTensorImpl(), parameters_.size());
         if (added) {
           const auto span = shard_span_of(listed.numel(), rank, world);
-          auto slice = listed.detach().view({-1}).narrow(0, span.begin, span.length);
+          // Built sliced (construct_sharded): the parameter holds no elements, its slice is kept apart.
+          const auto constructed = constructed_slice ? constructed_slice(listed) : at::Tensor();
+          auto slice =
+              constructed.defined() ? constructed : listed.detach().view({-1}).narrow(0, span.begin, span.length);
           parameters_.push_back({.full = listed,
-                                 .shard = own_storage ? slice.clone() : slice,
+                                 .shard = own_storage && !constructed.defined() ? slice.clone() : slice,
                                  .span = span,
                                  .sizes = listed.sizes().vec(),
                                  .numel = listed.numel(),

@@ -18,6 +18,7 @@
 #include "../../collectives.hpp"
 #include "../support/parameter_encoding.hpp"
 #include "optimizer_shards.hpp"
+#include "storage.hpp"
 
 namespace accel::detail {
 
@@ -32,21 +33,6 @@ enum class parameter_state {
   freed,
 };
 
-/// Frees `tensor`'s storage, keeping the storage object, so that the tensor and its views stay valid handles (FSDP's
-/// way of letting go of parameters that autograd saved for backward).
-inline void free_storage(const at::Tensor& tensor) {
-  auto* storage = tensor.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, tensor.device()));
-  storage->set_nbytes(0);
-}
-/// Gives a contiguous `tensor` whose storage `free_storage` freed its bytes again (uninitialised).
-inline void reallocate_storage(const at::Tensor& tensor) {
-  auto* storage = tensor.storage().unsafeGetStorageImpl();
-  const auto bytes = static_cast<std::size_t>(tensor.numel()) * tensor.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-}
-
 /// What a gather is for: a forward (the parameters an encoding takes travel encoded) or the full parameters
 /// themselves (checkpoints, unwrapping: every parameter in its own type).
 enum class gather_purpose { forward, full };
@@ -58,9 +44,10 @@ class owned_shards : public optimizer_shards {
   template <class IsPrepared>
   owned_shards(torch::optim::Optimizer& optimizer, int rank, int world, const bucket_options& limits,
                IsPrepared&& is_prepared, const std::function<std::size_t(const at::Tensor&)>& group_of = {},
-               std::shared_ptr<parameter_encoding> encoding = nullptr)
+               std::shared_ptr<parameter_encoding> encoding = nullptr,
+               const std::function<at::Tensor(const at::Tensor&)>& constructed_slice = {})
       : optimizer_shards(optimizer, rank, world, limits, std::forward<IsPrepared>(is_prepared), true, group_of,
-                         encodes(encoding.get())),
+                         encodes(encoding.get()), constructed_slice),
         groups_(group_count_),
         encoding_(std::move(encoding)) {
     for (const auto& p : parameters_) {

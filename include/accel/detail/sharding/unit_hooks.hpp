@@ -10,8 +10,10 @@
 #include <cstddef>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "../support/tensor_structure.hpp"
+#include "construction.hpp"
 
 namespace accel::detail {
 
@@ -39,10 +41,21 @@ class shard_unit_base {
     hooks_ = std::move(hooks);
     index_ = index;
   }
+  /// At prepare: the slices a sharded construction kept of this unit's parameters (none when it was built whole),
+  /// handed over once.
+  [[nodiscard]] std::vector<constructed_slice> take_constructed_slices() noexcept {
+    return std::exchange(constructed_, {});
+  }
 
  protected:
   shard_unit_base() = default;
   ~shard_unit_base() = default;
+
+  /// Once the unit is built: inside a sharded construction (construction.hpp), keeps this process's slices of
+  /// `module`'s parameters and lets the whole ones go.
+  void slice_if_constructing(torch::nn::Module& module) {
+    if (auto* construction = construction_in_progress()) constructed_ = construction->slice_unit(module);
+  }
 
   /// `forward()` between the policy's hooks; the gather before backward is hooked on every output tensor that
   /// requires a gradient (outputs that are not tensors, or nested structures of them, cannot be hooked).
@@ -76,6 +89,7 @@ class shard_unit_base {
 
   std::weak_ptr<unit_hooks> hooks_;
   std::size_t index_ = 0;
+  std::vector<constructed_slice> constructed_;
 };
 
 }  // namespace accel::detail

@@ -1,0 +1,30 @@
+/// \file
+/// Letting go of a tensor's bytes while the tensor stays a valid handle of its shape: how fully_sharded frees the
+/// full parameters between uses (owned_shards.hpp) and how a sharded construction lets go of a unit's whole
+/// parameters once it has kept its slices (construction.hpp).
+// IWYU pragma: private, include <accel/sharded_data_parallel.hpp>
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/StorageImpl.h>
+
+#include <cstddef>
+
+namespace accel::detail {
+
+/// Frees `tensor`'s storage, keeping the storage object, so that the tensor and its views stay valid handles (FSDP's
+/// way of letting go of parameters that autograd saved for backward).
+inline void free_storage(const at::Tensor& tensor) {
+  auto* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, tensor.device()));
+  storage->set_nbytes(0);
+}
+/// Gives a contiguous `tensor` whose storage `free_storage` freed its bytes again (uninitialised).
+inline void reallocate_storage(const at::Tensor& tensor) {
+  auto* storage = tensor.storage().unsafeGetStorageImpl();
+  const auto bytes = static_cast<std::size_t>(tensor.numel()) * tensor.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+}  // namespace accel::detail

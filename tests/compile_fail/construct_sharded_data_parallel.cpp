@@ -1,0 +1,5 @@
+// expect-error: accel::construct_sharded builds a model for accel::fully_sharded
+#include <accel/accel.hpp>
+void build(accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>& acc) {
+  auto net = accel::construct_sharded(acc, [] { return torch::nn::Linear(3, 4); });
+}
