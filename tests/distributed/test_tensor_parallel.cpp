@@ -349,6 +349,8 @@ TEST_CASE("tensor_parallel refuses what it cannot split, naming the fix", "[tp][
                              " output features, which tp = " + std::to_string(tp) + " does not divide"));
   CHECK_THROWS_WITH(accel::parallelize_module(acc, odd, {{"1", accel::rowwise_parallel{}}}),
                     Contains("split torch::nn::Linear layers"));
+  CHECK_THROWS_WITH(accel::parallelize_module(acc, odd, {{"0", accel::colwise_parallel{.fused = 3}}}),
+                    Contains("colwise_parallel{.fused = 3} cannot cut into equal parts"));
   torch::nn::Sequential table(torch::nn::Embedding(torch::nn::EmbeddingOptions(8, 4).padding_idx(0)));
   CHECK_THROWS_WITH(accel::parallelize_module(acc, table, {{"0", accel::rowwise_parallel{}}}),
                     Contains("splits by its vocabulary with rowwise_parallel") && Contains("without padding_idx"));
