@@ -19,14 +19,18 @@ struct SelfAttentionImpl : torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& x) {  // x: [batch, time, dim]
     const auto batch = x.size(0), time = x.size(1), dim = x.size(2);
+    // The heads this process computes: all, or under tensor parallelism (qkv column-parallel with its three parts
+    // split, out row-parallel) heads / tp of them, `width` = their dim / heads features each.
+    const auto projected = qkv(x);
+    const auto width = projected.size(-1) / 3, local_heads = width / (dim / heads);
     // Queries, keys and values of every head: [3, batch, heads, time, dim / heads].
-    const auto qkv_heads = qkv(x).view({batch, time, 3, heads, dim / heads}).permute({2, 0, 3, 1, 4});
+    const auto qkv_heads = projected.view({batch, time, 3, local_heads, dim / heads}).permute({2, 0, 3, 1, 4});
     const auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dim / heads));
     const auto future = torch::ones({time, time}, x.options().dtype(torch::kBool)).triu(1);
     scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
-    const auto mixed = torch::matmul(scores.softmax(-1), v);        // [batch, heads, time, dim / heads]
-    return out(mixed.transpose(1, 2).reshape({batch, time, dim}));  // heads side by side again
+    const auto mixed = torch::matmul(scores.softmax(-1), v);          // [batch, heads, time, dim / heads]
+    return out(mixed.transpose(1, 2).reshape({batch, time, width}));  // heads side by side again
   }
 
   int64_t heads;

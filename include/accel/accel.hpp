@@ -11,6 +11,7 @@
 #include "parallel.hpp"
 #include "sharded_data_parallel.hpp"
 #include "hybrid_sharded.hpp"
+#include "tensor_parallel.hpp"
 #include "shard_unit.hpp"
 #include "construct_sharded.hpp"
 #include "accumulation.hpp"

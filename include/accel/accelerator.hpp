@@ -776,9 +776,12 @@ class accelerator {
           "torch::data::Examples of them)");
     }
   }
+  /// Data is sharded by the data parallel rank: the tp and cp peers of a mesh read the same batches (Accelerate's
+  /// loader divides the process index by tp x cp; tp and cp are the mesh's innermost dimensions).
   [[nodiscard]] shard_options shard_options_here() const {
-    return {.num_processes = num_processes(),
-            .process_index = process_index(),
+    const int peers = parallelism_ ? parallelism_->sizes().tp * parallelism_->sizes().cp : 1;
+    return {.num_processes = num_processes() / peers,
+            .process_index = process_index() / peers,
             .split_batches = options_.split_batches,
             .even_batches = options_.even_batches};
   }

@@ -125,6 +125,7 @@ concept model_preparation =
       q.before_forward(module);         // each forward of a prepared model: arm gradient hooks, sync buffers, gather
       q.release_models();               // defaults: free_memory forgets every prepared model
       q.use_gather_encoding(encoding);  // defaults: at prepare, the precision policy's encoding of gathered parameters
+      q.forward_scope();                // defaults: alive around each forward (tensor_parallel routes its layers)
     };
 
 /// \facet gradient synchronisation (required): whether backward communicates gradients.
@@ -218,7 +219,7 @@ concept parallel_policy =
     (detail::process_topology<Q> ||
      detail::unsatisfied<"this parallel policy lacks a hook of the process topology facet: a constructor from accel::options, device(), process_index(), local_process_index(), num_processes(), wait_for_everyone() or communicator(): see accel/concepts.hpp", Q>()) &&
     (detail::model_preparation<Q> ||
-     detail::unsatisfied<"this parallel policy lacks a hook of the model preparation facet: prepare_model(module), before_forward(module), release_models() or use_gather_encoding(encoding): see accel/concepts.hpp", Q>()) &&
+     detail::unsatisfied<"this parallel policy lacks a hook of the model preparation facet: prepare_model(module), before_forward(module), release_models(), use_gather_encoding(encoding) or forward_scope(): see accel/concepts.hpp", Q>()) &&
     (detail::gradient_synchronisation<Q> ||
      detail::unsatisfied<"this parallel policy lacks a hook of the gradient synchronisation facet: gradient_sync(module) or set_gradient_sync(module, bool enabled, bool this_backward): see accel/concepts.hpp", Q>()) &&
     (detail::optimizer_stepping<Q> ||

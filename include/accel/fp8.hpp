@@ -160,7 +160,7 @@ class fp8 : public precision_defaults {
     detail::require_autocast(device, at::kBFloat16, "fp8", "use accel::fp32 on this device");
     if constexpr (kind == detail::fp8::scaling::delayed) state_->history.emplace(opts.fp8, device);
     detail::fp8::check_device(device, kind, format_, name());
-    detail::fp8::install_routing();
+    detail::routing::install_routing();
   }
 
   /// Alive around each forward: bfloat16 autocast, and this policy's layers computed in float8.

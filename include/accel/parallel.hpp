@@ -37,6 +37,7 @@
 #include "detail/gradient_sync/reducer.hpp"
 #include "detail/gradient_sync/uneven_join.hpp"
 #include "detail/support/parameter_encoding.hpp"
+#include "detail/support/scope.hpp"
 #include "launch.hpp"
 #include "options.hpp"
 #ifdef ACCEL_WITH_NCCL
@@ -98,6 +99,8 @@ struct parallel_defaults {
   /// At prepare, before `prepare_model`: the precision policy's `gather_encoding()`. A policy that keeps every
   /// parameter full has nothing to gather, so nothing to encode.
   static constexpr void use_gather_encoding(const std::shared_ptr<detail::parameter_encoding>&) noexcept {}
+  /// Alive around each forward of a prepared model (`tensor_parallel` routes its split layers): nothing here.
+  [[nodiscard]] static constexpr detail::no_scope forward_scope() noexcept { return {}; }
 
   // Optimizer stepping.
   /// At `prepare(optimizer)`, before the accelerator registers it.

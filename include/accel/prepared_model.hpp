@@ -50,14 +50,16 @@ class prepared_model : detail::prepared_tag {
 
   prepared_model(Model model, Accelerator& accelerator) : model_(std::move(model)), accelerator_(&accelerator) {}
 
-  /// The user's `forward`, under the precision policy's scope (autocast for bf16/fp16, nothing for fp32); bf16 and
-  /// fp16 return float16/bfloat16 output tensors as float32, as Accelerate does.
+  /// The user's `forward`, under the precision policy's scope (autocast for bf16/fp16, nothing for fp32) and the
+  /// parallel policy's (tensor parallelism's split layers); bf16 and fp16 return float16/bfloat16 output tensors as
+  /// float32, as Accelerate does.
   /// `model->forward(x)` reaches the module directly and so bypasses that scope: call `model(x)`.
   template <class... Args>
   decltype(auto) operator()(Args&&... args) const {
     auto* module = detail::module_pointer(model_);
     detail::accelerator_access::before_forward(*accelerator_, *module);
     [[maybe_unused]] auto scope = accelerator_->autocast();
+    [[maybe_unused]] auto parallel_scope = detail::accelerator_access::parallel_forward_scope(*accelerator_);
     return detail::accelerator_access::forward_output(*accelerator_, module->forward(std::forward<Args>(args)...));
   }
   /// The same as `operator()`, for code that spells the call out.

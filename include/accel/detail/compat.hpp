@@ -52,6 +52,10 @@
 /// too (tensorwise and rowwise scales, e4m3 and e5m2 operands, bfloat16 and float32 outputs).
 #define ACCEL_HAS_FLOAT8 (ACCEL_TORCH_VERSION >= 204)
 
+/// Whether this LibTorch has the dispatch key that accel routes Linear layers through (`AutocastPrivateUse1`,
+/// detail/support/linear_routing.hpp: fp8 and tensor parallelism). LibTorch 1.13 has no such key; checked on 2.13.
+#define ACCEL_HAS_LINEAR_ROUTING (ACCEL_TORCH_VERSION >= 204)
+
 namespace accel::detail::compat {
 
 /// The owning handle of a leaf's gradient accumulator node: `std::shared_ptr<Node>` in 1.13,

@@ -1,10 +1,11 @@
 /// \file
 /// Float8 Linear layers without replacing the user's modules. A LibTorch module calls its children through members
 /// of its own (`fc->forward(x)`, a non-virtual call), so a child replaced in the module tree would never run: what is
-/// swapped is the computation. Each converted Linear's weight is listed in a `layer_table`; while a forward scope
-/// of `accel::fp8` is alive, LibTorch's dispatcher sends the calls a Linear makes (`addmm`, `matmul`, `linear`)
-/// through kernels on a dispatch key that runs before autocast and autograd, which compute the listed weights'
-/// layers in float8 (`linear_function`, an autograd function) and send every other call on unchanged. The modules,
+/// swapped is the computation. Each converted Linear's weight is listed in a `layer_table`, a `routing::linear_router`
+/// (detail/support/linear_routing.hpp); while a forward scope of `accel::fp8` is alive, LibTorch's dispatcher sends
+/// the calls a Linear makes (`addmm`, `matmul`, `linear`) through kernels on a dispatch key that runs before autocast
+/// and autograd, which compute the listed weights' layers in float8 (`linear_function`, an autograd function) and
+/// send every other call on unchanged. The modules,
 /// their parameters (the same tensors the optimizer holds) and `unwrap_model` stay the user's own.
 // IWYU pragma: private, include <accel/fp8.hpp>
 #pragma once
@@ -15,10 +16,8 @@
 #include <ATen/ATen.h>
 
 #if ACCEL_HAS_FLOAT8
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
-#include <torch/library.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 
@@ -31,6 +30,7 @@
 
 #include "../../options.hpp"
 #include "../../precision.hpp"
+#include "../support/linear_routing.hpp"
 #include "casts.hpp"
 #include "delayed_scaling.hpp"
 #include "scaling.hpp"
@@ -130,16 +130,14 @@ struct linear_function : torch::autograd::Function<linear_function> {
   }
 };
 
-/// A policy's converted layers, found by their weight.
-class layer_table {
+/// A policy's converted layers, found by their weight: the router of fp8's forward scope.
+class layer_table : public routing::linear_router {
  public:
-  /// The plan of the layer whose weight `operand` is (`transposed`: whose `weight.t()` it is, what LibTorch's
-  /// `F::linear` multiplies by), or none. Compared by storage, offset, sizes and strides, so that a parameter whose
-  /// storage a sharded policy swaps is still found.
+  /// The plan of the layer whose weight `operand` is (`transposed`: whose `weight.t()` it is), or none
+  /// (`routing::is_weight`).
   [[nodiscard]] const layer_plan* find(const at::Tensor& operand, bool transposed) const {
-    if (!operand.defined() || operand.dim() != 2) return nullptr;
     for (const auto& plan : plans_)
-      if (is_weight(operand, plan.weight, transposed)) return &plan;
+      if (routing::is_weight(operand, plan.weight, transposed)) return &plan;
     return nullptr;
   }
   /// The plan of the layer whose weight is the parameter `weight` itself (whatever storage it holds now), or none.
@@ -153,24 +151,13 @@ class layer_table {
   }
   [[nodiscard]] const std::deque<layer_plan>& plans() const noexcept { return plans_; }
 
- private:
-  static bool is_weight(const at::Tensor& operand, const at::Tensor& weight, bool transposed) {
-    if (!operand.is_alias_of(weight) || operand.storage_offset() != weight.storage_offset()) return false;
-    const int first = transposed ? 1 : 0, second = 1 - first;
-    return operand.size(0) == weight.size(first) && operand.size(1) == weight.size(second) &&
-           operand.stride(0) == weight.stride(first) && operand.stride(1) == weight.stride(second);
-  }
+  /// A listed layer computed in float8, its bias added in the output's type, as torchao does.
+  [[nodiscard]] std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
+                                                const at::Tensor* bias) const override;
 
+ private:
   std::deque<layer_plan> plans_;  // stable addresses: forwards hold references to them
 };
-
-/// The dispatch key the routing kernels are registered on: the autocast key of PyTorch's private-use backend, which
-/// runs before every other autocast key and autograd, and on which nothing registers these operators in a CPU or
-/// CUDA program. It is enabled only inside fp8's forward scopes.
-inline constexpr c10::DispatchKey routing_key = c10::DispatchKey::AutocastPrivateUse1;
-
-/// The layers of the innermost fp8 forward scope on this thread.
-inline thread_local const layer_table* active_layers = nullptr;
 
 /// The layer's matmul in float8: its input cast to the autocast type first (torchao's Float8Linear), the casts and
 /// matmuls as written (no autocast inside), the weight parameter itself as autograd's input.
@@ -193,86 +180,24 @@ inline at::Tensor float8_linear(const at::Tensor& input, const layer_plan& plan)
   return out.view(shape);
 }
 
-/// The plan `operand` is the weight (or transposed weight) of, in the active scope.
-inline const layer_plan* active_plan(const at::Tensor& operand, bool transposed) {
-  return active_layers != nullptr ? active_layers->find(operand, transposed) : nullptr;
-}
-
-// What LibTorch's Linear calls (its `F::linear`): `addmm(bias, input, weight.t())` for a 2-D input with a bias, else
-// `input.matmul(weight.t())` and `output += bias`; and `aten::linear` for a program that calls `torch::linear`. Each
-// computes a listed layer in float8 and sends every other call on, unchanged. A bias is added in the output's type,
-// as torchao does.
-
-inline at::Tensor routed_linear(const at::Tensor& input, const at::Tensor& weight,
-                                const std::optional<at::Tensor>& bias) {
-  c10::impl::ExcludeDispatchKeyGuard outside(routing_key);
-  const auto* plan = active_plan(weight, false);
-  if (plan == nullptr) return at::linear(input, weight, bias);
+inline std::optional<at::Tensor> layer_table::route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
+                                                    const at::Tensor* bias) const {
+  const auto* plan = find(operand, transposed);
+  if (plan == nullptr) return std::nullopt;
   const auto out = float8_linear(input, *plan);
-  return bias && bias->defined() ? out + bias->to(out.scalar_type()) : out;
+  return bias != nullptr ? out + bias->to(out.scalar_type()) : out;
 }
 
-inline at::Tensor routed_addmm(const at::Tensor& bias, const at::Tensor& input, const at::Tensor& weight_t,
-                               const c10::Scalar& beta, const c10::Scalar& alpha) {
-  c10::impl::ExcludeDispatchKeyGuard outside(routing_key);
-  const bool plain = bias.dim() == 1 && beta.equal(1) && alpha.equal(1);
-  const auto* plan = plain ? active_plan(weight_t, true) : nullptr;
-  if (plan == nullptr) return at::addmm(bias, input, weight_t, beta, alpha);
-  const auto out = float8_linear(input, *plan);
-  return out + bias.to(out.scalar_type());
-}
-
-inline at::Tensor routed_matmul(const at::Tensor& input, const at::Tensor& weight_t) {
-  c10::impl::ExcludeDispatchKeyGuard outside(routing_key);
-  const auto* plan = input.dim() >= 1 ? active_plan(weight_t, true) : nullptr;
-  return plan == nullptr ? at::matmul(input, weight_t) : float8_linear(input, *plan);
-}
-
-/// Registers the routing kernels (and a fall-through for every other operator) on `routing_key`, once per process. The
-/// registrations live as long as the process (LibTorch's own static registrations do too).
-inline void install_routing() {
-  static const bool installed = [] {
-    if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(routing_key))
-      throw std::runtime_error(
-          "accel::fp8 routes Linear layers through LibTorch's AutocastPrivateUse1 dispatch key, which something else "
-          "in this process (a PrivateUse1 device backend) already uses");
-    auto* fallback = new torch::Library(torch::Library::IMPL, "_", routing_key, __FILE__, __LINE__);
-    fallback->fallback(torch::CppFunction::makeFallthrough());
-    auto* kernels = new torch::Library(torch::Library::IMPL, "aten", routing_key, __FILE__, __LINE__);
-    kernels->impl("linear", TORCH_FN(routed_linear));
-    kernels->impl("addmm", TORCH_FN(routed_addmm));
-    kernels->impl("matmul", TORCH_FN(routed_matmul));
-    return true;
-  }();
-  (void)installed;
-}
-
-/// What `accel::fp8`'s forward scope does: bfloat16 autocast (Accelerate's for fp8) and the routing kernels for
-/// `layers`, both restored when it ends.
+/// What `accel::fp8`'s forward scope does: bfloat16 autocast (Accelerate's for fp8) and the routing of `layers`,
+/// both restored when it ends.
 class [[nodiscard]] routing_scope {
  public:
   routing_scope(const layer_table& layers, c10::DeviceType device)
-      : autocast_(device, at::kBFloat16),
-        previous_(active_layers),
-        was_included_(c10::impl::tls_is_dispatch_key_included(routing_key)),
-        was_excluded_(c10::impl::tls_is_dispatch_key_excluded(routing_key)) {
-    active_layers = &layers;
-    c10::impl::tls_set_dispatch_key_excluded(routing_key, false);
-    c10::impl::tls_set_dispatch_key_included(routing_key, true);
-  }
-  routing_scope(const routing_scope&) = delete;
-  routing_scope& operator=(const routing_scope&) = delete;
-  ~routing_scope() {
-    c10::impl::tls_set_dispatch_key_included(routing_key, was_included_);
-    c10::impl::tls_set_dispatch_key_excluded(routing_key, was_excluded_);
-    active_layers = previous_;
-  }
+      : autocast_(device, at::kBFloat16), routing_(layers) {}
 
  private:
   autocast_scope autocast_;
-  const layer_table* previous_;
-  bool was_included_;
-  bool was_excluded_;
+  routing::routing_scope routing_;
 };
 
 }  // namespace accel::detail::fp8

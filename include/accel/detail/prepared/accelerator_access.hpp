@@ -60,6 +60,16 @@ struct accelerator_access {
   static void before_forward(Accelerator& acc, const torch::nn::Module& module) {
     acc.parallel_.before_forward(module);
   }
+  /// `prepared_model`, around each forward: the parallel policy's scope (tensor parallelism routes its split layers).
+  template <class Accelerator>
+  [[nodiscard]] static auto parallel_forward_scope(const Accelerator& acc) {
+    return acc.parallel_.forward_scope();
+  }
+  /// `accel::parallelize_module`: the policy that splits the model.
+  template <class Accelerator>
+  [[nodiscard]] static auto& parallel(Accelerator& acc) noexcept {
+    return acc.parallel_;
+  }
   /// `prepared_model`, on the forward's result (bf16/fp16: float32 outputs).
   template <class Accelerator, class Output>
   static decltype(auto) forward_output(const Accelerator& acc, Output&& output) {

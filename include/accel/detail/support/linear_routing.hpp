@@ -1,0 +1,159 @@
+/// \file
+/// Linear layers computed otherwise without replacing the user's modules. A LibTorch module calls its children
+/// through members of its own (`fc->forward(x)`, a non-virtual call) and has no forward hooks, so a child replaced in
+/// the module tree would never run: what is swapped is the computation. A policy lists the weights of the layers it
+/// computes otherwise in a `linear_router`; while one of its `routing_scope`s is alive, LibTorch's dispatcher sends
+/// the calls a Linear makes (`addmm`, `matmul`, `linear`) and an Embedding's (`embedding`) through kernels on a
+/// dispatch key that runs before autocast and autograd, which ask the active routers (innermost first) for the layer
+/// and send every other call on unchanged. fp8 (detail/fp8/linear.hpp) computes its layers in float8 this way, tensor
+/// parallelism (tensor_parallel.hpp) its column- and row-parallel layers. One registration of the kernels serves both.
+// IWYU pragma: private, include <accel/accel.hpp>
+#pragma once
+
+#include "../compat.hpp"  // ACCEL_HAS_LINEAR_ROUTING: on a LibTorch without the key this header declares nothing
+
+// Outside the #if: every LibTorch has ATen (and the per-header check then precompiles it, tests/CMakeLists.txt).
+#include <ATen/ATen.h>
+
+#if ACCEL_HAS_LINEAR_ROUTING
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+namespace accel::detail::routing {
+
+/// The dispatch key the routing kernels are registered on: the autocast key of PyTorch's private-use backend, which
+/// runs before every other autocast key and autograd, and on which nothing registers these operators in a CPU or
+/// CUDA program. It is enabled only inside routing scopes.
+inline constexpr c10::DispatchKey routing_key = c10::DispatchKey::AutocastPrivateUse1;
+
+/// Whether `operand` is the parameter `weight` (`transposed`: `weight.t()`, what LibTorch's `F::linear` multiplies
+/// by). Compared by storage, offset, sizes and strides, so that a parameter whose storage a policy swaps (a sharded
+/// policy's gather, tensor parallelism's slice) is still found.
+inline bool is_weight(const at::Tensor& operand, const at::Tensor& weight, bool transposed) {
+  if (!operand.defined() || operand.dim() != 2) return false;
+  if (!operand.is_alias_of(weight) || operand.storage_offset() != weight.storage_offset()) return false;
+  const int first = transposed ? 1 : 0, second = 1 - first;
+  return operand.size(0) == weight.size(first) && operand.size(1) == weight.size(second) &&
+         operand.stride(0) == weight.stride(first) && operand.stride(1) == weight.stride(second);
+}
+
+/// The layers one policy computes otherwise, found by their weight.
+class linear_router {
+ public:
+  linear_router() = default;
+  linear_router(const linear_router&) = default;
+  linear_router& operator=(const linear_router&) = default;
+  virtual ~linear_router() = default;
+  /// The output of the layer whose weight `operand` is (`transposed`: whose `weight.t()` it is) on `input`, with
+  /// `bias` added (null: none); none when `operand` is no listed layer's weight. Runs outside `routing_key`.
+  [[nodiscard]] virtual std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand,
+                                                        bool transposed, const at::Tensor* bias) const = 0;
+  /// The output of the embedding whose table `weight` is on `indices`; none when it lists no such embedding.
+  [[nodiscard]] virtual std::optional<at::Tensor> route_embedding(const at::Tensor& /*weight*/,
+                                                                  const at::Tensor& /*indices*/) const {
+    return std::nullopt;
+  }
+};
+
+/// The routers of the routing scopes alive on this thread, innermost last.
+inline thread_local std::vector<const linear_router*> active_routers;
+
+/// The first active router's output for the layer `operand` is the weight of, innermost first; none if no router
+/// lists it.
+inline std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
+                                       const at::Tensor* bias) {
+  for (auto router = active_routers.rbegin(); router != active_routers.rend(); ++router)
+    if (auto out = (*router)->route(input, operand, transposed, bias)) return out;
+  return std::nullopt;
+}
+
+// What LibTorch's Linear calls (its `F::linear`): `addmm(bias, input, weight.t())` for a 2-D input with a bias, else
+// `input.matmul(weight.t())` and `output += bias`; and `aten::linear` for a program that calls `torch::linear`. Each
+// computes a listed layer as its router says and sends every other call on, unchanged.
+
+inline at::Tensor routed_linear(const at::Tensor& input, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias) {
+  c10::impl::ExcludeDispatchKeyGuard outside(routing_key);
+  const at::Tensor* added = bias && bias->defined() ? &*bias : nullptr;
+  if (auto out = route(input, weight, false, added)) return *std::move(out);
+  return at::linear(input, weight, bias);
+}
+
+inline at::Tensor routed_addmm(const at::Tensor& bias, const at::Tensor& input, const at::Tensor& weight_t,
+                               const c10::Scalar& beta, const c10::Scalar& alpha) {
+  c10::impl::ExcludeDispatchKeyGuard outside(routing_key);
+  const bool plain = bias.dim() == 1 && beta.equal(1) && alpha.equal(1);
+  if (plain)
+    if (auto out = route(input, weight_t, true, &bias)) return *std::move(out);
+  return at::addmm(bias, input, weight_t, beta, alpha);
+}
+
+/// What LibTorch's Embedding calls (`F::embedding`): `aten::embedding`. A router's embedding takes no padding index,
+/// gradient scaling or sparse gradient (tensor parallelism refuses such a layer when it splits it).
+inline at::Tensor routed_embedding(const at::Tensor& weight, const at::Tensor& indices, c10::SymInt padding_idx,
+                                   bool scale_grad_by_freq, bool sparse) {
+  c10::impl::ExcludeDispatchKeyGuard outside(routing_key);
+  for (auto router = active_routers.rbegin(); router != active_routers.rend(); ++router)
+    if (auto out = (*router)->route_embedding(weight, indices)) return *std::move(out);
+  return at::embedding_symint(weight, indices, std::move(padding_idx), scale_grad_by_freq, sparse);
+}
+
+inline at::Tensor routed_matmul(const at::Tensor& input, const at::Tensor& weight_t) {
+  c10::impl::ExcludeDispatchKeyGuard outside(routing_key);
+  if (input.dim() >= 1)
+    if (auto out = route(input, weight_t, true, nullptr)) return *std::move(out);
+  return at::matmul(input, weight_t);
+}
+
+/// Registers the routing kernels (`linear`, `addmm`, `matmul`, `embedding`; a fall-through for every other operator) on
+/// `routing_key`, once per process. The registrations live as long as the process (LibTorch's own static registrations
+/// do too).
+inline void install_routing() {
+  static const bool installed = [] {
+    if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(routing_key))
+      throw std::runtime_error(
+          "accel routes Linear layers (fp8, tensor parallelism) through LibTorch's AutocastPrivateUse1 dispatch key, "
+          "which something else in this process (a PrivateUse1 device backend) already uses");
+    auto* fallback = new torch::Library(torch::Library::IMPL, "_", routing_key, __FILE__, __LINE__);
+    fallback->fallback(torch::CppFunction::makeFallthrough());
+    auto* kernels = new torch::Library(torch::Library::IMPL, "aten", routing_key, __FILE__, __LINE__);
+    kernels->impl("linear", TORCH_FN(routed_linear));
+    kernels->impl("addmm", TORCH_FN(routed_addmm));
+    kernels->impl("matmul", TORCH_FN(routed_matmul));
+    kernels->impl("embedding", TORCH_FN(routed_embedding));
+    return true;
+  }();
+  (void)installed;
+}
+
+/// While alive, `router`'s layers are computed as it says (on this thread); the previous routing restored after.
+class [[nodiscard]] routing_scope {
+ public:
+  explicit routing_scope(const linear_router& router)
+      : was_included_(c10::impl::tls_is_dispatch_key_included(routing_key)),
+        was_excluded_(c10::impl::tls_is_dispatch_key_excluded(routing_key)) {
+    active_routers.push_back(&router);
+    c10::impl::tls_set_dispatch_key_excluded(routing_key, false);
+    c10::impl::tls_set_dispatch_key_included(routing_key, true);
+  }
+  routing_scope(const routing_scope&) = delete;
+  routing_scope& operator=(const routing_scope&) = delete;
+  ~routing_scope() {
+    c10::impl::tls_set_dispatch_key_included(routing_key, was_included_);
+    c10::impl::tls_set_dispatch_key_excluded(routing_key, was_excluded_);
+    active_routers.pop_back();
+  }
+
+ private:
+  bool was_included_;
+  bool was_excluded_;
+};
+
+}  // namespace accel::detail::routing
+
+#endif  // ACCEL_HAS_LINEAR_ROUTING

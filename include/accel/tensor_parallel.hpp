@@ -1,0 +1,405 @@
+/// \file
+/// Tensor parallelism (Megatron-LM's column- and row-parallel Linear, PyTorch's `parallelize_module` with
+/// `ColwiseParallel` and `RowwiseParallel`) on the "tp" dimension of the job's device mesh (device_mesh.hpp), with
+/// replicated data parallelism (`data_parallel`) over its "dp" dimension:
+///
+///     // accel launch --nproc_per_node 4 --parallelism_config_dp_shard_size 2 --parallelism_config_tp_size 2
+///     accel::accelerator<accel::fp32, accel::tensor_parallel<accel::gloo>> acc;
+///     accel::parallelize_module(acc, model, {{"fc1", accel::colwise_parallel{}}, {"fc2", accel::rowwise_parallel{}}});
+///     torch::optim::AdamW optimizer(model->parameters());  // after: its state is built on the local slices
+///     auto [m, opt, batches] = acc.prepare(model, optimizer, loader);
+///
+/// The plan names Linear layers of the model; each one's weight (and a column-parallel layer's bias) is replaced by
+/// this rank's slice, the same parameter holding less. The modules stay the user's own: LibTorch modules have no
+/// forward hooks, so the forward of a prepared model routes the split layers' calls (detail/support/linear_routing.hpp)
+/// through one all-reduce per column/row pair forward and one backward (detail/tensor_parallel/layers.hpp). As with
+/// PyTorch's, code that reshapes a column-parallel output (attention heads) uses the local sizes (heads / tp).
+#pragma once
+
+#include "detail/compat.hpp"  // ACCEL_HAS_LINEAR_ROUTING
+
+#include <ATen/ATen.h>
+
+#if ACCEL_HAS_LINEAR_ROUTING
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "detail/prepared/accelerator_access.hpp"
+#include "detail/support/optimizer_state.hpp"
+#include "detail/support/text.hpp"
+#include "detail/tensor_parallel/layers.hpp"
+#include "device_mesh.hpp"
+#include "parallel.hpp"
+#include "prepared_model.hpp"
+
+namespace accel {
+
+/// PyTorch's `ColwiseParallel`: the Linear's output features split across the "tp" group; its input whole on every
+/// rank, its output this rank's slice of the features (the next layer, row-parallel, takes it as it is). `fused`:
+/// the output is that many equal parts side by side (attention's fused query, key and value: 3), each split across
+/// the group, so that this rank's output is its slice of each part, side by side.
+struct colwise_parallel {
+  std::int64_t fused = 1;
+};
+/// PyTorch's `RowwiseParallel`: the Linear's input features split across the "tp" group; its input this rank's
+/// slice of the features, its output whole on every rank (the partial products all-reduced, then the bias added).
+/// On an Embedding (as PyTorch's on an nn.Embedding): its vocabulary split, Megatron's vocabulary-parallel embedding
+/// (each id's row looked up by the rank that holds it, the outputs all-reduced).
+struct rowwise_parallel {};
+using tensor_parallel_style = std::variant<colwise_parallel, rowwise_parallel>;
+/// A plan by module name, as the dict of PyTorch's `parallelize_module`: `{{"blocks.0.fc1", colwise_parallel{}}, ...}`.
+using tensor_parallel_plan = std::vector<std::pair<std::string, tensor_parallel_style>>;
+
+namespace detail::tp {
+
+/// `mesh` (the job's `ParallelismConfig`) checked for tensor parallelism on `num_processes`: tp above 1, no cp.
+inline const mesh_layout& tensor_parallel_mesh(const std::optional<mesh_layout>& mesh, int num_processes) {
+  const std::string policy = "accel::tensor_parallel: ";
+  if (!mesh || mesh->sizes().tp < 2)
+    throw mesh_error(policy + "the mesh has no tp dimension (tp must be above 1) for this job of " +
+                     std::to_string(num_processes) +
+                     " processes: start it with accel launch --parallelism_config_tp_size T (and, for data "
+                     "parallelism beside, --parallelism_config_dp_shard_size D, D x T = the processes), or set "
+                     "PARALLELISM_CONFIG_TP_SIZE; with tp = 1 use accel::data_parallel");
+  if (mesh->sizes().cp > 1)
+    throw mesh_error(policy + "the mesh " + describe(mesh->sizes()) +
+                     " has cp above 1; context parallelism is not built: set cp to 1");
+  return *mesh;
+}
+
+/// The module called `name` in `model`; throws naming the model's Linear and Embedding layers when there is none.
+inline torch::nn::Module& module_named(torch::nn::Module& model, const std::string& name) {
+  std::string layers;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    if (item.key() == name) return *item.value();
+    if (dynamic_cast<torch::nn::LinearImpl*>(item.value().get()) != nullptr ||
+        dynamic_cast<torch::nn::EmbeddingImpl*>(item.value().get()) != nullptr)
+      append_item(layers, item.key());
+  }
+  throw std::invalid_argument("accel::parallelize_module: the model has no module \"" + name +
+                              "\"; its Linear and Embedding layers are " +
+                              (layers.empty() ? std::string("none") : layers));
+}
+
+/// Rank `index` of `size`'s slice of `whole` along `dimension`, cut first into `fused` equal parts, each sliced.
+inline at::Tensor slice_of(const at::Tensor& whole, std::int64_t dimension, std::int64_t fused, int index, int size) {
+  const auto part = whole.size(dimension) / fused / size;
+  return whole.unflatten(dimension, {fused, whole.size(dimension) / fused})
+      .narrow(dimension + 1, index * part, part)
+      .flatten(dimension, dimension + 1)
+      .clone();
+}
+
+/// The whole tensor of the ranks' `slices` (slice_of's, in rank order).
+inline at::Tensor whole_of(const std::vector<at::Tensor>& slices, std::int64_t dimension, std::int64_t fused) {
+  std::vector<at::Tensor> parts;
+  for (const auto& slice : slices) parts.push_back(slice.unflatten(dimension, {fused, slice.size(dimension) / fused}));
+  return at::cat(parts, dimension + 1).flatten(dimension, dimension + 1);
+}
+
+/// Rank `index` of `size`'s slice of `parameter` along `dimension`, in place (the parameter keeps its identity, so an
+/// optimizer built after holds the slice); returns where the slice starts. `what` names the features for a refusal.
+inline std::int64_t keep_slice(const std::string& name, at::Tensor& parameter, std::int64_t dimension, int index,
+                               int size, const std::string& what, std::int64_t fused = 1) {
+  const auto full = parameter.size(dimension);
+  if (fused < 1 || full % fused != 0)
+    throw std::invalid_argument("accel::parallelize_module: \"" + name + "\" has " + std::to_string(full) + " " + what +
+                                ", which colwise_parallel{.fused = " + std::to_string(fused) +
+                                "} cannot cut into equal parts; fused counts the parts side by side in its output");
+  if ((full / fused) % size != 0)
+    throw std::invalid_argument("accel::parallelize_module: \"" + name + "\" has " + std::to_string(full) + " " + what +
+                                ", which tp = " + std::to_string(size) +
+                                " does not divide; choose a tp size that divides them, or leave the layer whole");
+  at::NoGradGuard no_grad;
+  parameter.set_data(slice_of(parameter, dimension, fused, index, size));
+  return index * full / size;
+}
+
+/// The layer called `name` in `model` split as `style` across `size` ranks, keeping rank `index`'s slice: a Linear
+/// column- or row-parallel, an Embedding (row-parallel: PyTorch's RowwiseParallel on an nn.Embedding) by its
+/// vocabulary.
+inline layer split_layer(torch::nn::Module& model, const std::string& name, const tensor_parallel_style& style,
+                         int index, int size) {
+  auto& module = module_named(model, name);
+  const bool colwise = std::holds_alternative<colwise_parallel>(style);
+  if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(&module)) {
+    if (!colwise)
+      return {name, linear->weight, linear->bias, split::rows_of_input,
+              keep_slice(name, linear->weight, 1, index, size, "input features")};
+    const auto fused = std::get<colwise_parallel>(style).fused;
+    const auto first = keep_slice(name, linear->weight, 0, index, size, "output features", fused);
+    if (linear->bias.defined()) keep_slice(name, linear->bias, 0, index, size, "output features", fused);
+    return {name, linear->weight, linear->bias, split::columns_of_output, first, fused};
+  }
+  auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(&module);
+  if (embedding == nullptr)
+    throw std::invalid_argument("accel::parallelize_module: \"" + name + "\" is a " + module.name() +
+                                "; colwise_parallel and rowwise_parallel split torch::nn::Linear layers, and "
+                                "rowwise_parallel torch::nn::Embedding layers");
+  const auto& how = embedding->options;
+  if (colwise || how.padding_idx() || how.max_norm() || how.scale_grad_by_freq() || how.sparse())
+    throw std::invalid_argument("accel::parallelize_module: \"" + name +
+                                "\" is an Embedding: it splits by its vocabulary with rowwise_parallel (as PyTorch's "
+                                "RowwiseParallel on an nn.Embedding), without padding_idx, max_norm, "
+                                "scale_grad_by_freq or sparse");
+  return {name, embedding->weight, at::Tensor(), split::vocabulary,
+          keep_slice(name, embedding->weight, 0, index, size, "rows (its vocabulary)")};
+}
+
+}  // namespace detail::tp
+
+/// Tensor parallelism over `Backend` on the mesh of the job's `ParallelismConfig` (tp above 1, no cp): the layers
+/// a plan names split across the "tp" group (`accel::parallelize_module`), and `data_parallel` over the "dp"
+/// group (dp_replicate x dp_shard; replicated: each dp rank holds its tp slices whole, the bytes of DDP, not FSDP's).
+/// The processes and every query and collective of accel/collectives.hpp are the whole job's; prepared data is
+/// sharded by the dp rank, so the tp peers read the same batches (as Accelerate's loader). Every process of the job
+/// constructs it at the same point (it makes the mesh's groups).
+template <class Backend>
+struct tensor_parallel : data_parallel<Backend> {
+  using base = data_parallel<Backend>;
+  using typename base::communicator_type;
+  static constexpr bool joins_uneven_inputs = false;
+  static constexpr bool steps_alone = false;  // a rank's optimizer holds slices: local_sgd would average them apart
+
+  explicit tensor_parallel(const options& opts)
+      : base(opts),
+        world_(&base::communicator()),
+        mesh_(detail::tp::tensor_parallel_mesh(configured_mesh(opts.parallelism_config, world_->size()), world_->size())
+                  .sizes(),
+              *world_),
+        tp_group_(&mesh_.group("tp")),
+        layers_(std::make_shared<detail::tp::layer_router>(
+            [group = tp_group_](at::Tensor& tensor, reduction op) { group->all_reduce(tensor, op).wait(); })) {
+    this->narrow_to(mesh_.layout().has("dp") ? mesh_.group("dp")
+                                             : detail::mesh_group(*world_, "dp", std::vector<int>{world_->rank()}));
+    detail::routing::install_routing();
+  }
+
+  [[nodiscard]] static std::string name() { return "tensor_parallel<" + std::string(Backend::name) + ">"; }
+
+  // The job's processes and collectives, not the dp group's (which the data parallelism inherited reduces over).
+  [[nodiscard]] int process_index() const noexcept { return world_->rank(); }
+  [[nodiscard]] int local_process_index() const noexcept { return world_->environment().local_rank; }
+  [[nodiscard]] int num_processes() const noexcept { return world_->size(); }
+  void wait_for_everyone() { world_->barrier(); }
+  [[nodiscard]] communicator_type& communicator() noexcept { return *world_; }
+  /// The mesh: its layout and this process's groups.
+  [[nodiscard]] const device_mesh<communicator_type>& mesh() const noexcept { return mesh_; }
+
+  /// What `accel::parallelize_module` does: every process of the job takes process 0's weights (the tp peers must
+  /// slice the same ones), then each Linear the plan names keeps this rank's slice. Before the optimizer is built.
+  void parallelize_module(torch::nn::Module& model, const tensor_parallel_plan& plan) {
+    detail::broadcast_module_state(model, *world_);
+    for (const auto& [name, style] : plan)
+      layers_->add(detail::tp::split_layer(model, name, style, mesh_.local_rank("tp"), tp_group_->size()));
+  }
+
+  /// Alive around each forward of a prepared model: the split layers computed with their all-reduces.
+  [[nodiscard]] detail::routing::routing_scope forward_scope() const {
+    return detail::routing::routing_scope(*layers_);
+  }
+
+  /// The mean cross-entropy of `logits`, split by the vocabulary across the tp group (a column-parallel output layer's
+  /// output: this rank's columns, rows = the tokens), against `targets` (ids in the whole vocabulary), as
+  /// `torch::nn::functional::cross_entropy` of the whole logits: Megatron's vocabulary-parallel cross-entropy.
+  [[nodiscard]] at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) const {
+    const auto first = logits.size(-1) * mesh_.local_rank("tp");
+    auto& group = layers_->group();
+    return detail::tp::apply_function<detail::tp::vocab_parallel_cross_entropy>(
+               group, logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), first)
+        .mean();
+  }
+
+  /// The all-reduces run on the tp group so far, each way.
+  [[nodiscard]] tensor_parallel_counts all_reduces() const noexcept { return layers_->counts(); }
+  /// The names of the split layers, in the plan's order.
+  [[nodiscard]] std::vector<std::string> split_layers() const {
+    std::vector<std::string> names;
+    for (const auto& split_layer : layers_->layers()) names.push_back(split_layer.name);
+    return names;
+  }
+
+  /// Whether any process found an inf/NaN gradient: a split gradient's slices differ between the tp peers.
+  [[nodiscard]] bool any_non_finite(bool found_here) {
+    auto flag = at::full({1}, found_here ? 1.0 : 0.0, at::kFloat);
+    tp_group_->all_reduce(flag, reduction::max).wait();
+    return flag.item<float>() > 0;
+  }
+  /// The total gradient norm over the whole model: the split gradients' parts summed over the tp group, each
+  /// replicated one counted once (the dp replicas hold the same, all-reduced gradients).
+  [[nodiscard]] double gradient_norm(const std::vector<at::Tensor>& parameters, double norm_type) {
+    const bool infinite = std::isinf(norm_type);
+    double split = 0, replicated = 0;
+    for (const auto& parameter : parameters) {
+      if (!parameter.grad().defined()) continue;
+      const double norm = parameter.grad().norm(norm_type).item<double>();
+      auto& total = layers_->split_of(parameter) != nullptr ? split : replicated;
+      total = infinite ? std::max(total, norm) : total + std::pow(norm, norm_type);
+    }
+    auto parts = at::full({1}, split, at::kDouble);
+    tp_group_->all_reduce(parts, infinite ? reduction::max : reduction::sum).wait();
+    split = parts.item<double>();
+    return infinite ? std::max(split, replicated) : std::pow(split + replicated, 1.0 / norm_type);
+  }
+  /// Scales the gradients so that the whole model's norm is at most `max_norm` (`clip_grad_norm_`'s rule); returns
+  /// the norm before.
+  double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
+    const double total = gradient_norm(parameters, norm_type);
+    const double coefficient = std::min(max_norm / (total + 1e-6), 1.0);
+    at::NoGradGuard no_grad;
+    for (const auto& parameter : parameters)
+      if (parameter.grad().defined()) parameter.grad().mul_(coefficient);
+    return total;
+  }
+
+  /// `parameter` whole (get_state_dict): a split one's slices gathered from the tp group; a replicated one itself.
+  [[nodiscard]] at::Tensor full_parameter(const at::Tensor& parameter) {
+    const auto* split_layer = layers_->split_of(parameter);
+    if (split_layer == nullptr) return parameter;
+    return gathered(parameter.detach(), *split_layer, parameter.dim() == 1 ? 0 : split_layer->weight_dimension());
+  }
+  /// Runs `action` (save_state, load_state) with every split parameter whole, gathered over the tp group, keeping
+  /// what it writes into them: afterwards each keeps this rank's slice of what it then holds. A collective.
+  template <class Action>
+  void with_full_parameters(torch::nn::Module&, Action&& action) {
+    at::NoGradGuard no_grad;
+    for_each_split_parameter(
+        [&](at::Tensor& parameter, const auto&, std::int64_t) { parameter.set_data(full_parameter(parameter)); });
+    const auto slice_again = [&] {
+      for_each_split_parameter([&](at::Tensor& parameter, const auto& split_layer, std::int64_t dimension) {
+        parameter.set_data(sliced(parameter, split_layer, dimension));
+      });
+    };
+    try {
+      std::forward<Action>(action)();
+    } catch (...) {
+      slice_again();
+      throw;
+    }
+    slice_again();
+  }
+  /// `save_state`: runs `write` with the optimizer holding each split parameter's whole state, gathered over the tp
+  /// group (its slices kept aside and put back after). A collective.
+  template <class Write>
+  void with_full_optimizer_state(torch::optim::Optimizer& optimizer, Write&& write) {
+    at::NoGradGuard no_grad;
+    auto& state = optimizer.state();
+    std::vector<std::pair<at::Tensor, std::unique_ptr<torch::optim::OptimizerParamState>>> kept;
+    const auto restore = [&] {
+      for (auto& [parameter, slices] : kept) state[detail::compat::optimizer_state_key(parameter)] = std::move(slices);
+    };
+    try {
+      for_each_split_parameter([&](at::Tensor& parameter, const auto& split_layer, std::int64_t dimension) {
+        auto found = state.find(detail::compat::optimizer_state_key(parameter));
+        if (found == state.end()) return;
+        auto whole = found->second->clone();
+        check_elementwise(detail::transform_state_tensors(
+            *whole, [&](const at::Tensor& piece) { return gathered(piece, split_layer, dimension); }));
+        kept.emplace_back(parameter, std::exchange(found->second, std::move(whole)));
+      });
+      std::forward<Write>(write)();
+    } catch (...) {
+      restore();
+      throw;
+    }
+    restore();
+  }
+  /// `load_state`: `load()` loads a whole state into the optimizer, then each split parameter's state keeps this
+  /// rank's slice. No communication.
+  template <class Load>
+  void load_full_optimizer_state(torch::optim::Optimizer& optimizer, Load&& load) {
+    std::forward<Load>(load)();
+    at::NoGradGuard no_grad;
+    auto& state = optimizer.state();
+    for_each_split_parameter([&](at::Tensor& parameter, const auto& split_layer, std::int64_t dimension) {
+      auto found = state.find(detail::compat::optimizer_state_key(parameter));
+      if (found == state.end()) return;
+      check_elementwise(detail::transform_state_tensors(
+          *found->second, [&](const at::Tensor& whole) { return sliced(whole, split_layer, dimension); }));
+    });
+  }
+
+ private:
+  /// Calls `visit(parameter, layer, dimension)` for each split parameter (a layer's weight; a column-parallel
+  /// layer's bias), with the dimension it is split along.
+  template <class Visit>
+  void for_each_split_parameter(Visit&& visit) const {
+    for (const auto& split_layer : layers_->layers()) {
+      auto weight = split_layer.weight;  // the same parameter (a handle of its tensor)
+      visit(weight, split_layer, split_layer.weight_dimension());
+      if (split_layer.kind == detail::tp::split::columns_of_output && split_layer.bias.defined()) {
+        auto bias = split_layer.bias;
+        visit(bias, split_layer, std::int64_t{0});
+      }
+    }
+  }
+  /// The whole of this rank's `slice` of `split_layer`'s parameter (or state), gathered over the tp group. A
+  /// collective.
+  at::Tensor gathered(const at::Tensor& slice, const detail::tp::layer& split_layer, std::int64_t dimension) {
+    return detail::tp::whole_of(tp_group_->all_gather(slice.contiguous()), dimension, split_layer.fused);
+  }
+  /// This rank's slice of `whole`, a parameter (or state) of `split_layer`.
+  at::Tensor sliced(const at::Tensor& whole, const detail::tp::layer& split_layer, std::int64_t dimension) const {
+    return detail::tp::slice_of(whole, dimension, split_layer.fused, mesh_.local_rank("tp"), tp_group_->size());
+  }
+  static void check_elementwise(bool elementwise) {
+    if (!elementwise)
+      throw std::invalid_argument(
+          "accel::tensor_parallel: this optimizer's parameter state is not one of LibTorch's elementwise optimizers' "
+          "(Adam, AdamW, SGD, RMSprop, Adagrad), so its split parameters' state cannot be gathered or sliced");
+  }
+
+  communicator_type* world_;
+  device_mesh<communicator_type> mesh_;
+  communicator_type* tp_group_;
+  std::shared_ptr<detail::tp::layer_router> layers_;  // on the heap: routing scopes and autograd point into it
+};
+
+/// Megatron's vocabulary-parallel cross-entropy under `accel::tensor_parallel` (its `vocab_parallel_cross_entropy`):
+/// the mean cross-entropy of logits split by the vocabulary across the tp group, without gathering them.
+template <class Accelerator>
+[[nodiscard]] at::Tensor vocab_parallel_cross_entropy(const Accelerator& acc, const at::Tensor& logits,
+                                                      const at::Tensor& targets) {
+  return acc.parallel().vocab_parallel_cross_entropy(logits, targets);
+}
+
+/// PyTorch's `parallelize_module(model, mesh["tp"], plan)`: under `accel::tensor_parallel`, each Linear that `plan`
+/// names keeps this rank's slice of its weight (see tensor_parallel.hpp). Call it on every process, before the
+/// optimizer is built (so that its state is made on the slices) and before `prepare`.
+template <class Accelerator, model_like Model>
+void parallelize_module(Accelerator& acc, const Model& model, const tensor_parallel_plan& plan) {
+  detail::accelerator_access::parallel(acc).parallelize_module(*detail::module_pointer(model), plan);
+}
+
+}  // namespace accel
+
+#else  // a LibTorch without the routing key
+
+#include "detail/support/diagnostics.hpp"
+
+namespace accel {
+/// Refused at compile time: this LibTorch has no dispatch key to route the split layers through.
+template <class Backend>
+struct tensor_parallel {
+  static_assert(detail::always_false<Backend>,
+                "accel::tensor_parallel routes Linear layers through LibTorch's AutocastPrivateUse1 dispatch key, "
+                "which LibTorch 2.4 and later have: build with a newer LibTorch");
+};
+}  // namespace accel
+
+#endif  // ACCEL_HAS_LINEAR_ROUTING

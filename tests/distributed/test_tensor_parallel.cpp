@@ -1,0 +1,437 @@
+// Issue 34 item 3: tensor parallelism (accel/tensor_parallel.hpp) on real Gloo processes, as `accel launch
+// --parallelism_config_tp_size 2` (and --parallelism_config_dp_shard_size 2 beside, on 4) starts them (mesh.tp.* in
+// tests/CMakeLists.txt). Each process also trains the same model alone, unsplit, on the whole job's batches: the
+// reference the split run must equal.
+// LibTorch first: its logging header defines a CHECK of its own, which Catch's must replace (accel_tests' precompiled
+// header includes them in this order too).
+#include "support.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <type_traits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "char_transformer.hpp"
+
+namespace {
+
+using tp_policy = accel::tensor_parallel<accel::gloo>;
+using tp_accelerator = accel::accelerator<accel::fp32, tp_policy>;
+
+/// An MLP whose middle pair is Megatron's: fc1 column-parallel, fc2 row-parallel; fc0 stays whole, so that fc1's
+/// input needs a gradient (the pair's backward all-reduce).
+struct mlpImpl : torch::nn::Module {
+  mlpImpl() {
+    fc0 = register_module("fc0", torch::nn::Linear(6, 8));
+    fc1 = register_module("fc1", torch::nn::Linear(8, 12));
+    fc2 = register_module("fc2", torch::nn::Linear(12, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::tanh(fc1(torch::tanh(fc0(x))))); }
+  torch::nn::Linear fc0{nullptr}, fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(mlp);
+
+const accel::tensor_parallel_plan mlp_plan{{"fc1", accel::colwise_parallel{}}, {"fc2", accel::rowwise_parallel{}}};
+
+constexpr int steps = 50;
+constexpr int rows = 4;            // per batch; the job's global batch is rows x dp
+constexpr double max_norm = 0.05;  // small enough that every step clips
+
+/// Batch `i` of the data: the same on every process.
+std::pair<torch::Tensor, torch::Tensor> batch(int i) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 + i);
+  return {torch::randn({rows, 6}, generator), torch::randn({rows, 4}, generator)};
+}
+
+/// What a run leaves: the full parameters (get_state_dict's, in the model's order) and each step's gradient norm.
+struct run {
+  std::vector<torch::Tensor> parameters;
+  std::vector<double> norms;
+};
+
+/// The model trained alone, unsplit: each step on the job's whole global batch (the dp ranks' batches together).
+run train_alone(int dp) {
+  torch::manual_seed(3);
+  mlp net;
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+  run result;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<torch::Tensor> xs, ys;
+    for (int r = 0; r < dp; ++r) {
+      auto [x, y] = batch(step * dp + r);
+      xs.push_back(x);
+      ys.push_back(y);
+    }
+    optimizer.zero_grad();
+    torch::mse_loss(net->forward(torch::cat(xs)), torch::cat(ys)).backward();
+    result.norms.push_back(torch::nn::utils::clip_grad_norm_(net->parameters(), max_norm));
+    optimizer.step();
+  }
+  for (const auto& p : net->parameters()) result.parameters.push_back(p.detach().clone());
+  return result;
+}
+
+/// The parameters' numbers of elements, in the model's order.
+std::vector<std::int64_t> sizes_of(const std::vector<torch::Tensor>& parameters) {
+  std::vector<std::int64_t> sizes;
+  for (const auto& p : parameters) sizes.push_back(p.numel());
+  return sizes;
+}
+
+}  // namespace
+
+TEST_CASE("tensor_parallel trains an MLP as one process does on the whole batch, within 1e-5 over 50 steps",
+          "[tp][tp_parity]") {
+  tp_accelerator acc;
+  const auto& mesh = acc.parallel().mesh();
+  const int tp = mesh.layout().size("tp");
+  const int dp = acc.num_processes() / tp;
+  const auto expected = train_alone(dp);
+
+  // Process 0 starts where train_alone does, the others elsewhere: parallelize_module gives every one process 0's.
+  torch::manual_seed(acc.process_index() == 0 ? 3 : 17 + acc.process_index());
+  mlp net;
+  const auto full_sizes = sizes_of(net->parameters());
+  accel::parallelize_module(acc, net, mlp_plan);
+  CHECK((acc.parallel().split_layers() == std::vector<std::string>{"fc1", "fc2"}));
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int i = 0; i < steps * dp; ++i) batches.push_back(batch(i));
+  auto [model, opt, data] = acc.prepare(net, optimizer, batches);
+
+  run got;
+  int step = 0;
+  for (const auto& [x, y] : data) {
+    // TP peers read the same batch, the one of their dp rank (Accelerate's loader divides the index by tp x cp).
+    CHECK(torch::equal(x, batches[static_cast<std::size_t>(step * dp + acc.process_index() / tp)].first));
+    const auto before = acc.parallel().all_reduces();
+    acc.backward(torch::mse_loss(model(x), y));
+    const auto after = acc.parallel().all_reduces();
+    CHECK(after.forward_all_reduces - before.forward_all_reduces == 1);  // one per column/row pair, each way
+    CHECK(after.backward_all_reduces - before.backward_all_reduces == 1);
+    got.norms.push_back(acc.clip_grad_norm_(model->parameters(), max_norm));
+    opt.step();
+    opt.zero_grad();
+    ++step;
+  }
+  REQUIRE(step == steps);
+  for (auto& [name, tensor] : acc.get_state_dict(model)) got.parameters.push_back(tensor);
+
+  REQUIRE(got.parameters.size() == expected.parameters.size());
+  for (std::size_t i = 0; i < got.parameters.size(); ++i) {
+    const auto difference = (got.parameters[i] - expected.parameters[i]).abs().max().item<double>();
+    INFO("parameter " << i << ", max difference " << difference);
+    CHECK(got.parameters[i].sizes() == expected.parameters[i].sizes());
+    CHECK(difference <= 1e-5);
+  }
+  // Clipping is global over tp and dp: every step's norm is the whole model's, and clipped (norm above max_norm).
+  for (int s = 0; s < steps; ++s) {
+    INFO("step " << s);
+    CHECK(std::abs(got.norms[s] - expected.norms[s]) <= 1e-5 * expected.norms[s]);
+    CHECK(expected.norms[s] > max_norm);
+  }
+  // The optimizer's state lives on the local slices (Accelerate's #3835 cannot happen): fc1's weight and bias and
+  // fc2's weight hold 1/tp of theirs, fc0 and fc2's bias their whole.
+  const std::vector<std::int64_t> divisor{1, 1, tp, tp, tp, 1};
+  const auto params = net->parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    INFO("parameter " << i);
+    const auto& state = static_cast<torch::optim::AdamWParamState&>(
+        *optimizer.state().at(accel::detail::compat::optimizer_state_key(params[i])));
+    CHECK(state.exp_avg().numel() == full_sizes[i] / divisor[i]);
+    CHECK(state.exp_avg_sq().numel() == full_sizes[i] / divisor[i]);
+    CHECK(params[i].numel() == full_sizes[i] / divisor[i]);
+  }
+}
+
+namespace {
+
+/// A small language model split as Megatron splits a transformer: the embedding by its vocabulary, an MLP pair,
+/// and the output layer column-parallel, so that its logits stay split by the vocabulary into the parallel
+/// cross-entropy.
+struct lmImpl : torch::nn::Module {
+  static constexpr int vocabulary = 16;
+  lmImpl() {
+    embed = register_module("embed", torch::nn::Embedding(vocabulary, 8));
+    fc1 = register_module("fc1", torch::nn::Linear(8, 12));
+    fc2 = register_module("fc2", torch::nn::Linear(12, 8));
+    head = register_module("head", torch::nn::Linear(8, vocabulary));
+  }
+  torch::Tensor forward(const torch::Tensor& ids) {
+    const auto h = torch::tanh(embed(ids));
+    return head(torch::tanh(h + fc2(torch::tanh(fc1(h)))));
+  }
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, head{nullptr};
+};
+TORCH_MODULE(lm);
+
+const accel::tensor_parallel_plan lm_plan{{"embed", accel::rowwise_parallel{}},
+                                          {"fc1", accel::colwise_parallel{}},
+                                          {"fc2", accel::rowwise_parallel{}},
+                                          {"head", accel::colwise_parallel{}}};
+
+/// Token batch `i`: ids and the next ids, [rows, 5].
+std::pair<torch::Tensor, torch::Tensor> tokens(int i) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(2000 + i);
+  return {torch::randint(lmImpl::vocabulary, {rows, 5}, generator),
+          torch::randint(lmImpl::vocabulary, {rows, 5}, generator)};
+}
+
+/// The language model trained alone on the job's whole global batches, with the whole logits' cross-entropy, for
+/// `count` steps.
+std::vector<torch::Tensor> train_lm_alone(int dp, int count = steps) {
+  torch::manual_seed(4);
+  lm net;
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+  for (int step = 0; step < count; ++step) {
+    std::vector<torch::Tensor> xs, ys;
+    for (int r = 0; r < dp; ++r) {
+      auto [x, y] = tokens(step * dp + r);
+      xs.push_back(x);
+      ys.push_back(y);
+    }
+    optimizer.zero_grad();
+    const auto logits = net->forward(torch::cat(xs));
+    torch::nn::functional::cross_entropy(logits.reshape({-1, lmImpl::vocabulary}), torch::cat(ys).reshape({-1}))
+        .backward();
+    optimizer.step();
+  }
+  std::vector<torch::Tensor> parameters;
+  for (const auto& p : net->parameters()) parameters.push_back(p.detach().clone());
+  return parameters;
+}
+
+}  // namespace
+
+TEST_CASE("tensor_parallel trains a vocabulary-parallel language model as one process, within 1e-5 over 50 steps",
+          "[tp][tp_parity]") {
+  tp_accelerator acc;
+  const int tp = acc.parallel().mesh().layout().size("tp");
+  const int dp = acc.num_processes() / tp;
+  const auto expected = train_lm_alone(dp);
+
+  torch::manual_seed(acc.process_index() == 0 ? 4 : 40 + acc.process_index());
+  lm net;
+  accel::parallelize_module(acc, net, lm_plan);
+  CHECK(net->embed->weight.size(0) == lmImpl::vocabulary / tp);
+  CHECK(net->head->weight.size(0) == lmImpl::vocabulary / tp);
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int i = 0; i < steps * dp; ++i) batches.push_back(tokens(i));
+  auto [model, opt, data] = acc.prepare(net, optimizer, batches);
+  int step = 0;
+  for (const auto& [x, y] : data) {
+    const auto before = acc.parallel().all_reduces();
+    const auto logits = model(x);
+    CHECK(logits.size(-1) == lmImpl::vocabulary / tp);  // split by the vocabulary, never gathered
+    acc.backward(accel::vocab_parallel_cross_entropy(acc, logits, y));
+    const auto after = acc.parallel().all_reduces();
+    // Forward: the embedding's sum and the MLP pair's; backward: the inputs of fc1 and of the head.
+    CHECK(after.forward_all_reduces - before.forward_all_reduces == 2);
+    CHECK(after.backward_all_reduces - before.backward_all_reduces == 2);
+    opt.step();
+    opt.zero_grad();
+    ++step;
+  }
+  REQUIRE(step == steps);
+  std::vector<torch::Tensor> got;
+  for (auto& [name, tensor] : acc.get_state_dict(model)) got.push_back(tensor);
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto difference = (got[i] - expected[i]).abs().max().item<double>();
+    INFO("parameter " << i << ", max difference " << difference);
+    CHECK(got[i].sizes() == expected[i].sizes());
+    CHECK(difference <= 1e-5);
+  }
+}
+
+namespace {
+
+/// char_lm's transformer (examples/char_transformer.hpp), small: vocabulary 24, context 8, dim 16, 4 heads, 2
+/// blocks, no dropout.
+CharTransformer char_transformer() { return CharTransformer(24, 8, 16, 4, 2, 0.0); }
+
+/// Megatron's split of it: the token embedding by its vocabulary, each block's attention (qkv column-parallel, its
+/// query, key and value parts each split: whole heads per rank; out row-parallel) and MLP, and the output layer.
+accel::tensor_parallel_plan char_transformer_plan() {
+  accel::tensor_parallel_plan plan{{"token_embedding", accel::rowwise_parallel{}}, {"head", accel::colwise_parallel{}}};
+  for (const std::string block : {"blocks.0.", "blocks.1."}) {
+    plan.emplace_back(block + "attention.qkv", accel::colwise_parallel{.fused = 3});
+    plan.emplace_back(block + "attention.out", accel::rowwise_parallel{});
+    plan.emplace_back(block + "mlp.0", accel::colwise_parallel{});
+    plan.emplace_back(block + "mlp.2", accel::rowwise_parallel{});
+  }
+  return plan;
+}
+
+/// SGD with momentum, not AdamW: the key projection's bias has no gradient but rounding noise (softmax ignores what
+/// it adds to every key alike), which AdamW's m / sqrt(v) would blow up to whole steps in either run.
+torch::optim::SGDOptions transformer_sgd() { return torch::optim::SGDOptions(0.1).momentum(0.9); }
+
+/// Character batch `i`: ids and the next ids, [rows, 8].
+std::pair<torch::Tensor, torch::Tensor> characters(int i) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(3000 + i);
+  return {torch::randint(24, {rows, 8}, generator), torch::randint(24, {rows, 8}, generator)};
+}
+
+}  // namespace
+
+TEST_CASE("tensor_parallel trains char_lm's transformer as one process on the whole batch, within 1e-5 over 50 steps",
+          "[tp][tp_parity]") {
+  tp_accelerator acc;
+  const int tp = acc.parallel().mesh().layout().size("tp");
+  const int dp = acc.num_processes() / tp;
+  std::vector<torch::Tensor> expected;
+  {
+    torch::manual_seed(6);
+    auto net = char_transformer();
+    torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
+    for (int step = 0; step < steps; ++step) {
+      std::vector<torch::Tensor> xs, ys;
+      for (int r = 0; r < dp; ++r) {
+        auto [x, y] = characters(step * dp + r);
+        xs.push_back(x);
+        ys.push_back(y);
+      }
+      optimizer.zero_grad();
+      torch::nn::functional::cross_entropy(net->forward(torch::cat(xs)).reshape({-1, 24}), torch::cat(ys).reshape({-1}))
+          .backward();
+      optimizer.step();
+    }
+    for (const auto& p : net->parameters()) expected.push_back(p.detach().clone());
+  }
+  torch::manual_seed(acc.process_index() == 0 ? 6 : 60 + acc.process_index());
+  auto net = char_transformer();
+  accel::parallelize_module(acc, net, char_transformer_plan());
+  CHECK(net->blocks[0]->as<Block>()->attention->qkv->weight.size(0) == 3 * 16 / tp);
+  torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int i = 0; i < steps * dp; ++i) batches.push_back(characters(i));
+  auto [model, opt, data] = acc.prepare(net, optimizer, batches);
+  for (const auto& [x, y] : data) {
+    const auto before = acc.parallel().all_reduces();
+    acc.backward(accel::vocab_parallel_cross_entropy(acc, model(x), y));
+    const auto after = acc.parallel().all_reduces();
+    // Forward: the embedding's, and each block's two pairs; backward: each block's two pairs' inputs and the head's.
+    CHECK(after.forward_all_reduces - before.forward_all_reduces == 1 + 2 * 2);
+    CHECK(after.backward_all_reduces - before.backward_all_reduces == 2 * 2 + 1);
+    opt.step();
+    opt.zero_grad();
+  }
+  std::vector<torch::Tensor> got;
+  for (auto& [name, tensor] : acc.get_state_dict(model)) got.push_back(tensor);
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto difference = (got[i] - expected[i]).abs().max().item<double>();
+    INFO("parameter " << i << ", max difference " << difference);
+    CHECK(got[i].sizes() == expected[i].sizes());
+    CHECK(difference <= 1e-5);
+  }
+}
+
+TEST_CASE("tensor_parallel refuses what it cannot split, naming the fix", "[tp][tp_refusals]") {
+  using Catch::Matchers::Contains;
+  tp_accelerator acc;
+  const int tp = acc.parallel().mesh().layout().size("tp");
+  mlp net;
+  CHECK_THROWS_WITH(accel::parallelize_module(acc, net, {{"fc9", accel::colwise_parallel{}}}),
+                    Contains("no module \"fc9\"") && Contains("its Linear and Embedding layers are fc0, fc1, fc2"));
+  torch::nn::Sequential odd(torch::nn::Linear(8, 2 * tp + 1), torch::nn::Tanh());
+  CHECK_THROWS_WITH(accel::parallelize_module(acc, odd, {{"0", accel::colwise_parallel{}}}),
+                    Contains("\"0\" has " + std::to_string(2 * tp + 1) +
+                             " output features, which tp = " + std::to_string(tp) + " does not divide"));
+  CHECK_THROWS_WITH(accel::parallelize_module(acc, odd, {{"1", accel::rowwise_parallel{}}}),
+                    Contains("split torch::nn::Linear layers"));
+  CHECK_THROWS_WITH(accel::parallelize_module(acc, odd, {{"0", accel::colwise_parallel{.fused = 3}}}),
+                    Contains("colwise_parallel{.fused = 3} cannot cut into equal parts"));
+  torch::nn::Sequential table(torch::nn::Embedding(torch::nn::EmbeddingOptions(8, 4).padding_idx(0)));
+  CHECK_THROWS_WITH(accel::parallelize_module(acc, table, {{"0", accel::rowwise_parallel{}}}),
+                    Contains("splits by its vocabulary with rowwise_parallel") && Contains("without padding_idx"));
+  CHECK_THROWS_WITH(accel::detail::tp::tensor_parallel_mesh(std::nullopt, 2),
+                    Contains("no tp dimension") && Contains("--parallelism_config_tp_size T"));
+  CHECK_THROWS_WITH(accel::detail::tp::tensor_parallel_mesh(accel::mesh_layout({.cp = 2, .tp = 2}, 4), 4),
+                    Contains("has cp above 1"));
+}
+
+namespace {
+
+constexpr int saved_at = 10;  // the save job's steps; the loading jobs train as many again
+
+/// Where the tp = 2 job saves its checkpoint for the jobs at tp = 1 and tp = 4 (tests/CMakeLists.txt sets it).
+std::filesystem::path tp_checkpoint() {
+  const char* dir = std::getenv("ACCEL_TEST_CROSS_JOB_DIR");
+  REQUIRE(dir != nullptr);
+  return std::filesystem::path(dir) / "tensor_parallel_tp2";
+}
+
+/// The language model under `Accelerator` (tensor_parallel: split by lm_plan; one process: whole) trained on token
+/// batches [from, from + count) of a job with one dp rank, from the checkpoint `load` (when not empty), saved to
+/// `save` (when not empty); returns the full parameters.
+template <class Accelerator>
+std::vector<torch::Tensor> train_lm(int from, int count, const std::filesystem::path& load,
+                                    const std::filesystem::path& save) {
+  constexpr bool split = std::is_same_v<typename Accelerator::parallel_type, tp_policy>;
+  Accelerator acc;
+  torch::manual_seed(load.empty() ? 4 : 99);  // a loading job starts elsewhere: the checkpoint must bring it back
+  lm net;
+  if constexpr (split) accel::parallelize_module(acc, net, lm_plan);
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int i = from; i < from + count; ++i) batches.push_back(tokens(i));
+  auto [model, opt, data] = acc.prepare(net, optimizer, batches);
+  if (!load.empty()) acc.load_state(load);
+  for (const auto& [x, y] : data) {
+    const auto logits = model(x);
+    if constexpr (split)
+      acc.backward(accel::vocab_parallel_cross_entropy(acc, logits, y));
+    else
+      acc.backward(torch::nn::functional::cross_entropy(logits.reshape({-1, lmImpl::vocabulary}), y.reshape({-1})));
+    opt.step();
+    opt.zero_grad();
+  }
+  if (!save.empty()) acc.save_state(save);
+  std::vector<torch::Tensor> parameters;
+  for (auto& [name, tensor] : acc.get_state_dict(model)) parameters.push_back(tensor);
+  return parameters;
+}
+
+/// `got` equals training alone for `count` steps within 1e-5, parameter by parameter.
+void check_as_alone(const std::vector<torch::Tensor>& got, int count) {
+  const auto expected = train_lm_alone(1, count);
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto difference = (got[i] - expected[i]).abs().max().item<double>();
+    INFO("parameter " << i << ", max difference " << difference);
+    CHECK(got[i].sizes() == expected[i].sizes());
+    CHECK(difference <= 1e-5);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("tensor_parallel saves whole weights and optimizer state at tp = 2", "[tp_save]") {
+  const auto dir = tp_checkpoint();
+  check_as_alone(train_lm<tp_accelerator>(0, saved_at, {}, dir), saved_at);
+  // The files hold the whole model: what one process without tensor parallelism reads.
+  const auto weights = accel::safetensors::load(dir / "model.safetensors");
+  std::map<std::string, torch::Tensor> by_name(weights.begin(), weights.end());
+  CHECK(by_name.at("embed.weight").size(0) == lmImpl::vocabulary);
+  CHECK(by_name.at("head.weight").size(0) == lmImpl::vocabulary);
+  CHECK(by_name.at("fc2.weight").size(1) == 12);
+}
+
+TEST_CASE("a checkpoint saved at tp = 2 resumes at tp = 1 and tp = 4 as one process trains on", "[tp_load]") {
+  const auto dir = tp_checkpoint();
+  const char* tp = std::getenv("PARALLELISM_CONFIG_TP_SIZE");
+  const auto got = tp != nullptr && std::string(tp) != "1"
+                       ? train_lm<tp_accelerator>(saved_at, saved_at, dir, {})
+                       : train_lm<accel::accelerator<accel::fp32>>(saved_at, saved_at, dir, {});
+  check_as_alone(got, 2 * saved_at);
+}
