@@ -35,7 +35,7 @@ inline bool has_crc32_instruction() noexcept {
 }
 /// The table's loop on the inverted CRC, by the instruction.
 __attribute__((target("sse4.2"))) inline std::uint32_t crc32c_by_instruction(std::uint32_t state,
-                                                                              std::string_view bytes) noexcept {
+                                                                             std::string_view bytes) noexcept {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   std::size_t n = bytes.size();
   std::uint64_t wide = state;
