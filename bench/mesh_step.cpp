@@ -1,12 +1,13 @@
-// One accel job of the mesh benchmark (bench/mesh_compare.py runs it under `accel launch --nproc_per_node 4
-// --parallelism_config_dp_replicate_size 2 --parallelism_config_dp_shard_size 2`): the MLP of bench/ddp_step.cpp at
-// the given width, AdamW, batch 32 per process, one thread per process, on Gloo. Policies: hybrid_sharded (the
-// shard group's parameters gathered whole once per step) and hybrid_sharded_units (each Linear an accel::shard_unit,
-// resharded after forward: FSDP2's default per layer). Process 0 prints one line:
-//   `policy width ms_per_step optimizer_state_bytes_per_process dp_shard_bytes_per_step dp_replicate_bytes_per_step`
-// where the bytes are what process 0 sends on each mesh dimension in one step, counted from what that step handed to
-// collectives with a ring's share: (S-1)/S of what is reduce-scattered or all-gathered in the shard group of S,
-// 2 (R-1)/R of what is all-reduced across the R replicas.
+// One accel job of the mesh benchmark (bench/mesh_compare.py runs it under `accel launch` with the mesh's sizes): the
+// MLP of bench/ddp_step.cpp at the given width, AdamW, batch 32 per process, one thread per process, on Gloo.
+// Policies: hybrid_sharded (on dp_replicate 2 x dp_shard 2; the shard group's parameters gathered whole once per step),
+// hybrid_sharded_units (each Linear an accel::shard_unit, resharded after forward: FSDP2's default per layer) and
+// tensor_parallel (on tp 2, alone or beside dp 2: the hidden Linear layers in column/row-parallel pairs, Megatron's
+// MLP). Process 0 prints one line:
+//   `policy width ms_per_step optimizer_state_bytes_per_process first_dimension_bytes second_dimension_bytes`
+// the dimensions dp_shard and dp_replicate for hybrid_sharded, tp and dp for tensor_parallel: what process 0 sends
+// on each in one step, counted from what that step handed to collectives with a ring's share: (n-1)/n of what is
+// reduce-scattered or all-gathered in a group of n, 2 (n-1)/n of what is all-reduced.
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "support.hpp"
 
@@ -33,9 +35,27 @@ struct handed_bytes {
   double replica = 0;
 };
 
+/// What hybrid_sharded has handed to collectives so far, per mesh dimension (its own counters).
+template <class Accelerator, class Net>
+handed_bytes handed_by_hybrid(Accelerator& acc, Net& net, torch::optim::Optimizer& optimizer) {
+  const auto* reducer = acc.parallel().reducer_for(*net);
+  const auto* shards = acc.parallel().shards_of(optimizer);
+  return {.shard = static_cast<double>(shards->all_gathered_bytes() + reducer->payload_elements() * 4),
+          .replica = static_cast<double>(reducer->replica_elements() * 4)};
+}
+
+/// Megatron's MLP over tp: each hidden Linear pair column- then row-parallel (the last Linear replicated).
+const accel::tensor_parallel_plan mlp_plan{{"0", accel::colwise_parallel{}},
+                                           {"2", accel::rowwise_parallel{}},
+                                           {"4", accel::colwise_parallel{}},
+                                           {"6", accel::rowwise_parallel{}}};
+
+template <class Parallel>
 int run(const std::string& policy, int width, int steps, int warmup) {
-  accel::accelerator<accel::fp32, accel::hybrid_sharded<accel::gloo>> acc;
+  accel::accelerator<accel::fp32, Parallel> acc;
   auto net = bench::wide_mlp(width, /*units=*/policy == "hybrid_sharded_units");
+  constexpr bool tensor_parallel = std::is_same_v<Parallel, accel::tensor_parallel<accel::gloo>>;
+  if constexpr (tensor_parallel) accel::parallelize_module(acc, net, mlp_plan);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
   auto [model, opt] = acc.prepare(net, optimizer);
   const auto data = bench::wide_batches(width, acc.process_index());
@@ -46,21 +66,28 @@ int run(const std::string& policy, int width, int steps, int warmup) {
     opt.zero_grad();
   };
   const double ms = bench::seconds_per_step(acc, step, steps, warmup) * 1e3;
-  const auto* reducer = acc.parallel().reducer_for(*net);
-  const auto* shards = acc.parallel().shards_of(optimizer);
+  const auto& sizes = acc.parallelism_config()->sizes();  // both policies refuse a job without a mesh
   const auto handed = [&] {
-    return handed_bytes{.shard = static_cast<double>(shards->all_gathered_bytes() + reducer->payload_elements() * 4),
-                        .replica = static_cast<double>(reducer->replica_elements() * 4)};
+    if constexpr (tensor_parallel) {  // each all-reduce over tp: the batch's activations at the full width
+      const auto counts = acc.parallel().all_reduces();
+      const auto* reducer = acc.parallel().reducer_for(*net);
+      return handed_bytes{
+          .shard = static_cast<double>(counts.forward_all_reduces + counts.backward_all_reduces) * 32 * width * 4,
+          .replica = reducer == nullptr ? 0.0 : static_cast<double>(reducer->payload_elements() * 4)};
+    } else {
+      return handed_by_hybrid(acc, net, optimizer);
+    }
   };
   const auto before = handed();
   step(0);  // one more step, counted
   const auto after = handed();
-  const auto& sizes = acc.parallelism_config()->sizes();  // hybrid_sharded refuses a job without one
-  const double S = sizes.dp_shard, R = sizes.dp_replicate;
+  const double first = tensor_parallel ? sizes.tp : sizes.dp_shard;
+  const double second = tensor_parallel ? acc.num_processes() / sizes.tp : sizes.dp_replicate;
+  const double first_share = tensor_parallel ? 2 * (first - 1) / first : (first - 1) / first;
   if (acc.is_main_process())
     std::printf("%s %d %.4f %lld %.0f %.0f\n", policy.c_str(), width, ms,
-                static_cast<long long>(state_bytes(optimizer)), (after.shard - before.shard) * (S - 1) / S,
-                (after.replica - before.replica) * 2 * (R - 1) / R);
+                static_cast<long long>(state_bytes(optimizer)), (after.shard - before.shard) * first_share,
+                (after.replica - before.replica) * 2 * (second - 1) / second);
   return 0;
 }
 
@@ -68,14 +95,15 @@ int run(const std::string& policy, int width, int steps, int warmup) {
 
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: %s hybrid_sharded|hybrid_sharded_units WIDTH STEPS WARMUP\n", argv[0]);
+    std::fprintf(stderr, "usage: %s hybrid_sharded|hybrid_sharded_units|tensor_parallel WIDTH STEPS WARMUP\n", argv[0]);
     return 2;
   }
   const std::string policy = argv[1];
-  if (policy != "hybrid_sharded" && policy != "hybrid_sharded_units") {
-    std::fprintf(stderr, "%s: unknown policy '%s'\n", argv[0], policy.c_str());
-    return 2;
-  }
+  const int width = std::atoi(argv[2]), steps = std::atoi(argv[3]), warmup = std::atoi(argv[4]);
   torch::set_num_threads(1);
-  return run(policy, std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
+  if (policy == "hybrid_sharded" || policy == "hybrid_sharded_units")
+    return run<accel::hybrid_sharded<accel::gloo>>(policy, width, steps, warmup);
+  if (policy == "tensor_parallel") return run<accel::tensor_parallel<accel::gloo>>(policy, width, steps, warmup);
+  std::fprintf(stderr, "%s: unknown policy '%s'\n", argv[0], policy.c_str());
+  return 2;
 }

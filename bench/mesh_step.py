@@ -5,9 +5,13 @@
 #                       on the root (HSDP: sharded over dp_shard, replicated over dp_replicate), AdamW
 #   pytorch_hsdp_whole  the same on the root only, reshard_after_forward=False (the shard group's parameters gathered
 #                       once per step, as accel's hybrid_sharded without units), AdamW
-# Process 0 prints `strategy width ms_per_step optimizer_state_bytes_per_process dp_shard_bytes dp_replicate_bytes`
-# (mesh_step.cpp's fields; the bytes counted by wrapping the collectives FSDP2 calls, on one step after the timed
-# ones), or `strategy width unsupported REASON`.
+#   pytorch_tp          DTensor tensor parallelism: parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(),
+#                       "2": RowwiseParallel(), "4": ColwiseParallel(), "6": RowwiseParallel()}) on PARALLELISM_CONFIG_
+#                       TP_SIZE processes, and with more processes FSDP2 over "dp" (fully_shard(mesh=mesh["dp"]):
+#                       PyTorch's 2-D recipe), AdamW
+# Process 0 prints `strategy width ms_per_step optimizer_state_bytes_per_process first_bytes second_bytes` (mesh_step.cpp's
+# fields: dp_shard and dp_replicate for HSDP, tp and dp for tensor parallelism; the bytes counted by wrapping the
+# collectives FSDP2 and DTensor call, on one step after the timed ones), or `strategy width unsupported REASON`.
 import os
 import sys
 
@@ -23,10 +27,11 @@ class CollectiveCounter:
     what is all-gathered or reduce-scattered, 2 (n-1)/n of what is all-reduced. Wraps torch.distributed's functions,
     which FSDP2 calls through the module at each use."""
 
-    def __init__(self, groups):
+    def __init__(self, groups, functional=None):
         self.groups = groups  # name -> ProcessGroup
+        self.functional = functional  # the dimension of DTensor's functional collectives (tensor parallelism's)
         self.sent = {name: 0.0 for name in groups}
-        self.saved = {}
+        self.saved = []
 
     def _add(self, group, tensor, factor):
         for name, known in self.groups.items():
@@ -36,27 +41,56 @@ class CollectiveCounter:
                 return
         raise RuntimeError(f"a collective on a group outside the mesh: {group}")
 
+    def _add_functional(self, tensor, factor, result_factor=1):
+        n = dist.get_world_size(self.groups[self.functional])
+        self.sent[self.functional] += tensor.numel() * tensor.element_size() * factor * result_factor * (n - 1) / n
+
     def __enter__(self):
-        def wrap(name, counted):
-            original = getattr(dist, name)
-            self.saved[name] = original
+        import torch.distributed._functional_collectives as funcol
+
+        def wrap(module, name, counted):
+            original = getattr(module, name)
+            self.saved.append((module, name, original))
 
             def counting(*args, **kwargs):
                 counted(*args, **kwargs)
                 return original(*args, **kwargs)
-            setattr(dist, name, counting)
+            setattr(module, name, counting)
 
-        wrap("all_gather_single", lambda output, input, group=None, **_: self._add(group, output, 1))
-        wrap("reduce_scatter_single", lambda output, input, group=None, **_: self._add(group, input, 1))
-        wrap("all_reduce", lambda tensor, group=None, **_: self._add(group, tensor, 2))
+        wrap(dist, "all_gather_single", lambda output, input, group=None, **_: self._add(group, output, 1))
+        wrap(dist, "reduce_scatter_single", lambda output, input, group=None, **_: self._add(group, input, 1))
+        wrap(dist, "all_reduce", lambda tensor, group=None, **_: self._add(group, tensor, 2))
+        if self.functional:
+            n = dist.get_world_size(self.groups[self.functional])
+            wrap(funcol, "all_reduce", lambda tensor, *_, **__: self._add_functional(tensor, 2))
+            wrap(funcol, "reduce_scatter_tensor", lambda tensor, *_, **__: self._add_functional(tensor, 1))
+            wrap(funcol, "all_gather_tensor", lambda tensor, *_, **__: self._add_functional(tensor, 1, n))
         return self
 
     def __exit__(self, *_):
-        for name, original in self.saved.items():
-            setattr(dist, name, original)
+        for module, name, original in reversed(self.saved):
+            setattr(module, name, original)
+
+
+def build_tp(width):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    tp = int(os.environ["PARALLELISM_CONFIG_TP_SIZE"])
+    dp = dist.get_world_size() // tp
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    model = make_mlp(width)
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel(), "4": ColwiseParallel(),
+                                           "6": RowwiseParallel()})
+    if dp > 1:
+        fully_shard(model, mesh=mesh["dp"])
+    groups = {"tp": mesh["tp"].get_group(), "dp": mesh["dp"].get_group()}
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), groups
 
 
 def build(strategy, width):
+    if strategy == "pytorch_tp":
+        return build_tp(width)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     replicas = int(os.environ["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"])
@@ -98,11 +132,12 @@ def main():
         optimizer.zero_grad(set_to_none=True)
 
     ms = ms_per_step(step, steps, warmup)
-    with CollectiveCounter(groups) as counter:
+    first, second = list(groups)
+    with CollectiveCounter(groups, functional="tp" if strategy == "pytorch_tp" else None) as counter:
         step(0)
     if rank == 0:
-        print(f"{strategy} {width} {ms:.4f} {state_bytes(optimizer)} {counter.sent['dp_shard']:.0f} "
-              f"{counter.sent['dp_replicate']:.0f}", flush=True)
+        print(f"{strategy} {width} {ms:.4f} {state_bytes(optimizer)} {counter.sent[first]:.0f} "
+              f"{counter.sent[second]:.0f}", flush=True)
     # As sharded_step.py: leave together without tearing Gloo down (PyTorch 2.13 may abort a rank there).
     dist.barrier()
     sys.stdout.flush()

@@ -12,7 +12,8 @@
 #   scripts/bench.sh dispatch the loop under accel::dispatch against the same loop on a directly typed accelerator
 #   scripts/bench.sh sharded  data_parallel, zero1, zero2, fully_sharded against PyTorch's DDP, ZeroRedundancyOptimizer and FSDP2, AdamW,
 #                             2 Gloo processes (bench/sharded_compare.py)
-#   scripts/bench.sh mesh     hybrid_sharded on the 2 x 2 mesh against FSDP2's HSDP, 4 Gloo processes
+#   scripts/bench.sh mesh     hybrid_sharded on the 2 x 2 mesh against FSDP2's HSDP, 4 Gloo processes, and
+#                             tensor_parallel on tp 2 and dp 2 x tp 2 against DTensor's parallelize_module
 #                             (bench/mesh_compare.py)
 #   scripts/bench.sh load     loading a 1 GB checkpoint into a 4-process fully_sharded model (its sharded and its full
 #                             format) against DCP's load into FSDP2: time and peak resident set (bench/load_compare.py)
