@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_step import make_mlp, ms_per_step, wide_batches
-from sharded_step import state_bytes
+from sharded_step import adamw_step, leave_together, state_bytes, unsupported
 
 
 class CollectiveCounter:
@@ -113,35 +113,20 @@ def main():
     width, steps, warmup = (int(a) for a in sys.argv[2:5])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://")
-    rank = dist.get_rank()
     try:
         model, optimizer, groups = build(strategy, width)
     except Exception as error:  # noqa: BLE001 - reported, not hidden
-        if rank == 0:
-            print(f"{strategy} {width} unsupported {type(error).__name__}: {str(error).splitlines()[0][:120]}",
-                  flush=True)
-        dist.barrier()
-        sys.stdout.flush()
-        os._exit(0)
-    data = wide_batches(width, rank)
-
-    def step(i):
-        x, y = data[i % len(data)]
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+        unsupported(strategy, width, error)
+        leave_together()
+    step = adamw_step(model, optimizer, wide_batches(width, dist.get_rank()))
     ms = ms_per_step(step, steps, warmup)
     first, second = list(groups)
     with CollectiveCounter(groups, functional="tp" if strategy == "pytorch_tp" else None) as counter:
         step(0)
-    if rank == 0:
+    if dist.get_rank() == 0:
         print(f"{strategy} {width} {ms:.4f} {state_bytes(optimizer)} {counter.sent[first]:.0f} "
               f"{counter.sent[second]:.0f}", flush=True)
-    # As sharded_step.py: leave together without tearing Gloo down (PyTorch 2.13 may abort a rank there).
-    dist.barrier()
-    sys.stdout.flush()
-    os._exit(0)
+    leave_together()
 
 
 if __name__ == "__main__":

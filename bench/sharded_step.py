@@ -49,6 +49,31 @@ def build(strategy, width):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3), None
 
 
+def unsupported(strategy, width, error):
+    """The line process 0 prints for a strategy this PyTorch cannot run on the CPU."""
+    if dist.get_rank() == 0:
+        print(f"{strategy} {width} unsupported {type(error).__name__}: {str(error).splitlines()[0][:120]}",
+              flush=True)
+
+
+def adamw_step(model, optimizer, data):
+    """One step of the MLP on batch i % len(data)."""
+    def step(i):
+        x, y = data[i % len(data)]
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def leave_together():
+    """PyTorch 2.13 sometimes aborts a rank while Gloo is torn down ("terminate called without an active exception"),
+    after the figure is printed: every rank leaves together without tearing down."""
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def main():
     strategy = sys.argv[1]
     width, steps, warmup = (int(a) for a in sys.argv[2:5])
@@ -58,36 +83,19 @@ def main():
     try:
         model, optimizer, inner = build(strategy, width)
     except Exception as error:  # noqa: BLE001 - reported, not hidden
-        if rank == 0:
-            print(f"{strategy} {width} unsupported {type(error).__name__}: {str(error).splitlines()[0][:120]}",
-                  flush=True)
-        dist.barrier()
-        dist.destroy_process_group()
-        return
-    data = wide_batches(width, rank)
-
-    def step(i):
-        x, y = data[i % len(data)]
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+        unsupported(strategy, width, error)
+        leave_together()
+    step = adamw_step(model, optimizer, wide_batches(width, rank))
     try:
         step(0)
     except Exception as error:  # noqa: BLE001 - reported, not hidden
-        if rank == 0:
-            print(f"{strategy} {width} unsupported {type(error).__name__}: {str(error).splitlines()[0][:120]}",
-                  flush=True)
+        unsupported(strategy, width, error)
         dist.destroy_process_group()
         return
     ms = ms_per_step(step, steps, warmup)
     if rank == 0:
         print(f"{strategy} {width} {ms:.4f} {state_bytes(inner or optimizer)}", flush=True)
-    # PyTorch 2.13 sometimes aborts a rank while Gloo is torn down ("terminate called without an active
-    # exception"), after the figure is printed: both ranks leave together without tearing down.
-    dist.barrier()
-    sys.stdout.flush()
-    os._exit(0)
+    leave_together()
 
 
 if __name__ == "__main__":
