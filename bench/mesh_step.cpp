@@ -21,14 +21,6 @@
 
 namespace {
 
-std::int64_t state_bytes(torch::optim::Optimizer& optimizer) {
-  std::int64_t bytes = 0;
-  for (auto& [key, state] : optimizer.state())
-    if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state.get()))
-      bytes += (adamw->exp_avg().numel() + adamw->exp_avg_sq().numel()) * 4;
-  return bytes;
-}
-
 /// What one step hands to the collectives of each mesh dimension, in bytes: (dp_shard, dp_replicate).
 struct handed_bytes {
   double shard = 0;
@@ -86,7 +78,7 @@ int run(const std::string& policy, int width, int steps, int warmup) {
   const double first_share = tensor_parallel ? 2 * (first - 1) / first : (first - 1) / first;
   if (acc.is_main_process())
     std::printf("%s %d %.4f %lld %.0f %.0f\n", policy.c_str(), width, ms,
-                static_cast<long long>(state_bytes(optimizer)), (after.shard - before.shard) * first_share,
+                static_cast<long long>(bench::adamw_state_bytes(optimizer)), (after.shard - before.shard) * first_share,
                 (after.replica - before.replica) * 2 * (second - 1) / second);
   return 0;
 }

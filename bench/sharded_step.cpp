@@ -19,14 +19,6 @@
 
 namespace {
 
-std::int64_t state_bytes(torch::optim::Optimizer& optimizer) {
-  std::int64_t bytes = 0;
-  for (auto& [key, state] : optimizer.state())
-    if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state.get()))
-      bytes += (adamw->exp_avg().numel() + adamw->exp_avg_sq().numel()) * 4;
-  return bytes;
-}
-
 template <class Parallel>
 int run(const std::string& strategy, int width, int steps, int warmup, bool units = false) {
   accel::accelerator<accel::fp32, Parallel> acc;
@@ -57,8 +49,8 @@ int run(const std::string& strategy, int width, int steps, int warmup, bool unit
   double sent = gradients * (requires { reducer->all_reduce_count(); } ? 2 * ring : ring);
   sent += (gathered() - gathered_before) * 4 * ring;
   if (acc.is_main_process())
-    std::printf("%s %d %.4f %lld %.0f\n", strategy.c_str(), width, ms, static_cast<long long>(state_bytes(optimizer)),
-                sent);
+    std::printf("%s %d %.4f %lld %.0f\n", strategy.c_str(), width, ms,
+                static_cast<long long>(bench::adamw_state_bytes(optimizer)), sent);
   return 0;
 }
 

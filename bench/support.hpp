@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -54,6 +55,16 @@ inline torch::nn::Sequential wide_mlp(int width, bool units = false) {
     if (i < 4) net->push_back(torch::nn::ReLU());
   }
   return net;
+}
+
+/// Bytes of AdamW state (exp_avg and exp_avg_sq, float32) this process's optimizer holds: under a sharded policy, its
+/// shards' only.
+inline std::int64_t adamw_state_bytes(torch::optim::Optimizer& optimizer) {
+  std::int64_t bytes = 0;
+  for (auto& [key, state] : optimizer.state())
+    if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state.get()))
+      bytes += (adamw->exp_avg().numel() + adamw->exp_avg_sq().numel()) * 4;
+  return bytes;
 }
 
 /// 16 batches of (32 x width, 32 x 1), different on each process, cycled by the loops.
