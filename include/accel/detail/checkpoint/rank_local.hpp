@@ -102,16 +102,16 @@ inline safetensors::tensor_list whole_state_of(const torch::nn::Module& model, s
 }
 
 /// Of model `index`'s whole tensors, read from a file read whole, keeps this process's slice of each it holds a slice
-/// of (`parts`); gives where each slice begins (held_weights' `slices`).
-inline std::map<std::string, std::int64_t> keep_held_slices(std::map<std::string, at::Tensor>& tensors,
-                                                            std::size_t index, const held_parts& parts) {
-  std::map<std::string, std::int64_t> slices;
+/// of (`parts`); gives their names (held_weights' `sliced`).
+inline std::set<std::string> keep_held_slices(std::map<std::string, at::Tensor>& tensors, std::size_t index,
+                                              const held_parts& parts) {
+  std::set<std::string> sliced;
   for (auto& [name, tensor] : tensors)
     if (const auto part = parts.weight(index, name); !part.whole) {
       tensor = tensor.reshape({-1}).narrow(0, part.begin, part.length).clone();
-      slices[name] = part.begin;
+      sliced.insert(name);
     }
-  return slices;
+  return sliced;
 }
 
 /// Reads byte ranges of a checkpoint's safetensors files (opened by its manifest), and checks each file this process
@@ -285,11 +285,11 @@ class ranged_reader {
   std::vector<read_span> spans_;
 };
 
-/// A model's tensors as this process holds them: whole (in their shapes), or its slice (flat) of those `slices` lists
-/// with the first element's position in the flattened tensor.
+/// A model's tensors as this process holds them: whole (in their shapes), or its slice (flat) of those `sliced`
+/// names.
 struct held_weights {
   std::map<std::string, at::Tensor> tensors;
-  std::map<std::string, std::int64_t> slices;
+  std::set<std::string> sliced;
 };
 
 /// The pieces of tensor `name` (`numel` elements of `type`) spread over `processes` files (`file_of(r)`, the r-th
@@ -342,7 +342,7 @@ inline held_weights read_held_shards(ranged_reader& reader, const shard_layout_t
                             : std::vector<ranged_reader::piece>{
                                   {.file = first, .begin = 0, .length = numel, .offset = located[t].second}};
     held.tensors[name] = reader.read(pieces, located[t].first, layout.shapes[t], part, name);
-    if (!part.whole) held.slices[name] = part.begin;
+    if (!part.whole) held.sliced.insert(name);
   }
   return held;
 }
@@ -374,7 +374,7 @@ inline held_weights read_held_files(ranged_reader& reader, const std::vector<std
     const ranged_reader::piece whole{
         .file = spot.file, .begin = 0, .length = c10::multiply_integers(shape), .offset = spot.offset};
     held.tensors[name] = reader.read({whole}, spot.type, shape, part, name);
-    if (!part.whole) held.slices[name] = part.begin;
+    if (!part.whole) held.sliced.insert(name);
   }
   return held;
 }
@@ -419,37 +419,25 @@ inline std::map<std::string, at::Tensor> read_held_optimizer_state(ranged_reader
   return state;
 }
 
-/// Where a load finds the parameters whose slices it read: full (gathered for the while), or at rest, each its slice
-/// only (`with_parameters_at_rest`).
-enum class sliced_weights { full, at_rest };
-
 /// Copies `tensors` (a held_weights' tensors, checked) into `module`'s parameters and buffers, in place: those
-/// `slices` lists into their range of the flattened tensor, or, at rest, into the slice the parameter then is.
+/// `sliced` names into the parameter at rest, which is then this process's slice only (`with_weights_to_load`).
 inline void copy_held_weights(torch::nn::Module& module, const std::map<std::string, at::Tensor>& tensors,
-                              const std::map<std::string, std::int64_t>& slices, sliced_weights where) {
+                              const std::set<std::string>& sliced) {
   at::NoGradGuard no_grad;
   for (auto& [name, tensor] : state_of(module)) {
     const auto& piece = tensors.at(name);
-    const auto slice = slices.find(name);
-    if (slice == slices.end())
-      tensor.copy_(piece);
-    else if (where == sliced_weights::at_rest)
+    if (sliced.contains(name))
       tensor.view({-1}).copy_(piece.view({-1}));
     else
-      tensor.view({-1}).narrow(0, slice->second, piece.numel()).copy_(piece);
+      tensor.copy_(piece);
   }
 }
 
-/// Where a rank-local load under `Parallel` finds the parameters whose slices it read: at rest, nothing gathered,
-/// where the policy `keeps_parameter_slices` (the only policies whose weights it reads in slices).
-template <class Parallel>
-inline constexpr sliced_weights load_target =
-    Parallel::keeps_parameter_slices ? sliced_weights::at_rest : sliced_weights::full;
-
-/// Runs `action` with `module`'s weights where a rank-local load writes them (`load_target`).
+/// Runs `action` with `module`'s weights where a rank-local load writes them: at rest, nothing gathered, under a
+/// policy that `keeps_parameter_slices` (the only policies whose weights a load reads in slices); else full.
 template <class Parallel, class Action>
 void with_weights_to_load(Parallel& parallel, torch::nn::Module& module, Action&& action) {
-  if constexpr (load_target<Parallel> == sliced_weights::at_rest)
+  if constexpr (Parallel::keeps_parameter_slices)
     parallel.with_parameters_at_rest(module, std::forward<Action>(action));
   else
     parallel.with_full_parameters(module, std::forward<Action>(action));
@@ -505,7 +493,7 @@ void load_held_model(Parallel& parallel, torch::nn::Module& module, const std::f
       held = read_held_files(reader, files, 0, parts, module,
                              "accel::load_model: the weights in " + where.string() + " do not fit this model");
     });
-    copy_held_weights(module, held.tensors, held.slices, load_target<Parallel>);
+    copy_held_weights(module, held.tensors, held.sliced);
   });
 }
 

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,9 +71,9 @@ inline void check_generator_states(const std::vector<std::pair<at::Generator, at
 /// What a load applies, read and checked: nothing of the program has changed yet.
 struct checkpoint_contents {
   /// Each model's weights by name, as this process holds them (rank_local.hpp): whole, or its slice (flat) of
-  /// those `weight_slices` lists (with the slice's first element).
+  /// those `sliced_weights` names.
   std::vector<std::map<std::string, at::Tensor>> weights;
-  std::vector<std::map<std::string, std::int64_t>> weight_slices;
+  std::vector<std::set<std::string>> sliced_weights;
   /// Each optimizer's archive (its options; its full state in the full format) and, in the sharded format, its
   /// state by field as this process holds it: its slice of each parameter the policy shards.
   std::vector<torch::serialize::InputArchive> optimizer_archives;
@@ -228,13 +229,13 @@ class checkpoint_reader {
                                            what(checkpoint_files::shard(checkpoint_files::kind::model, i, 0)))
                         : read_held_files(*ranged, {ranged->open(full_name)}, i, parts_, *models[i], what(full_name));
         contents.weights.push_back(std::move(held.tensors));
-        contents.weight_slices.push_back(std::move(held.slices));
+        contents.sliced_weights.push_back(std::move(held.sliced));
         continue;
       }
       auto [loaded, name] = read_model_weights(directory_, i, manifest_);
       contents.weights.emplace_back(loaded.begin(), loaded.end());
       check_weights_fit(whole_state_of(*models[i], i, parts_), contents.weights.back(), what(name));
-      contents.weight_slices.push_back(keep_held_slices(contents.weights.back(), i, parts_));
+      contents.sliced_weights.push_back(keep_held_slices(contents.weights.back(), i, parts_));
     }
     for (std::size_t i = 0; sharded_ && i < optimizers_; ++i)
       contents.optimizer_states.push_back(read_held_optimizer_state(*ranged, *sharded_, i, parts_));

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <set>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -63,8 +64,8 @@ void with_full_weights(Parallel& parallel, const std::vector<std::shared_ptr<tor
   around_each_model(models, around, action);
 }
 
-/// Runs `action` with the parameters of `models` where a rank-local load writes them (`load_target`): at rest under
-/// a policy that keeps only its slices, so that a load gathers nothing.
+/// Runs `action` with the parameters of `models` where a rank-local load writes them (rank_local.hpp's
+/// `with_weights_to_load`): at rest under a policy that keeps only its slices, so that a load gathers nothing.
 template <class Parallel, class Action>
 void with_weights_to_load(Parallel& parallel, const std::vector<std::shared_ptr<torch::nn::Module>>& models,
                           Action&& action) {
@@ -166,11 +167,12 @@ class training_state {
       return;
     }
     as_collective("load_state", [&] {
-      auto models = registry_.models();
+      const auto prepared = registry_.models();
+      auto models = prepared;             // what the load_state pre-hooks leave
       if (!settings_.load_hooks.empty())  // the hooks see the weights full, as Accelerate's do
-        with_full_weights(parallel_, models,
+        with_full_weights(parallel_, prepared,
                           [&] { models = hooked_models(parallel_, registry_, settings_, directory); });
-      with_weights_to_load(parallel_, registry_.models(), [&] {
+      with_weights_to_load(parallel_, prepared, [&] {
         std::optional<checkpoint_contents> contents;
         on_every_process_or_none(parallel_, "load_state", "reading " + directory.string(), [&] {
           contents = checkpoint_reader(directory, registry_, parallel_.process_index(), parallel_.num_processes(),
@@ -261,17 +263,17 @@ class training_state {
     return parts;
   }
 
-  /// What a load sets once its transaction committed: each model's weights (those `slices` lists as this process's
+  /// What a load sets once its transaction committed: each model's weights (those `sliced` names as this process's
   /// slice of them) and the generators (`Contents`: accel's checkpoint_contents or accelerate_contents), which
   /// nothing after can fail.
   template <class Contents>
   static void install_weights_and_generators(Contents& contents,
                                              const std::vector<std::shared_ptr<torch::nn::Module>>& models,
-                                             const std::vector<std::map<std::string, std::int64_t>>& slices = {}) {
+                                             const std::vector<std::set<std::string>>& sliced = {}) {
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < models.size(); ++i)
-      if (i < slices.size())
-        copy_held_weights(*models[i], contents.weights[i], slices[i], load_target<Parallel>);
+      if (i < sliced.size())
+        copy_held_weights(*models[i], contents.weights[i], sliced[i]);
       else
         copy_weights(*models[i], contents.weights[i]);
     for (auto& [generator, state] : contents.generator_states) {
@@ -298,7 +300,7 @@ class training_state {
                            contents.slot_archives[kind][i]);
     });
     transaction.commit();
-    install_weights_and_generators(contents, models, contents.weight_slices);
+    install_weights_and_generators(contents, models, contents.sliced_weights);
   }
 
   /// `load_from_accelerate`'s apply step. Each optimizer's parameters are named by their models' names in errors.
