@@ -404,8 +404,11 @@ inline std::shared_ptr<offload_hooks> apply(const std::vector<placed_tensor>& pl
                                               : item.tensor;
     if (data.device() != device) data = data.to(device);
     if (!data.is_same(item.tensor)) point_at(item.tensor, data);
+    // At rest it is a handle of its own on the CPU bytes: `data` may be the parameter itself, which the forward
+    // points elsewhere.
     if (item.parameter && item.unit && device.is_cpu() && !execution.is_cpu())
-      slots[*item.unit].push_back({.tensor = item.tensor, .stored = {}, .at_rest = data, .execution = execution});
+      slots[*item.unit].push_back(
+          {.tensor = item.tensor, .stored = {}, .at_rest = data.detach(), .execution = execution});
   }
   return std::make_shared<offload_hooks>(std::move(slots));
 }

@@ -10,9 +10,12 @@
 /// tensors made before), on one thread. LibTorch's intra-op thread pool does not survive fork() (OpenMP's threads
 /// are not copied, and a parallel region would wait for them forever), so each process runs LibTorch's kernels on
 /// one thread (`at::set_num_threads(1)`), as `accel launch` gives each of several workers OMP_NUM_THREADS=1.
+/// CUDA does not survive fork() either: once this process has initialised CUDA, its forked processes cannot use it,
+/// so `launch_processes` then refuses to start (as Accelerate's `notebook_launcher` does).
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -62,6 +65,28 @@ struct launch_failure : launch_error {
 };
 
 namespace detail::launching {
+
+/// Whether this process has initialised CUDA's driver (cuInit). Without libcuda loaded it cannot have; with it, the
+/// driver's cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3) until cuInit, and nothing here initialises it.
+inline bool cuda_initialized() {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (driver == nullptr) return false;
+  using device_count_fn = int (*)(int*);
+  const auto device_count = reinterpret_cast<device_count_fn>(dlsym(driver, "cuDeviceGetCount"));
+  int devices = 0;
+  const bool initialised = device_count != nullptr && device_count(&devices) != 3;
+  dlclose(driver);
+  return initialised;
+}
+
+/// Refuses a fork that would leave every process without CUDA (cudaErrorInitializationError at its first CUDA call).
+inline void refuse_after_cuda(bool cuda_initialised) {
+  if (cuda_initialised)
+    throw launch_error(
+        "accel::launch_processes: CUDA is already initialised in this process (by a CUDA tensor or call, or by "
+        "torch::manual_seed or torch::cuda::is_available() on a machine with a GPU), and processes fork()ed from "
+        "it cannot use CUDA; call launch_processes before anything touches CUDA, or run the job with `accel launch`");
+}
 
 // What a process writes on its pipe before it ends: a kind, then the function's result or the exception's text.
 inline constexpr char returned_mark = 'R';
@@ -322,7 +347,8 @@ class process_job {
 /// 127.0.0.1, MASTER_PORT = a free port, the torchrun ones, OMP_NUM_THREADS=1 unless set), so an `accel::accelerator`
 /// made inside it joins the job. Returns what each process's `function` returned (anything convertible to
 /// std::string: a result to check in the caller), by process index; empty strings for a function returning void.
-/// Throws `accel::launch_failure` naming the first process that failed (threw, exited, was killed by a signal) or
+/// Throws `accel::launch_error` before starting anything once this process has initialised CUDA (see above), and
+/// `accel::launch_failure` naming the first process that failed (threw, exited, was killed by a signal) or
 /// that still ran when `options.timeout` passed; every other process is stopped (SIGTERM, then SIGKILL after
 /// `options.grace_period`) and reaped before it is thrown.
 template <class Function>
@@ -336,6 +362,7 @@ std::vector<std::string> launch_processes(Function&& function, int num_processes
   if (options.timeout <= std::chrono::milliseconds::zero() || options.grace_period < std::chrono::milliseconds::zero())
     throw launch_error(
         "accel::launch_processes: process_launch_options::timeout must be positive and grace_period not negative");
+  detail::launching::refuse_after_cuda(detail::launching::cuda_initialized());
   detail::launching::process_job job(num_processes, options);
   job.start(function);
   return job.wait();

@@ -254,7 +254,17 @@ def main():
     shutil.rmtree(work_dir, ignore_errors=True)
     os.makedirs(work_dir)
     write_inputs(work_dir)
-    mp.spawn(reference_worker, args=(work_dir, case), nprocs=2)
+    # The reference trains on the CPU: PyTorch's PowerSGD hook synchronises CUDA whenever CUDA is available, which
+    # fails for CPU gradients ("Expected a cuda device, but got: cpu") on a machine with a GPU, so hide it.
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        mp.spawn(reference_worker, args=(work_dir, case), nprocs=2)
+    finally:
+        if hidden is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
     reference = [load_file(f"{work_dir}/torch_rank{r}.safetensors") for r in range(2)]
     accel, sent = run_accel(launcher, program, work_dir, "accel", CASES[case][0])
     plain, plain_sent = run_accel(launcher, program, work_dir, "plain", [])

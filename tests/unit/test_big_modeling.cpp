@@ -9,6 +9,9 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "offload_model.hpp"
 #include "support.hpp"
@@ -211,6 +214,23 @@ TEST_CASE("dispatch_model, disk_offload and cpu_offload of a model in memory: bi
     const auto dispatched = accel::cpu_offload(*model);
     CHECK(model->head->module()->weight.is_same(weight));
     CHECK(torch::equal(logits(model), expected));
+  }
+  // The GPU's path without a GPU: the meta device stands in for the execution device. Each unit's weights are moved
+  // there for its forward and must come back to their own CPU bytes after it (the first GPU run found them left on
+  // the GPU: the copy at rest was the parameter itself). The head's unit only (a Linear): LibTorch 2.11 has no meta
+  // kernels for the embedding's and the norm's operators.
+  SECTION("cpu_offload to another device: each unit's weights there for its forward only, back on their CPU bytes") {
+    auto model = reference_model();
+    std::vector<std::tuple<torch::Tensor, const void*, torch::Tensor>> at_rest;
+    for (const auto& p : model->parameters()) at_rest.emplace_back(p, p.data_ptr(), p.detach().clone());
+    const auto dispatched = accel::cpu_offload(*model, torch::kMeta);
+    torch::NoGradGuard no_grad;
+    CHECK(model->head(torch::ones({2, width}, torch::kMeta)).is_meta());
+    for (const auto& [p, bytes, values] : at_rest) {
+      CHECK(p.device().is_cpu());
+      CHECK(p.data_ptr() == bytes);
+      CHECK(torch::equal(p, values));
+    }
   }
 }
 

@@ -702,7 +702,9 @@ TEST_CASE("launch_processes sets accel launch's variables and returns each proce
 TEST_CASE("launch_processes: P data_parallel processes train as one process with the whole batch",
           "[.launcher_train]") {
   const int P = GENERATE(2, 3);
-  const auto alone = train_regression(0);
+  // The reference is trained in a launched process too: in this one, torch::manual_seed would initialise CUDA on a
+  // machine with a GPU, and launch_processes then refuses to fork (the next case).
+  const auto alone = from_bytes(accel::launch_processes([] { return to_bytes(train_regression(0)); }, 1).front());
   const auto results = accel::launch_processes([P] { return to_bytes(train_regression(P)); }, P);
   for (const auto& result : results) {
     const auto trained = from_bytes(result);
@@ -710,6 +712,21 @@ TEST_CASE("launch_processes: P data_parallel processes train as one process with
     CHECK(torch::allclose(trained, alone, 1e-5, 1e-5));
     CHECK_FALSE(torch::equal(trained, flat_parameters(*mlp(3, 16, 2))));  // it trained
   }
+}
+
+// Where CUDA is present only (scripts/gpu.sh): once this process has initialised CUDA, a fork could not use it.
+TEST_CASE("launch_processes refuses to fork once this process has initialised CUDA, naming the fix", "[launcher]") {
+  CHECK_NOTHROW(accel::detail::launching::refuse_after_cuda(false));
+  CHECK_THROWS_WITH(accel::detail::launching::refuse_after_cuda(true),
+                    Catch::Contains("CUDA is already initialised in this process") &&
+                        Catch::Contains("call launch_processes before anything touches CUDA"));
+  if (!torch::cuda::is_available()) {
+    CHECK_FALSE(accel::detail::launching::cuda_initialized());
+    WARN("no CUDA here: the refusal of a real CUDA process is not tried");
+    return;
+  }
+  CHECK(accel::detail::launching::cuda_initialized());
+  CHECK_THROWS_WITH(accel::launch_processes([] {}, 2), Catch::Contains("CUDA is already initialised"));
 }
 
 TEST_CASE("launch_processes: a process that throws is named with its text, the others stopped at once",
@@ -794,7 +811,9 @@ TEST_CASE("launch_processes: a job that hangs fails after the timeout, its proce
 TEST_CASE("launch_processes after the caller ran LibTorch on several threads", "[.launcher_after_threads]") {
   const int threads_before = at::get_num_threads();
   at::set_num_threads(4);  // a child that used the caller's pool would hang here (checked: a timeout without the fix)
-  torch::manual_seed(3);
+  // The CPU generator only: torch::manual_seed would initialise CUDA on a machine with a GPU, and no fork after it.
+  at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
+  cpu_generator.set_current_seed(3);
   // Doubles: 4 threads and 1 sum in other orders, which float32 shows at 1e-5 (seen on a loaded machine).
   const auto a = torch::randn({512, 512}, torch::kDouble), b = torch::randn({512, 512}, torch::kDouble);
   auto product = torch::matmul(a, b);

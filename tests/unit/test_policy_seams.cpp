@@ -212,9 +212,13 @@ TEST_CASE("a checkpoint written by accel 0.1 loads, resumes, and saves again wit
   CHECK(old_files == new_files);
   for (const auto& name : {"accel_state.bin", "optimizer.bin", "scheduler.bin", "custom_checkpoint.bin"})
     CHECK(keys_of(data / "checkpoint" / name) == keys_of(dir / "again" / name));
-  // What later versions add (docs/checkpoint-format.md), and nothing else: the optimizer step count.
+  // What later versions add (docs/checkpoint-format.md), and nothing else: the optimizer step count; and where this
+  // machine has GPUs, their generators (the checkpoint was written without one).
   auto process_keys = keys_of(data / "checkpoint" / "random_states_0.bin");
   process_keys.insert("accel_optimizer_steps");
+  if (torch::cuda::is_available())
+    for (std::size_t device = 0; device < torch::cuda::device_count(); ++device)
+      process_keys.insert("cuda_rng_" + std::to_string(device));
   CHECK(process_keys == keys_of(dir / "again" / "random_states_0.bin"));
 
   // The checkpoint was computed on another machine, whose CPU kernels (AVX2 or AVX-512, LibTorch 2.13 or 1.13) may

@@ -131,7 +131,7 @@ TEST_CASE("acc.profile writes the training steps' Chrome trace to output_trace_d
 TEST_CASE("write a profiler trace for Python", "[.python_profile]") {
   const char* where = std::getenv("ACCEL_TRACKING_DIR");
   REQUIRE(where != nullptr);
-  accel::accelerator<> acc;
+  accel::accelerator<> acc{{.cpu = true}};  // its batches are made on the CPU
   training run(acc);
   auto prof = acc.profile({.record_shapes = true, .output_trace_dir = std::filesystem::path(where) / "run"});
   for (int i = 0; i < 3; ++i) run.step(5);
