@@ -18,10 +18,11 @@ struct SelfAttentionImpl : torch::nn::Module {
         out(register_module("out", torch::nn::Linear(dim, dim))) {}
 
   torch::Tensor forward(const torch::Tensor& x) {  // x: [batch, time, dim]
-    const auto batch = x.size(0), time = x.size(1), dim = x.size(2);
     // The heads this process computes: all, or under tensor parallelism (qkv column-parallel with its three parts
-    // split, out row-parallel) heads / tp of them, `width` = their dim / heads features each.
+    // split, out row-parallel) heads / tp of them, `width` = their dim / heads features each. The time is the
+    // projection's: with sequence parallelism x holds this process's part of the sequence, and qkv gathers it whole.
     const auto projected = qkv(x);
+    const auto batch = projected.size(0), time = projected.size(1), dim = x.size(2);
     const auto width = projected.size(-1) / 3, local_heads = width / (dim / heads);
     // Queries, keys and values of every head: [3, batch, heads, time, dim / heads].
     const auto qkv_heads = projected.view({batch, time, 3, local_heads, dim / heads}).permute({2, 0, 3, 1, 4});

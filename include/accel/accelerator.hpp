@@ -372,21 +372,24 @@ class accelerator {
   /// complete the last round (Accelerate's `gather_for_metrics`): metrics see every sample exactly once. Tensors
   /// (nested or not) are gathered; other values (a `std::vector` of results, say) go through `gather_object`, and so
   /// does a `std::vector` of tensors with `use_gather_object` (samples whose shapes differ, which `gather` cannot
-  /// concatenate): every process's elements in process order, one sample each.
+  /// concatenate): every process's elements in process order, one sample each. On a mesh with tp or cp, the peers
+  /// that read the same batch count it once: the data-parallel ranks' results, in their order.
   template <class Data>
   [[nodiscard]] Data gather_for_metrics(const Data& data, bool use_gather_object = false) {
     auto&& comm = parallel_.communicator();
     return detail::gather_for_metrics(comm, data, gradient_state_.end_of_dataloader ? gradient_state_.remainder : -1,
-                                      use_gather_object);
+                                      use_gather_object, batch_peers());
   }
 
   /// This process's part of `data` (a `std::vector`, a tensor along dim 0, or a `std::map`): contiguous parts,
-  /// the first `size % num_processes()` processes one element more (Accelerate's `split_between_processes`).
-  /// With `apply_padding`, every part has the largest size, completed by repeating the last element, so that the
-  /// parts can be gathered.
+  /// the first `size % P` processes one element more (Accelerate's `split_between_processes`), P the processes that
+  /// read different batches: `num_processes()`, or on a mesh with tp or cp its data-parallel ranks (the peers get the
+  /// same part, as they get the same batches). With `apply_padding`, every part has the largest size, completed by
+  /// repeating the last element, so that the parts can be gathered.
   template <class Data>
   [[nodiscard]] Data split_between_processes(const Data& data, bool apply_padding = false) const {
-    return detail::split_between_processes(data, process_index(), num_processes(), apply_padding);
+    const auto data_ranks = shard_options_here();
+    return detail::split_between_processes(data, data_ranks.process_index, data_ranks.num_processes, apply_padding);
   }
 
   /// Makes the next pass of `range` start after its first `n` batches of this process, without reading them:
@@ -776,10 +779,14 @@ class accelerator {
           "torch::data::Examples of them)");
     }
   }
+  /// The processes that read the same batches: a mesh's tp x cp peers (1 without a mesh).
+  [[nodiscard]] int batch_peers() const noexcept {
+    return parallelism_ ? parallelism_->sizes().tp * parallelism_->sizes().cp : 1;
+  }
   /// Data is sharded by the data parallel rank: the tp and cp peers of a mesh read the same batches (Accelerate's
   /// loader divides the process index by tp x cp; tp and cp are the mesh's innermost dimensions).
   [[nodiscard]] shard_options shard_options_here() const {
-    const int peers = parallelism_ ? parallelism_->sizes().tp * parallelism_->sizes().cp : 1;
+    const int peers = batch_peers();
     return {.num_processes = num_processes() / peers,
             .process_index = process_index() / peers,
             .split_batches = options_.split_batches,

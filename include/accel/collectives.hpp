@@ -319,22 +319,42 @@ T gather_ragged(C& comm, const T& data) {
   return map_tensors(data, one);
 }
 
+/// `data` where it counts for the metrics: on the first of each `peers` processes that read the same batch (a mesh's
+/// tp and cp peers, the innermost dimensions) as it is; on the others nothing, no rows (of each tensor) or no
+/// elements (`by_object`: of a `std::vector`), so that each batch is gathered once.
+template <class Data>
+Data counted_once(const Data& data, int rank, int peers, bool by_object) {
+  if (peers <= 1 || rank % peers == 0) return data;
+  if constexpr (is_tensor_structure<Data>) {
+    auto no_rows = [](const at::Tensor& t) { return (t.dim() == 0 ? t.reshape({1}) : t).narrow(0, 0, 0); };
+    if (!by_object) return map_tensors(data, no_rows);
+  }
+  if constexpr (is_vector<Data>) {
+    return Data{};
+  } else {
+    return data;  // refused by gather_for_metrics
+  }
+}
+
 /// `gather`, then only the first `keep` samples (all when `keep` <= 0): Accelerate's `gather_for_metrics`, which
 /// drops what even_batches duplicated on the last batch (where the processes' batches may differ in length, and be
 /// empty: `gather_ragged`). Tensors (nested or not) are gathered; a `std::vector` of other values, or of any values
 /// with `use_gather_object` (tensors whose shapes differ between samples, say), goes through `gather_object`: every
-/// process's elements, one sample each.
+/// process's elements, one sample each. `peers`: the processes that read the same batch (tp x cp on a mesh), whose
+/// batch is gathered once, from the first of them (`counted_once`).
 template <communicator C, class Data>
-Data gather_for_metrics(C& comm, const Data& data, std::int64_t keep, bool use_gather_object = false) {
+Data gather_for_metrics(C& comm, const Data& data, std::int64_t keep, bool use_gather_object = false, int peers = 1) {
+  const auto part = counted_once(data, comm.rank(), peers, use_gather_object);
   if constexpr (is_tensor_structure<Data>) {
     if (!use_gather_object) {
-      if (keep <= 0) return gather(comm, data);
+      if (keep <= 0 && peers <= 1) return gather(comm, part);
       auto truncate = [keep](const at::Tensor& t) { return t.narrow(0, 0, std::min(keep, t.size(0))); };
-      return map_tensors(gather_ragged(comm, data), truncate);
+      auto gathered = gather_ragged(comm, part);
+      return keep <= 0 ? gathered : map_tensors(gathered, truncate);
     }
   }
   if constexpr (is_vector<Data>) {
-    auto gathered = gather_object(comm, data);
+    auto gathered = gather_object(comm, part);
     if (keep > 0 && static_cast<std::int64_t>(gathered.size()) > keep) gathered.resize(static_cast<std::size_t>(keep));
     return gathered;
   } else if constexpr (is_tensor_structure<Data>) {

@@ -14,6 +14,8 @@
 /// forward hooks, so the forward of a prepared model routes the split layers' calls (detail/support/linear_routing.hpp)
 /// through one all-reduce per column/row pair forward and one backward (detail/tensor_parallel/layers.hpp). As with
 /// PyTorch's, code that reshapes a column-parallel output (attention heads) uses the local sizes (heads / tp).
+/// Sequence parallelism (`.sequence_parallel = true` on the pairs, `sequence_parallel{}` on the norms and dropout
+/// between them) turns each all-reduce into an all-gather and a reduce-scatter along the sequence.
 #pragma once
 
 #include "detail/compat.hpp"  // ACCEL_HAS_LINEAR_ROUTING
@@ -22,8 +24,10 @@
 
 #if ACCEL_HAS_LINEAR_ROUTING
 #include <torch/nn/module.h>
+#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
@@ -52,16 +56,35 @@ namespace accel {
 /// PyTorch's `ColwiseParallel`: the Linear's output features split across the "tp" group; its input whole on every
 /// rank, its output this rank's slice of the features (the next layer, row-parallel, takes it as it is). `fused`:
 /// the output is that many equal parts side by side (attention's fused query, key and value: 3), each split across
-/// the group, so that this rank's output is its slice of each part, side by side.
+/// the group, so that this rank's output is its slice of each part, side by side. `sequence_parallel` (PyTorch's
+/// `ColwiseParallel(input_layouts=Shard(1))`, Megatron's sequence parallelism): its input is this rank's shard of the
+/// sequence along `sequence_dim`, all-gathered before the product (its gradient reduce-scattered in backward).
 struct colwise_parallel {
   std::int64_t fused = 1;
+  bool sequence_parallel = false;
+  std::int64_t sequence_dim = 1;  // of the activations: [batch, sequence, features]
 };
 /// PyTorch's `RowwiseParallel`: the Linear's input features split across the "tp" group; its input this rank's
 /// slice of the features, its output whole on every rank (the partial products all-reduced, then the bias added).
 /// On an Embedding (as PyTorch's on an nn.Embedding): its vocabulary split, Megatron's vocabulary-parallel embedding
-/// (each id's row looked up by the rank that holds it, the outputs all-reduced).
-struct rowwise_parallel {};
-using tensor_parallel_style = std::variant<colwise_parallel, rowwise_parallel>;
+/// (each id's row looked up by the rank that holds it, the outputs all-reduced). `sequence_parallel` (PyTorch's
+/// `RowwiseParallel(output_layouts=Shard(1))`): the partial outputs reduce-scattered along `sequence_dim` instead,
+/// each rank keeping its shard of the sequence (all-gathered in backward); a Linear's bias, added to the shard, has
+/// its gradient summed over the group.
+struct rowwise_parallel {
+  bool sequence_parallel = false;
+  std::int64_t sequence_dim = 1;
+};
+/// PyTorch's `SequenceParallel`, Megatron's sequence parallelism between a row-parallel layer's reduce-scatter and a
+/// column-parallel layer's all-gather: the module runs on this rank's shard of the sequence (along `sequence_dim`),
+/// its parameters replicated. A LayerNorm's weight and bias see only that shard: their gradients are summed over the
+/// group in backward. A Dropout runs on the shard as it is (each rank draws the mask of its own positions). An
+/// Embedding (learnt positions, looked up whole on every rank): its output cut to this rank's shard, the gradient
+/// all-gathered in backward, so that its table's gradient is whole.
+struct sequence_parallel {
+  std::int64_t sequence_dim = 1;
+};
+using tensor_parallel_style = std::variant<colwise_parallel, rowwise_parallel, sequence_parallel>;
 /// A plan by module name, as the dict of PyTorch's `parallelize_module`: `{{"blocks.0.fc1", colwise_parallel{}}, ...}`.
 using tensor_parallel_plan = std::vector<std::pair<std::string, tensor_parallel_style>>;
 
@@ -130,35 +153,92 @@ inline std::int64_t keep_slice(const std::string& name, at::Tensor& parameter, s
   return index * full / size;
 }
 
-/// The layer called `name` in `model` split as `style` across `size` ranks, keeping rank `index`'s slice: a Linear
-/// column- or row-parallel, an Embedding (row-parallel: PyTorch's RowwiseParallel on an nn.Embedding) by its
-/// vocabulary.
+/// The dimension of the activations a column- or row-parallel `style` splits the sequence along; none without
+/// sequence parallelism.
+inline std::optional<std::int64_t> sequence_dim_of(const std::string& name, const tensor_parallel_style& style) {
+  const auto dimension = std::visit(
+      [](const auto& how) -> std::optional<std::int64_t> {
+        if constexpr (requires { how.sequence_parallel; })
+          if (!how.sequence_parallel) return std::nullopt;
+        return how.sequence_dim;
+      },
+      style);
+  if (dimension && *dimension < 0)
+    throw std::invalid_argument("accel::parallelize_module: \"" + name + "\" has sequence_dim " +
+                                std::to_string(*dimension) +
+                                "; it counts the activations' dimensions from 0 (1 for [batch, sequence, features])");
+  return dimension;
+}
+
+/// Refuses an Embedding option that a routed lookup (vocabulary-parallel, or cut along the sequence) would ignore.
+inline void check_plain_embedding(const std::string& name, const torch::nn::EmbeddingImpl& embedding,
+                                  const std::string& how_split) {
+  const auto& how = embedding.options;
+  if (how.padding_idx() || how.max_norm() || how.scale_grad_by_freq() || how.sparse())
+    throw std::invalid_argument("accel::parallelize_module: \"" + name + "\" is an Embedding: it " + how_split +
+                                " without padding_idx, max_norm, scale_grad_by_freq or sparse");
+}
+
+/// The layer called `name` in `model` split as `style` (column- or row-parallel) across `size` ranks, keeping rank
+/// `index`'s slice: a Linear column- or row-parallel, an Embedding (row-parallel: PyTorch's RowwiseParallel on an
+/// nn.Embedding) by its vocabulary.
 inline layer split_layer(torch::nn::Module& model, const std::string& name, const tensor_parallel_style& style,
                          int index, int size) {
   auto& module = module_named(model, name);
   const bool colwise = std::holds_alternative<colwise_parallel>(style);
+  const auto sequence = sequence_dim_of(name, style);
   if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(&module)) {
     if (!colwise)
-      return {name, linear->weight, linear->bias, split::rows_of_input,
-              keep_slice(name, linear->weight, 1, index, size, "input features")};
+      return {name,
+              linear->weight,
+              linear->bias,
+              split::rows_of_input,
+              keep_slice(name, linear->weight, 1, index, size, "input features"),
+              1,
+              sequence};
     const auto fused = std::get<colwise_parallel>(style).fused;
     const auto first = keep_slice(name, linear->weight, 0, index, size, "output features", fused);
     if (linear->bias.defined()) keep_slice(name, linear->bias, 0, index, size, "output features", fused);
-    return {name, linear->weight, linear->bias, split::columns_of_output, first, fused};
+    return {name, linear->weight, linear->bias, split::columns_of_output, first, fused, sequence};
   }
   auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(&module);
   if (embedding == nullptr)
     throw std::invalid_argument("accel::parallelize_module: \"" + name + "\" is a " + module.name() +
                                 "; colwise_parallel and rowwise_parallel split torch::nn::Linear layers, and "
                                 "rowwise_parallel torch::nn::Embedding layers");
-  const auto& how = embedding->options;
-  if (colwise || how.padding_idx() || how.max_norm() || how.scale_grad_by_freq() || how.sparse())
+  if (colwise)
     throw std::invalid_argument("accel::parallelize_module: \"" + name +
                                 "\" is an Embedding: it splits by its vocabulary with rowwise_parallel (as PyTorch's "
-                                "RowwiseParallel on an nn.Embedding), without padding_idx, max_norm, "
-                                "scale_grad_by_freq or sparse");
-  return {name, embedding->weight, at::Tensor(), split::vocabulary,
-          keep_slice(name, embedding->weight, 0, index, size, "rows (its vocabulary)")};
+                                "RowwiseParallel on an nn.Embedding)");
+  check_plain_embedding(name, *embedding, "splits by its vocabulary with rowwise_parallel");
+  return {name,
+          embedding->weight,
+          at::Tensor(),
+          split::vocabulary,
+          keep_slice(name, embedding->weight, 0, index, size, "rows (its vocabulary)"),
+          1,
+          sequence};
+}
+
+/// What `sequence_parallel` does to the module called `name`: the parameters whose gradients the group sums (a
+/// LayerNorm's), or the cut of an Embedding's output along the sequence; a Dropout needs neither.
+struct sequence_shard_module {
+  std::vector<at::Tensor> summed_gradients;
+  std::optional<sequence_cut> cut;
+};
+inline sequence_shard_module sequence_shard(torch::nn::Module& model, const std::string& name,
+                                            const sequence_parallel& style) {
+  auto& module = module_named(model, name);
+  const auto dimension = *sequence_dim_of(name, style);
+  if (dynamic_cast<torch::nn::LayerNormImpl*>(&module) != nullptr) return {module.parameters(), std::nullopt};
+  if (dynamic_cast<torch::nn::DropoutImpl*>(&module) != nullptr) return {};
+  if (auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(&module)) {
+    check_plain_embedding(name, *embedding, "is cut along the sequence with sequence_parallel");
+    return {{}, sequence_cut{name, embedding->weight, dimension}};
+  }
+  throw std::invalid_argument("accel::parallelize_module: \"" + name + "\" is a " + module.name() +
+                              "; sequence_parallel runs torch::nn::LayerNorm and torch::nn::Dropout layers on a "
+                              "shard of the sequence, and cuts a torch::nn::Embedding's (learnt positions') output");
 }
 
 }  // namespace detail::tp
@@ -183,8 +263,7 @@ struct tensor_parallel : data_parallel<Backend> {
                   .sizes(),
               *world_),
         tp_group_(&mesh_.group("tp")),
-        layers_(std::make_shared<detail::tp::layer_router>(
-            [group = tp_group_](at::Tensor& tensor, reduction op) { group->all_reduce(tensor, op).wait(); })) {
+        layers_(std::make_shared<detail::tp::layer_router>(tp_region(*tp_group_))) {
     this->narrow_to(mesh_.layout().has("dp") ? mesh_.group("dp")
                                              : detail::mesh_group(*world_, "dp", std::vector<int>{world_->rank()}));
     detail::routing::install_routing();
@@ -203,10 +282,23 @@ struct tensor_parallel : data_parallel<Backend> {
 
   /// What `accel::parallelize_module` does: every process of the job takes process 0's weights (the tp peers must
   /// slice the same ones), then each Linear the plan names keeps this rank's slice. Before the optimizer is built.
+  /// A `sequence_parallel` entry: a LayerNorm's parameters get their gradients summed over the tp group, an
+  /// Embedding's output is cut along the sequence.
   void parallelize_module(torch::nn::Module& model, const tensor_parallel_plan& plan) {
     detail::broadcast_module_state(model, *world_);
-    for (const auto& [name, style] : plan)
-      layers_->add(detail::tp::split_layer(model, name, style, mesh_.local_rank("tp"), tp_group_->size()));
+    for (const auto& [name, style] : plan) {
+      if (const auto* sequence = std::get_if<sequence_parallel>(&style)) {
+        auto shard = detail::tp::sequence_shard(model, name, *sequence);
+        for (auto& parameter : shard.summed_gradients) sum_gradient_over_tp(parameter);
+        if (shard.cut) layers_->add(*std::move(shard.cut));
+        continue;
+      }
+      auto split = detail::tp::split_layer(model, name, style, mesh_.local_rank("tp"), tp_group_->size());
+      // Added to this rank's shard of the sequence, a row-parallel layer's bias has a part of its gradient here.
+      if (split.sequence_dim && split.kind == detail::tp::split::rows_of_input && split.bias.defined())
+        sum_gradient_over_tp(split.bias);
+      layers_->add(std::move(split));
+    }
   }
 
   /// Alive around each forward of a prepared model: the split layers computed with their all-reduces.
@@ -225,7 +317,8 @@ struct tensor_parallel : data_parallel<Backend> {
         .mean();
   }
 
-  /// The all-reduces run on the tp group so far, each way.
+  /// The collectives the split layers ran on the tp group so far, each way (all-reduces; with sequence parallelism
+  /// all-gathers and reduce-scatters, and the sequence-sharded parameters' gradient all-reduces).
   [[nodiscard]] tensor_parallel_counts all_reduces() const noexcept { return layers_->counts(); }
   /// The names of the split layers, in the plan's order.
   [[nodiscard]] std::vector<std::string> split_layers() const {
@@ -335,6 +428,27 @@ struct tensor_parallel : data_parallel<Backend> {
   }
 
  private:
+  /// The tp group as the split layers' autograd functions use it.
+  static detail::tp::region tp_region(communicator_type& group) {
+    detail::tp::region region;
+    region.all_reduce = [&group](at::Tensor& tensor, reduction op) { group.all_reduce(tensor, op).wait(); };
+    region.all_gather = [&group](at::Tensor& output, at::Tensor& input) {
+      group.all_gather_into(output, input).wait();
+    };
+    region.reduce_scatter = [&group](at::Tensor& output, at::Tensor& input) {
+      group.reduce_scatter_into(output, input).wait();
+    };
+    region.rank = group.rank();
+    region.size = group.size();
+    return region;
+  }
+  /// `parameter`, replicated, sees this rank's shard of the sequence only: each backward's gradient is summed over
+  /// the tp group before it is accumulated (and before data parallelism's reducer takes it).
+  void sum_gradient_over_tp(const at::Tensor& parameter) {
+    parameter.register_hook(
+        [router = layers_](const at::Tensor& gradient) { return router->summed_gradient(gradient); });
+  }
+
   /// Calls `visit(parameter, layer, dimension)` for each split parameter (a layer's weight; a column-parallel
   /// layer's bias), with the dimension it is split along.
   template <class Visit>

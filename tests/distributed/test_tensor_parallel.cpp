@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <type_traits>
 #include <string>
 #include <utility>
@@ -81,6 +82,17 @@ std::vector<std::int64_t> sizes_of(const std::vector<torch::Tensor>& parameters)
   std::vector<std::int64_t> sizes;
   for (const auto& p : parameters) sizes.push_back(p.numel());
   return sizes;
+}
+
+/// `got` equals `expected` within 1e-5, parameter by parameter.
+void check_within_1e5(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& expected) {
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto difference = (got[i] - expected[i]).abs().max().item<double>();
+    INFO("parameter " << i << ", max difference " << difference);
+    CHECK(got[i].sizes() == expected[i].sizes());
+    CHECK(difference <= 1e-5);
+  }
 }
 
 }  // namespace
@@ -243,13 +255,7 @@ TEST_CASE("tensor_parallel trains a vocabulary-parallel language model as one pr
   REQUIRE(step == steps);
   std::vector<torch::Tensor> got;
   for (auto& [name, tensor] : acc.get_state_dict(model)) got.push_back(tensor);
-  REQUIRE(got.size() == expected.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const auto difference = (got[i] - expected[i]).abs().max().item<double>();
-    INFO("parameter " << i << ", max difference " << difference);
-    CHECK(got[i].sizes() == expected[i].sizes());
-    CHECK(difference <= 1e-5);
-  }
+  check_within_1e5(got, expected);
 }
 
 namespace {
@@ -281,36 +287,43 @@ std::pair<torch::Tensor, torch::Tensor> characters(int i) {
   return {torch::randint(24, {rows, 8}, generator), torch::randint(24, {rows, 8}, generator)};
 }
 
-}  // namespace
-
-TEST_CASE("tensor_parallel trains char_lm's transformer as one process on the whole batch, within 1e-5 over 50 steps",
-          "[tp][tp_parity]") {
-  tp_accelerator acc;
-  const int tp = acc.parallel().mesh().layout().size("tp");
-  const int dp = acc.num_processes() / tp;
-  std::vector<torch::Tensor> expected;
-  {
-    torch::manual_seed(6);
-    auto net = char_transformer();
-    torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
-    for (int step = 0; step < steps; ++step) {
-      std::vector<torch::Tensor> xs, ys;
-      for (int r = 0; r < dp; ++r) {
-        auto [x, y] = characters(step * dp + r);
-        xs.push_back(x);
-        ys.push_back(y);
-      }
-      optimizer.zero_grad();
-      torch::nn::functional::cross_entropy(net->forward(torch::cat(xs)).reshape({-1, 24}), torch::cat(ys).reshape({-1}))
-          .backward();
-      optimizer.step();
+/// char_lm's transformer trained alone, unsplit, each step on the job's whole global batch (the dp ranks' batches
+/// together): the reference of the split runs. Returns its parameters.
+std::vector<torch::Tensor> train_char_transformer_alone(int dp) {
+  torch::manual_seed(6);
+  auto net = char_transformer();
+  torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
+  for (int step = 0; step < steps; ++step) {
+    std::vector<torch::Tensor> xs, ys;
+    for (int r = 0; r < dp; ++r) {
+      auto [x, y] = characters(step * dp + r);
+      xs.push_back(x);
+      ys.push_back(y);
     }
-    for (const auto& p : net->parameters()) expected.push_back(p.detach().clone());
+    optimizer.zero_grad();
+    torch::nn::functional::cross_entropy(net->forward(torch::cat(xs)).reshape({-1, 24}), torch::cat(ys).reshape({-1}))
+        .backward();
+    optimizer.step();
   }
+  std::vector<torch::Tensor> parameters;
+  for (const auto& p : net->parameters()) parameters.push_back(p.detach().clone());
+  return parameters;
+}
+
+/// char_lm's transformer made as the reference is (process 0's weights: the others start elsewhere, and
+/// parallelize_module must bring them to process 0's), then split by `plan`.
+CharTransformer split_char_transformer(tp_accelerator& acc, const accel::tensor_parallel_plan& plan) {
   torch::manual_seed(acc.process_index() == 0 ? 6 : 60 + acc.process_index());
   auto net = char_transformer();
-  accel::parallelize_module(acc, net, char_transformer_plan());
-  CHECK(net->blocks[0]->as<Block>()->attention->qkv->weight.size(0) == 3 * 16 / tp);
+  accel::parallelize_module(acc, net, plan);
+  return net;
+}
+
+/// The split `net` trained on this dp rank's batches of the job; `check_step(before, after)` sees the tp collectives
+/// counted before and after each step's forward and backward. Returns the full parameters (get_state_dict's).
+template <class CheckStep>
+std::vector<torch::Tensor> train_split(tp_accelerator& acc, CharTransformer net, CheckStep check_step) {
+  const int dp = acc.num_processes() / acc.parallel().mesh().layout().size("tp");
   torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
   for (int i = 0; i < steps * dp; ++i) batches.push_back(characters(i));
@@ -318,22 +331,91 @@ TEST_CASE("tensor_parallel trains char_lm's transformer as one process on the wh
   for (const auto& [x, y] : data) {
     const auto before = acc.parallel().all_reduces();
     acc.backward(accel::vocab_parallel_cross_entropy(acc, model(x), y));
-    const auto after = acc.parallel().all_reduces();
-    // Forward: the embedding's, and each block's two pairs; backward: each block's two pairs' inputs and the head's.
-    CHECK(after.forward_all_reduces - before.forward_all_reduces == 1 + 2 * 2);
-    CHECK(after.backward_all_reduces - before.backward_all_reduces == 2 * 2 + 1);
+    check_step(before, acc.parallel().all_reduces());
     opt.step();
     opt.zero_grad();
   }
   std::vector<torch::Tensor> got;
   for (auto& [name, tensor] : acc.get_state_dict(model)) got.push_back(tensor);
-  REQUIRE(got.size() == expected.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const auto difference = (got[i] - expected[i]).abs().max().item<double>();
-    INFO("parameter " << i << ", max difference " << difference);
-    CHECK(got[i].sizes() == expected[i].sizes());
-    CHECK(difference <= 1e-5);
+  return got;
+}
+
+/// char_transformer_plan with Megatron's sequence parallelism: the residual stream between the pairs holds this
+/// rank's shard of the sequence (dimension 1 of [batch, sequence, features]). The token embedding reduce-scatters
+/// its output, the position embedding's lookup ([sequence, features]) is cut along dimension 0; the norms and dropout
+/// run on the shard; each column-parallel layer all-gathers its input, each row-parallel one reduce-scatters its
+/// output.
+accel::tensor_parallel_plan sequence_parallel_plan() {
+  accel::tensor_parallel_plan plan{{"token_embedding", accel::rowwise_parallel{.sequence_parallel = true}},
+                                   {"position_embedding", accel::sequence_parallel{.sequence_dim = 0}},
+                                   {"norm", accel::sequence_parallel{}},
+                                   {"head", accel::colwise_parallel{.sequence_parallel = true}}};
+  for (const std::string block : {"blocks.0.", "blocks.1."}) {
+    plan.emplace_back(block + "norm1", accel::sequence_parallel{});
+    plan.emplace_back(block + "attention.qkv", accel::colwise_parallel{.fused = 3, .sequence_parallel = true});
+    plan.emplace_back(block + "attention.out", accel::rowwise_parallel{.sequence_parallel = true});
+    plan.emplace_back(block + "drop", accel::sequence_parallel{});
+    plan.emplace_back(block + "norm2", accel::sequence_parallel{});
+    plan.emplace_back(block + "mlp.0", accel::colwise_parallel{.sequence_parallel = true});
+    plan.emplace_back(block + "mlp.2", accel::rowwise_parallel{.sequence_parallel = true});
   }
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("tensor_parallel trains char_lm's transformer as one process on the whole batch, within 1e-5 over 50 steps",
+          "[tp][tp_parity]") {
+  tp_accelerator acc;
+  const int tp = acc.parallel().mesh().layout().size("tp");
+  const auto expected = train_char_transformer_alone(acc.num_processes() / tp);
+  auto net = split_char_transformer(acc, char_transformer_plan());
+  CHECK(net->blocks[0]->as<Block>()->attention->qkv->weight.size(0) == 3 * 16 / tp);
+  check_within_1e5(
+      train_split(acc, net,
+                  [](const accel::tensor_parallel_counts& before, const accel::tensor_parallel_counts& after) {
+                    // Forward: the embedding's, and each block's two pairs; backward: each block's two
+                    // pairs' inputs and the head's.
+                    CHECK(after.forward_all_reduces - before.forward_all_reduces == 1 + 2 * 2);
+                    CHECK(after.backward_all_reduces - before.backward_all_reduces == 2 * 2 + 1);
+                  }),
+      expected);
+}
+
+TEST_CASE(
+    "tensor_parallel with sequence parallelism trains char_lm's transformer as one process on the whole batch, "
+    "within 1e-5 over 50 steps: an all-gather and a reduce-scatter each way per pair, no all-reduce, the activations "
+    "between the pairs 1/tp of the sequence",
+    "[tp][tp_parity]") {
+  tp_accelerator acc;
+  const int tp = acc.parallel().mesh().layout().size("tp");
+  const auto expected = train_char_transformer_alone(acc.num_processes() / tp);
+  auto net = split_char_transformer(acc, sequence_parallel_plan());
+  {  // The residual stream into and out of a block: rows x 8 / tp positions, each of 16 features.
+    at::NoGradGuard no_grad;
+    const auto scope = acc.parallel().forward_scope();
+    auto x = net->token_embedding(characters(0).first) + net->position_embedding(torch::arange(8));
+    CHECK(x.sizes() == torch::IntArrayRef{rows, 8 / tp, 16});
+    x = net->blocks[1]->as<Block>()->forward(net->blocks[0]->as<Block>()->forward(x));
+    CHECK(x.sizes() == torch::IntArrayRef{rows, 8 / tp, 16});
+    CHECK(net->norm(x).numel() == rows * 8 * 16 / tp);
+  }
+  check_within_1e5(
+      train_split(acc, net,
+                  [](const accel::tensor_parallel_counts& before, const accel::tensor_parallel_counts& after) {
+                    // Forward: the embedding's reduce-scatter, each block's two pairs' all-gather and reduce-scatter,
+                    // the head's all-gather. Backward, the mirror: the head's and the pairs' input gradients
+                    // reduce-scattered, the pairs' and both embeddings' output gradients all-gathered.
+                    CHECK(after.forward_all_gathers - before.forward_all_gathers == 2 * 2 + 1);
+                    CHECK(after.forward_reduce_scatters - before.forward_reduce_scatters == 1 + 2 * 2);
+                    CHECK(after.backward_reduce_scatters - before.backward_reduce_scatters == 2 * 2 + 1);
+                    CHECK(after.backward_all_gathers - before.backward_all_gathers == 2 * 2 + 2);
+                    CHECK(after.forward_all_reduces == before.forward_all_reduces);
+                    CHECK(after.backward_all_reduces == before.backward_all_reduces);
+                    // The norms' weights and biases (5 norms) and the row-parallel layers' biases (4) saw a shard.
+                    CHECK(after.gradient_all_reduces - before.gradient_all_reduces == 5 * 2 + 4);
+                  }),
+      expected);
 }
 
 TEST_CASE("tensor_parallel refuses what it cannot split, naming the fix", "[tp][tp_refusals]") {
@@ -354,10 +436,69 @@ TEST_CASE("tensor_parallel refuses what it cannot split, naming the fix", "[tp][
   torch::nn::Sequential table(torch::nn::Embedding(torch::nn::EmbeddingOptions(8, 4).padding_idx(0)));
   CHECK_THROWS_WITH(accel::parallelize_module(acc, table, {{"0", accel::rowwise_parallel{}}}),
                     Contains("splits by its vocabulary with rowwise_parallel") && Contains("without padding_idx"));
+  CHECK_THROWS_WITH(
+      accel::parallelize_module(acc, odd, {{"0", accel::sequence_parallel{}}}),
+      Contains("\"0\" is a torch::nn::Linear") && Contains("sequence_parallel runs torch::nn::LayerNorm"));
+  CHECK_THROWS_WITH(accel::parallelize_module(
+                        acc, odd, {{"0", accel::colwise_parallel{.sequence_parallel = true, .sequence_dim = -1}}}),
+                    Contains("\"0\" has sequence_dim -1"));
+  {  // A sequence that tp does not divide, refused on every process before any collective.
+    auto transformer = char_transformer();
+    accel::parallelize_module(acc, transformer, sequence_parallel_plan());
+    at::NoGradGuard no_grad;
+    const auto scope = acc.parallel().forward_scope();
+    CHECK_THROWS_WITH(transformer->forward(torch::randint(24, {2, 2 * tp + 1})),
+                      // The token or the position embedding, whichever the compiler evaluates first.
+                      Contains("embedding\" cuts the sequence (dimension ") &&
+                          Contains(std::to_string(2 * tp + 1) + " long) into tp = " + std::to_string(tp) + " parts") &&
+                          Contains("use a sequence length that tp divides"));
+  }
   CHECK_THROWS_WITH(accel::detail::tp::tensor_parallel_mesh(std::nullopt, 2),
                     Contains("no tp dimension") && Contains("--parallelism_config_tp_size T"));
   CHECK_THROWS_WITH(accel::detail::tp::tensor_parallel_mesh(accel::mesh_layout({.cp = 2, .tp = 2}, 4), 4),
                     Contains("has cp above 1"));
+}
+
+TEST_CASE(
+    "gather_for_metrics and split_between_processes under tensor_parallel count each dp rank's batch once, the tp "
+    "peers' copies not again, and drop what even_batches duplicated",
+    "[tp_metrics]") {
+  tp_accelerator acc;
+  const int tp = acc.parallel().mesh().layout().size("tp");
+  const int dp = acc.num_processes() / tp;
+  for (auto [n, b] : {std::pair<std::int64_t, std::int64_t>{10, 4}, {7, 3}, {99, 16}}) {
+    INFO("N " << n << " B " << b);
+    std::vector<torch::Tensor> batches;  // arange(n) in batches of b, the last one short
+    for (std::int64_t start = 0; start < n; start += b) batches.push_back(torch::arange(start, std::min(n, start + b)));
+    std::vector<torch::Tensor> steps;
+    std::vector<std::int64_t> objects;
+    for (auto&& batch : acc.prepare(batches)) {
+      steps.push_back(acc.gather_for_metrics(batch));
+      const std::vector<std::int64_t> ids(batch.data_ptr<std::int64_t>(),
+                                          batch.data_ptr<std::int64_t>() + batch.numel());
+      const auto gathered = acc.gather_for_metrics(ids, /*use_gather_object=*/true);
+      objects.insert(objects.end(), gathered.begin(), gathered.end());
+    }
+    CHECK(torch::equal(torch::cat(steps), torch::arange(n)));  // every sample once, in order
+    std::vector<std::int64_t> expected(static_cast<std::size_t>(n));
+    std::iota(expected.begin(), expected.end(), 0);
+    CHECK(objects == expected);
+    if (dp == 2 && n == 10) {  // Accelerate's: rounds of 2 x 4 samples, the last one's remainder 2
+      CHECK(torch::equal(steps[0], torch::arange(8)));
+      CHECK(torch::equal(steps[1], torch::tensor({8, 9}, torch::kLong)));
+    }
+  }
+  // One value per dp rank, in the dp ranks' order.
+  const auto ranks = acc.gather_for_metrics(torch::scalar_tensor(acc.process_index() / tp, torch::kLong));
+  CHECK(torch::equal(ranks, torch::arange(dp)));
+  // split_between_processes parts by the dp rank: the tp peers get the same part; gathered, each part once.
+  const auto part = acc.split_between_processes(torch::arange(7));
+  const auto peers_parts = acc.gather(part.sum().reshape({1}));
+  for (int r = 0; r < acc.num_processes(); ++r)
+    CHECK(peers_parts[r].item<std::int64_t>() == peers_parts[r - r % tp].item<std::int64_t>());
+  CHECK(torch::equal(acc.gather_for_metrics(part), torch::arange(7)));
+  const std::vector<std::int64_t> items{0, 1, 2, 3, 4, 5, 6};
+  CHECK(acc.gather_for_metrics(acc.split_between_processes(items), /*use_gather_object=*/true) == items);
 }
 
 namespace {
@@ -404,14 +545,7 @@ std::vector<torch::Tensor> train_lm(int from, int count, const std::filesystem::
 
 /// `got` equals training alone for `count` steps within 1e-5, parameter by parameter.
 void check_as_alone(const std::vector<torch::Tensor>& got, int count) {
-  const auto expected = train_lm_alone(1, count);
-  REQUIRE(got.size() == expected.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const auto difference = (got[i] - expected[i]).abs().max().item<double>();
-    INFO("parameter " << i << ", max difference " << difference);
-    CHECK(got[i].sizes() == expected[i].sizes());
-    CHECK(difference <= 1e-5);
-  }
+  check_within_1e5(got, train_lm_alone(1, count));
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 /// split across the "tp" group and how, found by their weight while tensor_parallel's forward scope is alive
 /// (detail/support/linear_routing.hpp), and the two autograd functions that carry their one all-reduce each way:
 /// `copy_to_region` (identity forward, the input's gradient all-reduced in backward) before a column-parallel layer,
-/// `reduce_from_region` (the partial outputs all-reduced forward, identity backward) after a row-parallel one.
+/// `reduce_from_region` (the partial outputs all-reduced forward, identity backward) after a row-parallel one; with
+/// sequence parallelism, `gather_from_sequence` (all-gather forward, reduce-scatter backward) and
+/// `reduce_scatter_to_sequence` (the mirror) in their places, and `scatter_to_sequence` for a position embedding.
 // IWYU pragma: private, include <accel/tensor_parallel.hpp>
 #pragma once
 
@@ -19,19 +21,30 @@
 #include <deque>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "../../collectives.hpp"
 #include "../support/linear_routing.hpp"
 
 namespace accel {
 
-/// The all-reduces tensor parallelism ran on its "tp" group since the policy was made: one per column/row-parallel
-/// pair in forward (the row-parallel layer's partial sums) and one in backward (the column-parallel layer's input
-/// gradient, when its input needs one).
+/// The collectives tensor parallelism ran on its "tp" group since the policy was made. Without sequence parallelism:
+/// one all-reduce per column/row-parallel pair in forward (the row-parallel layer's partial sums) and one in backward
+/// (the column-parallel layer's input gradient, when its input needs one). With it, each of those all-reduces is an
+/// all-gather and a reduce-scatter along the sequence: forward, a column-parallel layer all-gathers its input and a
+/// row-parallel one reduce-scatters its output; backward, the mirror. `gradient_all_reduces`: the gradients of the
+/// parameters that see a sequence shard (sequence_parallel norms, a sequence-parallel row-parallel layer's bias),
+/// summed over the group once per backward each.
 struct tensor_parallel_counts {
   std::int64_t forward_all_reduces = 0;
   std::int64_t backward_all_reduces = 0;
+  std::int64_t forward_all_gathers = 0;
+  std::int64_t forward_reduce_scatters = 0;
+  std::int64_t backward_all_gathers = 0;
+  std::int64_t backward_reduce_scatters = 0;
+  std::int64_t gradient_all_reduces = 0;
   friend bool operator==(const tensor_parallel_counts&, const tensor_parallel_counts&) = default;
 };
 
@@ -51,6 +64,9 @@ struct layer {
   split kind;
   std::int64_t first;
   std::int64_t fused = 1;  // a column-parallel output of that many parts side by side, each split
+  /// Sequence parallelism: the dimension of the activations along which the sequence is split (a column-parallel
+  /// layer's input, a row-parallel layer's or the embedding's output); none without it.
+  std::optional<std::int64_t> sequence_dim = std::nullopt;
 
   /// The dimension of the weight that is split across the group.
   [[nodiscard]] std::int64_t weight_dimension() const noexcept { return kind == split::rows_of_input ? 1 : 0; }
@@ -62,10 +78,15 @@ struct layer {
   }
 };
 
-/// The "tp" group as the autograd functions use it: an in-place all-reduce over the group, and the count of the
-/// layers' all-reduces each way.
+/// The "tp" group as the autograd functions use it: an in-place all-reduce over the group, a flat all-gather and a
+/// flat sum reduce-scatter (a communicator's `all_gather_into` and `reduce_scatter_into`), this rank and the size,
+/// and the count of the layers' collectives each way.
 struct region {
   std::function<void(at::Tensor&, reduction)> all_reduce;
+  std::function<void(at::Tensor& output, at::Tensor& input)> all_gather;
+  std::function<void(at::Tensor& output, at::Tensor& input)> reduce_scatter;
+  int rank = 0;
+  int size = 1;
   tensor_parallel_counts counts;
 };
 
@@ -75,6 +96,50 @@ inline std::int64_t handle_of(region& group) {
 }
 inline region& region_of(torch::autograd::AutogradContext* ctx) {
   return *reinterpret_cast<region*>(static_cast<std::intptr_t>(ctx->saved_data["region"].toInt()));
+}
+
+/// `x` with `dimension` first, contiguous: the group's parts along it are then the flat segments the collectives
+/// take.
+inline at::Tensor leading(const at::Tensor& x, std::int64_t dimension) { return x.movedim(dimension, 0).contiguous(); }
+/// `x` (made with `dimension` first) with `dimension` back in its place: an output of its own, not a view (autograd
+/// then needs no view bookkeeping).
+inline at::Tensor put_back(const at::Tensor& x, std::int64_t dimension) {
+  return dimension == 0 ? x : x.movedim(0, dimension).contiguous();
+}
+/// Every rank's `x` side by side along `dimension`, in rank order.
+inline at::Tensor all_gather_along(region& group, const at::Tensor& x, std::int64_t dimension) {
+  auto input = leading(x, dimension);
+  auto sizes = input.sizes().vec();
+  sizes[0] *= group.size;
+  auto output = at::empty(sizes, input.options());
+  group.all_gather(output, input);
+  return put_back(output, dimension);
+}
+/// This rank's part along `dimension` of the sum of every rank's `x` (the size there divides by the group's).
+inline at::Tensor reduce_scatter_along(region& group, const at::Tensor& x, std::int64_t dimension) {
+  auto input = leading(x, dimension);
+  auto sizes = input.sizes().vec();
+  sizes[0] /= group.size;
+  auto output = at::empty(sizes, input.options());
+  group.reduce_scatter(output, input);
+  return put_back(output, dimension);
+}
+
+/// The activations of a sequence-parallel region are cut along `dimension` into the group's parts: `x` must have
+/// it, and (`whole`: `x` holds the whole sequence) a size the group divides. `what` names the layer for the refusal.
+inline void check_sequence(const region& group, const at::Tensor& x, std::int64_t dimension, bool whole,
+                           const std::string& what) {
+  const auto shape = c10::str(x.sizes());
+  if (x.dim() <= dimension)
+    throw std::invalid_argument("accel::tensor_parallel: " + what + " splits the sequence along dimension " +
+                                std::to_string(dimension) + ", which its activation " + shape +
+                                " lacks; set the style's sequence_dim to the sequence's dimension");
+  if (whole && x.size(dimension) % group.size != 0)
+    throw std::invalid_argument("accel::tensor_parallel: " + what + " cuts the sequence (dimension " +
+                                std::to_string(dimension) + " of " + shape + ", " + std::to_string(x.size(dimension)) +
+                                " long) into tp = " + std::to_string(group.size) +
+                                " parts, which do not divide it; use a sequence length that tp divides (pad the "
+                                "batches), or leave sequence parallelism off");
 }
 
 /// The input of a column-parallel layer: the same on every rank forward; its gradient, a partial sum on each rank,
@@ -106,6 +171,63 @@ struct reduce_from_region : torch::autograd::Function<reduce_from_region> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grads) {
     return {grads[0], at::Tensor()};
+  }
+};
+
+/// The sequence-sharded input of a sequence-parallel column-parallel layer: all-gathered along the sequence forward
+/// (every rank's shard, whole); its gradient, a partial sum of the whole sequence on each rank, reduce-scattered in
+/// backward (Megatron's `gather_from_sequence_parallel_region`, DTensor's Shard(1) input made Replicate).
+struct gather_from_sequence : torch::autograd::Function<gather_from_sequence> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& shard, std::int64_t dimension,
+                            region& group) {
+    ctx->saved_data["region"] = handle_of(group);
+    ctx->saved_data["dimension"] = dimension;
+    ++group.counts.forward_all_gathers;
+    return all_gather_along(group, shard, dimension);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto& group = region_of(ctx);
+    ++group.counts.backward_reduce_scatters;
+    return {reduce_scatter_along(group, grads[0], ctx->saved_data["dimension"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+/// The output of a sequence-parallel row-parallel layer (or vocabulary-parallel embedding): each rank's partial
+/// product of the whole sequence summed and cut along the sequence, each rank keeping its shard (reduce-scatter);
+/// the gradient, each rank's shard, all-gathered in backward (Megatron's `reduce_scatter_to_sequence_parallel_region`).
+struct reduce_scatter_to_sequence : torch::autograd::Function<reduce_scatter_to_sequence> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& partial, std::int64_t dimension,
+                            region& group) {
+    ctx->saved_data["region"] = handle_of(group);
+    ctx->saved_data["dimension"] = dimension;
+    ++group.counts.forward_reduce_scatters;
+    return reduce_scatter_along(group, partial, dimension);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto& group = region_of(ctx);
+    ++group.counts.backward_all_gathers;
+    return {all_gather_along(group, grads[0], ctx->saved_data["dimension"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+/// A whole-sequence activation the same on every rank (a position embedding's lookup) cut to this rank's shard,
+/// without communication; the gradient, each rank's shard, all-gathered in backward so that the replicated weight's
+/// gradient is whole on every rank (Megatron's `scatter_to_sequence_parallel_region`).
+struct scatter_to_sequence : torch::autograd::Function<scatter_to_sequence> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& whole, std::int64_t dimension,
+                            region& group) {
+    ctx->saved_data["region"] = handle_of(group);
+    ctx->saved_data["dimension"] = dimension;
+    const auto part = whole.size(dimension) / group.size;
+    return whole.narrow(dimension, group.rank * part, part).clone(at::MemoryFormat::Contiguous);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto& group = region_of(ctx);
+    ++group.counts.backward_all_gathers;
+    return {all_gather_along(group, grads[0], ctx->saved_data["dimension"].toInt()), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -153,12 +275,19 @@ at::Tensor apply_function(region& group, const Args&... args) {
 #endif
 }
 
+/// An Embedding whose output is cut along the sequence (a position embedding under sequence parallelism): its name,
+/// its table (replicated) and the sequence's dimension in its output.
+struct sequence_cut {
+  std::string name;
+  at::Tensor weight;
+  std::int64_t dimension;
+};
+
 /// The split layers of a model, the router of tensor_parallel's forward scope.
 class layer_router : public routing::linear_router {
  public:
-  explicit layer_router(std::function<void(at::Tensor&, reduction)> all_reduce) {
-    group_.all_reduce = std::move(all_reduce);
-  }
+  /// `group`: the tp group's collectives, rank and size (its counts start at 0).
+  explicit layer_router(region group) : group_(std::move(group)) {}
 
   [[nodiscard]] std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
                                                 const at::Tensor* bias) const override {
@@ -172,10 +301,14 @@ class layer_router : public routing::linear_router {
     for (const auto& split_layer : layers_)
       if (split_layer.kind == split::vocabulary && routing::is_weight(weight, split_layer.weight, false))
         return embed(indices, split_layer);
+    for (const auto& cut : sequence_cuts_)
+      if (routing::is_weight(weight, cut.weight, false)) return embed_shard(indices, cut);
     return std::nullopt;
   }
 
   void add(layer split_layer) { layers_.push_back(std::move(split_layer)); }
+  /// Cuts the output of the Embedding whose table `cut.weight` is along the sequence (sequence_parallel).
+  void add(sequence_cut cut) { sequence_cuts_.push_back(std::move(cut)); }
   [[nodiscard]] const std::deque<layer>& layers() const noexcept { return layers_; }
   /// The split layer `parameter` is a split parameter of, or none (replicated).
   [[nodiscard]] const layer* split_of(const at::Tensor& parameter) const noexcept {
@@ -186,14 +319,34 @@ class layer_router : public routing::linear_router {
   [[nodiscard]] const tensor_parallel_counts& counts() const noexcept { return group_.counts; }
   /// The group, for the parallel cross-entropy.
   [[nodiscard]] region& group() const noexcept { return group_; }
+  /// The sum over the group of `gradient`, the gradient of a replicated parameter that saw this rank's sequence
+  /// shard only (a sequence_parallel norm's weight): what a parameter's gradient hook returns.
+  [[nodiscard]] at::Tensor summed_gradient(const at::Tensor& gradient) const {
+    auto summed = gradient.contiguous().clone();
+    group_.all_reduce(summed, reduction::sum);
+    ++group_.counts.gradient_all_reduces;
+    return summed;
+  }
 
  private:
   at::Tensor compute(const at::Tensor& input, const layer& split_layer, const at::Tensor* bias) const {
     const at::Tensor no_bias;
-    if (split_layer.kind == split::columns_of_output)
-      return at::linear(apply_function<copy_to_region>(group_, input), split_layer.weight, bias ? *bias : no_bias);
-    auto out = apply_function<reduce_from_region>(group_, at::linear(input, split_layer.weight, no_bias));
+    const auto& sequence = split_layer.sequence_dim;
+    if (split_layer.kind == split::columns_of_output) {
+      if (sequence) check_sequence(group_, input, *sequence, false, "\"" + split_layer.name + "\"");
+      const auto whole = sequence ? apply_function<gather_from_sequence>(group_, input, *sequence)
+                                  : apply_function<copy_to_region>(group_, input);
+      return at::linear(whole, split_layer.weight, bias ? *bias : no_bias);
+    }
+    auto out = reduced(at::linear(input, split_layer.weight, no_bias), split_layer);
     return bias != nullptr ? out + *bias : out;  // once, after the sum
+  }
+  /// A row-parallel layer's (or the vocabulary-parallel embedding's) partial `out` summed over the group: all-reduced,
+  /// or with sequence parallelism reduce-scattered along the sequence.
+  at::Tensor reduced(const at::Tensor& out, const layer& split_layer) const {
+    if (!split_layer.sequence_dim) return apply_function<reduce_from_region>(group_, out);
+    check_sequence(group_, out, *split_layer.sequence_dim, true, "\"" + split_layer.name + "\"");
+    return apply_function<reduce_scatter_to_sequence>(group_, out, *split_layer.sequence_dim);
   }
   /// Megatron's vocabulary-parallel embedding: the ids outside this rank's rows look up row 0 and are zeroed, then
   /// the ranks' outputs summed (each id's row comes from its owner alone).
@@ -201,11 +354,18 @@ class layer_router : public routing::linear_router {
     const auto local = indices - split_layer.first;
     const auto outside = local.lt(0).logical_or(local.ge(split_layer.weight.size(0)));
     const auto rows = at::embedding(split_layer.weight, local.masked_fill(outside, 0));
-    return apply_function<reduce_from_region>(group_, rows.masked_fill(outside.unsqueeze(-1), 0));
+    return reduced(rows.masked_fill(outside.unsqueeze(-1), 0), split_layer);
+  }
+  /// A sequence_parallel Embedding: the whole lookup (the same on every rank), this rank's shard of it kept.
+  at::Tensor embed_shard(const at::Tensor& indices, const sequence_cut& cut) const {
+    const auto whole = at::embedding(cut.weight, indices);
+    check_sequence(group_, whole, cut.dimension, true, "\"" + cut.name + "\"");
+    return apply_function<scatter_to_sequence>(group_, whole, cut.dimension);
   }
 
   mutable region group_;  // the autograd functions count into it
   std::deque<layer> layers_;
+  std::vector<sequence_cut> sequence_cuts_;
 };
 
 }  // namespace detail::tp
