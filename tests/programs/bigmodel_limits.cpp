@@ -2,11 +2,11 @@
 // fully_sharded<gloo> for 20 SGD steps, the model built whole (`whole`) or by accel::construct_sharded (`sharded`,
 // which then saves the sharded-format checkpoint OUT_DIR/checkpoint), then writes this process's slices of every
 // parameter, raw, to OUT_DIR/MODE-rank<R>.bin (at rest each parameter is its slice). `load` builds the model by
-// construct_sharded, prepares it and loads OUT_DIR/checkpoint (under any number of processes), and writes its
-// slices to OUT_DIR/load-P<N>-rank<R>.bin. `baseline` only starts the job (LibTorch, the process group) and ends:
-// what a process holds before any model. `whole` also writes OUT_DIR/parameters (each parameter's name and
-// elements, in order); `sharded` and `load` write OUT_DIR/MODE-P<N>-estimate-rank<R>: accel::estimate_training_bytes'
-// peak for the job and the peak of tensor storage counted (accel::count_cpu_memory).
+// construct_sharded, prepares it and loads OUT_DIR/checkpoint (under any number of processes), and writes the
+// bytes and CRC-32 of its slices to OUT_DIR/load-P<N>-rank<R>.crc. `baseline` only starts the job (LibTorch, the
+// process group) and ends: what a process holds before any model. `whole` also writes OUT_DIR/parameters (each
+// parameter's name and elements, in order); `sharded` and `load` write OUT_DIR/MODE-P<N>-estimate-rank<R>:
+// accel::estimate_training_bytes' peak for the job and the peak of tensor storage counted (accel::count_cpu_memory).
 //
 // With ACCEL_TEST_CGROUP_PREFIX set, the process first moves itself into the memory cgroup PREFIX<rank> and starts
 // again (exec), so that everything it maps and allocates from then on, LibTorch's libraries included, is charged
@@ -15,6 +15,7 @@
 
 #include <accel/accel.hpp>
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -89,6 +90,37 @@ bool write_slices(stack& net, const std::filesystem::path& file) {
   return static_cast<bool>(out);
 }
 
+/// zlib's CRC-32 (Python's zlib.crc32) of `size` bytes, continuing from `crc`.
+std::uint32_t crc32(std::uint32_t crc, const unsigned char* bytes, std::size_t size) {
+  static const auto table = [] {
+    std::array<std::uint32_t, 256> entries{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      auto c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) != 0 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      entries[i] = c;
+    }
+    return entries;
+  }();
+  crc = ~crc;
+  for (std::size_t i = 0; i < size; ++i) crc = table[(crc ^ bytes[i]) & 0xFFu] ^ (crc >> 8);
+  return ~crc;
+}
+
+/// Writes "BYTES CRC" of this process's slices of every parameter of `net`, in order, to `file`: a loading process
+/// writes no copy of them, whose page cache its memory group would be charged for (as much as its slices).
+bool write_slices_digest(stack& net, const std::filesystem::path& file) {
+  std::uint32_t crc = 0;
+  std::int64_t bytes = 0;
+  for (const auto& p : net->parameters()) {
+    const auto slice = p.detach().contiguous();
+    crc = crc32(crc, static_cast<const unsigned char*>(slice.data_ptr()), slice.nbytes());
+    bytes += static_cast<std::int64_t>(slice.nbytes());
+  }
+  std::ofstream out(file);
+  out << bytes << " " << crc << "\n";
+  return static_cast<bool>(out);
+}
+
 /// The estimate's peak for the job (`peak`: step_peak or loading) beside the larger of construction, and the tensor
 /// storage counted, as "ESTIMATE COUNTED" in OUT_DIR/NAME-estimate-rank<R>.
 void write_estimate(const std::filesystem::path& file, std::int64_t job_peak, const accel::training_bytes& bytes) {
@@ -139,7 +171,7 @@ int load(limited_accelerator& acc, const std::filesystem::path& out) {
   write_estimate(out / (name + "-estimate-rank" + std::to_string(env.rank)), bytes.loading(), bytes);
   std::cout << name << " process " << env.rank << ": tensor storage peak "
             << accel::memory_stats(c10::Device(c10::kCPU)).peak_allocated << " B, " << peak_resident() << "\n";
-  return write_slices(net, out / (name + "-rank" + std::to_string(env.rank) + ".bin")) ? 0 : 1;
+  return write_slices_digest(net, out / (name + "-rank" + std::to_string(env.rank) + ".crc")) ? 0 : 1;
 }
 
 }  // namespace
