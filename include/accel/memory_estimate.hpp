@@ -3,11 +3,13 @@
 /// the parameters' sizes alone (Accelerate's `accelerate estimate-memory`, with ZeRO's stages and the number of
 /// processes besides). The formulas of docs/sharded.md's memory table, in one place: `accel estimate-memory` prints
 /// them for a safetensors checkpoint, and `bigmodel.estimate.*` checks them against what accel's counting allocator
-/// measures of a real training run under each policy. No LibTorch here: the command-line tool includes it.
+/// measures of a real training run under each policy, and `bigmodel.limits.*` against the peaks of processes under
+/// cgroup memory limits (shard units, construction and loading). No LibTorch here: the command-line tool includes it.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -26,6 +28,9 @@ struct tensor_extent {
   std::int64_t element_size = 4;
   bool trainable = true;
   bool floating_point = true;  ///< what autocast may cast
+  /// The `accel::shard_unit` that holds it under `fully_sharded` (any number, the same for one unit's tensors; the
+  /// innermost unit where units nest), or -1: outside every unit, gathered with the model's root.
+  int shard_unit = -1;
 };
 
 /// What the estimate is for.
@@ -49,6 +54,14 @@ struct training_bytes {
   std::int64_t gradient_buckets = 0;    ///< persistent all-reduce buckets, flags included (data_parallel, zero1)
   std::int64_t optimizer_state = 0;     ///< after the first step
   std::int64_t autocast_copies = 0;     ///< the forward's 16-bit casts of float32 weights, at most
+  /// `fully_sharded` with shard units, during forward and backward besides `in_step()`: two units gathered (the one
+  /// computing, the next one's gather on its way), one unit's gradients whole, and five of its gradient buckets
+  /// (one filling, two being reduce-scattered and their receive buffers); the largest unit's figures.
+  std::int64_t unit_transients = 0;
+  /// The peak of building the model: the whole model, but for `fully_sharded` with shard units, built by
+  /// `accel::construct_sharded`: its slices of the units, the largest unit whole, and every tensor outside units
+  /// and every frozen one whole.
+  std::int64_t construction = 0;
 
   /// Held between steps: parameters, buckets, optimizer state (gradients released by `zero_grad`).
   [[nodiscard]] std::int64_t at_rest() const noexcept {
@@ -58,6 +71,12 @@ struct training_bytes {
   [[nodiscard]] std::int64_t in_step() const noexcept {
     return parameters_in_step + gradients + gradient_buckets + optimizer_state + autocast_copies;
   }
+  /// The most a step holds at once, activations and the all-gather buffers of non-unit buckets aside.
+  [[nodiscard]] std::int64_t step_peak() const noexcept { return in_step() + unit_transients; }
+  /// The peak of `load_state` of a checkpoint (either format) into the prepared model between steps: what is held
+  /// at rest, this process's parameters as read (its slices under `fully_sharded`), its optimizer state as read and
+  /// the state it replaces, kept until the load commits (a load is all or nothing).
+  [[nodiscard]] std::int64_t loading() const noexcept { return at_rest() + parameters_at_rest + 2 * optimizer_state; }
 };
 
 /// The optimizer state tensors per element of LibTorch's elementwise optimizers, by Accelerate's and PyTorch's
@@ -70,11 +89,59 @@ inline int optimizer_state_tensors(std::string_view optimizer) {
                               "': the estimate knows adamw, adam, sgd, sgd_momentum, rmsprop and adagrad");
 }
 
+namespace detail {
+
+/// This process's bytes of a trainable tensor's slice, and its chunk's elements (ceil(n / P)).
+struct tensor_slice {
+  std::int64_t owned_bytes = 0;
+  std::int64_t chunk = 0;
+};
+
+inline tensor_slice owned_slice(const tensor_extent& t, const training_setup& setup) {
+  const auto chunk = (t.elements + setup.processes - 1) / setup.processes;
+  const auto begin = std::min(t.elements, chunk * setup.process_index);
+  return {.owned_bytes = (std::min(t.elements, begin + chunk) - begin) * t.element_size, .chunk = chunk};
+}
+
+/// One shard unit's trainable tensors: their bytes whole (gathered, or as built), and its gradient bucket's (P
+/// segments each of a chunk of every tensor and its flag).
+struct unit_extent {
+  std::int64_t whole = 0;
+  std::int64_t bucket = 0;
+};
+
+/// The shard units of `fully_sharded`: what a step holds of them for a moment (`unit_transients`), and the peak of
+/// building them one after another (`construction`, where `bytes.construction` holds the whole model's bytes).
+inline void add_shard_units(std::span<const tensor_extent> tensors, const training_setup& setup,
+                            training_bytes& bytes) {
+  std::map<int, unit_extent> units;
+  std::int64_t sliced = 0;  // the units' tensors: built whole, kept as this process's slices
+  for (const auto& t : tensors) {
+    if (!t.trainable || t.shard_unit < 0) continue;
+    const auto slice = owned_slice(t, setup);
+    auto& unit = units[t.shard_unit];
+    unit.whole += t.elements * t.element_size;
+    unit.bucket += setup.processes * (slice.chunk + 1) * t.element_size;
+    sliced += t.elements * t.element_size - slice.owned_bytes;
+  }
+  if (units.empty()) return;
+  unit_extent largest;
+  for (const auto& [index, unit] : units) {
+    largest.whole = std::max(largest.whole, unit.whole);
+    largest.bucket = std::max(largest.bucket, unit.bucket);
+  }
+  bytes.unit_transients = 3 * largest.whole + 5 * largest.bucket;
+  bytes.construction += largest.whole - sliced;
+}
+
+}  // namespace detail
+
 /// The bytes process `setup.process_index` of `setup.processes` holds to train parameters `tensors` under
 /// `setup.stage`. A sharded stage splits each trainable tensor on its flattened elements in chunks of
 /// ceil(n / P) (docs/sharded.md): the process owns its chunk's part of the elements. Gradient buckets hold one "used
 /// here" flag per parameter besides its elements: data_parallel's and zero1's whole, zero2's and fully_sharded's
-/// segments a whole chunk of each.
+/// segments a whole chunk of each. Under `fully_sharded`, a shard unit's tensors are gathered for their unit's
+/// forward and backward only (`unit_transients`), the others from the forward to the step.
 inline training_bytes estimate_training_bytes(std::span<const tensor_extent> tensors, const training_setup& setup) {
   if (setup.processes < 1 || setup.process_index < 0 || setup.process_index >= setup.processes)
     throw std::invalid_argument("accel::estimate_training_bytes: process " + std::to_string(setup.process_index) +
@@ -85,21 +152,22 @@ inline training_bytes estimate_training_bytes(std::span<const tensor_extent> ten
   training_bytes bytes;
   for (const auto& t : tensors) {
     const auto whole = t.elements * t.element_size;
+    bytes.construction += whole;
     if (setup.autocast_16bit && t.floating_point && t.element_size == 4) bytes.autocast_copies += 2 * t.elements;
     if (!t.trainable) {
       bytes.parameters_at_rest += whole;
       bytes.parameters_in_step += whole;
       continue;
     }
-    const auto chunk = (t.elements + setup.processes - 1) / setup.processes;
-    const auto begin = std::min(t.elements, chunk * setup.process_index);
-    const auto owned = (std::min(t.elements, begin + chunk) - begin) * t.element_size;
+    const auto [owned, chunk] = detail::owned_slice(t, setup);
+    const bool gathered_until_step = t.shard_unit < 0;
     bytes.parameters_at_rest += sharded_parameters ? owned : whole;
-    bytes.parameters_in_step += sharded_parameters ? whole + owned : whole;
+    bytes.parameters_in_step += sharded_parameters ? owned + (gathered_until_step ? whole : 0) : whole;
     bytes.gradients += sharded_gradients ? (chunk + 1) * t.element_size : whole;
     bytes.gradient_buckets += sharded_gradients ? 0 : whole + t.element_size;
     bytes.optimizer_state += setup.state_tensors * (sharded_state ? owned : whole);
   }
+  if (sharded_parameters) detail::add_shard_units(tensors, setup, bytes);
   return bytes;
 }
 
