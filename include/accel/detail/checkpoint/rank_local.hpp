@@ -7,8 +7,13 @@
 ///
 /// Integrity: every file's size is checked against the manifest and its header parsed before any data is read, and
 /// every range is checked against the header (within the data, the dtype and element count the layout gives). A
-/// file whose every byte this process read (header and data) is checked against its CRC-32C as well; one read only
+/// file whose every byte this process reads (header and data) is checked against its CRC-32C as well; one read only
 /// in part has no checksum of its parts in the manifest, so its data is trusted as the size and header allow.
+///
+/// The weights' bytes are read once, straight into the parameters' storage (at rest: this process's slices), and
+/// only after every check passed on every process (`planned_read`): a file read whole is checksummed first where its
+/// bytes lie in the page cache, mapped, not read (`opened_files::checksum_range`), so that a failed check leaves the
+/// program as it was without an undo copy of the weights, and nothing of them is allocated.
 // IWYU pragma: private, include <accel/checkpoint.hpp>
 #pragma once
 
@@ -24,6 +29,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <string>
@@ -114,8 +120,24 @@ inline std::set<std::string> keep_held_slices(std::map<std::string, at::Tensor>&
   return sliced;
 }
 
+/// Where the bytes of one tensor as this process holds it lie (`ranged_reader::plan`): each byte range of a file and
+/// the byte of the tensor it fills. Checked against the files' headers when planned; read by `read_into`.
+struct planned_read {
+  struct range {
+    std::size_t file = 0;
+    std::uint64_t offset = 0;
+    std::uint64_t bytes = 0;
+    std::uint64_t at = 0;  // from the tensor's first byte
+  };
+  std::vector<range> ranges;
+  at::ScalarType type = at::kFloat;
+  std::vector<std::int64_t> shape;  // the tensor's, held whole; {its length}, a slice
+  std::string what;
+};
+
 /// Reads byte ranges of a checkpoint's safetensors files (opened by its manifest), and checks each file this process
-/// read whole against its CRC-32C once everything is read (`check_whole_files`).
+/// reads whole against its CRC-32C (`check_whole_files`): the ranges read before, from the bytes read; the ranges
+/// planned only, from the file.
 class ranged_reader {
  public:
   /// One tensor's elements [begin, begin + length) (flattened) stored in file `file` from byte `offset`.
@@ -136,7 +158,7 @@ class ranged_reader {
 
   /// `checksums`: the manifest's CRC-32Cs are checked (false for files outside a checkpoint: `plain_files`).
   ranged_reader(std::filesystem::path directory, const checkpoint_manifest& manifest, bool checksums = true)
-      : directory_(std::move(directory)), manifest_(manifest), checksums_(checksums) {}
+      : directory_(std::move(directory)), manifest_(manifest), checksums_(checksums) {}  // its files kept open
 
   /// Opens `name` once (its size against the manifest, its header read and parsed); returns its number.
   std::size_t open(const std::string& name) {
@@ -192,33 +214,41 @@ class ranged_reader {
     return {*type, file.data_begin + static_cast<std::uint64_t>(e.offsets[0])};
   }
 
-  /// `part` of a tensor of `shape` and `type` whose elements lie in `pieces`: a new tensor in its shape (whole) or
-  /// flat (a slice), only the overlapping bytes of each piece read.
+  /// Where the bytes of `part` of a tensor of `shape` and `type` whose elements lie in `pieces` are: only the
+  /// overlapping bytes of each piece, checked to cover it. Nothing is read yet (`read_into`).
+  planned_read plan(const std::vector<piece>& pieces, at::ScalarType type, const std::vector<std::int64_t>& shape,
+                    held_part part, const std::string& what) {
+    auto planned = plan_ranges(pieces, type, shape, part, what);
+    for (const auto& r : planned.ranges)
+      spans_.push_back({.file = r.file, .offset = r.offset, .at = nullptr, .bytes = r.bytes, .owner = {}});
+    return planned;
+  }
+  /// The same read now, into a new tensor in its shape (whole) or flat (a slice).
   at::Tensor read(const std::vector<piece>& pieces, at::ScalarType type, const std::vector<std::int64_t>& shape,
                   held_part part, const std::string& what) {
-    const auto numel = c10::multiply_integers(shape);
-    if (part.whole) part = held_part::all_of(numel);
-    auto out = part.whole ? at::empty(shape, at::TensorOptions().dtype(type)) : at::empty({part.length}, type);
-    const auto element = static_cast<std::int64_t>(c10::elementSize(type));
-    std::int64_t covered = 0;
-    for (const auto& p : pieces) {
-      const auto lo = std::max(p.begin, part.begin), hi = std::min(p.begin + p.length, part.begin + part.length);
-      if (lo >= hi) continue;
-      const auto offset = p.offset + static_cast<std::uint64_t>((lo - p.begin) * element);
-      const auto bytes = static_cast<std::uint64_t>((hi - lo) * element);
-      auto* into = static_cast<char*>(out.data_ptr()) + (lo - part.begin) * element;
-      auto& file = files_.at(p.file);
-      if (!manifest_.opened()->read_range(file.name, offset, bytes, into))
-        throw checkpoint_error("accel::load_state: cannot read " + what + " from " + (directory_ / file.name).string() +
-                               " (truncated since its manifest was read?)");
-      spans_.push_back({.file = p.file, .offset = offset, .at = into, .bytes = bytes, .owner = out});
-      covered += hi - lo;
-    }
-    if (covered != part.length)
-      throw checkpoint_error("accel::load_state: the checkpoint's files hold " + std::to_string(covered) + " of the " +
-                             std::to_string(part.length) + " elements of " + what +
-                             " this process loads (a damaged checkpoint?)");
+    const auto planned = plan_ranges(pieces, type, shape, part, what);
+    auto out = at::empty(planned.shape, at::TensorOptions().dtype(type));
+    read_ranges(planned, out);
+    for (const auto& r : planned.ranges)
+      spans_.push_back({.file = r.file,
+                        .offset = r.offset,
+                        .at = static_cast<const char*>(out.data_ptr()) + r.at,
+                        .bytes = r.bytes,
+                        .owner = out});
     return out;
+  }
+  /// Reads `planned` into `destination` in place: straight into its storage where it is a contiguous CPU tensor of
+  /// the type and size read (a parameter at rest), else through a new tensor copied in (a parameter on a GPU).
+  void read_into(const planned_read& planned, const at::Tensor& destination) const {
+    if (destination.device().is_cpu() && destination.is_contiguous() && destination.scalar_type() == planned.type &&
+        destination.numel() == c10::multiply_integers(planned.shape)) {
+      read_ranges(planned, destination);
+      destination.unsafeGetTensorImpl()->bump_version();  // written in place, as copy_ would have
+      return;
+    }
+    auto staged = at::empty(planned.shape, at::TensorOptions().dtype(planned.type));
+    read_ranges(planned, staged);
+    destination.copy_(staged.view(destination.sizes()));
   }
 
   /// `problem`, unless file `f` is damaged (checked whole against its CRC-32C, which then throws): a header that
@@ -240,7 +270,7 @@ class ranged_reader {
     }
   }
 
-  /// Checks every file this process read whole (its header and data, without a gap) against its CRC-32C, as
+  /// Checks every file this process reads whole (its header and data, without a gap) against its CRC-32C, as
   /// `read_checkpoint_file` checks a file it reads; the others were checked for size and header only.
   void check_whole_files() const {
     for (std::size_t f = 0; checksums_ && f < files_.size(); ++f) {
@@ -249,15 +279,16 @@ class ranged_reader {
         if (span.file == f) spans.push_back(&span);
       std::sort(spans.begin(), spans.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
       const auto& file = files_[f];
-      auto crc = crc32c(file.head);
+      std::vector<const read_span*> chain;  // from the header on, without a gap
       std::uint64_t next = file.head.size();
-      for (const auto* span : spans) {
-        if (span->offset != next) break;
-        crc = crc32c_extend(crc, std::string_view(span->at, span->bytes));
-        next += span->bytes;
-      }
+      for (const auto* span : spans)
+        if (span->offset == next) {
+          chain.push_back(span);
+          next += span->bytes;
+        }
       if (next == file.size)
-        check_as_saved(directory_ / file.name, listed_file(directory_, file.name, manifest_), file.size, crc);
+        check_as_saved(directory_ / file.name, listed_file(directory_, file.name, manifest_), file.size,
+                       checksum_of(file, chain));
     }
   }
 
@@ -265,10 +296,59 @@ class ranged_reader {
   struct read_span {
     std::size_t file;
     std::uint64_t offset;
-    const char* at;
+    const char* at;  // the bytes read; none, planned only
     std::uint64_t bytes;
     at::Tensor owner;  // keeps `at` alive until the check
   };
+
+  /// The CRC-32C of `file`, whose every byte after its header `chain` covers: of the bytes a span read, or, of a
+  /// span only planned, of the file's bytes (mapped, not read).
+  [[nodiscard]] std::uint32_t checksum_of(const opened& file, const std::vector<const read_span*>& chain) const {
+    auto crc = crc32c(file.head);
+    for (const auto* span : chain) {
+      if (span->at != nullptr) {
+        crc = crc32c_extend(crc, std::string_view(span->at, span->bytes));
+        continue;
+      }
+      const auto extended = manifest_.opened()->checksum_range(file.name, span->offset, span->bytes, crc);
+      if (!extended)
+        throw checkpoint_error("accel::load_state: cannot check " + (directory_ / file.name).string() +
+                               " (truncated since its manifest was read?)");
+      crc = *extended;
+    }
+    return crc;
+  }
+  planned_read plan_ranges(const std::vector<piece>& pieces, at::ScalarType type,
+                           const std::vector<std::int64_t>& shape, held_part part, const std::string& what) const {
+    if (part.whole) part = held_part::all_of(c10::multiply_integers(shape));
+    planned_read planned{
+        .ranges = {}, .type = type, .shape = part.whole ? shape : std::vector<std::int64_t>{part.length}, .what = what};
+    const auto element = static_cast<std::int64_t>(c10::elementSize(type));
+    std::int64_t covered = 0;
+    for (const auto& p : pieces) {
+      const auto lo = std::max(p.begin, part.begin), hi = std::min(p.begin + p.length, part.begin + part.length);
+      if (lo >= hi) continue;
+      planned.ranges.push_back({.file = p.file,
+                                .offset = p.offset + static_cast<std::uint64_t>((lo - p.begin) * element),
+                                .bytes = static_cast<std::uint64_t>((hi - lo) * element),
+                                .at = static_cast<std::uint64_t>((lo - part.begin) * element)});
+      covered += hi - lo;
+    }
+    if (covered != part.length)
+      throw checkpoint_error("accel::load_state: the checkpoint's files hold " + std::to_string(covered) + " of the " +
+                             std::to_string(part.length) + " elements of " + what +
+                             " this process loads (a damaged checkpoint?)");
+    return planned;
+  }
+  void read_ranges(const planned_read& planned, const at::Tensor& into) const {
+    auto* base = static_cast<char*>(into.data_ptr());
+    for (const auto& r : planned.ranges) {
+      const auto& file = files_.at(r.file);
+      if (!manifest_.opened()->read_range(file.name, r.offset, r.bytes, base + r.at))
+        throw checkpoint_error("accel::load_state: cannot read " + planned.what + " from " +
+                               (directory_ / file.name).string() + " (truncated since its manifest was read?)");
+    }
+  }
 
   /// A file whose length or header cannot be read: checked whole, so that a damaged file is called damaged (its
   /// checksum), and otherwise refused as truncated or corrupt.
@@ -279,16 +359,16 @@ class ranged_reader {
   }
 
   std::filesystem::path directory_;
-  const checkpoint_manifest& manifest_;
+  checkpoint_manifest manifest_;
   bool checksums_;
   std::vector<opened> files_;
   std::vector<read_span> spans_;
 };
 
-/// A model's tensors as this process holds them: whole (in their shapes), or its slice (flat) of those `sliced`
-/// names.
+/// Where a model's tensors as this process holds them lie: whole (in their shapes), or its slice (flat) of those
+/// `sliced` names.
 struct held_weights {
-  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, planned_read> reads;
   std::set<std::string> sliced;
 };
 
@@ -314,8 +394,8 @@ std::vector<ranged_reader::piece> spread_pieces(ranged_reader& reader, FileOf&& 
   return pieces;
 }
 
-/// Model `index`'s tensors of a sharded-format checkpoint as this process holds them (`parts`), checked against
-/// `model` (names, full shapes, dtypes: `check_weights_fit`'s error, `what`) before any data is read.
+/// Where model `index`'s tensors of a sharded-format checkpoint as this process holds them (`parts`) lie, checked
+/// against `model` (names, full shapes, dtypes: `check_weights_fit`'s error, `what`).
 inline held_weights read_held_shards(ranged_reader& reader, const shard_layout_table& table, std::size_t index,
                                      const held_parts& parts, const torch::nn::Module& model, const std::string& what) {
   const auto& layout = table.models.at(index);
@@ -341,15 +421,15 @@ inline held_weights read_held_shards(ranged_reader& reader, const shard_layout_t
                             ? spread_pieces(reader, file_of, table.processes, name, numel, part, located[t].first)
                             : std::vector<ranged_reader::piece>{
                                   {.file = first, .begin = 0, .length = numel, .offset = located[t].second}};
-    held.tensors[name] = reader.read(pieces, located[t].first, layout.shapes[t], part, name);
+    held.reads[name] = reader.plan(pieces, located[t].first, layout.shapes[t], part, name);
     if (!part.whole) held.sliced.insert(name);
   }
   return held;
 }
 
-/// Model `index`'s tensors in the safetensors files `files` (a full checkpoint's `model.safetensors`, or Hugging
-/// Face's sharded files) as this process holds them: each tensor's byte range, or the range of this process's slice
-/// of it; checked against `model` (names, shapes, dtypes) before any data is read.
+/// Where model `index`'s tensors in the safetensors files `files` (a full checkpoint's `model.safetensors`, or
+/// Hugging Face's sharded files) as this process holds them lie: each tensor's byte range, or the range of this
+/// process's slice of it; checked against `model` (names, shapes, dtypes).
 inline held_weights read_held_files(ranged_reader& reader, const std::vector<std::size_t>& files, std::size_t index,
                                     const held_parts& parts, const torch::nn::Module& model, const std::string& what) {
   struct where {
@@ -373,7 +453,7 @@ inline held_weights read_held_files(ranged_reader& reader, const std::vector<std
     const auto part = parts.weight(index, name);
     const ranged_reader::piece whole{
         .file = spot.file, .begin = 0, .length = c10::multiply_integers(shape), .offset = spot.offset};
-    held.tensors[name] = reader.read({whole}, spot.type, shape, part, name);
+    held.reads[name] = reader.plan({whole}, spot.type, shape, part, name);
     if (!part.whole) held.sliced.insert(name);
   }
   return held;
@@ -419,8 +499,22 @@ inline std::map<std::string, at::Tensor> read_held_optimizer_state(ranged_reader
   return state;
 }
 
-/// Copies `tensors` (a held_weights' tensors, checked) into `module`'s parameters and buffers, in place: those
-/// `sliced` names into the parameter at rest, which is then this process's slice only (`with_weights_to_load`).
+/// Reads `reads` (a held_weights', checked) into `module`'s parameters and buffers, straight into their storage:
+/// those `sliced` names into the parameter at rest, which is then this process's slice only (`with_weights_to_load`).
+/// Everything was checked before; should a read still fail (an I/O error), the weights read before it stay.
+inline void read_held_weights(const ranged_reader& reader, torch::nn::Module& module,
+                              const std::map<std::string, planned_read>& reads, const std::set<std::string>& sliced) {
+  at::NoGradGuard no_grad;
+  try {
+    for (auto& [name, tensor] : state_of(module))
+      reader.read_into(reads.at(name), sliced.contains(name) ? tensor.view({-1}) : tensor);
+  } catch (const checkpoint_error& e) {
+    throw checkpoint_error(std::string(e.what()) + "; the model's weights are now partly loaded: load them again");
+  }
+}
+
+/// Copies `tensors` (read whole and checked) into `module`'s parameters and buffers, in place: those `sliced` names
+/// into the parameter at rest (keep_held_slices).
 inline void copy_held_weights(torch::nn::Module& module, const std::map<std::string, at::Tensor>& tensors,
                               const std::set<std::string>& sliced) {
   at::NoGradGuard no_grad;
@@ -476,24 +570,26 @@ inline std::pair<std::filesystem::path, std::vector<std::string>> model_files_of
 }
 
 /// Loads the weights in `where` (model_files_of) into `module`, a model prepared under `parallel`, each process
-/// reading only the byte ranges of what it holds (its slices where the policy `keeps_parameter_slices`). Checked
-/// against the module on every process before anything changes; a failure anywhere throws everywhere. A collective.
+/// reading only the byte ranges of what it holds (its slices where the policy `keeps_parameter_slices`), straight into
+/// the parameters. Checked against the module on every process before anything changes; a failure anywhere throws
+/// everywhere. A collective.
 template <class Parallel>
 void load_held_model(Parallel& parallel, torch::nn::Module& module, const std::filesystem::path& where) {
   with_weights_to_load(parallel, module, [&] {
+    std::optional<ranged_reader> reader;
     held_weights held;
     on_every_process_or_none(parallel, "load_model", "reading " + where.string(), [&] {
       held_parts parts;
       add_held_parts(parts, parallel, 0, module);
       const auto [directory, names] = model_files_of(where);
-      const auto manifest = plain_files(directory, names);
-      ranged_reader reader(directory, manifest, /*checksums=*/false);
+      reader.emplace(directory, plain_files(directory, names), /*checksums=*/false);
       std::vector<std::size_t> files;
-      for (const auto& name : names) files.push_back(reader.open(name));
-      held = read_held_files(reader, files, 0, parts, module,
+      for (const auto& name : names) files.push_back(reader->open(name));
+      held = read_held_files(*reader, files, 0, parts, module,
                              "accel::load_model: the weights in " + where.string() + " do not fit this model");
     });
-    copy_held_weights(module, held.tensors, held.sliced);
+    on_every_process_or_none(parallel, "load_model", "reading " + where.string() + " into the model",
+                             [&] { read_held_weights(*reader, module, held.reads, held.sliced); });
   });
 }
 

@@ -71,9 +71,12 @@ inline void check_generator_states(const std::vector<std::pair<at::Generator, at
 /// What a load applies, read and checked: nothing of the program has changed yet.
 struct checkpoint_contents {
   /// Each model's weights by name, as this process holds them (rank_local.hpp): whole, or its slice (flat) of
-  /// those `sliced_weights` names.
+  /// those `sliced_weights` names. Of safetensors files the manifest lists, where their bytes lie (`weight_reads`,
+  /// read by `ranged` straight into the weights once nothing else of the load can fail); of other files, read.
   std::vector<std::map<std::string, at::Tensor>> weights;
+  std::vector<std::map<std::string, planned_read>> weight_reads;
   std::vector<std::set<std::string>> sliced_weights;
+  std::optional<ranged_reader> ranged;
   /// Each optimizer's archive (its options; its full state in the full format) and, in the sharded format, its
   /// state by field as this process holds it: its slice of each parameter the policy shards.
   std::vector<torch::serialize::InputArchive> optimizer_archives;
@@ -211,12 +214,12 @@ class checkpoint_reader {
   }
 
   /// Each model's weights, checked against it, as this process holds them (`parts_`): of safetensors files listed
-  /// in the manifest (a sharded checkpoint's, a full one's model.safetensors), only those byte ranges are read
-  /// (rank_local.hpp); a pickled model file, or one without a manifest, is read whole. A sharded checkpoint's
-  /// optimizer states likewise.
+  /// in the manifest (a sharded checkpoint's, a full one's model.safetensors), only those byte ranges will be read
+  /// (rank_local.hpp), the files read whole checked now; a pickled model file, or one without a manifest, is read
+  /// whole. A sharded checkpoint's optimizer states are read now, in ranges likewise.
   void read_weights(const std::vector<std::shared_ptr<torch::nn::Module>>& models, checkpoint_contents& contents) {
     contents.sharded = sharded_.has_value();
-    std::optional<ranged_reader> ranged;
+    auto& ranged = contents.ranged;
     if (manifest_) ranged.emplace(directory_, *manifest_);
     for (std::size_t i = 0; i < models.size(); ++i) {
       const auto what = [&](const std::string& name) {
@@ -228,12 +231,14 @@ class checkpoint_reader {
                         ? read_held_shards(*ranged, *sharded_, i, parts_, *models[i],
                                            what(checkpoint_files::shard(checkpoint_files::kind::model, i, 0)))
                         : read_held_files(*ranged, {ranged->open(full_name)}, i, parts_, *models[i], what(full_name));
-        contents.weights.push_back(std::move(held.tensors));
+        contents.weights.emplace_back();
+        contents.weight_reads.push_back(std::move(held.reads));
         contents.sliced_weights.push_back(std::move(held.sliced));
         continue;
       }
       auto [loaded, name] = read_model_weights(directory_, i, manifest_);
       contents.weights.emplace_back(loaded.begin(), loaded.end());
+      contents.weight_reads.emplace_back();
       check_weights_fit(whole_state_of(*models[i], i, parts_), contents.weights.back(), what(name));
       contents.sliced_weights.push_back(keep_held_slices(contents.weights.back(), i, parts_));
     }

@@ -343,10 +343,10 @@ inline void write_merged_model(const std::filesystem::path& directory, const che
 
 /// Gives each tensor `optimizer` lists (a parameter, or a policy's shard of one) its state from `state`
 /// (read_held_optimizer_state: shaped as that tensor), by the name `name_of` gives it; one with nothing saved gets no
-/// state, as one that never had a gradient.
+/// state, as one that never had a gradient. The tensors are taken from `state`, not copied: a load holds its state
+/// once.
 template <class NameOf>
-void set_full_state(torch::optim::Optimizer& optimizer, const std::map<std::string, at::Tensor>& state,
-                    NameOf&& name_of) {
+void set_full_state(torch::optim::Optimizer& optimizer, std::map<std::string, at::Tensor>& state, NameOf&& name_of) {
   auto& states = optimizer.state();
   for (auto& group : optimizer.param_groups())
     for (auto& parameter : group.params()) {
@@ -368,7 +368,7 @@ void set_full_state(torch::optim::Optimizer& optimizer, const std::map<std::stri
               if (found->second.sizes() != parameter.sizes())
                 throw checkpoint_error("accel::load_state: the saved " + found->first + " has another shape than " +
                                        "its parameter");
-              tensor = found->second.clone();
+              tensor = std::move(found->second);
             }
           },
           [&](std::string_view field, std::int64_t& count) {

@@ -263,27 +263,31 @@ class training_state {
     return parts;
   }
 
-  /// What a load sets once its transaction committed: each model's weights (those `sliced` names as this process's
-  /// slice of them) and the generators (`Contents`: accel's checkpoint_contents or accelerate_contents), which
-  /// nothing after can fail.
-  template <class Contents>
-  static void install_weights_and_generators(Contents& contents,
-                                             const std::vector<std::shared_ptr<torch::nn::Module>>& models,
-                                             const std::vector<std::set<std::string>>& sliced = {}) {
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < models.size(); ++i)
-      if (i < sliced.size())
-        copy_held_weights(*models[i], contents.weights[i], sliced[i]);
-      else
-        copy_weights(*models[i], contents.weights[i]);
-    for (auto& [generator, state] : contents.generator_states) {
+  /// Sets the generators' states (checked), last in a load: nothing after can fail.
+  static void set_generators(std::vector<std::pair<at::Generator, at::Tensor>>& states) {
+    for (auto& [generator, state] : states) {
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(state);
     }
   }
 
+  /// The weights of a load whose transaction committed, each model's as this process holds them (those
+  /// `sliced_weights` names as its slice): read straight into the parameters where the reader planned their bytes'
+  /// ranges, else copied from what it read. Only an I/O error can fail it now, on every process then (the weights
+  /// partly loaded, which the error says).
+  void install_weights(checkpoint_contents& contents, const std::vector<std::shared_ptr<torch::nn::Module>>& models) {
+    on_every_process_or_none(parallel_, "load_state", "reading the weights into the models", [&] {
+      for (std::size_t i = 0; i < models.size(); ++i)
+        if (contents.ranged && !contents.weight_reads[i].empty())
+          read_held_weights(*contents.ranged, *models[i], contents.weight_reads[i], contents.sliced_weights[i]);
+        else
+          copy_held_weights(*models[i], contents.weights[i], contents.sliced_weights[i]);
+    });
+  }
+
   /// The apply step: the participants, optimizers and slots all or none (load_transaction), then the weights and
-  /// generators, checked by the reader.
+  /// generators, checked by the reader (each file of weights read whole checked against its checksum before any of
+  /// its bytes is read into the weights: nothing to undo).
   void apply(checkpoint_contents& contents, const std::vector<std::shared_ptr<torch::nn::Module>>& models,
              const c10::Device& read_to) {
     load_transaction transaction;  // rolled back unless committed: a failure here, or on another process
@@ -300,7 +304,8 @@ class training_state {
                            contents.slot_archives[kind][i]);
     });
     transaction.commit();
-    install_weights_and_generators(contents, models, contents.sliced_weights);
+    install_weights(contents, models);
+    set_generators(contents.generator_states);
   }
 
   /// `load_from_accelerate`'s apply step. Each optimizer's parameters are named by their models' names in errors.
@@ -342,7 +347,8 @@ class training_state {
       }
     });
     transaction.commit();
-    install_weights_and_generators(contents, models);
+    for (std::size_t i = 0; i < models.size(); ++i) copy_weights(*models[i], contents.weights[i]);
+    set_generators(contents.generator_states);
   }
 
   /// Writes Accelerate's file set (accelerate_format.hpp) with the weights full: the main process the shared files,
