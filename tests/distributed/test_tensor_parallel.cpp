@@ -424,8 +424,6 @@ TEST_CASE(
       expected);
 }
 
-}  // namespace
-
 TEST_CASE("tensor_parallel refuses what it cannot split, naming the fix", "[tp][tp_refusals]") {
   using Catch::Matchers::Contains;
   tp_accelerator acc;
