@@ -217,7 +217,7 @@ TEST_CASE("a checkpoint written by accel 0.1 loads, resumes, and saves again wit
   auto process_keys = keys_of(data / "checkpoint" / "random_states_0.bin");
   process_keys.insert("accel_optimizer_steps");
   if (torch::cuda::is_available())
-    for (std::size_t device = 0; device < torch::cuda::device_count(); ++device)
+    for (int device = 0; device < static_cast<int>(torch::cuda::device_count()); ++device)
       process_keys.insert("cuda_rng_" + std::to_string(device));
   CHECK(process_keys == keys_of(dir / "again" / "random_states_0.bin"));
 
