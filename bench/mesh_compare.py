@@ -4,9 +4,10 @@
 - HSDP, 4 processes on dp_replicate 2 x dp_shard 2: accel's hybrid_sharded (the shard group's parameters gathered
   whole once per step, and a shard unit per Linear resharded after forward) against PyTorch's FSDP2 on the same 2-D
   mesh (`fully_shard` on the root only without resharding after forward, and on each Linear and the root);
-- tensor parallelism, 2 processes on tp 2 and 4 processes on dp 2 x tp 2: accel's tensor_parallel (the hidden Linear
-  layers in column/row-parallel pairs; data parallelism over dp replicated) against PyTorch's DTensor
-  `parallelize_module` with the same plan (and, on 4 processes, FSDP2 over dp: PyTorch's 2-D recipe).
+- tensor parallelism, 2 processes on tp 2: accel's tensor_parallel (the hidden Linear layers in column/row-parallel
+  pairs) against PyTorch's DTensor `parallelize_module` with the same plan; 4 processes on dp_shard 2 x tp 2: accel's
+  fully_sharded_tensor_parallel (the tp slices sharded over dp_shard) against the same with FSDP2 over dp, PyTorch's
+  2-D recipe (both gather each tp slice whole once per step).
 Each round runs every job once, fresh, in an order that rotates. The table reports medians over rounds of ms per step,
 the optimizer-state bytes per process, the bytes process 0 sends per step on each mesh dimension (a ring's share of
 what one step handed to the collectives of that dimension's group), and the median of per-round ratios against each
@@ -29,7 +30,7 @@ TP_2D = ("--nproc_per_node", "4", "--parallelism_config_dp_shard_size", "2", "--
 SETUPS = [("HSDP 2 x 2", HSDP, {"hybrid_sharded": "pytorch_hsdp_whole", "hybrid_sharded_units": "pytorch_hsdp"},
            ("dp_shard", "dp_replicate")),
           ("tp 2", TP, {"tensor_parallel": "pytorch_tp"}, ("tp", "dp")),
-          ("dp 2 x tp 2", TP_2D, {"tensor_parallel": "pytorch_tp"}, ("tp", "dp"))]
+          ("dp_shard 2 x tp 2", TP_2D, {"fully_sharded_tensor_parallel": "pytorch_tp"}, ("tp", "dp"))]
 
 
 def run_setup(launcher, bench, python, script, rounds, setup):
@@ -51,18 +52,18 @@ def run_setup(launcher, bench, python, script, rounds, setup):
                 figures[name] = [int(float(f)) for f in fields[3:6]]
         params = 4 * (width * width + width) + width + 1
         print(f"\n{label}, width {width} ({params} parameters, {4 * params} bytes)")
-        print(f"{'':>21} {'ms/step':>9} {'state B/proc':>13} {first + ' B/step':>16} {second + ' B/step':>20} "
+        print(f"{'':>29} {'ms/step':>9} {'state B/proc':>13} {first + ' B/step':>16} {second + ' B/step':>20} "
               f"{'/peer':>7}")
         for name in names:
             if name in unsupported:
-                print(f"{name:>21} unsupported here: {unsupported[name]}")
+                print(f"{name:>29} unsupported here: {unsupported[name]}")
                 continue
             peer = peers.get(name)
             ratio = "-"
             if peer and times[peer]:
                 ratio = f"{statistics.median(a / b for a, b in zip(times[name], times[peer])):.3f}"
             state, one, two = figures[name]
-            print(f"{name:>21} {statistics.median(times[name]):>9.3f} {state:>13} {one:>16} {two:>20} {ratio:>7}")
+            print(f"{name:>29} {statistics.median(times[name]):>9.3f} {state:>13} {one:>16} {two:>20} {ratio:>7}")
 
 
 def main():

@@ -3,10 +3,11 @@
 // Policies: hybrid_sharded (on dp_replicate 2 x dp_shard 2; the shard group's parameters gathered whole once per step),
 // hybrid_sharded_units (each Linear an accel::shard_unit, resharded after forward: FSDP2's default per layer) and
 // tensor_parallel (on tp 2, alone or beside dp 2: the hidden Linear layers in column/row-parallel pairs, Megatron's
-// MLP). Process 0 prints one line:
+// MLP) and fully_sharded_tensor_parallel (the same split on dp_shard 2 x tp 2, the tp slices sharded over dp_shard as
+// fully_sharded shards a model, gathered whole once per step). Process 0 prints one line:
 //   `policy width ms_per_step optimizer_state_bytes_per_process first_dimension_bytes second_dimension_bytes`
-// the dimensions dp_shard and dp_replicate for hybrid_sharded, tp and dp for tensor_parallel: what process 0 sends
-// on each in one step, counted from what that step handed to collectives with a ring's share: (n-1)/n of what is
+// the dimensions dp_shard and dp_replicate for hybrid_sharded, tp and dp for the tensor-parallel ones: what process 0
+// sends on each in one step, counted from what that step handed to collectives with a ring's share: (n-1)/n of what is
 // reduce-scattered or all-gathered in a group of n, 2 (n-1)/n of what is all-reduced.
 #include <accel/accel.hpp>
 #include <torch/torch.h>
@@ -46,7 +47,8 @@ template <class Parallel>
 int run(const std::string& policy, int width, int steps, int warmup) {
   accel::accelerator<accel::fp32, Parallel> acc;
   auto net = bench::wide_mlp(width, /*units=*/policy == "hybrid_sharded_units");
-  constexpr bool tensor_parallel = std::is_same_v<Parallel, accel::tensor_parallel<accel::gloo>>;
+  constexpr bool sharded_tp = std::is_same_v<Parallel, accel::fully_sharded_tensor_parallel<accel::gloo>>;
+  constexpr bool tensor_parallel = sharded_tp || std::is_same_v<Parallel, accel::tensor_parallel<accel::gloo>>;
   if constexpr (tensor_parallel) accel::parallelize_module(acc, net, mlp_plan);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
   auto [model, opt] = acc.prepare(net, optimizer);
@@ -63,9 +65,13 @@ int run(const std::string& policy, int width, int steps, int warmup) {
     if constexpr (tensor_parallel) {  // each all-reduce over tp: the batch's activations at the full width
       const auto counts = acc.parallel().all_reduces();
       const auto* reducer = acc.parallel().reducer_for(*net);
-      return handed_bytes{
-          .shard = static_cast<double>(counts.forward_all_reduces + counts.backward_all_reduces) * 32 * width * 4,
-          .replica = reducer == nullptr ? 0.0 : static_cast<double>(reducer->payload_elements() * 4)};
+      const double tp_bytes =
+          static_cast<double>(counts.forward_all_reduces + counts.backward_all_reduces) * 32 * width * 4;
+      if constexpr (sharded_tp)  // over dp_shard: the all-gathers and reduce-scatters
+        return handed_bytes{.shard = tp_bytes, .replica = handed_by_hybrid(acc, net, optimizer).shard};
+      else
+        return handed_bytes{.shard = tp_bytes,
+                            .replica = reducer == nullptr ? 0.0 : static_cast<double>(reducer->payload_elements() * 4)};
     } else {
       return handed_by_hybrid(acc, net, optimizer);
     }
@@ -76,10 +82,11 @@ int run(const std::string& policy, int width, int steps, int warmup) {
   const double first = tensor_parallel ? sizes.tp : sizes.dp_shard;
   const double second = tensor_parallel ? acc.num_processes() / sizes.tp : sizes.dp_replicate;
   const double first_share = tensor_parallel ? 2 * (first - 1) / first : (first - 1) / first;
+  const double second_share = sharded_tp ? (second - 1) / second : 2 * (second - 1) / second;  // gathers or all-reduces
   if (acc.is_main_process())
     std::printf("%s %d %.4f %lld %.0f %.0f\n", policy.c_str(), width, ms,
                 static_cast<long long>(bench::adamw_state_bytes(optimizer)), (after.shard - before.shard) * first_share,
-                (after.replica - before.replica) * 2 * (second - 1) / second);
+                (after.replica - before.replica) * second_share);
   return 0;
 }
 
@@ -87,7 +94,10 @@ int run(const std::string& policy, int width, int steps, int warmup) {
 
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: %s hybrid_sharded|hybrid_sharded_units|tensor_parallel WIDTH STEPS WARMUP\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s hybrid_sharded|hybrid_sharded_units|tensor_parallel|fully_sharded_tensor_parallel WIDTH "
+                 "STEPS WARMUP\n",
+                 argv[0]);
     return 2;
   }
   const std::string policy = argv[1];
@@ -96,6 +106,8 @@ int main(int argc, char** argv) {
   if (policy == "hybrid_sharded" || policy == "hybrid_sharded_units")
     return run<accel::hybrid_sharded<accel::gloo>>(policy, width, steps, warmup);
   if (policy == "tensor_parallel") return run<accel::tensor_parallel<accel::gloo>>(policy, width, steps, warmup);
+  if (policy == "fully_sharded_tensor_parallel")
+    return run<accel::fully_sharded_tensor_parallel<accel::gloo>>(policy, width, steps, warmup);
   std::fprintf(stderr, "%s: unknown policy '%s'\n", argv[0], policy.c_str());
   return 2;
 }

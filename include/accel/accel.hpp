@@ -12,6 +12,7 @@
 #include "sharded_data_parallel.hpp"
 #include "hybrid_sharded.hpp"
 #include "tensor_parallel.hpp"
+#include "fully_sharded_tensor_parallel.hpp"
 #include "shard_unit.hpp"
 #include "construct_sharded.hpp"
 #include "accumulation.hpp"

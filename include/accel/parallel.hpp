@@ -356,6 +356,13 @@ struct bucketed_data_parallel : parallel_defaults, process_group_topology<Backen
   }
 
  protected:
+  /// Multiplies the gradients of `parameters` this process holds by `coefficient`: a clipping decided over more
+  /// processes than this group (tensor parallelism's, across the tp group too).
+  static void scale_gradients(const std::vector<at::Tensor>& parameters, double coefficient) {
+    at::NoGradGuard no_grad;
+    for (const auto& parameter : parameters)
+      if (parameter.grad().defined()) parameter.grad().mul_(coefficient);
+  }
   /// Hybrid sharding: the reducers made from now on all-reduce each reduced segment across `replicas` too.
   void replicate_gradients_across(communicator_type& replicas) noexcept { replicas_ = &replicas; }
 

@@ -125,10 +125,7 @@ struct sharded_optimizer : bucketed_data_parallel<Backend, Layout> {
   double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
     const double total = gradient_norm(parameters, norm_type);
     const double coefficient = max_norm / (total + 1e-6);
-    if (coefficient < 1.0) {
-      at::NoGradGuard no_grad;
-      for (auto& piece : owned_gradients(parameters, true)) piece.mul_(coefficient);
-    }
+    if (coefficient < 1.0) scale_gradients(parameters, coefficient);
     return total;
   }
 
@@ -186,6 +183,13 @@ struct sharded_optimizer : bucketed_data_parallel<Backend, Layout> {
       else
         return nullptr;
     };
+  }
+
+  /// Multiplies the gradients of `parameters` this process holds by `coefficient`: its shards' and the replicated
+  /// ones (a clipping decided here, or across the tp group too under tensor parallelism).
+  void scale_gradients(const std::vector<at::Tensor>& parameters, double coefficient) {
+    at::NoGradGuard no_grad;
+    for (auto& piece : owned_gradients(parameters, true)) piece.mul_(coefficient);
   }
 
   /// The gradients of `parameters` this process accounts for: its slice of each sharded one, and the replicated

@@ -91,8 +91,9 @@ using tensor_parallel_plan = std::vector<std::pair<std::string, tensor_parallel_
 namespace detail::tp {
 
 /// `mesh` (the job's `ParallelismConfig`) checked for tensor parallelism on `num_processes`: tp above 1, no cp.
-inline const mesh_layout& tensor_parallel_mesh(const std::optional<mesh_layout>& mesh, int num_processes) {
-  const std::string policy = "accel::tensor_parallel: ";
+inline const mesh_layout& tensor_parallel_mesh(const std::optional<mesh_layout>& mesh, int num_processes,
+                                               std::string_view policy_name = "accel::tensor_parallel") {
+  const std::string policy = std::string(policy_name) + ": ";
   if (!mesh || mesh->sizes().tp < 2)
     throw mesh_error(policy + "the mesh has no tp dimension (tp must be above 1) for this job of " +
                      std::to_string(num_processes) +
@@ -241,35 +242,28 @@ inline sequence_shard_module sequence_shard(torch::nn::Module& model, const std:
                               "shard of the sequence, and cuts a torch::nn::Embedding's (learnt positions') output");
 }
 
-}  // namespace detail::tp
-
-/// Tensor parallelism over `Backend` on the mesh of the job's `ParallelismConfig` (tp above 1, no cp): the layers
-/// a plan names split across the "tp" group (`accel::parallelize_module`), and `data_parallel` over the "dp"
-/// group (dp_replicate x dp_shard; replicated: each dp rank holds its tp slices whole, the bytes of DDP, not FSDP's).
-/// The processes and every query and collective of accel/collectives.hpp are the whole job's; prepared data is
-/// sharded by the dp rank, so the tp peers read the same batches (as Accelerate's loader). Every process of the job
-/// constructs it at the same point (it makes the mesh's groups).
-template <class Backend>
-struct tensor_parallel : data_parallel<Backend> {
-  using base = data_parallel<Backend>;
+/// Tensor parallelism on the "tp" dimension of the job's mesh beside `DataParallelism` on its data-parallel
+/// dimensions, what `tensor_parallel` (data_parallel) and `fully_sharded_tensor_parallel` (fully_sharded) share: the
+/// split layers and their routing, the job's processes and collectives, and each checkpoint and clipping hook
+/// written as the data parallelism's hook composed with the tp group's gather or sum. The policy narrows the data
+/// parallelism to its groups. Every process of the job constructs it at the same point (it makes the mesh's groups).
+template <class DataParallelism>
+struct tensor_parallel_beside : DataParallelism {
+  using base = DataParallelism;
   using typename base::communicator_type;
   static constexpr bool joins_uneven_inputs = false;
   static constexpr bool steps_alone = false;  // a rank's optimizer holds slices: local_sgd would average them apart
 
-  explicit tensor_parallel(const options& opts)
+  tensor_parallel_beside(const options& opts, std::string_view policy)
       : base(opts),
         world_(&base::communicator()),
-        mesh_(detail::tp::tensor_parallel_mesh(configured_mesh(opts.parallelism_config, world_->size()), world_->size())
+        mesh_(tensor_parallel_mesh(configured_mesh(opts.parallelism_config, world_->size()), world_->size(), policy)
                   .sizes(),
               *world_),
         tp_group_(&mesh_.group("tp")),
         layers_(std::make_shared<detail::tp::layer_router>(tp_region(*tp_group_))) {
-    this->narrow_to(mesh_.layout().has("dp") ? mesh_.group("dp")
-                                             : detail::mesh_group(*world_, "dp", std::vector<int>{world_->rank()}));
     detail::routing::install_routing();
   }
-
-  [[nodiscard]] static std::string name() { return "tensor_parallel<" + std::string(Backend::name) + ">"; }
 
   // The job's processes and collectives, not the dp group's (which the data parallelism inherited reduces over).
   [[nodiscard]] int process_index() const noexcept { return world_->rank(); }
@@ -302,9 +296,7 @@ struct tensor_parallel : data_parallel<Backend> {
   }
 
   /// Alive around each forward of a prepared model: the split layers computed with their all-reduces.
-  [[nodiscard]] detail::routing::routing_scope forward_scope() const {
-    return detail::routing::routing_scope(*layers_);
-  }
+  [[nodiscard]] routing::routing_scope forward_scope() const { return routing::routing_scope(*layers_); }
 
   /// The mean cross-entropy of `logits`, split by the vocabulary across the tp group (a column-parallel output layer's
   /// output: this rank's columns, rows = the tokens), against `targets` (ids in the whole vocabulary), as
@@ -312,8 +304,8 @@ struct tensor_parallel : data_parallel<Backend> {
   [[nodiscard]] at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) const {
     const auto first = logits.size(-1) * mesh_.local_rank("tp");
     auto& group = layers_->group();
-    return detail::tp::apply_function<detail::tp::vocab_parallel_cross_entropy>(
-               group, logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), first)
+    return apply_function<tp::vocab_parallel_cross_entropy>(group, logits.reshape({-1, logits.size(-1)}),
+                                                            targets.reshape({-1}), first)
         .mean();
   }
 
@@ -327,69 +319,106 @@ struct tensor_parallel : data_parallel<Backend> {
     return names;
   }
 
-  /// Whether any process found an inf/NaN gradient: a split gradient's slices differ between the tp peers.
+  /// Whether any process found an inf/NaN gradient: the data parallelism's verdict over its group (each process's
+  /// shards, or the same all-reduced gradients), then over the tp group, whose split gradients' slices differ.
   [[nodiscard]] bool any_non_finite(bool found_here) {
-    auto flag = at::full({1}, found_here ? 1.0 : 0.0, at::kFloat);
+    const bool found_in_group = base::any_non_finite(found_here);
+    auto flag = at::full({1}, found_in_group ? 1.0 : 0.0, at::kFloat);
     tp_group_->all_reduce(flag, reduction::max).wait();
     return flag.item<float>() > 0;
   }
-  /// The total gradient norm over the whole model: the split gradients' parts summed over the tp group, each
-  /// replicated one counted once (the dp replicas hold the same, all-reduced gradients).
+  /// The total gradient norm over the whole model: the data parallelism's norm of the split gradients (over its
+  /// group: its shards summed, or the all-reduced gradients) summed over the tp group, and of the others counted
+  /// once (the tp peers hold the same).
   [[nodiscard]] double gradient_norm(const std::vector<at::Tensor>& parameters, double norm_type) {
+    std::vector<at::Tensor> split_parameters, replicated_parameters;
+    for (const auto& parameter : parameters)
+      (layers_->split_of(parameter) != nullptr ? split_parameters : replicated_parameters).push_back(parameter);
     const bool infinite = std::isinf(norm_type);
-    double split = 0, replicated = 0;
-    for (const auto& parameter : parameters) {
-      if (!parameter.grad().defined()) continue;
-      const double norm = parameter.grad().norm(norm_type).item<double>();
-      auto& total = layers_->split_of(parameter) != nullptr ? split : replicated;
-      total = infinite ? std::max(total, norm) : total + std::pow(norm, norm_type);
-    }
-    auto parts = at::full({1}, split, at::kDouble);
-    tp_group_->all_reduce(parts, infinite ? reduction::max : reduction::sum).wait();
-    split = parts.item<double>();
-    return infinite ? std::max(split, replicated) : std::pow(split + replicated, 1.0 / norm_type);
+    const double split_norm = base::gradient_norm(split_parameters, norm_type);
+    const double replicated = base::gradient_norm(replicated_parameters, norm_type);
+    auto split = at::full({1}, infinite ? split_norm : std::pow(split_norm, norm_type), at::kDouble);
+    tp_group_->all_reduce(split, infinite ? reduction::max : reduction::sum).wait();
+    const double split_part = split.item<double>();
+    return infinite ? std::max(split_part, replicated)
+                    : std::pow(split_part + std::pow(replicated, norm_type), 1.0 / norm_type);
   }
-  /// Scales the gradients so that the whole model's norm is at most `max_norm` (`clip_grad_norm_`'s rule); returns
-  /// the norm before.
+  /// Scales the gradients this process holds (the data parallelism's: whole, or its shards) so that the whole
+  /// model's norm is at most `max_norm` (`clip_grad_norm_`'s rule); returns the norm before.
   double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
     const double total = gradient_norm(parameters, norm_type);
-    const double coefficient = std::min(max_norm / (total + 1e-6), 1.0);
-    at::NoGradGuard no_grad;
-    for (const auto& parameter : parameters)
-      if (parameter.grad().defined()) parameter.grad().mul_(coefficient);
+    this->scale_gradients(parameters, std::min(max_norm / (total + 1e-6), 1.0));
     return total;
   }
 
-  /// `parameter` whole (get_state_dict): a split one's slices gathered from the tp group; a replicated one itself.
+  /// `parameter` whole (get_state_dict): the data parallelism's full parameter (a sharded one gathered over its
+  /// group), then a split one's slices gathered from the tp group.
   [[nodiscard]] at::Tensor full_parameter(const at::Tensor& parameter) {
+    auto local = base::full_parameter(parameter);
     const auto* split_layer = layers_->split_of(parameter);
-    if (split_layer == nullptr) return parameter;
-    return gathered(parameter.detach(), *split_layer, parameter.dim() == 1 ? 0 : split_layer->weight_dimension());
+    if (split_layer == nullptr) return local;
+    return gathered(local.detach(), *split_layer, local.dim() == 1 ? 0 : split_layer->weight_dimension());
   }
-  /// Runs `action` (save_state, load_state) with every split parameter whole, gathered over the tp group, keeping
-  /// what it writes into them: afterwards each keeps this rank's slice of what it then holds. A collective.
+  /// Runs `action` (save_state, load_state) with every parameter full (the data parallelism's) and every split one
+  /// whole, gathered over the tp group, keeping what it writes into them: afterwards each split one's slice of what
+  /// it then holds is copied back into the tensor it held before, which the data parallelism may keep its shard of.
+  /// A collective.
   template <class Action>
-  void with_full_parameters(torch::nn::Module&, Action&& action) {
-    at::NoGradGuard no_grad;
-    for_each_split_parameter(
-        [&](at::Tensor& parameter, const auto&, std::int64_t) { parameter.set_data(full_parameter(parameter)); });
-    const auto slice_again = [&] {
+  void with_full_parameters(torch::nn::Module& module, Action&& action) {
+    base::with_full_parameters(module, [&] {
+      at::NoGradGuard no_grad;
+      std::vector<at::Tensor> before;
       for_each_split_parameter([&](at::Tensor& parameter, const auto& split_layer, std::int64_t dimension) {
-        parameter.set_data(sliced(parameter, split_layer, dimension));
+        before.push_back(parameter.data());
+        parameter.set_data(gathered(parameter.detach(), split_layer, dimension));
       });
-    };
-    try {
-      std::forward<Action>(action)();
-    } catch (...) {
+      const auto slice_again = [&] {
+        std::size_t i = 0;
+        for_each_split_parameter([&](at::Tensor& parameter, const auto& split_layer, std::int64_t dimension) {
+          before[i].copy_(sliced(parameter.detach(), split_layer, dimension));
+          parameter.set_data(before[i++]);
+        });
+      };
+      try {
+        std::forward<Action>(action)();
+      } catch (...) {
+        slice_again();
+        throw;
+      }
       slice_again();
-      throw;
-    }
-    slice_again();
+    });
   }
-  /// `save_state`: runs `write` with the optimizer holding each split parameter's whole state, gathered over the tp
-  /// group (its slices kept aside and put back after). A collective.
+  /// `save_state`: runs `write` with the optimizer holding each parameter's full state (the data parallelism's,
+  /// gathered from its shards) and each split one's whole, gathered over the tp group. A collective.
   template <class Write>
   void with_full_optimizer_state(torch::optim::Optimizer& optimizer, Write&& write) {
+    base::with_full_optimizer_state(optimizer, [&] { with_whole_split_state(optimizer, std::forward<Write>(write)); });
+  }
+  /// `load_state`: `load()` loads a whole state into the optimizer, each split parameter's state keeps this rank's
+  /// slice, then the data parallelism keeps its shard of each. No communication.
+  template <class Load>
+  void load_full_optimizer_state(torch::optim::Optimizer& optimizer, Load&& load) {
+    base::load_full_optimizer_state(optimizer, [&] {
+      std::forward<Load>(load)();
+      at::NoGradGuard no_grad;
+      auto& state = optimizer.state();
+      for_each_split_parameter([&](at::Tensor& parameter, const auto& split_layer, std::int64_t dimension) {
+        auto found = state.find(detail::compat::optimizer_state_key(parameter));
+        if (found == state.end()) return;
+        check_elementwise(detail::transform_state_tensors(
+            *found->second, [&](const at::Tensor& whole) { return sliced(whole, split_layer, dimension); }));
+      });
+    });
+  }
+
+ protected:
+  [[nodiscard]] communicator_type& world() noexcept { return *world_; }
+
+ private:
+  /// Runs `write` with the optimizer holding each split parameter's whole state, gathered over the tp group (its
+  /// slices kept aside and put back after).
+  template <class Write>
+  void with_whole_split_state(torch::optim::Optimizer& optimizer, Write&& write) {
     at::NoGradGuard no_grad;
     auto& state = optimizer.state();
     std::vector<std::pair<at::Tensor, std::unique_ptr<torch::optim::OptimizerParamState>>> kept;
@@ -412,22 +441,7 @@ struct tensor_parallel : data_parallel<Backend> {
     }
     restore();
   }
-  /// `load_state`: `load()` loads a whole state into the optimizer, then each split parameter's state keeps this
-  /// rank's slice. No communication.
-  template <class Load>
-  void load_full_optimizer_state(torch::optim::Optimizer& optimizer, Load&& load) {
-    std::forward<Load>(load)();
-    at::NoGradGuard no_grad;
-    auto& state = optimizer.state();
-    for_each_split_parameter([&](at::Tensor& parameter, const auto& split_layer, std::int64_t dimension) {
-      auto found = state.find(detail::compat::optimizer_state_key(parameter));
-      if (found == state.end()) return;
-      check_elementwise(detail::transform_state_tensors(
-          *found->second, [&](const at::Tensor& whole) { return sliced(whole, split_layer, dimension); }));
-    });
-  }
 
- private:
   /// The tp group as the split layers' autograd functions use it.
   static detail::tp::region tp_region(communicator_type& group) {
     detail::tp::region region;
@@ -482,6 +496,28 @@ struct tensor_parallel : data_parallel<Backend> {
   device_mesh<communicator_type> mesh_;
   communicator_type* tp_group_;
   std::shared_ptr<detail::tp::layer_router> layers_;  // on the heap: routing scopes and autograd point into it
+};
+
+}  // namespace detail::tp
+
+/// Tensor parallelism over `Backend` on the mesh of the job's `ParallelismConfig` (tp above 1, no cp): the layers
+/// a plan names split across the "tp" group (`accel::parallelize_module`), and `data_parallel` over the "dp"
+/// group (dp_replicate x dp_shard; replicated: each dp rank holds its tp slices whole, the bytes of DDP, not FSDP's:
+/// `accel::fully_sharded_tensor_parallel` shards them over dp_shard, as Accelerate's FSDP2 does).
+/// The processes and every query and collective of accel/collectives.hpp are the whole job's; prepared data is
+/// sharded by the dp rank, so the tp peers read the same batches (as Accelerate's loader). Every process of the job
+/// constructs it at the same point (it makes the mesh's groups).
+template <class Backend>
+struct tensor_parallel : detail::tp::tensor_parallel_beside<data_parallel<Backend>> {
+  explicit tensor_parallel(const options& opts)
+      : detail::tp::tensor_parallel_beside<data_parallel<Backend>>(opts, "accel::tensor_parallel") {
+    const auto& mesh = this->mesh();
+    this->narrow_to(mesh.layout().has("dp")
+                        ? mesh.group("dp")
+                        : detail::mesh_group(this->world(), "dp", std::vector<int>{this->world().rank()}));
+  }
+
+  [[nodiscard]] static std::string name() { return "tensor_parallel<" + std::string(Backend::name) + ">"; }
 };
 
 /// Megatron's vocabulary-parallel cross-entropy under `accel::tensor_parallel` (its `vocab_parallel_cross_entropy`):

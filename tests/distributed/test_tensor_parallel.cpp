@@ -312,17 +312,22 @@ std::vector<torch::Tensor> train_char_transformer_alone(int dp) {
 
 /// char_lm's transformer made as the reference is (process 0's weights: the others start elsewhere, and
 /// parallelize_module must bring them to process 0's), then split by `plan`.
-CharTransformer split_char_transformer(tp_accelerator& acc, const accel::tensor_parallel_plan& plan) {
+template <class Accelerator>
+CharTransformer split_char_transformer(Accelerator& acc, const accel::tensor_parallel_plan& plan) {
   torch::manual_seed(acc.process_index() == 0 ? 6 : 60 + acc.process_index());
   auto net = char_transformer();
   accel::parallelize_module(acc, net, plan);
   return net;
 }
 
-/// The split `net` trained on this dp rank's batches of the job; `check_step(before, after)` sees the tp collectives
-/// counted before and after each step's forward and backward. Returns the full parameters (get_state_dict's).
-template <class CheckStep>
-std::vector<torch::Tensor> train_split(tp_accelerator& acc, CharTransformer net, CheckStep check_step) {
+/// The split `net` trained on this dp rank's batches of the job; `check_counts(before, after)` sees the tp
+/// collectives counted before and after each step's forward and backward, and `after_step(acc, net, optimizer)`
+/// runs after each optimizer step. Returns the full parameters (get_state_dict's).
+template <class Accelerator, class CheckCounts,
+          class AfterStep = void (*)(Accelerator&, torch::nn::Module&, torch::optim::Optimizer&)>
+std::vector<torch::Tensor> train_split(
+    Accelerator& acc, CharTransformer net, CheckCounts check_counts,
+    AfterStep after_step = [](Accelerator&, torch::nn::Module&, torch::optim::Optimizer&) {}) {
   const int dp = acc.num_processes() / acc.parallel().mesh().layout().size("tp");
   torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
@@ -331,9 +336,10 @@ std::vector<torch::Tensor> train_split(tp_accelerator& acc, CharTransformer net,
   for (const auto& [x, y] : data) {
     const auto before = acc.parallel().all_reduces();
     acc.backward(accel::vocab_parallel_cross_entropy(acc, model(x), y));
-    check_step(before, acc.parallel().all_reduces());
+    check_counts(before, acc.parallel().all_reduces());
     opt.step();
     opt.zero_grad();
+    after_step(acc, *net, optimizer);
   }
   std::vector<torch::Tensor> got;
   for (auto& [name, tensor] : acc.get_state_dict(model)) got.push_back(tensor);
@@ -512,13 +518,13 @@ std::filesystem::path tp_checkpoint() {
   return std::filesystem::path(dir) / "tensor_parallel_tp2";
 }
 
-/// The language model under `Accelerator` (tensor_parallel: split by lm_plan; one process: whole) trained on token
+/// The language model under `Accelerator` (tensor parallelism: split by lm_plan; one process: whole) trained on token
 /// batches [from, from + count) of a job with one dp rank, from the checkpoint `load` (when not empty), saved to
 /// `save` (when not empty); returns the full parameters.
 template <class Accelerator>
 std::vector<torch::Tensor> train_lm(int from, int count, const std::filesystem::path& load,
                                     const std::filesystem::path& save) {
-  constexpr bool split = std::is_same_v<typename Accelerator::parallel_type, tp_policy>;
+  constexpr bool split = !std::is_same_v<typename Accelerator::parallel_type, accel::single_process>;
   Accelerator acc;
   torch::manual_seed(load.empty() ? 4 : 99);  // a loading job starts elsewhere: the checkpoint must bring it back
   lm net;
@@ -568,4 +574,229 @@ TEST_CASE("a checkpoint saved at tp = 2 resumes at tp = 1 and tp = 4 as one proc
                        ? train_lm<tp_accelerator>(saved_at, saved_at, dir, {})
                        : train_lm<accel::accelerator<accel::fp32>>(saved_at, saved_at, dir, {});
   check_as_alone(got, 2 * saved_at);
+}
+
+// Fully sharded data parallelism beside tensor parallelism (accel/fully_sharded_tensor_parallel.hpp), as `accel
+// launch --parallelism_config_dp_shard_size 2 --parallelism_config_tp_size 2` starts it on 4 processes
+// (mesh.fsdp_tp.* in tests/CMakeLists.txt): each tp rank's slices sharded over its dp_shard group.
+
+namespace {
+
+using fsdp_tp_policy = accel::fully_sharded_tensor_parallel<accel::gloo>;
+
+/// The tp-local numbers of elements of `net`'s trainable parameters in its order (the reducer's), from the shard
+/// layout (the parameters themselves hold this process's slice between steps).
+std::vector<std::int64_t> tp_local_sizes(torch::nn::Module& net, const accel::detail::owned_shards& shards) {
+  std::vector<std::int64_t> sizes;
+  for (const auto& p : net.parameters()) {
+    const auto shard = shards.shard_of(p);
+    REQUIRE(shard.has_value());
+    std::int64_t numel = 1;
+    for (const auto size : shard->sizes) numel *= size;
+    sizes.push_back(numel);
+  }
+  return sizes;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "mesh: fully_sharded_tensor_parallel trains char_lm's transformer as one process on the whole batch, "
+    "within 1e-5 over 50 steps, with dp_shard's collectives counted",
+    "[fsdp_tp][fsdp_tp_parity]") {
+  accel::accelerator<accel::fp32, fsdp_tp_policy> acc;
+  const int tp = acc.parallel().mesh().layout().size("tp");
+  const auto expected = train_char_transformer_alone(acc.num_processes() / tp);
+  auto net = split_char_transformer(acc, char_transformer_plan());
+  std::uint64_t gathers = 0, gathered = 0, scatters = 0, scattered = 0;
+  int step = 0;
+  const auto tp_counts = [](const accel::tensor_parallel_counts& before, const accel::tensor_parallel_counts& after) {
+    CHECK(after.forward_all_reduces - before.forward_all_reduces == 1 + 2 * 2);  // tensor_parallel's, unchanged
+    CHECK(after.backward_all_reduces - before.backward_all_reduces == 2 * 2 + 1);
+  };
+  const auto dp_shard_counts = [&](auto& trained, torch::nn::Module& module, torch::optim::Optimizer& sgd) {
+    const auto* shards = trained.parallel().shards_of(sgd);
+    const auto* reducer = trained.parallel().reducer_for(module);
+    REQUIRE(shards != nullptr);
+    REQUIRE(reducer != nullptr);
+    const int S = trained.parallel().mesh().layout().size("dp_shard");
+    // Each bucket's reduce-scatter in the dp_shard group carries S segments: its members' padded chunks of their tp
+    // slices, and a flag each (tests/distributed/test_sharded.cpp's formula, on the tp-local sizes).
+    const auto sizes = tp_local_sizes(module, *shards);
+    std::uint64_t segments = 0;
+    for (const auto& bucket : reducer->bucket_layout()) {
+      for (const auto member : bucket)
+        segments += static_cast<std::uint64_t>(accel::detail::shard_chunk(sizes[member], S));
+      segments += bucket.size();
+    }
+    INFO("step " << step << ": all-gathers " << shards->all_gather_count() << ", reduce-scatters "
+                 << reducer->reduce_scatter_count());
+    // Per step, within dp_shard: one all-gather per gather bucket before the forward (no shard units), one
+    // reduce-scatter per gradient bucket in backward; the tp all-reduces are tp_counts', unchanged.
+    CHECK(shards->all_gather_count() - gathers == shards->bucket_count());
+    CHECK(shards->all_gathered_elements() - gathered == static_cast<std::uint64_t>(shards->gather_payload_elements()));
+    CHECK(reducer->reduce_scatter_count() - scatters == reducer->bucket_layout().size());
+    CHECK(reducer->payload_elements() - scattered == segments * static_cast<std::uint64_t>(S));
+    gathers = shards->all_gather_count();
+    gathered = shards->all_gathered_elements();
+    scatters = reducer->reduce_scatter_count();
+    scattered = reducer->payload_elements();
+    ++step;
+  };
+  check_within_1e5(train_split(acc, net, tp_counts, dp_shard_counts), expected);
+  CHECK(step == steps);
+}
+
+TEST_CASE(
+    "mesh: fully_sharded_tensor_parallel trains and clips an MLP as one process, holding 1/dp_shard of the tp "
+    "slices' state",
+    "[fsdp_tp][fsdp_tp_state]") {
+  accel::accelerator<accel::fp32, fsdp_tp_policy> acc;
+  const auto& layout = acc.parallel().mesh().layout();
+  const int tp = layout.size("tp"), S = layout.size("dp_shard");
+  const auto expected = train_alone(S);
+  torch::manual_seed(acc.process_index() == 0 ? 3 : 17 + acc.process_index());
+  mlp net;
+  accel::parallelize_module(acc, net, mlp_plan);
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+  std::vector<std::int64_t> local_sizes = sizes_of(net->parameters());  // the tp slices, before sharding
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int i = 0; i < steps * S; ++i) batches.push_back(batch(i));
+  auto [model, opt, data] = acc.prepare(net, optimizer, batches);
+  run got;
+  for (const auto& [x, y] : data) {
+    acc.backward(torch::mse_loss(model(x), y));
+    got.norms.push_back(acc.clip_grad_norm_(model->parameters(), max_norm));
+    opt.step();
+    opt.zero_grad();
+  }
+  REQUIRE(got.norms.size() == static_cast<std::size_t>(steps));
+  // Clipping is global over tp and dp_shard: each step's norm is the whole model's.
+  for (int s = 0; s < steps; ++s) {
+    INFO("step " << s);
+    CHECK(std::abs(got.norms[s] - expected.norms[s]) <= 1e-5 * expected.norms[s]);
+  }
+  for (auto& [name, tensor] : acc.get_state_dict(model)) got.parameters.push_back(tensor);
+  REQUIRE(got.parameters.size() == expected.parameters.size());
+  for (std::size_t i = 0; i < got.parameters.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(got.parameters[i].sizes() == expected.parameters[i].sizes());
+    CHECK((got.parameters[i] - expected.parameters[i]).abs().max().item<double>() <= 1e-5);
+  }
+  // The state bytes: AdamW's two moments on this process's shard of each tp slice, 1/S of the slice (its padded
+  // chunk, the last shard less), and the dp_shard group's shards add up to the tp slices, once.
+  std::int64_t state_bytes = 0, local_elements = 0, chunks = 0;
+  for (const auto& [key, state] : optimizer.state()) {
+    const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(*state);
+    state_bytes += static_cast<std::int64_t>(adamw.exp_avg().nbytes() + adamw.exp_avg_sq().nbytes());
+  }
+  for (const auto numel : local_sizes) {
+    local_elements += numel;
+    chunks += accel::detail::shard_chunk(numel, S);
+  }
+  INFO("process " << acc.process_index() << ": state " << state_bytes << " B of the tp slices' " << 8 * local_elements
+                  << " B, dp_shard = " << S << ", tp = " << tp);
+  CHECK(state_bytes <= 8 * chunks);
+  CHECK(state_bytes < 8 * local_elements);
+  auto group_total = torch::tensor({static_cast<double>(state_bytes)}, torch::kDouble);
+  acc.parallel().mesh().group("dp_shard").all_reduce(group_total, accel::reduction::sum).wait();
+  CHECK(group_total.item<double>() == static_cast<double>(8 * local_elements));
+}
+
+TEST_CASE(
+    "mesh: fully_sharded_tensor_parallel refuses a mesh without dp_shard, with dp_replicate, and the sharded "
+    "checkpoint format, naming the fix",
+    "[tp][tp_refusals]") {
+  using Catch::Matchers::Contains;
+  // This job (tp = 2 on 2 processes) has no dp_shard dimension.
+  CHECK_THROWS_WITH(fsdp_tp_policy(accel::options{}),
+                    Contains("accel::fully_sharded_tensor_parallel") && Contains("no dp_shard dimension") &&
+                        Contains("--parallelism_config_dp_shard_size D") && Contains("use accel::tensor_parallel"));
+  CHECK_THROWS_WITH(
+      accel::detail::tp::check_sharded_beside_tp(accel::mesh_layout({.dp_replicate = 2, .dp_shard = 2, .tp = 2}, 8)),
+      Contains("dp_replicate above 1") && Contains("set dp_replicate to 1"));
+  CHECK_THROWS_WITH(accel::detail::tp::tensor_parallel_mesh(std::nullopt, 2, "accel::fully_sharded_tensor_parallel"),
+                    Contains("accel::fully_sharded_tensor_parallel: the mesh has no tp dimension"));
+}
+
+namespace {
+
+using fsdp_tp_accelerator = accel::accelerator<accel::fp32, fsdp_tp_policy>;
+
+/// A checkpoint directory the jobs of mesh.tp.fsdp_* share (tests/CMakeLists.txt sets where).
+std::filesystem::path fsdp_tp_checkpoint(const std::string& name) { return tp_checkpoint().parent_path() / name; }
+
+/// What checkpoint `dir` holds: its whole weights in the file's order, and AdamW's state as the language model's
+/// optimizer loads it from `optimizer.bin`.
+std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> checkpoint_contents(
+    const std::filesystem::path& dir) {
+  std::vector<torch::Tensor> weights;
+  for (auto& [name, tensor] : accel::safetensors::load(dir / "model.safetensors")) weights.push_back(tensor);
+  lm net;
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+  return {weights, accel_test::adamw_state(optimizer, dir / "optimizer.bin")};
+}
+
+/// Under `Accelerator`, the language model (starting elsewhere) loads checkpoint `from` and saves it again to `to`,
+/// nothing trained between: what the files hold must cross the mesh unchanged. The saving job's objects are
+/// prepared: the model, its optimizer and its batches.
+template <class Accelerator>
+void load_and_save(const std::filesystem::path& from, const std::filesystem::path& to) {
+  Accelerator acc;
+  torch::manual_seed(99);
+  lm net;
+  if constexpr (!std::is_same_v<typename Accelerator::parallel_type, accel::single_process>)
+    accel::parallelize_module(acc, net, lm_plan);
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int i = 0; i < 2 * saved_at; ++i) batches.push_back(tokens(i));
+  auto [model, opt, data] = acc.prepare(net, optimizer, batches);
+  acc.load_state(from);
+  acc.save_state(to);
+}
+
+/// Checkpoint `again` holds what `original` does, bit for bit.
+void check_same_checkpoint(const std::filesystem::path& original, const std::filesystem::path& again) {
+  const auto [weights, state] = checkpoint_contents(original);
+  const auto [weights_again, state_again] = checkpoint_contents(again);
+  const auto parameters = lm()->parameters().size();
+  CHECK(weights.size() == parameters);
+  CHECK(state.size() == 3 * parameters);  // each parameter's exp_avg, exp_avg_sq and step
+  CHECK(accel_test::all_equal(weights, weights_again));
+  CHECK(accel_test::all_equal(state, state_again));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "mesh: fully_sharded_tensor_parallel saves whole weights and optimizer state at dp_shard 2 x tp 2, and "
+    "loads them back bit for bit",
+    "[fsdp_tp_save]") {
+  const auto dir = fsdp_tp_checkpoint("fsdp_tp_2x2");
+  const auto got = train_lm<fsdp_tp_accelerator>(0, 2 * saved_at, {}, dir);  // saved_at steps of 2 dp_shard batches
+  const auto expected = train_lm_alone(2, saved_at);
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK((got[i] - expected[i]).abs().max().item<double>() <= 1e-5);
+  }
+  const auto [weights, state] = checkpoint_contents(dir);
+  REQUIRE(weights.size() == got.size());
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(torch::equal(weights[i], got[i]));  // whole, as get_state_dict's
+  const auto again = fsdp_tp_checkpoint("fsdp_tp_2x2_again");
+  load_and_save<fsdp_tp_accelerator>(dir, again);
+  check_same_checkpoint(dir, again);
+}
+
+TEST_CASE("mesh: a checkpoint saved at dp_shard 2 x tp 2 loads at tp = 2 and on one process, bit for bit",
+          "[fsdp_tp_load]") {
+  const auto dir = fsdp_tp_checkpoint("fsdp_tp_2x2");
+  const char* tp = std::getenv("PARALLELISM_CONFIG_TP_SIZE");
+  const bool split = tp != nullptr && std::string(tp) != "1";
+  const auto again = fsdp_tp_checkpoint(split ? "fsdp_tp_loaded_tp" + std::string(tp) : "fsdp_tp_loaded_1");
+  if (split)
+    load_and_save<tp_accelerator>(dir, again);
+  else
+    load_and_save<accel::accelerator<accel::fp32>>(dir, again);
+  check_same_checkpoint(dir, again);
 }
