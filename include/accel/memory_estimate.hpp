@@ -74,9 +74,10 @@ struct training_bytes {
   /// The most a step holds at once, activations and the all-gather buffers of non-unit buckets aside.
   [[nodiscard]] std::int64_t step_peak() const noexcept { return in_step() + unit_transients; }
   /// The peak of `load_state` of a checkpoint (either format) into the prepared model between steps: what is held
-  /// at rest, this process's parameters as read (its slices under `fully_sharded`), its optimizer state as read and
-  /// the state it replaces, kept until the load commits (a load is all or nothing).
-  [[nodiscard]] std::int64_t loading() const noexcept { return at_rest() + parameters_at_rest + 2 * optimizer_state; }
+  /// at rest (the weights are read straight into the parameters at rest, no copy beside them), its optimizer state
+  /// as read, and the state it replaces, kept serialised until the load commits (a load is all or nothing). A
+  /// program that builds its model to load into peaks at the larger of this and `construction`.
+  [[nodiscard]] std::int64_t loading() const noexcept { return at_rest() + 2 * optimizer_state; }
 };
 
 /// The optimizer state tensors per element of LibTorch's elementwise optimizers, by Accelerate's and PyTorch's

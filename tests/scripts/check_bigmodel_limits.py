@@ -14,8 +14,8 @@ processes load it under L and 2 L, each process's loaded slices equal to the sav
 merge-weights` merges it in one process under B_merge + M / 2 (B_merge: the merge's own LibTorch baseline, itself
 more than M), its file equal to the whole-model run's tensors bit for bit. And the estimate: each sharded process's
 accel::estimate_training_bytes figure within 10% of the tensor storage accel's allocator counted, and, with B added,
-of its group's memory.max_usage_in_bytes (the loading processes' figures are printed, not checked: loading() predates
-loads that read into the parameters at rest).
+of its group's memory.max_usage_in_bytes; the same for each loading process; and `accel estimate-memory` of the merged
+file, its shard units named by --shard_units, within 10% of what process 0 of the sharded job counted.
 
 Usage: check_bigmodel_limits.py ACCEL_CLI WORKER WORK_DIR PROCESSES
 Exit 77 (skipped, with the reason) where the cgroup v1 memory controller is missing or not writable.
@@ -330,6 +330,28 @@ def merge_under_limit(cli, work_dir, parent, model_bytes, reference):
     print("merge-weights: every tensor equals the unlimited whole-model run's, bit for bit")
 
 
+def check_cli_estimate(cli, work_dir, processes):
+    """`accel estimate-memory` of the merged model.safetensors (the model's headers alone) with its shard units named:
+    its fully_sharded step peak at P = N within 10% of the tensor storage process 0 of the sharded job counted."""
+    merged = os.path.join(work_dir, "merged", "model.safetensors")
+    figures = {}
+    for units in ([], ["--shard_units", r"block[0-9]+"]):
+        result = subprocess.run([cli, "estimate-memory", merged, "--num_processes", str(processes), "--optimizer",
+                                 "sgd", "--mixed_precision", "no", "--bytes"] + units,
+                                capture_output=True, text=True, timeout=60)
+        check(result.returncode == 0, "accel estimate-memory failed:\n" + result.stdout + result.stderr)
+        rows = [line.split() for line in result.stdout.splitlines()]
+        figures[bool(units)] = next(int(row[4]) for row in rows if row[1] == "fully_sharded")
+    with open(os.path.join(work_dir, "sharded-P%d-estimate-rank0" % processes)) as f:
+        counted = int(f.read().split()[1])
+    print("accel estimate-memory --shard_units 'block[0-9]+': fully_sharded step peak at P = %d %.2f MiB, counted "
+          "%.2f MiB (%+.1f%%); without --shard_units (the whole model gathered) %.2f MiB (%+.1f%%)" % (
+              processes, figures[True] / 2**20, counted / 2**20, 100.0 * (figures[True] / counted - 1),
+              figures[False] / 2**20, 100.0 * (figures[False] / counted - 1)))
+    check(abs(figures[True] / counted - 1) <= 0.10, "accel estimate-memory's step peak %d B is not within 10%% of "
+          "the %d B process 0 counted" % (figures[True], counted))
+
+
 def main():
     cli, worker, work_dir, processes = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     parent = own_memory_group()
@@ -352,12 +374,9 @@ def main():
         reference = whole_parameters(work_dir, "reference-whole", parameters, processes)
         for count, job_limit in ((processes, limit), (processes // 2, 2 * limit)):
             peaks = load_under_limit(cli, worker, work_dir, parent, count, job_limit, parameters, reference)
-            # Not checked against the estimate for now: estimate_training_bytes' loading() still counts the
-            # parameters as read beside those at rest, which loads no longer make (they read into the parameters
-            # at rest), and the load job's tensor peak is its construction's (one unit whole beside the slices).
-            # The figures are printed; the corrected formula is the next step (issue 33).
-            print_estimates(work_dir, "load", count, peaks, baseline)
+            check_estimates(work_dir, "load", count, peaks, baseline)
         merge_under_limit(cli, work_dir, parent, model_bytes, reference)
+        check_cli_estimate(cli, work_dir, processes)
     except CheckFailed as failure:
         print("FAILED: %s" % failure)
         return 1

@@ -1,7 +1,7 @@
 """`accel estimate-memory` on generated safetensors files (one file, and a Hugging Face index over two): the exact
 bytes it prints (--bytes) against the formulas of docs/big-models.md worked out by hand for these tensors, the same
-figures from the index as from the single file, a file whose data is cut off (only the header is read), and the
-errors for a missing file and an unknown optimizer."""
+figures from the index as from the single file, a file whose data is cut off (only the header is read), shard units
+named by --shard_units, and the errors for a missing file, an unknown optimizer and a pattern that matches nothing."""
 import json
 import struct
 import subprocess
@@ -92,10 +92,31 @@ missing = run(str(work / "nothing.safetensors"))
 assert missing.returncode == 1 and "cannot open" in missing.stderr and "nothing.safetensors" in missing.stderr, missing
 unknown = run(str(single), "--optimizer", "lion")
 assert unknown.returncode == 2 and "unknown optimizer 'lion'" in unknown.stderr, unknown.stderr
+# Shard units (--shard_units): two units of 20 float32 elements and a tensor of 6 outside them, P = 2, process 0:
+#   slices 10*4 + 10*4 + 3*4 = 92, state 2*92 = 184: between steps 276 (as without units).
+#   A step: the unit tensors' slices only (40 + 40) and the outside tensor whole beside its slice (24 + 12): 116;
+#   gradient segments (10 + 1)*4 * 2 + (3 + 1)*4 = 104; state 184: 404. Plus, for a moment, 3 units whole (3*80)
+#   and 5 of a unit's buckets (5 * 2*(10 + 1)*4 = 440): 1084. Without units the whole model stays gathered:
+#   slices 92 + the model 184 = 276, + 104 + 184 = 564.
+TENSORS.update({"layers.0.w": ("F32", [4, 5], 4), "layers.1.w": ("F32", [4, 5], 4), "head.w": ("F32", [6], 4)})
+layered = work / "layered.safetensors"
+write_safetensors(layered, ["layers.0.w", "layers.1.w", "head.w"])
+with_units = figures(run(str(layered), "--num_processes", "2", "--mixed_precision", "no", "--shard_units",
+                         r"layers\.[0-9]+", "--bytes"))
+without_units = figures(run(str(layered), "--num_processes", "2", "--mixed_precision", "no", "--bytes"))
+assert with_units[("no", "fully_sharded", 2)] == (276, 1084), with_units
+assert without_units[("no", "fully_sharded", 2)] == (276, 564), without_units
+for policy in ("data_parallel", "zero1", "zero2"):  # units are fully_sharded's alone
+    assert with_units[("no", policy, 2)] == without_units[("no", policy, 2)], (policy, with_units, without_units)
+unmatched = run(str(layered), "--shard_units", r"model\.layers\.[0-9]+")
+assert unmatched.returncode == 2 and "matches the start of no tensor's name" in unmatched.stderr, unmatched.stderr
+bad_pattern = run(str(layered), "--shard_units", "layers.[0-9")
+assert bad_pattern.returncode == 2 and "is not one" in bad_pattern.stderr, bad_pattern.stderr
+
 TENSORS["d.codes"] = ("U4", [2], 1)
 odd = work / "odd-dtype.safetensors"
 write_safetensors(odd, ["a.weight", "d.codes"])
 refused = run(str(odd))
 assert refused.returncode == 1 and "tensor d.codes has the dtype U4, which the estimate does not know" in refused.stderr, \
     refused.stderr
-print("estimate-memory: exact figures, index and header-only reads, errors: ok")
+print("estimate-memory: exact figures, index and header-only reads, shard units, errors: ok")

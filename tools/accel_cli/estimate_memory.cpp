@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -26,6 +28,9 @@ struct estimate_request {
   std::string optimizer = "adamw";
   std::vector<std::string> precisions{"no", "bf16", "fp16"};
   bool exact_bytes = false;
+  /// Names a tensor's shard unit under fully_sharded: the text this expression matches at the start of its name
+  /// (`block[0-9]+`, `model\.layers\.[0-9]+`); tensors whose names it does not match are outside every unit.
+  std::optional<std::string> shard_units;
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -63,9 +68,17 @@ void apply_option(estimate_request& request, const std::vector<std::string>& arg
     for (const auto& p : request.precisions)
       if (p != "no" && p != "bf16" && p != "fp16")
         throw usage_error("--mixed_precision takes no, bf16 and fp16 (comma-separated), not '" + p + "'");
+  } else if (option.name == "shard_units") {
+    try {
+      std::regex{value};
+    } catch (const std::regex_error& e) {
+      throw usage_error("--shard_units takes a regular expression (e.g. 'model\\.layers\\.[0-9]+'); '" + value +
+                        "' is not one: " + e.what());
+    }
+    request.shard_units = value;
   } else {
     throw usage_error("unknown option " + option.spelling +
-                      "; the options are --num_processes, --optimizer, --mixed_precision and --bytes");
+                      "; the options are --num_processes, --optimizer, --mixed_precision, --shard_units and --bytes");
   }
 }
 
@@ -104,13 +117,43 @@ accel::tensor_extent extent_of(const safetensors::detail::header_parser::entry& 
           .floating_point = floating};
 }
 
-std::vector<accel::tensor_extent> read_extents(const std::filesystem::path& model) {
+/// Numbers shard units by the text `pattern` matches at the start of tensor names (the same text, the same unit).
+class unit_namer {
+ public:
+  explicit unit_namer(const std::optional<std::string>& pattern) {
+    if (pattern) pattern_ = std::regex(*pattern);
+  }
+  int operator()(const std::string& tensor) {
+    std::smatch found;
+    if (!pattern_ || !std::regex_search(tensor, found, *pattern_, std::regex_constants::match_continuous) ||
+        found.length(0) == 0)
+      return -1;
+    return units_.try_emplace(found.str(0), static_cast<int>(units_.size())).first->second;
+  }
+  [[nodiscard]] std::size_t count() const noexcept { return units_.size(); }
+
+ private:
+  std::optional<std::regex> pattern_;
+  std::map<std::string, int> units_;
+};
+
+std::vector<accel::tensor_extent> read_extents(const estimate_request& request) {
+  const std::filesystem::path model = request.model;
   std::vector<std::filesystem::path> files{model};
   if (model.string().ends_with(".json")) files = safetensors::detail::index_files(model);
   std::vector<accel::tensor_extent> extents;
+  unit_namer unit_of(request.shard_units);
+  std::string first_name;
   for (const auto& file : files)
-    for (const auto& [name, entry] : safetensors::detail::read_header(file).entries)
+    for (const auto& [name, entry] : safetensors::detail::read_header(file).entries) {
       extents.push_back(extent_of(entry, file.string() + ": tensor " + name));
+      extents.back().shard_unit = unit_of(name);
+      if (first_name.empty()) first_name = name;
+    }
+  if (request.shard_units && unit_of.count() == 0)
+    throw usage_error("--shard_units '" + *request.shard_units + "' matches the start of no tensor's name in " +
+                      request.model + " (the first is '" + first_name + "'): it should match the unit's part of the "
+                      "names, e.g. 'model\\.layers\\.[0-9]+'");
   return extents;
 }
 
@@ -136,8 +179,10 @@ void print_summary(const estimate_request& request, const std::vector<accel::ten
               static_cast<long long>(trainable), readable(bytes).c_str());
   std::printf(
       "Parameters, gradients, gradient buckets and optimizer state (docs/big-models.md), without activations and\n"
-      "communication buffers: between steps, and at the end of a step's backward (fully_sharded without shard\n"
-      "units; bf16 and fp16 keep float32 master weights and add the forward's 16-bit casts).\n\n");
+      "communication buffers: between steps, and the most a step holds at once (fully_sharded %s; bf16 and fp16\n"
+      "keep float32 master weights and add the forward's 16-bit casts).\n\n",
+      request.shard_units ? "gathers one shard unit at a time, as --shard_units names them"
+                          : "gathers the whole model: --shard_units names its units");
 }
 
 }  // namespace
@@ -147,15 +192,17 @@ int estimate_memory_main(const std::vector<std::string>& args) {
     std::puts(
         "usage: accel estimate-memory MODEL.safetensors|model.safetensors.index.json [--num_processes 1,2,4,8]\n"
         "                             [--optimizer adamw|adam|sgd|sgd_momentum|rmsprop|adagrad]\n"
-        "                             [--mixed_precision no,bf16,fp16] [--bytes]\n\n"
+        "                             [--mixed_precision no,bf16,fp16] [--shard_units REGEX] [--bytes]\n\n"
         "Reads the model's safetensors headers only (never the weights) and prints the bytes each process holds to\n"
         "train it under data_parallel, zero1, zero2 and fully_sharded, for each precision and number of processes:\n"
-        "accel::estimate_training_bytes (accel/memory_estimate.hpp). --bytes prints exact byte counts, one line\n"
-        "each: precision, policy, processes, bytes between steps, bytes at the end of backward.");
+        "accel::estimate_training_bytes (accel/memory_estimate.hpp). --shard_units names fully_sharded's shard\n"
+        "units: the text the expression matches at the start of a tensor's name is its unit ('model\\.layers\\.[0-9]+'\n"
+        "makes each layer one); without it, fully_sharded gathers the whole model for a step. --bytes prints exact\n"
+        "byte counts, one line each: precision, policy, processes, bytes between steps, bytes at a step's peak.");
     return exit_ok;
   }
   const auto request = parse_request(args);
-  const auto extents = read_extents(request.model);
+  const auto extents = read_extents(request);
   const std::pair<const char*, accel::sharding_stage> stages[] = {
       {"data_parallel", accel::sharding_stage::data_parallel},
       {"zero1", accel::sharding_stage::zero1},
@@ -164,7 +211,7 @@ int estimate_memory_main(const std::vector<std::string>& args) {
   if (!request.exact_bytes) {
     print_summary(request, extents);
     std::printf("%-9s  %-13s  %9s  %14s  %14s\n", "precision", "policy", "processes", "between steps",
-                "end of backward");
+                "step peak");
   }
   for (const auto& precision : request.precisions)
     for (const auto& [name, stage] : stages)
@@ -176,10 +223,10 @@ int estimate_memory_main(const std::vector<std::string>& args) {
                                                      .autocast_16bit = precision != "no"});
         if (request.exact_bytes)
           std::printf("%s %s %d %lld %lld\n", precision.c_str(), name, processes,
-                      static_cast<long long>(bytes.at_rest()), static_cast<long long>(bytes.in_step()));
+                      static_cast<long long>(bytes.at_rest()), static_cast<long long>(bytes.step_peak()));
         else
           std::printf("%-9s  %-13s  %9d  %14s  %14s\n", precision.c_str(), name, processes,
-                      readable(bytes.at_rest()).c_str(), readable(bytes.in_step()).c_str());
+                      readable(bytes.at_rest()).c_str(), readable(bytes.step_peak()).c_str());
       }
   return exit_ok;
 }

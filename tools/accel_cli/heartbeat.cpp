@@ -64,7 +64,7 @@ namespace {
 using steady_clock = std::chrono::steady_clock;
 using system_clock = std::chrono::system_clock;
 
-constexpr std::size_t longest_line = 4096;  // a longer line is not the keep-alive's: the connection is dropped
+constexpr std::size_t longest_keepalive_line = 4096;  // a longer line is not the keep-alive's: the connection is dropped
 
 std::string clock_time(system_clock::time_point time) {
   const std::time_t seconds = system_clock::to_time_t(time);
@@ -153,7 +153,7 @@ struct peer_link {
     for (std::size_t end; (end = pending.find('\n', start)) != std::string::npos; start = end + 1)
       lines.push_back(pending.substr(start, end - start));
     pending.erase(0, start);
-    if (pending.size() > longest_line) ended = true;
+    if (pending.size() > longest_keepalive_line) ended = true;
     if (!lines.empty()) heard();
     return lines;
   }
