@@ -1,6 +1,7 @@
 // One accel job of the checkpoint-load benchmark (bench/load_compare.py runs it under `accel launch --nproc_per_node
 // 4`): a model of LAYERS Linear(WIDTH, WIDTH) layers (float32; 16 x 4096 gives 1.07 GB) under fully_sharded with SGD,
-// saved to DIR in the given format (untimed), then loaded back into the same prepared model (timed). Process 0 prints
+// saved to DIR in the given format (untimed), then loaded back into the same prepared model (timed): accel_sharded
+// and accel_full by load_state, accel_before_33 (the full format) as accel loaded before issue 33. Process 0 prints
 //   `job load_seconds peak_bytes resident_before_bytes checkpoint_bytes`
 // where load_seconds is the slowest process's time in load_state, and peak_bytes the largest resident set any process
 // reached during the load (/proc/self/status VmHWM, reset just before the load by writing 5 to /proc/self/clear_refs),
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 namespace {
@@ -48,8 +50,23 @@ double slowest(Accelerator& acc, double value) {
   return acc.reduce(t, accel::reduction::max).template item<double>();
 }
 
+/// accel's load before issue 33, for comparison (that code is gone): every process reads the whole
+/// model.safetensors into memory, then keeps its slice of each parameter (flattened, chunks of ceil(n / P)).
+template <class Accelerator>
+void load_whole_then_slice(Accelerator& acc, torch::nn::Module& model, const std::filesystem::path& dir) {
+  const auto whole = accel::safetensors::load(dir / "model.safetensors");
+  std::map<std::string, at::Tensor> by_name(whole.begin(), whole.end());
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, slice] : model.named_parameters()) {
+    const auto flat = by_name.at(name).reshape(-1);
+    const auto chunk = (flat.numel() + acc.num_processes() - 1) / acc.num_processes();
+    const auto begin = std::min<std::int64_t>(flat.numel(), chunk * acc.process_index());
+    slice.view(-1).copy_(flat.narrow(0, begin, slice.numel()));
+  }
+}
+
 int run(const std::string& job, const std::filesystem::path& dir, int count, int width) {
-  const auto format = job == "accel_full" ? accel::state_dict_type::full : accel::state_dict_type::sharded;
+  const auto format = job == "accel_sharded" ? accel::state_dict_type::sharded : accel::state_dict_type::full;
   accel::accelerator<accel::fp32, accel::fully_sharded<accel::gloo>> acc(
       accel::options{.sharding = {.state_dict = format}});
   auto net = layers(count, width);
@@ -60,7 +77,10 @@ int run(const std::string& job, const std::filesystem::path& dir, int count, int
   const double before = slowest(acc, static_cast<double>(status_bytes("VmRSS")));
   reset_peak_resident();
   const auto start = std::chrono::steady_clock::now();
-  acc.load_state(dir);
+  if (job == "accel_before_33")
+    load_whole_then_slice(acc, *net, dir);  // net's parameters are the prepared slices
+  else
+    acc.load_state(dir);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double load_seconds = slowest(acc, seconds);
   const double peak = slowest(acc, static_cast<double>(status_bytes("VmHWM")));
@@ -73,10 +93,11 @@ int run(const std::string& job, const std::filesystem::path& dir, int count, int
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5 || (std::string(argv[1]) != "accel_sharded" && std::string(argv[1]) != "accel_full")) {
-    std::fprintf(stderr, "usage: %s accel_sharded|accel_full DIR LAYERS WIDTH\n", argv[0]);
+  const std::string job = argc == 5 ? argv[1] : "";
+  if (job != "accel_sharded" && job != "accel_full" && job != "accel_before_33") {
+    std::fprintf(stderr, "usage: %s accel_sharded|accel_full|accel_before_33 DIR LAYERS WIDTH\n", argv[0]);
     return 2;
   }
   torch::set_num_threads(1);
-  return run(argv[1], argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
+  return run(job, argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
 }

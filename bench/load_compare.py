@@ -2,7 +2,9 @@
 """Checkpoint-load benchmark (issue 33), side by side in one run: a model of 16 Linear(4096, 4096) layers (1.07 GB
 of float32 weights, SGD: no optimizer state) on 4 Gloo processes, saved and loaded back. accel's fully_sharded
 (a shard unit per layer) loading its sharded format and its full format (model.safetensors), each process reading
-only its slices' bytes, against PyTorch's torch.distributed.checkpoint (DCP) load into FSDP2 (fully_shard per layer).
+only its slices' bytes, and accel's path before issue 33 (accel_before_33: each process reads the whole
+model.safetensors into memory and keeps its slices), against PyTorch's torch.distributed.checkpoint (DCP) load into
+FSDP2 (fully_shard per layer).
 Each round runs every job once, fresh, in an order that rotates; the files are in the page cache when loaded (each
 job loads what it has just saved). The table reports medians over rounds of the slowest process's load time, the
 largest resident set of any process during the load (VmHWM reset just before it), the largest just before it, what
@@ -19,7 +21,7 @@ import tempfile
 
 from launch_job import run_job
 
-JOBS = ["accel_sharded", "accel_full", "pytorch_dcp"]
+JOBS = ["accel_sharded", "accel_full", "accel_before_33", "pytorch_dcp"]
 FOUR = ("--nproc_per_node", "4")
 
 
@@ -42,14 +44,14 @@ def main():
                 shutil.rmtree(directory, ignore_errors=True)
             seconds[job].append(float(fields[1]))
             figures.setdefault(job, []).append([int(float(f)) for f in fields[2:5]])
-    print(f"{'':>14} {'load s':>8} {'peak B/proc':>13} {'before B/proc':>14} {'added B/proc':>13} "
+    print(f"{'':>15} {'load s':>8} {'peak B/proc':>13} {'before B/proc':>14} {'added B/proc':>13} "
           f"{'added / (1/4)':>14} {'files B':>12} {'/pytorch_dcp':>13}")
     for job in JOBS:
         peak = statistics.median(f[0] for f in figures[job])
         before = statistics.median(f[1] for f in figures[job])
         ratio = statistics.median(a / b for a, b in zip(seconds[job], seconds["pytorch_dcp"]))
         added = statistics.median(f[0] - f[1] for f in figures[job])
-        print(f"{job:>14} {statistics.median(seconds[job]):>8.3f} {peak:>13.0f} {before:>14.0f} {added:>13.0f} "
+        print(f"{job:>15} {statistics.median(seconds[job]):>8.3f} {peak:>13.0f} {before:>14.0f} {added:>13.0f} "
               f"{added / (model_bytes / 4):>14.2f} {figures[job][-1][2]:>12} {ratio:>13.3f}")
 
 
