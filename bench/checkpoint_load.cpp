@@ -57,8 +57,9 @@ void load_whole_then_slice(Accelerator& acc, torch::nn::Module& model, const std
   const auto whole = accel::safetensors::load(dir / "model.safetensors");
   std::map<std::string, at::Tensor> by_name(whole.begin(), whole.end());
   torch::NoGradGuard no_grad;
-  for (const auto& [name, slice] : model.named_parameters()) {
-    const auto flat = by_name.at(name).reshape(-1);
+  for (const auto& parameter : model.named_parameters()) {
+    const auto& slice = parameter.value();
+    const auto flat = by_name.at(parameter.key()).reshape(-1);
     const auto chunk = (flat.numel() + acc.num_processes() - 1) / acc.num_processes();
     const auto begin = std::min<std::int64_t>(flat.numel(), chunk * acc.process_index());
     slice.view(-1).copy_(flat.narrow(0, begin, slice.numel()));

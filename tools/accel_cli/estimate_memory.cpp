@@ -152,7 +152,8 @@ std::vector<accel::tensor_extent> read_extents(const estimate_request& request) 
     }
   if (request.shard_units && unit_of.count() == 0)
     throw usage_error("--shard_units '" + *request.shard_units + "' matches the start of no tensor's name in " +
-                      request.model + " (the first is '" + first_name + "'): it should match the unit's part of the "
+                      request.model + " (the first is '" + first_name +
+                      "'): it should match the unit's part of the "
                       "names, e.g. 'model\\.layers\\.[0-9]+'");
   return extents;
 }
@@ -196,7 +197,8 @@ int estimate_memory_main(const std::vector<std::string>& args) {
         "Reads the model's safetensors headers only (never the weights) and prints the bytes each process holds to\n"
         "train it under data_parallel, zero1, zero2 and fully_sharded, for each precision and number of processes:\n"
         "accel::estimate_training_bytes (accel/memory_estimate.hpp). --shard_units names fully_sharded's shard\n"
-        "units: the text the expression matches at the start of a tensor's name is its unit ('model\\.layers\\.[0-9]+'\n"
+        "units: the text the expression matches at the start of a tensor's name is its unit "
+        "('model\\.layers\\.[0-9]+'\n"
         "makes each layer one); without it, fully_sharded gathers the whole model for a step. --bytes prints exact\n"
         "byte counts, one line each: precision, policy, processes, bytes between steps, bytes at a step's peak.");
     return exit_ok;
@@ -210,8 +212,7 @@ int estimate_memory_main(const std::vector<std::string>& args) {
       {"fully_sharded", accel::sharding_stage::fully_sharded}};
   if (!request.exact_bytes) {
     print_summary(request, extents);
-    std::printf("%-9s  %-13s  %9s  %14s  %14s\n", "precision", "policy", "processes", "between steps",
-                "step peak");
+    std::printf("%-9s  %-13s  %9s  %14s  %14s\n", "precision", "policy", "processes", "between steps", "step peak");
   }
   for (const auto& precision : request.precisions)
     for (const auto& [name, stage] : stages)
