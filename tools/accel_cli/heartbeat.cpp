@@ -64,8 +64,8 @@ namespace {
 using steady_clock = std::chrono::steady_clock;
 using system_clock = std::chrono::system_clock;
 
-constexpr std::size_t longest_keepalive_line =
-    4096;  // a longer line is not the keep-alive's: the connection is dropped
+// A longer line is not the keep-alive's: the connection is dropped.
+constexpr std::size_t longest_keepalive_line = 4096;
 
 std::string clock_time(system_clock::time_point time) {
   const std::time_t seconds = system_clock::to_time_t(time);
