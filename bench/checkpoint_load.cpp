@@ -51,7 +51,8 @@ double slowest(Accelerator& acc, double value) {
 }
 
 /// accel's load before issue 33, for comparison (that code is gone): every process reads the whole
-/// model.safetensors into memory, then keeps its slice of each parameter (flattened, chunks of ceil(n / P)).
+/// model.safetensors into memory, then keeps its slice of each parameter (the sharded policies' split:
+/// detail::shard_span_of).
 template <class Accelerator>
 void load_whole_then_slice(Accelerator& acc, torch::nn::Module& model, const std::filesystem::path& dir) {
   const auto whole = accel::safetensors::load(dir / "model.safetensors");
@@ -60,9 +61,8 @@ void load_whole_then_slice(Accelerator& acc, torch::nn::Module& model, const std
   for (const auto& parameter : model.named_parameters()) {
     const auto& slice = parameter.value();
     const auto flat = by_name.at(parameter.key()).reshape(-1);
-    const auto chunk = (flat.numel() + acc.num_processes() - 1) / acc.num_processes();
-    const auto begin = std::min<std::int64_t>(flat.numel(), chunk * acc.process_index());
-    slice.view(-1).copy_(flat.narrow(0, begin, slice.numel()));
+    const auto span = accel::detail::shard_span_of(flat.numel(), acc.process_index(), acc.num_processes());
+    slice.view(-1).copy_(flat.narrow(0, span.begin, span.length));
   }
 }
 
