@@ -153,8 +153,7 @@ std::vector<accel::tensor_extent> read_extents(const estimate_request& request) 
   if (request.shard_units && unit_of.count() == 0)
     throw usage_error("--shard_units '" + *request.shard_units + "' matches the start of no tensor's name in " +
                       request.model + " (the first is '" + first_name +
-                      "'): it should match the unit's part of the "
-                      "names, e.g. 'model\\.layers\\.[0-9]+'");
+                      "'): it should match the unit's part of the names, e.g. 'model\\.layers\\.[0-9]+'");
   return extents;
 }
 
@@ -197,10 +196,10 @@ int estimate_memory_main(const std::vector<std::string>& args) {
         "Reads the model's safetensors headers only (never the weights) and prints the bytes each process holds to\n"
         "train it under data_parallel, zero1, zero2 and fully_sharded, for each precision and number of processes:\n"
         "accel::estimate_training_bytes (accel/memory_estimate.hpp). --shard_units names fully_sharded's shard\n"
-        "units: the text the expression matches at the start of a tensor's name is its unit "
-        "('model\\.layers\\.[0-9]+'\n"
-        "makes each layer one); without it, fully_sharded gathers the whole model for a step. --bytes prints exact\n"
-        "byte counts, one line each: precision, policy, processes, bytes between steps, bytes at a step's peak.");
+        "units: the text the expression matches at the start of a tensor's name is its unit\n"
+        "('model\\.layers\\.[0-9]+' makes each layer one); without it, fully_sharded gathers the whole model for a\n"
+        "step. --bytes prints exact byte counts, one line each: precision, policy, processes, bytes between steps,\n"
+        "bytes at a step's peak.");
     return exit_ok;
   }
   const auto request = parse_request(args);
