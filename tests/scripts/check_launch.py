@@ -445,7 +445,8 @@ def case_inherited_output():
 # falls silent with its connections open, as one whose machine vanished: the others must name its node within the
 # heartbeat timeout, stop their workers and exit with 1.
 
-HEARTBEAT = ["--heartbeat_interval", "0.2", "--heartbeat_timeout", "1"]
+HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT = 0.2, 1
+HEARTBEAT = ["--heartbeat_interval", str(HEARTBEAT_INTERVAL), "--heartbeat_timeout", str(HEARTBEAT_TIMEOUT)]
 
 
 def free_port():
@@ -488,10 +489,10 @@ def ended(launcher, what, timeout=20):
     return launcher.returncode, err, seconds
 
 
-# The earliest a silent node can be named: its last heartbeat may have left up to an interval (0.2 s) before it was
-# stopped, later than due on a loaded machine, so the timeout (1 s) can run out a little before 0.8 s on. The bound
-# still fails a launcher that names a node without waiting for the timeout.
-EARLIEST_LOSS = 0.5
+# The earliest a silent node can be named: its last heartbeat may have left up to an interval before it was stopped,
+# later than due on a loaded machine, so the timeout can run out a little before timeout - interval. Half the timeout
+# still fails a launcher that names a node without waiting for it.
+EARLIEST_LOSS = HEARTBEAT_TIMEOUT / 2
 
 
 def check_lost(launcher, what, needles, pids, at_least=EARLIEST_LOSS, at_most=5):
