@@ -21,6 +21,8 @@
 #include <string>
 #include <utility>
 
+namespace programs::accelerate_interop {
+
 namespace {
 
 torch::nn::Sequential interop_model() {
@@ -92,7 +94,7 @@ void save_sharded(const std::filesystem::path& dir, int steps) {
 
 }  // namespace
 
-int main(int argc, char** argv) try {
+int run(int argc, char** argv) try {
   const std::string mode = argc > 2 ? argv[1] : "";
   const std::filesystem::path dir = argc > 2 ? argv[2] : "";
   if (mode == "continue" && argc == 6) {
@@ -123,3 +125,5 @@ int main(int argc, char** argv) try {
   std::cerr << "accelerate_interop: " << e.what() << '\n';
   return 1;
 }
+
+}  // namespace programs::accelerate_interop

@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+namespace programs::bigmodel_limits {
+
 namespace {
 
 constexpr int units = 32;
@@ -52,7 +54,7 @@ void enter_cgroup(char** argv) {
   const auto procs = std::string(prefix) + std::to_string(rank) + "/cgroup.procs";
   std::ofstream(procs) << getpid() << std::flush;
   unsetenv("ACCEL_TEST_CGROUP_PREFIX");
-  execv("/proc/self/exe", argv);
+  execv("/proc/self/exe", argv);  // argv[0] unchanged: it picks this program in accel_test_programs
   std::cerr << "bigmodel_limits: could not start again inside " << procs << "\n";
   std::exit(2);
 }
@@ -176,7 +178,7 @@ int load(limited_accelerator& acc, const std::filesystem::path& out) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc != 3) {
     std::cerr << "usage: bigmodel_limits whole|sharded|load|baseline OUT_DIR\n";
     return 2;
@@ -192,3 +194,5 @@ int main(int argc, char** argv) {
   }
   return mode == "load" ? load(acc, out) : train(acc, mode, out);
 }
+
+}  // namespace programs::bigmodel_limits

@@ -20,6 +20,8 @@
 #include <thread>
 #include <utility>
 
+namespace programs::checkpoint_tool {
+
 namespace {
 /// A value in a file of its own (custom_checkpoint.bin), beside the model's: a checkpoint mixed from two saves
 /// shows as a value that differs from the bias.
@@ -87,7 +89,7 @@ struct sharded_saver {
 };
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc < 3) return 2;
   const std::string mode = argv[1];
   if (mode == "save-loop") {  // saves checkpoint after checkpoint into the same directory until killed
@@ -212,3 +214,5 @@ int main(int argc, char** argv) {
   accel::save_model(*net, dir / "roundtrip", 64);  // 64-byte shards: several files and an index
   return difference <= 1e-6 ? 0 : 1;
 }
+
+}  // namespace programs::checkpoint_tool

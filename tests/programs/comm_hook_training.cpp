@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+namespace programs::comm_hook_training {
+
 namespace {
 
 accel::comm_hook hook_named(const std::string& name) {
@@ -75,7 +77,7 @@ torch::nn::Sequential make_model() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr, "usage: comm_hook_training WORK_DIR OUT_FILE [SETTING=VALUE ...]\n");
     return 2;
@@ -117,3 +119,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace programs::comm_hook_training

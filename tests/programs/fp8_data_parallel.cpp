@@ -34,6 +34,8 @@
 #include "fp8_tower.hpp"
 
 #if ACCEL_HAS_FLOAT8
+namespace programs::fp8_data_parallel {
+
 namespace {
 
 using accel_test::tower;
@@ -253,7 +255,7 @@ void compare_gathers(const char* variant, at::ScalarType masters = at::kFloat) {
 }  // namespace
 #endif
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
 #if !ACCEL_HAS_FLOAT8
   std::cerr << "fp8_data_parallel: this LibTorch has no float8 (accel::fp8 needs 2.4 or newer)\n";
   return 77;
@@ -269,3 +271,5 @@ int main(int argc, char** argv) {
   return failures == 0 ? 0 : 1;
 #endif
 }
+
+}  // namespace programs::fp8_data_parallel

@@ -12,6 +12,8 @@
 #include <string>
 
 #if ACCEL_HAS_FLOAT8
+namespace programs::fp8_layer {
+
 namespace {
 
 namespace f = accel::detail::fp8;
@@ -70,7 +72,7 @@ int run(const std::string& file, bool emulate, bool cuda) {
 }  // namespace
 #endif
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
 #if !ACCEL_HAS_FLOAT8
   (void)argc, (void)argv;
   std::cerr << "fp8_layer: this LibTorch has no float8 (accel::fp8 needs 2.4 or newer)\n";
@@ -96,3 +98,5 @@ int main(int argc, char** argv) {
   return 2;
 #endif
 }
+
+}  // namespace programs::fp8_layer

@@ -26,6 +26,8 @@
 
 #include "char_transformer.hpp"
 
+namespace programs::mixed_precision_training {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -145,7 +147,7 @@ int usage() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc != 5) return usage();
   const std::string mode = argv[1], device = argv[2], variant = argv[3];
   const fs::path dir = argv[4];
@@ -169,4 +171,7 @@ int main(int argc, char** argv) {
     std::cerr << "accel_mixed_precision_training: " << error.what() << "\n";
     return 1;
   }
+  return 0;
 }
+
+}  // namespace programs::mixed_precision_training

@@ -21,6 +21,8 @@
 #include <string_view>
 #include <thread>
 
+namespace programs::mlflow_training {
+
 namespace {
 
 accel::mlflow_settings test_settings(const std::string& experiment) {
@@ -96,7 +98,7 @@ void outage() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const std::string_view mode = argc == 3 ? argv[1] : "";
   if (mode == "readback") {
     readback(argv[2]);
@@ -110,3 +112,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace programs::mlflow_training

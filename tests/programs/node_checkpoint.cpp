@@ -63,6 +63,8 @@
 #include <thread>
 #include <vector>
 
+namespace programs::node_checkpoint {
+
 namespace {
 
 constexpr const char* usage =
@@ -362,7 +364,7 @@ int run_mode(std::string_view mode, const std::vector<std::string>& args) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string policy = "data_parallel";
   if (!args.empty() &&
@@ -382,3 +384,5 @@ int main(int argc, char** argv) {
   if (policy == "hybrid_sharded") return run_mode<accel::hybrid_sharded<accel::gloo>>(mode, args);
   return run_mode<accel::data_parallel<accel::gloo>>(mode, args);
 }
+
+}  // namespace programs::node_checkpoint

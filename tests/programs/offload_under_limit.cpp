@@ -24,6 +24,8 @@
 
 #include "offload_model.hpp"
 
+namespace programs::offload_under_limit {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -215,11 +217,14 @@ int driver(const std::string& self, const fs::path& dir) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const std::vector<std::string> args(argv, argv + argc);
   torch::set_num_threads(1);  // the driver's forwards and the child's on one thread each: their times compare
   if (args.size() == 5 && args[1] == "--child") return child(args[2], args[3], std::stoi(args[4]));
   if (args.size() != 2) return std::cerr << "usage: " << args[0] << " DIR\n", 2;
-  const auto self = fs::read_symlink("/proc/self/exe").string();
+  // Its children start as it was started: the name picks this program in accel_test_programs.
+  const auto self = fs::absolute(args[0]).string();
   return driver(self, args[1]);
 }
+
+}  // namespace programs::offload_under_limit

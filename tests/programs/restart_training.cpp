@@ -15,7 +15,9 @@
 #include <utility>
 #include <vector>
 
-int main(int argc, char** argv) {
+namespace programs::restart_training {
+
+int run(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr, "usage: restart_training PROJECT_DIR OUT_FILE\n");
     return 2;
@@ -67,3 +69,5 @@ int main(int argc, char** argv) {
   if (acc.is_main_process()) accel::safetensors::save(argv[2], acc.get_state_dict(model));
   return 0;
 }
+
+}  // namespace programs::restart_training

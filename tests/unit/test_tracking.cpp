@@ -27,7 +27,7 @@ namespace {
 using Catch::Contains;
 using tensorboard_reader::event_file;
 
-std::filesystem::path scratch(const std::string& name) {
+std::filesystem::path tracking_scratch(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / ("accel_tracking_" + name + "_" + std::to_string(::getpid()));
   accel::detail::remove_tree(dir);
   std::filesystem::create_directories(dir);
@@ -90,7 +90,7 @@ TEST_CASE("CRC-32C: the standard check value, RFC 3720's vectors and TFRecord's 
 }
 
 TEST_CASE("tensorboard: every record checks out and decodes to the scalars logged", "[tracking]") {
-  const auto dir = scratch("tensorboard");
+  const auto dir = tracking_scratch("tensorboard");
   const double before = now();
   {
     accel::accelerator<> acc(logging_to(dir, {accel::tracker::tensorboard}));
@@ -137,7 +137,7 @@ TEST_CASE("tensorboard: every record checks out and decodes to the scalars logge
 }
 
 TEST_CASE("tensorboard: the reader catches a corrupted byte and a truncated file", "[tracking]") {
-  const auto dir = scratch("corrupt");
+  const auto dir = tracking_scratch("corrupt");
   {
     accel::accelerator<> acc(logging_to(dir, {accel::tracker::tensorboard}));
     acc.init_trackers("run");
@@ -160,7 +160,7 @@ TEST_CASE("tensorboard: the reader catches a corrupted byte and a truncated file
 }
 
 TEST_CASE("csv: one row per metric, names quoted, non-finite values as Python writes them", "[tracking]") {
-  const auto dir = scratch("csv");
+  const auto dir = tracking_scratch("csv");
   const double before = now();
   {
     accel::accelerator<> acc(logging_to(dir, {accel::tracker::csv}));
@@ -181,7 +181,7 @@ TEST_CASE("csv: one row per metric, names quoted, non-finite values as Python wr
 }
 
 TEST_CASE("json lines: one object per log call, keys escaped, NaN and Infinity as Python's json", "[tracking]") {
-  const auto dir = scratch("jsonl");
+  const auto dir = tracking_scratch("jsonl");
   const double before = now();
   {
     accel::accelerator<> acc(logging_to(dir, {accel::tracker::json_lines}));
@@ -199,7 +199,7 @@ TEST_CASE("json lines: one object per log call, keys escaped, NaN and Infinity a
 }
 
 TEST_CASE("init_trackers writes config.json in the run directory, under logging_dir when set", "[tracking]") {
-  const auto dir = scratch("config");
+  const auto dir = tracking_scratch("config");
   accel::options opts = logging_to(dir / "project", {accel::tracker::csv, accel::tracker::json_lines});
   opts.project.logging_dir = (dir / "logs").string();
   accel::accelerator<> acc(opts);
@@ -229,7 +229,7 @@ TEST_CASE("init_trackers writes config.json in the run directory, under logging_
 }
 
 TEST_CASE("a tensor metric is read when written, one that is not a single element is refused", "[tracking]") {
-  const auto dir = scratch("tensor");
+  const auto dir = tracking_scratch("tensor");
   auto recorder = std::make_shared<recording_tracker>();
   accel::accelerator<> acc(logging_to(dir, {accel::tracker::json_lines}));
   acc.init_trackers("run", {}, {recorder});
@@ -259,7 +259,7 @@ TEST_CASE("log without a step uses the number of earlier log calls", "[tracking]
 }
 
 TEST_CASE("log before init_trackers: an error naming the fix, without trackers, nothing", "[tracking]") {
-  const auto dir = scratch("early");
+  const auto dir = tracking_scratch("early");
   accel::accelerator<> with_trackers(logging_to(dir, {accel::tracker::csv}));
   CHECK_THROWS_AS(with_trackers.log({{"loss", 1}}), std::logic_error);
   CHECK_THROWS_WITH(with_trackers.log({{"loss", 1}}), Contains("acc.init_trackers(\"project\")"));
@@ -278,7 +278,7 @@ TEST_CASE("log before init_trackers: an error naming the fix, without trackers, 
 }
 
 TEST_CASE("a user-defined tracker receives the configuration, the metrics and finish, once", "[tracking]") {
-  const auto dir = scratch("user");
+  const auto dir = tracking_scratch("user");
   auto recorder = std::make_shared<recording_tracker>();
   {
     accel::accelerator<> acc(logging_to(dir, {accel::tracker::csv}));
@@ -312,7 +312,7 @@ TEST_CASE("a user-defined tracker receives the configuration, the metrics and fi
 }
 
 TEST_CASE("every file is complete after each log, without end_training, end_training closes them", "[tracking]") {
-  const auto dir = scratch("flush");
+  const auto dir = tracking_scratch("flush");
   using accel::tracker;
   accel::accelerator<> acc(logging_to(dir, {tracker::csv, tracker::json_lines, tracker::tensorboard}));
   acc.init_trackers("run");
@@ -335,7 +335,7 @@ TEST_CASE("every file is complete after each log, without end_training, end_trai
 }
 
 TEST_CASE("a resumed run appends to its files: one CSV header", "[tracking]") {
-  const auto dir = scratch("resume");
+  const auto dir = tracking_scratch("resume");
   for (int run = 0; run < 2; ++run) {
     accel::accelerator<> acc(logging_to(dir, {accel::tracker::csv, accel::tracker::json_lines}));
     acc.init_trackers("run");
@@ -350,7 +350,7 @@ TEST_CASE("a resumed run appends to its files: one CSV header", "[tracking]") {
 }
 
 TEST_CASE("a logging directory that cannot be created names the path and the OS error", "[tracking]") {
-  const auto dir = scratch("unwritable");
+  const auto dir = tracking_scratch("unwritable");
   std::ofstream(dir / "a_file") << "not a directory";
   accel::accelerator<> acc(logging_to(dir / "a_file", {accel::tracker::csv}));
   CHECK_THROWS_WITH(acc.init_trackers("run"), Contains((dir / "a_file" / "run").string()) &&
