@@ -204,9 +204,9 @@ build_targets() {
     targets+=(accel_tests accel_dist_tests accel_selftest linear_regression char_lm)
   fi
   needs nccl && targets+=(accel_nccl_check)
-  { needs autocast || needs resume; } && targets+=(accel_test_programs)  # accel_mixed_precision_training
+  { needs autocast || needs resume; } && targets+=(accel_test_programs)  # its link accel_mixed_precision_training
   needs adamw && targets+=(accel_tests)
-  needs fp8 && targets+=(accel_test_programs bench_fp8_step)  # accel_fp8_layer
+  needs fp8 && targets+=(accel_test_programs bench_fp8_step)  # its link accel_fp8_layer
   needs bench && targets+=(bench_mlp_step bench_gpu_step)
   printf -- '--target %s ' "${targets[@]}"
 }

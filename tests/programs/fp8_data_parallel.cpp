@@ -33,9 +33,9 @@
 
 #include "fp8_tower.hpp"
 
-#if ACCEL_HAS_FLOAT8
 namespace programs::fp8_data_parallel {
 
+#if ACCEL_HAS_FLOAT8
 namespace {
 
 using accel_test::tower;

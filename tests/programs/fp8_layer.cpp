@@ -11,9 +11,9 @@
 #include <iostream>
 #include <string>
 
-#if ACCEL_HAS_FLOAT8
 namespace programs::fp8_layer {
 
+#if ACCEL_HAS_FLOAT8
 namespace {
 
 namespace f = accel::detail::fp8;

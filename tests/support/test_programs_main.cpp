@@ -5,22 +5,22 @@
 #include <filesystem>
 #include <string>
 
-#define ACCEL_TEST_PROGRAM(name)  \
-  namespace programs::name {      \
-  int run(int argc, char** argv); \
+#define ACCEL_TEST_PROGRAM(name, link) \
+  namespace programs::name {           \
+  int run(int argc, char** argv);      \
   }
-#include "test_programs.inc"  // ACCEL_TEST_PROGRAM(name) for each program, written by tests/CMakeLists.txt
+#include "test_programs.inc"  // ACCEL_TEST_PROGRAM(name, link) for each program, written by tests/CMakeLists.txt
 #undef ACCEL_TEST_PROGRAM
 
 int main(int argc, char** argv) {
   const auto started_as = std::filesystem::path(argv[0]).filename().string();
-#define ACCEL_TEST_PROGRAM(name) \
-  if (started_as == "accel_" #name) return programs::name::run(argc, argv);
+#define ACCEL_TEST_PROGRAM(name, link) \
+  if (started_as == link) return programs::name::run(argc, argv);
 #include "test_programs.inc"
 #undef ACCEL_TEST_PROGRAM
   std::fprintf(stderr,
                "accel_test_programs: started as %s, which is none of its programs: start it through one of the "
-               "links beside it, accel_PROGRAM (tests/CMakeLists.txt lists them)\n",
+               "links beside it (tests/CMakeLists.txt makes them)\n",
                started_as.c_str());
   return 2;
 }
