@@ -14,6 +14,10 @@
 /// all-gathered before the forward (per unit with shard units) and each gradient bucket reduce-scattered. Checkpoints
 /// hold whole weights and optimizer state (gathered over dp_shard, then over tp), so they load under any tp size or
 /// on one process.
+///
+/// `hybrid_sharded_tensor_parallel` adds dp_replicate (3-D: Accelerate's `ParallelismConfig(dp_replicate_size=R,
+/// dp_shard_size=S, tp_size=T)`): the same within each dp_shard group, each reduced gradient segment then all-reduced
+/// across dp_replicate, as `accel::hybrid_sharded` does.
 #pragma once
 
 #include "hybrid_sharded.hpp"
@@ -28,46 +32,50 @@
 namespace accel {
 namespace detail::tp {
 
-/// `mesh` (checked for tensor parallelism already) checked for sharding beside it: dp_shard above 1, no
-/// dp_replicate. Throws `accel::mesh_error` naming the sizes and the fix.
-inline void check_sharded_beside_tp(const mesh_layout& mesh) {
-  const std::string policy = "accel::fully_sharded_tensor_parallel: ";
+/// Whether a policy sharding beside tensor parallelism replicates its shards across the "dp_replicate" group (HSDP).
+enum class shard_replicas { none, across_dp_replicate };
+
+/// `mesh` (checked for tensor parallelism already) checked for sharding beside it: dp_shard above 1, and dp_replicate
+/// above 1 exactly when the policy replicates its shards. Throws `accel::mesh_error` naming the sizes and the fix.
+inline void check_sharded_beside_tp(const mesh_layout& mesh, std::string_view policy_name, shard_replicas replicas) {
+  const bool hybrid = replicas == shard_replicas::across_dp_replicate;
+  const std::string policy = std::string(policy_name) + ": ";
   const auto& sizes = mesh.sizes();
   if (sizes.dp_shard < 2)
     throw mesh_error(policy + "the mesh " + describe(sizes) +
                      " has no dp_shard dimension to shard over (dp_shard must be above 1): start it with accel "
                      "launch --parallelism_config_dp_shard_size D --parallelism_config_tp_size T (D x T = the "
-                     "processes); without dp_shard use accel::tensor_parallel");
-  if (sizes.dp_replicate > 1)
+                     "processes, times dp_replicate); without dp_shard use accel::tensor_parallel");
+  if (!hybrid && sizes.dp_replicate > 1)
     throw mesh_error(policy + "the mesh " + describe(sizes) +
-                     " has dp_replicate above 1; sharding beside tensor parallelism is built over dp_shard alone: "
-                     "set dp_replicate to 1 (fold it into dp_shard), or use accel::tensor_parallel, which replicates "
-                     "over dp_replicate x dp_shard");
+                     " has dp_replicate above 1, across which this policy does not replicate its shards: use "
+                     "accel::hybrid_sharded_tensor_parallel (HSDP beside tp), or set dp_replicate to 1");
+  if (hybrid && sizes.dp_replicate < 2)
+    throw mesh_error(policy + "the mesh " + describe(sizes) +
+                     " has no dp_replicate dimension to replicate the shards across (dp_replicate must be above 1): "
+                     "start it with accel launch --parallelism_config_dp_replicate_size R; with dp_replicate = 1 use "
+                     "accel::fully_sharded_tensor_parallel");
 }
 
-}  // namespace detail::tp
-
-/// Tensor parallelism over `Backend` on the "tp" group with `fully_sharded` over the "dp_shard" group (tp and dp_shard
-/// above 1, no dp_replicate or cp). The processes, the data (divided by the dp_shard rank: the tp peers read the same
-/// batches) and every query and collective are the whole job's. Every process of the job constructs it at the same
-/// point (it makes the mesh's groups).
+/// What `fully_sharded_tensor_parallel` and `hybrid_sharded_tensor_parallel` share: tensor parallelism beside
+/// `fully_sharded` narrowed to the "dp_shard" group, its shard units gathering on a group of their own, and (on a
+/// mesh with dp_replicate, which the hybrid policy requires and the other refuses) each reduced gradient segment
+/// all-reduced across the "dp_replicate" group, as `hybrid_sharded` does.
 template <class Backend>
-struct fully_sharded_tensor_parallel : detail::tp::tensor_parallel_beside<fully_sharded<Backend>> {
-  explicit fully_sharded_tensor_parallel(const options& opts)
-      : detail::tp::tensor_parallel_beside<fully_sharded<Backend>>(opts, "accel::fully_sharded_tensor_parallel") {
-    detail::tp::check_sharded_beside_tp(this->mesh().layout());
+struct sharded_beside_tp : tensor_parallel_beside<fully_sharded<Backend>> {
+  sharded_beside_tp(const options& opts, std::string_view policy, shard_replicas replicas)
+      : tensor_parallel_beside<fully_sharded<Backend>>(opts, policy) {
+    const auto& mesh = this->mesh();
+    check_sharded_beside_tp(mesh.layout(), policy, replicas);
     if (opts.sharding.state_dict != state_dict_type::full)
-      throw std::invalid_argument(
-          "accel::fully_sharded_tensor_parallel: options::sharding.state_dict = sharded writes each process's flat "
-          "shards, which here are shards of tp slices; leave it at state_dict_type::full (whole weights, which load "
-          "under any tp size or on one process)");
-    auto& shard_group = this->mesh().group("dp_shard");
+      throw std::invalid_argument(std::string(policy) +
+                                  ": options::sharding.state_dict = sharded writes each process's flat shards, which "
+                                  "here are shards of tp slices; leave it at state_dict_type::full (whole weights, "
+                                  "which load under any mesh or on one process)");
+    auto& shard_group = mesh.group("dp_shard");
     this->narrow_to(shard_group);
+    if (replicas == shard_replicas::across_dp_replicate) this->replicate_gradients_across(mesh.group("dp_replicate"));
     this->gather_units_on(detail::separate_group_of(shard_group, "accel/fsdp_tp/unit_gathers"));
-  }
-
-  [[nodiscard]] static std::string name() {
-    return "fully_sharded_tensor_parallel<" + std::string(Backend::name) + ">";
   }
 
   /// Checkpoints hold whole weights: `load_state` reads them into the full parameters and each process keeps its
@@ -80,6 +88,44 @@ struct fully_sharded_tensor_parallel : detail::tp::tensor_parallel_beside<fully_
   [[nodiscard]] static std::optional<parameter_shard> shard_of(const at::Tensor&) { return std::nullopt; }
 };
 
+}  // namespace detail::tp
+
+/// Tensor parallelism over `Backend` on the "tp" group with `fully_sharded` over the "dp_shard" group (tp and dp_shard
+/// above 1, no dp_replicate or cp). The processes, the data (divided by the dp rank: the tp peers read the same
+/// batches) and every query and collective are the whole job's. Every process of the job constructs it at the same
+/// point (it makes the mesh's groups).
+template <class Backend>
+struct fully_sharded_tensor_parallel : detail::tp::sharded_beside_tp<Backend> {
+  explicit fully_sharded_tensor_parallel(const options& opts)
+      : detail::tp::sharded_beside_tp<Backend>(opts, "accel::fully_sharded_tensor_parallel",
+                                               detail::tp::shard_replicas::none) {}
+
+  [[nodiscard]] static std::string name() {
+    return "fully_sharded_tensor_parallel<" + std::string(Backend::name) + ">";
+  }
+};
+
+/// 3-D parallelism (Accelerate's `ParallelismConfig(dp_replicate_size=R, dp_shard_size=S, tp_size=T)`, FSDP2's HSDP
+/// `fully_shard(mesh=mesh["dp_replicate", "dp_shard"])` over a model `parallelize_module` split on `mesh["tp"]`):
+/// `fully_sharded_tensor_parallel` within each dp_shard group, its shards replicated across the dp_replicate groups
+/// as `hybrid_sharded` replicates them (each gradient bucket reduce-scattered within dp_shard, then its reduced
+/// segment all-reduced across dp_replicate). Each process holds 1/S of its tp rank's state.
+///
+///     // accel launch --nproc_per_node 8 --parallelism_config_dp_replicate_size 2
+///     //   --parallelism_config_dp_shard_size 2 --parallelism_config_tp_size 2
+///     accel::accelerator<accel::bf16, accel::hybrid_sharded_tensor_parallel<accel::gloo>> acc;
+///     accel::parallelize_module(acc, model, plan);  // then the optimizer, then prepare, as under tensor_parallel
+template <class Backend>
+struct hybrid_sharded_tensor_parallel : detail::tp::sharded_beside_tp<Backend> {
+  explicit hybrid_sharded_tensor_parallel(const options& opts)
+      : detail::tp::sharded_beside_tp<Backend>(opts, "accel::hybrid_sharded_tensor_parallel",
+                                               detail::tp::shard_replicas::across_dp_replicate) {}
+
+  [[nodiscard]] static std::string name() {
+    return "hybrid_sharded_tensor_parallel<" + std::string(Backend::name) + ">";
+  }
+};
+
 }  // namespace accel
 
 #else  // a LibTorch without the routing key
@@ -88,6 +134,8 @@ namespace accel {
 /// Refused at compile time, as `accel::tensor_parallel` is.
 template <class Backend>
 struct fully_sharded_tensor_parallel : tensor_parallel<Backend> {};
+template <class Backend>
+struct hybrid_sharded_tensor_parallel : tensor_parallel<Backend> {};
 }  // namespace accel
 
 #endif  // ACCEL_HAS_LINEAR_ROUTING

@@ -39,9 +39,11 @@ struct fully_sharded;
 // Hybrid sharding, HSDP (hybrid_sharded.hpp).
 template <class Backend>
 struct hybrid_sharded;
-// Fully sharded data parallelism beside tensor parallelism (fully_sharded_tensor_parallel.hpp).
+// Fully sharded and hybrid sharded data parallelism beside tensor parallelism (fully_sharded_tensor_parallel.hpp).
 template <class Backend>
 struct fully_sharded_tensor_parallel;
+template <class Backend>
+struct hybrid_sharded_tensor_parallel;
 
 // Accumulation policies (accumulation.hpp).
 template <int N>

@@ -583,6 +583,7 @@ TEST_CASE("a checkpoint saved at tp = 2 resumes at tp = 1 and tp = 4 as one proc
 namespace {
 
 using fsdp_tp_policy = accel::fully_sharded_tensor_parallel<accel::gloo>;
+using hsdp_tp_policy = accel::hybrid_sharded_tensor_parallel<accel::gloo>;
 
 /// The tp-local numbers of elements of `net`'s trainable parameters in its order (the reducer's), from the shard
 /// layout (the parameters themselves hold this process's slice between steps).
@@ -600,15 +601,20 @@ std::vector<std::int64_t> tp_local_sizes(torch::nn::Module& net, const accel::de
 
 }  // namespace
 
-TEST_CASE(
-    "mesh: fully_sharded_tensor_parallel trains char_lm's transformer as one process on the whole batch, "
-    "within 1e-5 over 50 steps, with dp_shard's collectives counted",
-    "[fsdp_tp][fsdp_tp_parity]") {
-  accel::accelerator<accel::fp32, fsdp_tp_policy> acc;
+namespace {
+
+/// Under `Policy` (fully_sharded_tensor_parallel or hybrid_sharded_tensor_parallel), char_lm's transformer trains as
+/// one process on the whole batch within 1e-5 over 50 steps; per step the tp all-reduces are tensor_parallel's, the
+/// dp_shard group's all-gathers and reduce-scatters and the dp_replicate group's all-reduces are counted against
+/// their formulas.
+template <class Policy>
+void check_sharded_tp_parity() {
+  accel::accelerator<accel::fp32, Policy> acc;
   const int tp = acc.parallel().mesh().layout().size("tp");
+  const int R = acc.parallel().mesh().layout().sizes().dp_replicate;
   const auto expected = train_char_transformer_alone(acc.num_processes() / tp);
   auto net = split_char_transformer(acc, char_transformer_plan());
-  std::uint64_t gathers = 0, gathered = 0, scatters = 0, scattered = 0;
+  std::uint64_t gathers = 0, gathered = 0, scatters = 0, scattered = 0, replicated = 0;
   int step = 0;
   const auto tp_counts = [](const accel::tensor_parallel_counts& before, const accel::tensor_parallel_counts& after) {
     CHECK(after.forward_all_reduces - before.forward_all_reduces == 1 + 2 * 2);  // tensor_parallel's, unchanged
@@ -630,38 +636,45 @@ TEST_CASE(
       segments += bucket.size();
     }
     INFO("step " << step << ": all-gathers " << shards->all_gather_count() << ", reduce-scatters "
-                 << reducer->reduce_scatter_count());
+                 << reducer->reduce_scatter_count() << ", elements across dp_replicate "
+                 << reducer->replica_elements());
     // Per step, within dp_shard: one all-gather per gather bucket before the forward (no shard units), one
     // reduce-scatter per gradient bucket in backward; the tp all-reduces are tp_counts', unchanged.
     CHECK(shards->all_gather_count() - gathers == shards->bucket_count());
     CHECK(shards->all_gathered_elements() - gathered == static_cast<std::uint64_t>(shards->gather_payload_elements()));
     CHECK(reducer->reduce_scatter_count() - scatters == reducer->bucket_layout().size());
     CHECK(reducer->payload_elements() - scattered == segments * static_cast<std::uint64_t>(S));
+    // Across dp_replicate (hybrid_sharded's rule): each bucket's reduced segment all-reduced once, none without it.
+    CHECK(reducer->replica_elements() - replicated == (R > 1 ? segments : 0));
     gathers = shards->all_gather_count();
     gathered = shards->all_gathered_elements();
     scatters = reducer->reduce_scatter_count();
     scattered = reducer->payload_elements();
+    replicated = reducer->replica_elements();
     ++step;
   };
   check_within_1e5(train_split(acc, net, tp_counts, dp_shard_counts), expected);
   CHECK(step == steps);
 }
 
-TEST_CASE(
-    "mesh: fully_sharded_tensor_parallel trains and clips an MLP as one process, holding 1/dp_shard of the tp "
-    "slices' state",
-    "[fsdp_tp][fsdp_tp_state]") {
-  accel::accelerator<accel::fp32, fsdp_tp_policy> acc;
+/// Under `Policy`, an MLP trains and clips (AdamW) as one process on the whole batch, each process holding 1/dp_shard
+/// of its tp slices' state; the sharded checkpoint format is refused.
+template <class Policy>
+void check_sharded_tp_state() {
+  CHECK_THROWS_WITH(Policy(accel::options{.sharding = {.state_dict = accel::state_dict_type::sharded}}),
+                    Catch::Matchers::Contains(Policy::name().substr(0, Policy::name().find('<'))) &&
+                        Catch::Matchers::Contains("leave it at state_dict_type::full"));
+  accel::accelerator<accel::fp32, Policy> acc;
   const auto& layout = acc.parallel().mesh().layout();
-  const int tp = layout.size("tp"), S = layout.size("dp_shard");
-  const auto expected = train_alone(S);
+  const int tp = layout.size("tp"), S = layout.size("dp_shard"), R = layout.sizes().dp_replicate;
+  const auto expected = train_alone(R * S);
   torch::manual_seed(acc.process_index() == 0 ? 3 : 17 + acc.process_index());
   mlp net;
   accel::parallelize_module(acc, net, mlp_plan);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
   std::vector<std::int64_t> local_sizes = sizes_of(net->parameters());  // the tp slices, before sharding
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
-  for (int i = 0; i < steps * S; ++i) batches.push_back(batch(i));
+  for (int i = 0; i < steps * R * S; ++i) batches.push_back(batch(i));
   auto [model, opt, data] = acc.prepare(net, optimizer, batches);
   run got;
   for (const auto& [x, y] : data) {
@@ -703,18 +716,59 @@ TEST_CASE(
   CHECK(group_total.item<double>() == static_cast<double>(8 * local_elements));
 }
 
+}  // namespace
+
 TEST_CASE(
-    "mesh: fully_sharded_tensor_parallel refuses a mesh without dp_shard, with dp_replicate, and the sharded "
-    "checkpoint format, naming the fix",
+    "mesh: fully_sharded_tensor_parallel trains char_lm's transformer as one process on the whole batch, "
+    "within 1e-5 over 50 steps, with dp_shard's collectives counted",
+    "[fsdp_tp][fsdp_tp_parity]") {
+  check_sharded_tp_parity<fsdp_tp_policy>();
+}
+
+TEST_CASE(
+    "mesh: fully_sharded_tensor_parallel trains and clips an MLP as one process, holding 1/dp_shard of the tp "
+    "slices' state",
+    "[fsdp_tp][fsdp_tp_state]") {
+  check_sharded_tp_state<fsdp_tp_policy>();
+}
+
+TEST_CASE(
+    "mesh: hybrid_sharded_tensor_parallel (dp_replicate x dp_shard x tp) trains char_lm's transformer as one process "
+    "on the whole batch, within 1e-5 over 50 steps, with dp_shard's and dp_replicate's collectives counted",
+    "[hsdp_tp][hsdp_tp_parity]") {
+  check_sharded_tp_parity<hsdp_tp_policy>();
+}
+
+TEST_CASE(
+    "mesh: hybrid_sharded_tensor_parallel trains and clips an MLP as one process, holding 1/dp_shard of the tp "
+    "slices' state",
+    "[hsdp_tp][hsdp_tp_state]") {
+  check_sharded_tp_state<hsdp_tp_policy>();
+}
+
+TEST_CASE(
+    "mesh: fully_sharded_tensor_parallel and hybrid_sharded_tensor_parallel refuse a mesh without dp_shard, and "
+    "a dp_replicate dimension the one lacks and the other needs, naming the fix",
     "[tp][tp_refusals]") {
   using Catch::Matchers::Contains;
   // This job (tp = 2 on 2 processes) has no dp_shard dimension.
   CHECK_THROWS_WITH(fsdp_tp_policy(accel::options{}),
                     Contains("accel::fully_sharded_tensor_parallel") && Contains("no dp_shard dimension") &&
                         Contains("--parallelism_config_dp_shard_size D") && Contains("use accel::tensor_parallel"));
+  CHECK_THROWS_WITH(hsdp_tp_policy(accel::options{}),
+                    Contains("accel::hybrid_sharded_tensor_parallel") && Contains("no dp_shard dimension"));
+  using accel::detail::tp::check_sharded_beside_tp, accel::detail::tp::shard_replicas;
+  const accel::mesh_layout three_d({.dp_replicate = 2, .dp_shard = 2, .tp = 2}, 8);
+  const accel::mesh_layout two_d({.dp_shard = 2, .tp = 2}, 4);
+  CHECK_THROWS_WITH(check_sharded_beside_tp(three_d, "accel::fully_sharded_tensor_parallel", shard_replicas::none),
+                    Contains("dp_replicate above 1") && Contains("use accel::hybrid_sharded_tensor_parallel"));
   CHECK_THROWS_WITH(
-      accel::detail::tp::check_sharded_beside_tp(accel::mesh_layout({.dp_replicate = 2, .dp_shard = 2, .tp = 2}, 8)),
-      Contains("dp_replicate above 1") && Contains("set dp_replicate to 1"));
+      check_sharded_beside_tp(two_d, "accel::hybrid_sharded_tensor_parallel", shard_replicas::across_dp_replicate),
+      Contains("no dp_replicate dimension") && Contains("--parallelism_config_dp_replicate_size R") &&
+          Contains("use accel::fully_sharded_tensor_parallel"));
+  CHECK_NOTHROW(check_sharded_beside_tp(two_d, "accel::fully_sharded_tensor_parallel", shard_replicas::none));
+  CHECK_NOTHROW(
+      check_sharded_beside_tp(three_d, "accel::hybrid_sharded_tensor_parallel", shard_replicas::across_dp_replicate));
   CHECK_THROWS_WITH(accel::detail::tp::tensor_parallel_mesh(std::nullopt, 2, "accel::fully_sharded_tensor_parallel"),
                     Contains("accel::fully_sharded_tensor_parallel: the mesh has no tp dimension"));
 }
@@ -768,13 +822,16 @@ void check_same_checkpoint(const std::filesystem::path& original, const std::fil
 
 }  // namespace
 
-TEST_CASE(
-    "mesh: fully_sharded_tensor_parallel saves whole weights and optimizer state at dp_shard 2 x tp 2, and "
-    "loads them back bit for bit",
-    "[fsdp_tp_save]") {
-  const auto dir = fsdp_tp_checkpoint("fsdp_tp_2x2");
-  const auto got = train_lm<fsdp_tp_accelerator>(0, 2 * saved_at, {}, dir);  // saved_at steps of 2 dp_shard batches
-  const auto expected = train_lm_alone(2, saved_at);
+namespace {
+
+/// Under `Accelerator` (sharding beside tp on `dp` dp ranks), the language model trained `saved_at` steps equals one
+/// process on the whole batch within 1e-5 and is saved to checkpoint `name`, whose weights are get_state_dict's; the
+/// same job loads it and saves it again, bit for bit.
+template <class Accelerator>
+void check_sharded_tp_save(const std::string& name, int dp) {
+  const auto dir = fsdp_tp_checkpoint(name);
+  const std::vector<torch::Tensor> got = train_lm<Accelerator>(0, dp * saved_at, {}, dir);  // saved_at steps
+  const auto expected = train_lm_alone(dp, saved_at);
   REQUIRE(got.size() == expected.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
     INFO("parameter " << i);
@@ -783,8 +840,38 @@ TEST_CASE(
   const auto [weights, state] = checkpoint_contents(dir);
   REQUIRE(weights.size() == got.size());
   for (std::size_t i = 0; i < got.size(); ++i) CHECK(torch::equal(weights[i], got[i]));  // whole, as get_state_dict's
-  const auto again = fsdp_tp_checkpoint("fsdp_tp_2x2_again");
-  load_and_save<fsdp_tp_accelerator>(dir, again);
+  const auto again = fsdp_tp_checkpoint(name + "_again");
+  load_and_save<Accelerator>(dir, again);
+  check_same_checkpoint(dir, again);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "mesh: fully_sharded_tensor_parallel saves whole weights and optimizer state at dp_shard 2 x tp 2, and "
+    "loads them back bit for bit",
+    "[fsdp_tp_save]") {
+  check_sharded_tp_save<fsdp_tp_accelerator>("fsdp_tp_2x2", 2);
+}
+
+TEST_CASE(
+    "mesh: hybrid_sharded_tensor_parallel saves whole weights and optimizer state at dp_replicate 2 x dp_shard 2 x "
+    "tp 2, and loads them back bit for bit",
+    "[hsdp_tp_save]") {
+  check_sharded_tp_save<accel::accelerator<accel::fp32, hsdp_tp_policy>>("hsdp_tp_2x2x2", 4);
+}
+
+TEST_CASE(
+    "mesh: a checkpoint saved at dp_replicate 2 x dp_shard 2 x tp 2 loads at dp_shard 2 x tp 2 and on one "
+    "process, bit for bit",
+    "[hsdp_tp_load]") {
+  const auto dir = fsdp_tp_checkpoint("hsdp_tp_2x2x2");
+  const bool split = std::getenv("PARALLELISM_CONFIG_TP_SIZE") != nullptr;
+  const auto again = fsdp_tp_checkpoint(split ? "hsdp_tp_loaded_2x2" : "hsdp_tp_loaded_1");
+  if (split)
+    load_and_save<fsdp_tp_accelerator>(dir, again);
+  else
+    load_and_save<accel::accelerator<accel::fp32>>(dir, again);
   check_same_checkpoint(dir, again);
 }
 
