@@ -24,6 +24,7 @@
 #include "tensor_parallel.hpp"
 
 #if ACCEL_HAS_LINEAR_ROUTING
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -64,7 +65,7 @@ inline void check_sharded_beside_tp(const mesh_layout& mesh, std::string_view po
 template <class Backend>
 struct sharded_beside_tp : tensor_parallel_beside<fully_sharded<Backend>> {
   sharded_beside_tp(const options& opts, std::string_view policy, shard_replicas replicas)
-      : tensor_parallel_beside<fully_sharded<Backend>>(opts, policy) {
+      : tensor_parallel_beside<fully_sharded<Backend>>(opts, policy), policy_(policy) {
     const auto& mesh = this->mesh();
     check_sharded_beside_tp(mesh.layout(), policy, replicas);
     if (opts.sharding.state_dict != state_dict_type::full)
@@ -86,6 +87,19 @@ struct sharded_beside_tp : tensor_parallel_beside<fully_sharded<Backend>> {
   static constexpr bool takes_constructed_slices = false;
   /// None: the sharded checkpoint format is refused (a flat shard of a tp slice is no slice of the whole).
   [[nodiscard]] static std::optional<parameter_shard> shard_of(const at::Tensor&) { return std::nullopt; }
+
+  /// At prepare, fp8's float8 all-gather (`enable_fsdp_float8_all_gather`) is refused: it would scale each weight
+  /// by its tp slice's amax, where the split layers cast with the whole weight's.
+  void use_gather_encoding(std::shared_ptr<parameter_encoding> encoding) {
+    if (encoding != nullptr)
+      throw std::invalid_argument(policy_ +
+                                  ": options::fp8.enable_fsdp_float8_all_gather is not built beside tensor "
+                                  "parallelism (it would scale each weight by its tp slice's amax); leave it false: "
+                                  "the weights are then gathered in their own type and still computed in float8");
+  }
+
+ private:
+  std::string policy_;
 };
 
 }  // namespace detail::tp

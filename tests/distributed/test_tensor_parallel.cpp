@@ -576,6 +576,83 @@ TEST_CASE("a checkpoint saved at tp = 2 resumes at tp = 1 and tp = 4 as one proc
   check_as_alone(got, 2 * saved_at);
 }
 
+// fp8 beside tensor parallelism: the split layers' local products in float8, each operand cast with the scale of the
+// whole tensor (its amax maxed over the tp group where the split divides it: DTensor's amax in torchao), so that every
+// gradient a process holds is its slice of one process's fp8 gradient, bit for bit.
+
+namespace {
+
+/// A column-parallel fc1 then a row-parallel fc2, every width a multiple of 16 (fp8 converts both).
+struct fp8_pairImpl : torch::nn::Module {
+  fp8_pairImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(32, 64))),
+        fc2(register_module("fc2", torch::nn::Linear(64, 48))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(fc1(x)); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(fp8_pair);
+
+/// fp8 on every Linear (not only those between the first and the last).
+accel::options every_linear_in_fp8() {
+  accel::options chosen;
+  chosen.fp8.module_filter_func = [](const torch::nn::Module&, const std::string&) { return true; };
+  return chosen;
+}
+
+/// Each of two SGD steps' gradients of fc1's weight and bias and fc2's weight (the loss: the output's sum, whose
+/// gradient is the same on every process), after `net` (process 0's weights) trained under `acc` on fixed rows.
+template <class Accelerator>
+std::vector<torch::Tensor> fp8_pair_gradients(Accelerator& acc, fp8_pair net) {
+  torch::optim::SGD sgd(net->parameters(), 0.05);
+  auto [model, opt] = acc.prepare(net, sgd);
+  std::vector<torch::Tensor> gradients;
+  for (int step = 0; step < 2; ++step) {
+    const auto x = torch::randn({24, 32}, at::make_generator<at::CPUGeneratorImpl>(700 + step));
+    acc.backward(model(x).sum());
+    for (const auto& p : {net->fc1->weight, net->fc1->bias, net->fc2->weight}) gradients.push_back(p.grad().clone());
+    opt.step();
+    opt.zero_grad();
+  }
+  return gradients;
+}
+
+template <class Recipe>
+void check_fp8_beside_tp(std::int64_t amax_all_reduces_per_step) {
+  torch::manual_seed(31);
+  fp8_pair alone;
+  auto alone_options = every_linear_in_fp8();
+  alone_options.parallelism_config = {.dp_replicate_size = 1, .dp_shard_size = 1, .tp_size = 1, .cp_size = 1};
+  accel::accelerator<accel::fp8<Recipe>> one_process(alone_options);  // not the job's mesh: a mesh of one
+  const auto expected = fp8_pair_gradients(one_process, alone);
+
+  accel::accelerator<accel::fp8<Recipe>, accel::tensor_parallel<accel::gloo>> acc(every_linear_in_fp8());
+  torch::manual_seed(acc.process_index() == 0 ? 31 : 310 + acc.process_index());
+  fp8_pair net;
+  accel::parallelize_module(acc, net, {{"fc1", accel::colwise_parallel{}}, {"fc2", accel::rowwise_parallel{}}});
+  const auto got = fp8_pair_gradients(acc, net);
+  CHECK((acc.precision().converted_layers() == std::vector<std::string>{"fc1", "fc2"}));
+  const int rank = acc.tensor_parallel_rank(), tp = acc.parallel().mesh().layout().size("tp");
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const std::int64_t dimension = i % 3 == 2 ? 1 : 0;  // fc2's weight splits its input features
+    INFO("step " << i / 3 << ", gradient " << i % 3);
+    CHECK(torch::equal(got[i], accel::detail::tp::slice_of(expected[i], dimension, 1, rank, tp)));
+  }
+  CHECK(acc.parallel().all_reduces().amax_all_reduces == 2 * amax_all_reduces_per_step);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "mesh: fp8 computes tensor-parallel layers in float8 with the whole tensors' scales: each process's gradients are "
+    "its slices of one process's, bit for bit",
+    "[tp_fp8]") {
+  // Tensorwise: per step fc1's weight (forward) and output gradient (backward), fc2's input and weight (forward).
+  check_fp8_beside_tp<accel::tensorwise_scaling>(4);
+  // Delayed: the scales come from the amaxes maxed over every process at each step; no cast reduces.
+  check_fp8_beside_tp<accel::delayed_scaling>(0);
+}
+
 // Fully sharded data parallelism beside tensor parallelism (accel/fully_sharded_tensor_parallel.hpp), as `accel
 // launch --parallelism_config_dp_shard_size 2 --parallelism_config_tp_size 2` starts it on 4 processes
 // (mesh.fsdp_tp.* in tests/CMakeLists.txt): each tp rank's slices sharded over its dp_shard group.
@@ -658,12 +735,22 @@ void check_sharded_tp_parity() {
 }
 
 /// Under `Policy`, an MLP trains and clips (AdamW) as one process on the whole batch, each process holding 1/dp_shard
-/// of its tp slices' state; the sharded checkpoint format is refused.
+/// of its tp slices' state; the sharded checkpoint format and fp8's float8 all-gather are refused.
 template <class Policy>
 void check_sharded_tp_state() {
+  using Catch::Matchers::Contains;
+  const auto policy = Policy::name().substr(0, Policy::name().find('<'));
   CHECK_THROWS_WITH(Policy(accel::options{.sharding = {.state_dict = accel::state_dict_type::sharded}}),
-                    Catch::Matchers::Contains(Policy::name().substr(0, Policy::name().find('<'))) &&
-                        Catch::Matchers::Contains("leave it at state_dict_type::full"));
+                    Contains(policy) && Contains("leave it at state_dict_type::full"));
+  {
+    accel::options gathered_in_float8;
+    gathered_in_float8.fp8.enable_fsdp_float8_all_gather = true;
+    accel::accelerator<accel::fp8<>, Policy> fp8_acc(gathered_in_float8);
+    mlp net;
+    accel::parallelize_module(fp8_acc, net, mlp_plan);
+    CHECK_THROWS_WITH(fp8_acc.prepare(net), Contains(policy) && Contains("enable_fsdp_float8_all_gather is not built "
+                                                                         "beside tensor parallelism"));
+  }
   accel::accelerator<accel::fp32, Policy> acc;
   const auto& layout = acc.parallel().mesh().layout();
   const int tp = layout.size("tp"), S = layout.size("dp_shard"), R = layout.sizes().dp_replicate;

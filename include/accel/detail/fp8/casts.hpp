@@ -14,6 +14,7 @@
 #if ACCEL_HAS_FLOAT8
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "../../options.hpp"
@@ -61,9 +62,16 @@ struct scaled {
   at::Tensor scale;
 };
 
-/// Dynamic scaling (torchao): the scale from `x`'s own amax, over the tensor or along `axis`.
-inline scaled cast_dynamic(const at::Tensor& x, c10::ScalarType dtype, std::optional<int64_t> axis, bool power_of_2) {
-  auto scale = amax_to_scale(amax(x, axis), dtype, power_of_2);
+/// An amax made the whole tensor's, in place (a tensor-parallel slice's amax maxed over its group); empty: none.
+using amax_reduction = std::function<void(at::Tensor&)>;
+
+/// Dynamic scaling (torchao): the scale from `x`'s own amax, over the tensor or along `axis`; `whole` first makes it
+/// the amax of the tensor `x` is a part of (DTensor's amax of a sharded tensor, in torchao under tensor parallelism).
+inline scaled cast_dynamic(const at::Tensor& x, c10::ScalarType dtype, std::optional<int64_t> axis, bool power_of_2,
+                           const amax_reduction& whole = {}) {
+  auto max = amax(x, axis);
+  if (whole) whole(max);
+  auto scale = amax_to_scale(max, dtype, power_of_2);
   return {cast(x, scale, dtype), scale};
 }
 

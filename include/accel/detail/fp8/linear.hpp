@@ -21,6 +21,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -52,6 +53,22 @@ struct layer_plan {
   std::optional<scaled> gathered = std::nullopt;
 };
 
+/// The dimensions of a Linear's product out[M, N] = x[M, K] w[N, K]ᵀ: an operand has two (x: M, K; w: N, K; the
+/// output's gradient: M, N).
+enum class product_dim { M, N, K };
+
+/// What makes the amax of an operand with dimensions `dims` the whole tensor's, when the product is a local part of
+/// one split as `split` says (null: whole): the group's max, where the amax spans (along `axis`; none: over both
+/// dimensions) the dimension the split divides; nothing else.
+inline amax_reduction whole_amax(const routing::product_split* split, std::array<product_dim, 2> dims,
+                                 std::optional<int64_t> axis) {
+  if (split == nullptr) return {};
+  const auto divided =
+      split->split == routing::product_split::dimension::output_features ? product_dim::N : product_dim::K;
+  const bool spans = axis ? dims[static_cast<std::size_t>(*axis)] == divided : dims[0] == divided || dims[1] == divided;
+  return spans ? split->max_over_group : amax_reduction{};
+}
+
 /// A Linear's three matmuls in float8 (torchao's `matmul_with_hp_or_float8_args`), on a 2-D input x (the rows of
 /// every leading dimension): out = x @ weightᵀ with both
 /// cast (fast accumulation, as torchao's and TransformerEngine's forward); in backward, grad_input = g @ weight and
@@ -59,8 +76,8 @@ struct layer_plan {
 /// compute type), gradients in the gradient's (autograd converts the weight's to its master type).
 struct linear_function : torch::autograd::Function<linear_function> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const layer_plan& plan) {
-    const auto [x8, w8] = forward_casts(x, weight, plan);
+                            const layer_plan& plan, const routing::product_split* split) {
+    const auto [x8, w8] = forward_casts(x, weight, plan, split);
     auto out = scaled_mm(x8, {w8.data.t(), w8.scale.t()}, x.scalar_type(), true, plan.pad_inner_dim, plan.emulate);
     if (plan.kind == scaling::rowwise)
       ctx->save_for_backward({x, weight});  // recast along the other axis in backward
@@ -70,6 +87,7 @@ struct linear_function : torch::autograd::Function<linear_function> {
     ctx->saved_data["grad_dtype"] = static_cast<int64_t>(dtype_of(plan.format, role::grad_output));
     ctx->saved_data["pad"] = plan.pad_inner_dim;
     ctx->saved_data["emulate"] = plan.emulate;
+    ctx->saved_data["split"] = static_cast<int64_t>(reinterpret_cast<std::intptr_t>(split));  // lives as the policy
     if (plan.delayed) {
       ctx->saved_data["grad_scale"] = plan.delayed->scale(plan.column + 2);
       ctx->saved_data["grad_slot"] = plan.delayed->slot(plan.column + 2);
@@ -84,24 +102,30 @@ struct linear_function : torch::autograd::Function<linear_function> {
     const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["grad_dtype"].toInt());
     const bool pad = ctx->saved_data["pad"].toBool(), emulate = ctx->saved_data["emulate"].toBool();
     const auto saved = ctx->get_saved_variables();
+    const auto* split =
+        reinterpret_cast<const routing::product_split*>(static_cast<std::intptr_t>(ctx->saved_data["split"].toInt()));
+    using enum product_dim;
     at::Tensor grad_input, grad_weight;
     if (kind == scaling::rowwise) {
       // torchao's rowwise recipe: each operand scaled along the dimension its matmul keeps.
       const auto &x = saved[0], &weight = saved[1];
-      const auto g_rows = cast_dynamic(g, dtype, 1, true), g_columns = cast_dynamic(g, dtype, 0, true);
-      grad_input =
-          scaled_mm(g_rows, cast_dynamic(weight, at::kFloat8_e4m3fn, 0, true), g.scalar_type(), false, pad, emulate);
-      grad_weight = scaled_mm({g_columns.data.t(), g_columns.scale.t()}, cast_dynamic(x, at::kFloat8_e4m3fn, 0, true),
-                              g.scalar_type(), false, pad, emulate);
+      const auto g_rows = cast_dynamic(g, dtype, 1, true, whole_amax(split, {M, N}, 1));
+      const auto g_columns = cast_dynamic(g, dtype, 0, true, whole_amax(split, {M, N}, 0));
+      const auto w_columns = cast_dynamic(weight, at::kFloat8_e4m3fn, 0, true, whole_amax(split, {N, K}, 0));
+      const auto x_columns = cast_dynamic(x, at::kFloat8_e4m3fn, 0, true, whole_amax(split, {M, K}, 0));
+      grad_input = scaled_mm(g_rows, w_columns, g.scalar_type(), false, pad, emulate);
+      grad_weight =
+          scaled_mm({g_columns.data.t(), g_columns.scale.t()}, x_columns, g.scalar_type(), false, pad, emulate);
     } else {
       const scaled x8{saved[0], saved[1]}, w8{saved[2], saved[3]};
-      const auto g8 = kind == scaling::delayed ? cast_delayed(g, ctx->saved_data["grad_scale"].toTensor(),
-                                                              ctx->saved_data["grad_slot"].toTensor(), dtype)
-                                               : cast_dynamic(g, dtype, std::nullopt, false);
+      const auto g8 = kind == scaling::delayed
+                          ? cast_delayed(g, ctx->saved_data["grad_scale"].toTensor(),
+                                         ctx->saved_data["grad_slot"].toTensor(), dtype)
+                          : cast_dynamic(g, dtype, std::nullopt, false, whole_amax(split, {M, N}, std::nullopt));
       grad_input = scaled_mm(g8, w8, g.scalar_type(), false, pad, emulate);
       grad_weight = scaled_mm({g8.data.t(), g8.scale}, x8, g.scalar_type(), false, pad, emulate);
     }
-    return {grad_input, grad_weight, at::Tensor()};
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor()};  // none for the plan and the split
   }
 
   /// Delayed scaling's cast: the amax recorded for later steps, the scale of this one used.
@@ -111,16 +135,21 @@ struct linear_function : torch::autograd::Function<linear_function> {
     return {cast(x, scale, dtype), scale};
   }
 
-  /// The forward's casts of the input and the weight, by the plan's recipe.
-  static std::pair<scaled, scaled> forward_casts(const at::Tensor& x, const at::Tensor& weight,
-                                                 const layer_plan& plan) {
+  /// The forward's casts of the input and the weight, by the plan's recipe. Delayed scaling needs no `split`: its
+  /// amaxes are maxed over every process at each step (`accel::fp8::step`), the tp group's too.
+  static std::pair<scaled, scaled> forward_casts(const at::Tensor& x, const at::Tensor& weight, const layer_plan& plan,
+                                                 const routing::product_split* split) {
+    using enum product_dim;
     const auto input_type = dtype_of(plan.format, role::input), weight_type = dtype_of(plan.format, role::weight);
     switch (plan.kind) {
       case scaling::tensorwise:
-        return {cast_dynamic(x, input_type, std::nullopt, false),
-                plan.gathered ? *plan.gathered : cast_dynamic(weight, weight_type, std::nullopt, false)};
+        return {cast_dynamic(x, input_type, std::nullopt, false, whole_amax(split, {M, K}, std::nullopt)),
+                plan.gathered
+                    ? *plan.gathered
+                    : cast_dynamic(weight, weight_type, std::nullopt, false, whole_amax(split, {N, K}, std::nullopt))};
       case scaling::rowwise:
-        return {cast_dynamic(x, input_type, 1, true), cast_dynamic(weight, weight_type, 1, true)};
+        return {cast_dynamic(x, input_type, 1, true, whole_amax(split, {M, K}, 1)),
+                cast_dynamic(weight, weight_type, 1, true, whole_amax(split, {N, K}, 1))};
       case scaling::delayed:
         break;
     }
@@ -153,7 +182,8 @@ class layer_table : public routing::linear_router {
 
   /// A listed layer computed in float8, its bias added in the output's type, as torchao does.
   [[nodiscard]] std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
-                                                const at::Tensor* bias) const override;
+                                                const at::Tensor* bias,
+                                                const routing::product_split* split) const override;
 
  private:
   std::deque<layer_plan> plans_;  // stable addresses: forwards hold references to them
@@ -161,7 +191,7 @@ class layer_table : public routing::linear_router {
 
 /// The layer's matmul in float8: its input cast to the autocast type first (torchao's Float8Linear), the casts and
 /// matmuls as written (no autocast inside), the weight parameter itself as autograd's input.
-inline at::Tensor float8_linear(const at::Tensor& input, const layer_plan& plan) {
+inline at::Tensor float8_linear(const at::Tensor& input, const layer_plan& plan, const routing::product_split* split) {
   const auto device = input.device().type();
   const auto x = compat::autocast_enabled(device) ? input.to(compat::autocast_dtype(device)) : input;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -171,7 +201,7 @@ inline at::Tensor float8_linear(const at::Tensor& input, const layer_plan& plan)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Warray-bounds"
 #endif
-  const auto out = linear_function::apply(x.reshape({-1, x.size(-1)}), plan.weight, plan);
+  const auto out = linear_function::apply(x.reshape({-1, x.size(-1)}), plan.weight, plan, split);
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 13
 #pragma GCC diagnostic pop
 #endif
@@ -181,10 +211,10 @@ inline at::Tensor float8_linear(const at::Tensor& input, const layer_plan& plan)
 }
 
 inline std::optional<at::Tensor> layer_table::route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
-                                                    const at::Tensor* bias) const {
+                                                    const at::Tensor* bias, const routing::product_split* split) const {
   const auto* plan = find(operand, transposed);
   if (plan == nullptr) return std::nullopt;
-  const auto out = float8_linear(input, *plan);
+  const auto out = float8_linear(input, *plan, split);
   return bias != nullptr ? out + bias->to(out.scalar_type()) : out;
 }
 

@@ -20,6 +20,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -42,6 +44,17 @@ inline bool is_weight(const at::Tensor& operand, const at::Tensor& weight, bool 
          operand.stride(0) == weight.stride(first) && operand.stride(1) == weight.stride(second);
 }
 
+/// How a routed product out[M, N] = x[M, K] w[N, K]ᵀ is split across a group of processes (tensor parallelism's
+/// local products): each process holds a part of N (a column-parallel layer's output features) or of K (a
+/// row-parallel layer's input features). A router that scales the operands (fp8) takes an amax that spans the split
+/// dimension over the whole group with `max_over_group` (in place), so that every process casts with the scale of
+/// the whole tensor, as one process would.
+struct product_split {
+  enum class dimension { output_features, input_features };
+  dimension split;
+  std::function<void(at::Tensor&)> max_over_group;
+};
+
 /// The layers one policy computes otherwise, found by their weight.
 class linear_router {
  public:
@@ -50,9 +63,11 @@ class linear_router {
   linear_router& operator=(const linear_router&) = default;
   virtual ~linear_router() = default;
   /// The output of the layer whose weight `operand` is (`transposed`: whose `weight.t()` it is) on `input`, with
-  /// `bias` added (null: none); none when `operand` is no listed layer's weight. Runs outside `routing_key`.
+  /// `bias` added (null: none); none when `operand` is no listed layer's weight. `split`: the product is a local part
+  /// of a split one (null: whole). Runs outside `routing_key`.
   [[nodiscard]] virtual std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand,
-                                                        bool transposed, const at::Tensor* bias) const = 0;
+                                                        bool transposed, const at::Tensor* bias,
+                                                        const product_split* split) const = 0;
   /// The output of the embedding whose table `weight` is on `indices`; none when it lists no such embedding.
   [[nodiscard]] virtual std::optional<at::Tensor> route_embedding(const at::Tensor& /*weight*/,
                                                                   const at::Tensor& /*indices*/) const {
@@ -68,8 +83,20 @@ inline thread_local std::vector<const linear_router*> active_routers;
 inline std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
                                        const at::Tensor* bias) {
   for (auto router = active_routers.rbegin(); router != active_routers.rend(); ++router)
-    if (auto out = (*router)->route(input, operand, transposed, bias)) return out;
+    if (auto out = (*router)->route(input, operand, transposed, bias, nullptr)) return out;
   return std::nullopt;
+}
+
+/// `input` times `weight`ᵀ plus `bias` (null: none), a local part of a product split as `split` says, computed by the
+/// first active router outside `inner` that lists `weight` (fp8 computes tensor parallelism's local products), or
+/// by `at::linear` when none does. Runs outside `routing_key`, from `inner`'s `route`.
+inline at::Tensor linear_outside(const linear_router& inner, const at::Tensor& input, const at::Tensor& weight,
+                                 const at::Tensor* bias, const product_split& split) {
+  auto router = std::find(active_routers.rbegin(), active_routers.rend(), &inner);
+  if (router != active_routers.rend()) ++router;
+  for (; router != active_routers.rend(); ++router)
+    if (auto out = (*router)->route(input, weight, false, bias, &split)) return *std::move(out);
+  return at::linear(input, weight, bias != nullptr ? *bias : at::Tensor());
 }
 
 // What LibTorch's Linear calls (its `F::linear`): `addmm(bias, input, weight.t())` for a 2-D input with a bias, else

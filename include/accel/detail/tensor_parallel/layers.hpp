@@ -36,7 +36,9 @@ namespace accel {
 /// all-gather and a reduce-scatter along the sequence: forward, a column-parallel layer all-gathers its input and a
 /// row-parallel one reduce-scatters its output; backward, the mirror. `gradient_all_reduces`: the gradients of the
 /// parameters that see a sequence shard (sequence_parallel norms, a sequence-parallel row-parallel layer's bias),
-/// summed over the group once per backward each.
+/// summed over the group once per backward each. `amax_all_reduces`: under fp8 with dynamic scaling, the amaxes of the
+/// split layers' operands that span a split dimension, maxed over the group (a column-parallel layer's weight forward
+/// and output gradient backward, a row-parallel layer's input and weight forward: tensorwise, one each).
 struct tensor_parallel_counts {
   std::int64_t forward_all_reduces = 0;
   std::int64_t backward_all_reduces = 0;
@@ -45,6 +47,7 @@ struct tensor_parallel_counts {
   std::int64_t backward_all_gathers = 0;
   std::int64_t backward_reduce_scatters = 0;
   std::int64_t gradient_all_reduces = 0;
+  std::int64_t amax_all_reduces = 0;
   friend bool operator==(const tensor_parallel_counts&, const tensor_parallel_counts&) = default;
 };
 
@@ -287,10 +290,17 @@ struct sequence_cut {
 class layer_router : public routing::linear_router {
  public:
   /// `group`: the tp group's collectives, rank and size (its counts start at 0).
-  explicit layer_router(region group) : group_(std::move(group)) {}
+  explicit layer_router(region group)
+      : group_(std::move(group)),
+        column_product_{routing::product_split::dimension::output_features, amax_over_group()},
+        row_product_{routing::product_split::dimension::input_features, amax_over_group()} {}
+  // Its products' reductions point at its group: it stays where it was made (tensor_parallel's, on the heap).
+  layer_router(const layer_router&) = delete;
+  layer_router& operator=(const layer_router&) = delete;
 
   [[nodiscard]] std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
-                                                const at::Tensor* bias) const override {
+                                                const at::Tensor* bias,
+                                                const routing::product_split* /*split*/) const override {
     for (const auto& split_layer : layers_)
       if (split_layer.kind != split::vocabulary && routing::is_weight(operand, split_layer.weight, transposed))
         return compute(input, split_layer, bias);
@@ -329,16 +339,16 @@ class layer_router : public routing::linear_router {
   }
 
  private:
+  /// The local product of a split layer, computed by an outer router where one lists its weight (fp8), else plainly.
   at::Tensor compute(const at::Tensor& input, const layer& split_layer, const at::Tensor* bias) const {
-    const at::Tensor no_bias;
     const auto& sequence = split_layer.sequence_dim;
     if (split_layer.kind == split::columns_of_output) {
       if (sequence) check_sequence(group_, input, *sequence, false, "\"" + split_layer.name + "\"");
       const auto whole = sequence ? apply_function<gather_from_sequence>(group_, input, *sequence)
                                   : apply_function<copy_to_region>(group_, input);
-      return at::linear(whole, split_layer.weight, bias ? *bias : no_bias);
+      return routing::linear_outside(*this, whole, split_layer.weight, bias, column_product_);
     }
-    auto out = reduced(at::linear(input, split_layer.weight, no_bias), split_layer);
+    auto out = reduced(routing::linear_outside(*this, input, split_layer.weight, nullptr, row_product_), split_layer);
     return bias != nullptr ? out + *bias : out;  // once, after the sum
   }
   /// A row-parallel layer's (or the vocabulary-parallel embedding's) partial `out` summed over the group: all-reduced,
@@ -363,7 +373,18 @@ class layer_router : public routing::linear_router {
     return apply_function<scatter_to_sequence>(group_, whole, cut.dimension);
   }
 
-  mutable region group_;  // the autograd functions count into it
+  /// The group's in-place max of an amax (fp8's scales of split operands), counted.
+  std::function<void(at::Tensor&)> amax_over_group() {
+    return [this](at::Tensor& amax) {
+      auto flat = amax.view({-1});  // a scalar amax as a tensor of one element: the collective's shape
+      group_.all_reduce(flat, reduction::max);
+      ++group_.counts.amax_all_reduces;
+    };
+  }
+
+  mutable region group_;                   // the autograd functions count into it
+  routing::product_split column_product_;  // a column-parallel layer's local product: the output features split
+  routing::product_split row_product_;     // a row-parallel layer's: the input features split
   std::deque<layer> layers_;
   std::vector<sequence_cut> sequence_cuts_;
 };
