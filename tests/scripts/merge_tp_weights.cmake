@@ -1,7 +1,9 @@
 # `accel merge-weights` on the checkpoints the tensor-parallel jobs saved (mesh.tp.save, fsdp_save, hsdp_save): each
 # holds whole weights already (the split ones gathered over tp at save_state, and the tests check them against
 # get_state_dict), so the model.safetensors it writes is, byte for byte, the checkpoint's own.
-foreach(name IN LISTS CHECKPOINTS)
+# CHECKPOINTS: the directories' names, separated by commas (a semicolon would not survive the test's command line).
+string(REPLACE "," ";" checkpoint_names "${CHECKPOINTS}")
+foreach(name IN LISTS checkpoint_names)
   set(out ${WORK_DIR}/${name})
   file(REMOVE_RECURSE ${out})
   execute_process(COMMAND ${LAUNCHER} merge-weights ${CHECKPOINT_DIR}/${name} ${out}
