@@ -1,14 +1,15 @@
-# Trains the character-level language model in two parts, as a user who stops and restarts it: 100 steps, then a
-# second run to 200 steps in the same output directory, which must resume from step 100's checkpoint. A third run
-# trains 200 steps without a break and must end with the same losses and the same sample, so that resuming lost
-# nothing (weights, optimizer, data position, random generator). Checkpoints every 50 steps, the last 2 kept. Last,
-# a few steps in bf16 (ACCELERATE_MIXED_PRECISION=bf16, which accel::dispatch reads).
+# Trains the character-level language model in two parts, as a user who stops and restarts it: 50 steps, then a
+# second run to 100 steps in the same output directory, which must resume from step 50's checkpoint. A third run
+# trains 100 steps without a break and must end with the same losses and the same sample, so that resuming lost
+# nothing (weights, optimizer, data position, random generator). Checkpoints every 25 steps, the last 2 kept. Last,
+# two steps in bf16 (ACCELERATE_MIXED_PRECISION=bf16, which accel::dispatch reads; bfloat16 matrix products are ten
+# times slower than float32's on a CPU without AVX-512 BF16, such as CI's AMD EPYC).
 file(REMOVE_RECURSE ${WORK_DIR})
 
 # ACCELERATE_MIXED_PRECISION chooses the precision: `no` (fp32) or `bf16`.
 function(run_char_lm name steps precision)
   execute_process(COMMAND ${CMAKE_COMMAND} -E env ACCELERATE_MIXED_PRECISION=${precision}
-                          ${PROGRAM} --steps ${steps} --save-every 50 --out ${WORK_DIR}/${name}
+                          ${PROGRAM} --steps ${steps} --save-every 25 --out ${WORK_DIR}/${name}
                   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
   message("--- ACCELERATE_MIXED_PRECISION=${precision} char_lm --steps ${steps} --out ${name}\n${out}${err}")
   if(NOT rc EQUAL 0)
@@ -40,20 +41,20 @@ function(final_part result)
   set(${result} "${final}" PARENT_SCOPE)
 endfunction()
 
-# First part: a fresh start that stops after 100 steps.
-run_char_lm(run 100 no)
+# First part: a fresh start that stops after 50 steps.
+run_char_lm(run 50 no)
 expect("different characters, fp32\n" "ACCELERATE_MIXED_PRECISION=no trains in fp32")
 expect("initial validation loss = " "a fresh start measures the untrained model")
 expect_not("resumed from step" "the output directory was empty")
-expect("step 100 validation loss = " "the last step is saved")
+expect("step 50 validation loss = " "the last step is saved")
 
-# Second part: resumes from step 100 and ends at 200.
-run_char_lm(run 200 no)
-expect("resumed from step 100\n" "the second run must resume from the first run's last checkpoint")
+# Second part: resumes from step 50 and ends at 100.
+run_char_lm(run 100 no)
+expect("resumed from step 50\n" "the second run must resume from the first run's last checkpoint")
 expect_not("initial validation loss" "a resumed run does not start afresh")
-expect_not("step 100 " "a resumed run does not redo the steps already done")
-expect("step 150 validation loss = " "")
-expect("step 200 validation loss = " "the run ends at --steps")
+expect_not("step 50 " "a resumed run does not redo the steps already done")
+expect("step 75 validation loss = " "")
+expect("step 100 validation loss = " "the run ends at --steps")
 final_part(resumed)
 if(NOT resumed MATCHES "^final loss: train = ([0-9.]+) validation = ([0-9.]+)\nsample:\n(Shall I compare thee[^\n]*\n?[^\n]*)")
   message(FATAL_ERROR "char_lm did not print the final losses, then `sample:` and text after the prompt")
@@ -64,9 +65,9 @@ string(LENGTH "${CMAKE_MATCH_3}" sample_length)
 if(sample_length LESS 40)
   message(FATAL_ERROR "the generated sample is too short: `${CMAKE_MATCH_3}`")
 endif()
-# Untrained, the loss is 4.3 nats per character; after 200 steps, about 2.08 on both parts of the text (measured).
-if(validation_loss GREATER_EQUAL 2.3 OR train_loss GREATER_EQUAL 2.3)
-  message(FATAL_ERROR "char_lm did not learn: final loss train ${train_loss}, validation ${validation_loss} (want < 2.3)")
+# Untrained, the loss is 4.3 nats per character; after 100 steps, 2.33 on both parts of the text (measured).
+if(validation_loss GREATER_EQUAL 2.5 OR train_loss GREATER_EQUAL 2.5)
+  message(FATAL_ERROR "char_lm did not learn: final loss train ${train_loss}, validation ${validation_loss} (want < 2.5)")
 endif()
 file(GLOB checkpoints RELATIVE ${WORK_DIR}/run/checkpoints ${WORK_DIR}/run/checkpoints/*)
 list(SORT checkpoints)
@@ -75,14 +76,14 @@ if(NOT checkpoints STREQUAL "checkpoint_2;checkpoint_3")
 endif()
 
 # Without a break: the same end.
-run_char_lm(straight 200 no)
+run_char_lm(straight 100 no)
 final_part(straight)
 if(NOT resumed STREQUAL straight)
   message(FATAL_ERROR "resumed training ended differently from training without a break:\n${resumed}\nvs\n${straight}")
 endif()
-# bf16, as dispatch chooses it: a few steps.
-run_char_lm(bf16 20 bf16)
+# bf16, as dispatch chooses it: two steps.
+run_char_lm(bf16 2 bf16)
 expect("different characters, bf16\n" "ACCELERATE_MIXED_PRECISION=bf16 trains in bf16")
 final_part(bf16_end)
 
-message("resumed from step 100 and ended as training without a break: train loss ${train_loss}, validation loss ${validation_loss}")
+message("resumed from step 50 and ended as training without a break: train loss ${train_loss}, validation loss ${validation_loss}")

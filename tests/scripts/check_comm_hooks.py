@@ -1,6 +1,6 @@
 """accel's gradient communication hooks against PyTorch's DDP with the same hook, on 2 Gloo processes each:
-   check_comm_hooks.py LAUNCHER PROGRAM WORK_DIR CASE
-builds a small MLP (5 Linear layers, one bucket on both sides) and 8 steps of batches per process, trains it with
+   check_comm_hooks.py LAUNCHER PROGRAM WORK_DIR CASE [CASE ...]    (or `all`)
+for each case, builds a small MLP (5 Linear layers, one bucket on both sides) and 8 steps of batches per process, trains it with
 torch.nn.parallel.DistributedDataParallel and the hook registered by Accelerate's own
 DistributedDataParallelKwargs.register_comm_hook (torch.multiprocessing), then with accel (PROGRAM,
 tests/programs/comm_hook_training.cpp, under `accel launch`) with the matching options::comm_hook, and once more
@@ -13,7 +13,9 @@ with accel and no hook. Checks, for every step and parameter:
     before; batched PowerSGD's whole bucket, as its square matrix, is of rank <= r;
   - the bytes accel handed to collectives are what the hook sends (half of float32 for fp16/bf16; the uncompressed
     members, flags, Ps and Qs for PowerSGD).
-The same low-rank and type checks run on PyTorch's gradients too, so that the reference is what it is said to be."""
+The same low-rank and type checks run on PyTorch's gradients too, so that the reference is what it is said to be.
+The cases share one pair of reference processes (each case a DDP model of its own on one process group) and one
+plain accel run: importing torch three times a case cost more than the cases themselves."""
 import math
 import os
 import re
@@ -113,10 +115,8 @@ DIRECT_HOOKS = {"bf16": bf16_compress,
                 "fp16_wrapper_alone": default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook)}
 
 
-def reference_worker(rank, work_dir, case):
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{work_dir}/store", rank=rank, world_size=2)
+def train_reference(rank, work_dir, case):
+    """PyTorch's DDP with the case's hook: the gradients of every step, in torch_CASE_rankR.safetensors."""
     model = make_model()
     model.load_state_dict(load_file(f"{work_dir}/initial.safetensors"))
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1000)
@@ -124,8 +124,6 @@ def reference_worker(rank, work_dir, case):
     if kwargs is None:
         ddp.register_comm_hook(None, DIRECT_HOOKS[case])
     else:
-        if batched:
-            powerSGD_hook._orthogonalize = orthogonalize_matrices_too(powerSGD_hook._orthogonalize)
         from accelerate.utils import DistributedDataParallelKwargs
         from accelerate.utils.dataclasses import DDPCommunicationHookType
         # As enum members: Accelerate's hook table ignores the same names given as strings.
@@ -142,8 +140,20 @@ def reference_worker(rank, work_dir, case):
             gradients[f"step{step}.{name}"] = parameter.grad.clone()
         optimizer.step()
         optimizer.zero_grad()
-    save_file(gradients, f"{work_dir}/torch_rank{rank}.safetensors")
-    dist.barrier()
+    save_file(gradients, f"{work_dir}/torch_{case}_rank{rank}.safetensors")
+
+
+def reference_worker(rank, work_dir, cases):
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{work_dir}/store", rank=rank, world_size=2)
+    plain_orthogonalize = powerSGD_hook._orthogonalize
+    for case in cases:
+        batched = CASES[case][4]
+        powerSGD_hook._orthogonalize = (orthogonalize_matrices_too(plain_orthogonalize) if batched
+                                        else plain_orthogonalize)
+        train_reference(rank, work_dir, case)
+        dist.barrier()
     dist.destroy_process_group()
 
 
@@ -247,28 +257,10 @@ def expected_bytes(case):
     return plain + (STEPS - START) * (whole + flags + low_rank) * size
 
 
-def main():
-    launcher, program, work_dir, case = sys.argv[1:5]
-    if case not in CASES:
-        sys.exit(f"unknown case {case}; cases: {', '.join(CASES)}")
-    shutil.rmtree(work_dir, ignore_errors=True)
-    os.makedirs(work_dir)
-    write_inputs(work_dir)
-    # The reference trains on the CPU: PyTorch's PowerSGD hook synchronises CUDA whenever CUDA is available, which
-    # fails for CPU gradients ("Expected a cuda device, but got: cpu") on a machine with a GPU, so hide it.
-    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    try:
-        mp.spawn(reference_worker, args=(work_dir, case), nprocs=2)
-    finally:
-        if hidden is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
-    reference = [load_file(f"{work_dir}/torch_rank{r}.safetensors") for r in range(2)]
-    accel, sent = run_accel(launcher, program, work_dir, "accel", CASES[case][0])
-    plain, plain_sent = run_accel(launcher, program, work_dir, "plain", [])
-
+def check_case(launcher, program, work_dir, case, plain, plain_sent):
+    """The case's failures, after accel's run with its hook; prints what was measured."""
+    reference = [load_file(f"{work_dir}/torch_{case}_rank{r}.safetensors") for r in range(2)]
+    accel, sent = run_accel(launcher, program, work_dir, case, CASES[case][0])
     failures = []
     worst = 0.0
     for key in sorted(accel[0]):
@@ -285,10 +277,40 @@ def main():
         failures.append(f"accel handed {sent} bytes to collectives; the hook sends {expected_bytes(case)}")
     if plain_sent != expected_bytes("fp16") * 2:
         failures.append(f"accel's plain all-reduce handed {plain_sent} bytes; expected {expected_bytes('fp16') * 2}")
-    print(f"{case}: {STEPS} steps, largest |accel - PyTorch| {worst:.3e}; bytes sent {sent} (plain {plain_sent})")
+    print(f"{case}: {STEPS} steps, largest |accel - PyTorch| {worst:.3e}; bytes sent {sent} (plain {plain_sent})"
+          f"{'' if failures else ': ok'}", flush=True)
+    return [f"{case}: {failure}" for failure in failures]
+
+
+def main():
+    if len(sys.argv) < 5:
+        sys.exit(__doc__)
+    launcher, program, work_dir = sys.argv[1:4]
+    cases = list(CASES) if sys.argv[4:] == ["all"] else sys.argv[4:]
+    unknown = [case for case in cases if case not in CASES]
+    if unknown:
+        sys.exit(f"unknown case {', '.join(unknown)}; cases: {', '.join(CASES)}")
+    shutil.rmtree(work_dir, ignore_errors=True)
+    os.makedirs(work_dir)
+    write_inputs(work_dir)
+    # The reference trains on the CPU: PyTorch's PowerSGD hook synchronises CUDA whenever CUDA is available, which
+    # fails for CPU gradients ("Expected a cuda device, but got: cpu") on a machine with a GPU, so hide it.
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        mp.spawn(reference_worker, args=(work_dir, cases), nprocs=2)
+    finally:
+        if hidden is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
+    plain, plain_sent = run_accel(launcher, program, work_dir, "plain", [])
+    failures = []
+    for case in cases:
+        failures += check_case(launcher, program, work_dir, case, plain, plain_sent)
     if failures:
         sys.exit("\n".join(failures))
-    print("ok")
+    print(f"ok: {len(cases)} cases")
 
 
 if __name__ == "__main__":

@@ -1,1 +1,0 @@
-// The translation unit that builds the compile-fail tests' precompiled header (tests/CMakeLists.txt).
