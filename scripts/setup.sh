@@ -4,15 +4,8 @@
 #     and PyTorch's wheel does not ship them), and Debian's LibTorch 1.13.1, the second supported LibTorch.
 #  2. The build's own virtual environment .venv/ (never the system Python), from requirements.txt: PyTorch 2.13,
 #     whose wheel carries LibTorch 2.13 (the primary one), and the Python peers the tests and benchmarks use.
-#     With --build-requirements, only what configuring and building needs (scripts/test.sh installs the rest later).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build_requirements_only=0
-case "${1:-}" in
-  "") ;;
-  --build-requirements) build_requirements_only=1 ;;
-  *) echo "usage: scripts/setup.sh [--build-requirements]" >&2; exit 2 ;;
-esac
 
 packages=(
   build-essential cmake ninja-build ccache lld pkg-config
@@ -46,30 +39,16 @@ else
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The virtual environment, in two parts. First what configuring and building accel needs (the lines of
-# requirements.txt marked `# build`): `setup.sh --build-requirements` stops there, so that scripts/test.sh can start
-# a build while the rest installs. Remade when requirements.txt changes (copies inside .venv say what is installed).
+# The virtual environment: remade when requirements.txt changes (a copy of it inside .venv says what is installed).
 venv=$root/.venv
 if cmp -s "$root/requirements.txt" "$venv/accel-requirements.txt"; then
   echo "setup: .venv up to date"
   exit 0
 fi
-build_requirements=$(grep -E '#[[:space:]]*build([[:space:]]|$)' "$root/requirements.txt" | sed 's/[[:space:]]*#.*//')
-installed_build_requirements=$(cat "$venv/accel-build-requirements.txt" 2>/dev/null || true)
-# Made afresh unless only its second part is missing (a full install that is out of date is remade whole).
-if [[ -e $venv/accel-requirements.txt || $build_requirements != "$installed_build_requirements" ]]; then
-  python=${ACCEL_SETUP_PYTHON:-python3}
-  echo "setup: making .venv with $("$python" --version) and installing what the builds need from requirements.txt"
-  rm -rf "$venv"
-  "$python" -m venv "$venv"
-  # shellcheck disable=SC2086 # one requirement per word
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check $build_requirements
-  "$venv/bin/python" -c 'import torch; assert torch.distributed.is_gloo_available(), "this torch has no Gloo"'
-  echo "$build_requirements" >"$venv/accel-build-requirements.txt"
-fi
-if ((build_requirements_only)); then
-  exit 0
-fi
-echo "setup: installing the rest of requirements.txt into .venv"
+python=${ACCEL_SETUP_PYTHON:-python3}
+echo "setup: making .venv with $("$python" --version) and installing requirements.txt"
+rm -rf "$venv"
+"$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt"
+"$venv/bin/python" -c 'import torch; assert torch.distributed.is_gloo_available(), "this torch has no Gloo"'
 cp "$root/requirements.txt" "$venv/accel-requirements.txt"

@@ -4,7 +4,7 @@
 #     (default build/).
 #  2. Debian's libtorch-dev 1.13.1: every header compiled (in one translation unit: that each stands alone is the
 #     2.13 build's check), the unit tests, and the flat collectives of the sharded policies on 3 Gloo processes
-#     (1.13's fallbacks), in $ACCEL_BUILD_DIR-torch1.13. It is built at nice 19 from the set-up on, beside the rest.
+#     (1.13's fallbacks), in $ACCEL_BUILD_DIR-torch1.13. It is built while the 2.13 tests run, at nice 19.
 # Warnings are errors in both (-Wall -Wextra -Wpedantic -Wshadow, cmake/accelDeveloper.cmake). Exits non-zero if
 # anything failed in either.
 set -euo pipefail
@@ -12,31 +12,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${ACCEL_BUILD_DIR:-$root/build}
 started=$SECONDS
 
-# Set-up in two parts: the LibTorch 1.13 build (below, at nice 19) starts once what building needs is installed, on the
-# core pip leaves idle while it installs the tests' Python peers (two minutes on a fresh machine), and keeps going
-# beside the 2.13 build and tests on the cycles they leave.
-"$root/scripts/setup.sh" --build-requirements
+"$root/scripts/setup.sh"
 # ctest runs two tests at a time on this 2-core machine: one thread each, or LibTorch's OpenMP threads fight for
 # the cores (a test then runs several times slower). accel launch does the same for its workers.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 status=0
-
-# The 1.13 build runs at nice 19, on the cycles the rest leaves idle (pip; the tests' processes wait on each other,
-# on sockets and on Python's imports): the 2.13 build and tests keep the cores whenever they want them. Its suite runs
-# no interop.mlflow test, so it is configured without them (mlflow may still be installing).
-build_torch113() {
-  ACCEL_TORCH=debian source "$root/scripts/torch.sh"
-  cmake -S "$root" -B "$build$torch_build_suffix" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
-    -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_WARNINGS_AS_ERRORS=ON -DACCEL_PYTHON="$venv_python" -DACCEL_TEST_MLFLOW=OFF \
-    "${torch_cmake_args[@]}" &&
-    nice -n 19 cmake --build "$build$torch_build_suffix" -j2 --target accel_tests \
-      accel_headers_together accel_flat_collectives accel_cli accel_mesh_tests accel_mesh_groups
-}
-torch113_log=$(mktemp)
-build_torch113 >"$torch113_log" 2>&1 &
-torch113_builder=$!
-"$root/scripts/setup.sh"
-echo "-- set up, $((SECONDS - started)) s since the start"
 
 echo "== LibTorch 2.13 (PyTorch wheel in .venv): the whole suite"
 ACCEL_TORCH=pip source "$root/scripts/torch.sh"
@@ -45,6 +25,18 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_T
 cmake --build "$build" -j2
 echo "-- built, $((SECONDS - started)) s since the start"
 
+# The 1.13 build runs beside the 2.13 tests at nice 19, on the cycles they leave idle (their processes wait on
+# each other, on sockets and on Python's imports): the tests keep the cores whenever they want them.
+build_torch113() {
+  ACCEL_TORCH=debian source "$root/scripts/torch.sh"
+  cmake -S "$root" -B "$build$torch_build_suffix" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
+    -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_WARNINGS_AS_ERRORS=ON -DACCEL_PYTHON="$venv_python" "${torch_cmake_args[@]}" &&
+    nice -n 19 cmake --build "$build$torch_build_suffix" -j2 --target accel_tests \
+      accel_headers_together accel_flat_collectives accel_cli accel_mesh_tests accel_mesh_groups
+}
+torch113_log=$(mktemp)
+build_torch113 >"$torch113_log" 2>&1 &
+torch113_builder=$!
 ctest --test-dir "$build" --output-on-failure -j2 || status=1
 
 echo "== LibTorch 1.13.1 (Debian's libtorch-dev): every header, the unit tests, the launcher's tests, the flat collectives, the mesh ($((SECONDS - started)) s so far)"
