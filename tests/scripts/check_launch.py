@@ -8,6 +8,7 @@ from this file). Python standard library only.
 """
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -661,6 +662,39 @@ def case_restart_nodes_worker_node_fails():
 
 def case_restart_nodes_main_node_fails():
     restart_nodes_together(1)
+
+
+def case_restart_nodes_hello_after_failure():
+    # Node 0's workers fail before node 1's launcher has said hello (on a loaded machine a launcher's hello can come
+    # after the other node's failure; node 1 is this script here, saying it once node 0 has reported the failure):
+    # node 0 then sends node 1 the order to restart. Without it node 1's workers ran on and node 0 waited for them.
+    heartbeat_port = free_port()
+    node0 = start_launcher([ACCEL, "launch", "--nnodes", "2", "--node_rank", "0", "--master_addr", "127.0.0.1",
+                            "--master_port", str(free_port()), "--heartbeat_port", str(heartbeat_port),
+                            "--nproc_per_node", "2", "--heartbeat_interval", "0.2", "--heartbeat_timeout", "10",
+                            "--restart_delay", "0", "--max_restarts", "1", PROBE, "exit", "3"])
+    try:
+        err = ""
+        deadline = time.monotonic() + 20
+        while "exited with code 3" not in err:
+            check(time.monotonic() < deadline, f"node 0 reported no failure within 20 s: {err!r}")
+            if select.select([node0.stderr.fileno()], [], [], 0.1)[0]:
+                err += os.read(node0.stderr.fileno(), 4096).decode(errors="replace")
+        with socket.create_connection(("127.0.0.1", heartbeat_port), timeout=5) as node1:
+            node1.sendall(b"hello 1 2\n")
+            received = b""
+            deadline = time.monotonic() + 5
+            while b"\nrestart 0 " not in received and time.monotonic() < deadline:
+                try:
+                    received += node1.recv(4096)
+                except socket.timeout:
+                    break
+        lines = received.decode(errors="replace").splitlines()
+        check(lines[:1] == ["welcome"], f"node 0 did not welcome node 1: {lines}")
+        check(any(re.fullmatch(r"restart 0 on node 0, worker rank [01] \(pid \d+\) exited with code 3", line)
+                  for line in lines), f"node 0 did not send the late node the order to restart attempt 0: {lines}")
+    finally:
+        cleanup([node0])
 
 
 def case_restart_nodes_after_success():

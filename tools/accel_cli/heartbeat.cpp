@@ -414,6 +414,10 @@ class main_node_heartbeat final : public peer_watch {
       link.node = node;
       link.nproc = nproc;
       link.send_line("welcome");
+      // A node that says hello after the attempt's restart was ordered missed the order: without it, its workers
+      // would wait for the failed one's forever, and node 0 for its "ended" (seen on a loaded machine).
+      if (restart_ordered_ && !job_over_)
+        link.send_line("restart " + std::to_string(attempt_) + " " + first_failure_->text);
     } else if (line.starts_with("bye")) {
       if (coordinates_restarts() && !job_over_)
         link.left = left_early(line);
