@@ -17,7 +17,8 @@
 // - a node whose worker fails stops its own workers and tells node 0 "failed A CODE TIME WHAT" (A: the attempt; TIME:
 //   when, in microseconds of the system clock, so that node 0 names the earliest failure, not the first message);
 // - node 0 (at the first failure it hears of, its own included) sends every node "restart A WHAT": each stops its
-//   workers of attempt A (SIGTERM, then SIGKILL after --grace_period), as for a failure of its own;
+//   workers of attempt A (SIGTERM, then SIGKILL after --grace_period), as for a failure of its own; a node whose
+//   hello comes after that order gets it with the welcome;
 // - a node whose workers of attempt A have all ended (failed, stopped or succeeded) says "ended A";
 // - once every node has ended attempt A: none failed, node 0 sends "end 0" and the job is over on every node; one
 //   failed and restarts are left, node 0 waits --restart_delay, picks a free port for the next attempt's store and
