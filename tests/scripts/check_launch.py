@@ -456,12 +456,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+def node_command(nnodes, node, master_port, heartbeat_port, flags, program):
+    """`accel launch` of node `node` of `nnodes`, 2 workers running `program`."""
+    return [ACCEL, "launch", "--nnodes", str(nnodes), "--node_rank", str(node), "--master_addr", "127.0.0.1",
+            "--master_port", str(master_port), "--heartbeat_port", str(heartbeat_port), "--nproc_per_node", "2",
+            *flags, *program]
+
+
 def start_nodes(programs, heartbeat=HEARTBEAT):
     """Starts one launcher per program, node i running programs[i] on 2 workers; returns the launchers."""
-    master_port, heartbeat_port = str(free_port()), str(free_port())
-    return [start_launcher([ACCEL, "launch", "--nnodes", str(len(programs)), "--node_rank", str(node),
-                            "--master_addr", "127.0.0.1", "--master_port", master_port, "--heartbeat_port",
-                            heartbeat_port, "--nproc_per_node", "2", *heartbeat, *program])
+    master_port, heartbeat_port = free_port(), free_port()
+    return [start_launcher(node_command(len(programs), node, master_port, heartbeat_port, heartbeat, program))
             for node, program in enumerate(programs)]
 
 
@@ -669,10 +674,9 @@ def case_restart_nodes_hello_after_failure():
     # after the other node's failure; node 1 is this script here, saying it once node 0 has reported the failure):
     # node 0 then sends node 1 the order to restart. Without it node 1's workers ran on and node 0 waited for them.
     heartbeat_port = free_port()
-    node0 = start_launcher([ACCEL, "launch", "--nnodes", "2", "--node_rank", "0", "--master_addr", "127.0.0.1",
-                            "--master_port", str(free_port()), "--heartbeat_port", str(heartbeat_port),
-                            "--nproc_per_node", "2", "--heartbeat_interval", "0.2", "--heartbeat_timeout", "10",
-                            "--restart_delay", "0", "--max_restarts", "1", PROBE, "exit", "3"])
+    node0 = start_launcher(node_command(2, 0, free_port(), heartbeat_port,
+                                        ["--heartbeat_interval", "0.2", "--heartbeat_timeout", "10",
+                                         "--restart_delay", "0", "--max_restarts", "1"], [PROBE, "exit", "3"]))
     try:
         err = ""
         deadline = time.monotonic() + 20

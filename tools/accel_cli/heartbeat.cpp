@@ -417,8 +417,7 @@ class main_node_heartbeat final : public peer_watch {
       link.send_line("welcome");
       // A node that says hello after the attempt's restart was ordered missed the order: without it, its workers
       // would wait for the failed one's forever, and node 0 for its "ended" (seen on a loaded machine).
-      if (restart_ordered_ && !job_over_)
-        link.send_line("restart " + std::to_string(attempt_) + " " + first_failure_->text);
+      if (restart_ordered_ && !job_over_) link.send_line(restart_order());
     } else if (line.starts_with("bye")) {
       if (coordinates_restarts() && !job_over_)
         link.left = left_early(line);
@@ -449,8 +448,11 @@ class main_node_heartbeat final : public peer_watch {
     if (restart_ordered_) return;
     restart_ordered_ = true;
     order_ = failure.text;
-    broadcast("restart " + std::to_string(attempt_) + " " + failure.text);
+    broadcast(restart_order());
   }
+
+  // The order to restart the attempt, naming its earliest failure (at the first, the one just heard).
+  std::string restart_order() const { return "restart " + std::to_string(attempt_) + " " + first_failure_->text; }
 
   // Once every node's workers of the attempt have ended: the job is over, or goes on after the delay.
   void decide() {
