@@ -628,7 +628,7 @@ void check_fp8_beside_tp(std::int64_t amax_all_reduces_per_step) {
   accel::accelerator<accel::fp8<Recipe>, accel::tensor_parallel<accel::gloo>> acc(every_linear_in_fp8());
   torch::manual_seed(acc.process_index() == 0 ? 31 : 310 + acc.process_index());
   fp8_pair net;
-  accel::parallelize_module(acc, net, {{"fc1", accel::colwise_parallel{}}, {"fc2", accel::rowwise_parallel{}}});
+  accel::parallelize_module(acc, net, mlp_plan);
   const auto got = fp8_pair_gradients(acc, net);
   CHECK((acc.precision().converted_layers() == std::vector<std::string>{"fc1", "fc2"}));
   const int rank = acc.tensor_parallel_rank(), tp = acc.parallel().mesh().layout().size("tp");
@@ -651,6 +651,50 @@ TEST_CASE(
   check_fp8_beside_tp<accel::tensorwise_scaling>(4);
   // Delayed: the scales come from the amaxes maxed over every process at each step; no cast reduces.
   check_fp8_beside_tp<accel::delayed_scaling>(0);
+}
+
+namespace {
+
+/// fp8_pair's output under the precision's and the parallel policy's forward scopes, as `model(x)` computes it
+/// before returning it in float32, on process 0's weights: split as mlp_plan says, or whole.
+template <bool Split, class Accelerator>
+torch::Tensor fp8_pair_output(Accelerator& acc) {
+  torch::manual_seed(acc.process_index() == 0 ? 41 : 410 + acc.process_index());
+  fp8_pair net;
+  if constexpr (Split) accel::parallelize_module(acc, net, mlp_plan);
+  auto model = acc.prepare(net);
+  const auto x = torch::randn({24, 32}, at::make_generator<at::CPUGeneratorImpl>(800));
+  [[maybe_unused]] auto autocast = acc.autocast();
+  [[maybe_unused]] auto split_layers = acc.parallel().forward_scope();
+  return model->forward(x);
+}
+
+/// The row-parallel fc2 adds its bias after the partial products' sum: the output stays in the compute type, as the
+/// whole layer's is (autocast's addmm, fp8's float8 matmul), instead of a float32 bias promoting it.
+template <class Precision>
+void check_row_parallel_output_type() {
+  auto alone_options = every_linear_in_fp8();
+  alone_options.parallelism_config = {.dp_replicate_size = 1, .dp_shard_size = 1, .tp_size = 1, .cp_size = 1};
+  accel::accelerator<Precision> one_process(alone_options);
+  const torch::Tensor expected = fp8_pair_output<false>(one_process);
+  accel::accelerator<Precision, tp_policy> acc(every_linear_in_fp8());
+  const torch::Tensor got = fp8_pair_output<true>(acc);
+  INFO(Precision::name());
+  REQUIRE(expected.scalar_type() == torch::kBFloat16);
+  CHECK(got.scalar_type() == torch::kBFloat16);
+  // The partial products are rounded to bfloat16 before their sum: a few of its steps apart, not bit for bit.
+  CHECK((got.to(torch::kFloat) - expected.to(torch::kFloat)).abs().max().item<float>() <=
+        0.05f * expected.abs().max().item<float>());
+}
+
+}  // namespace
+
+TEST_CASE(
+    "mesh: a row-parallel layer's output, its bias added after the sum, is in the compute type, as one "
+    "process's is",
+    "[tp_fp8]") {
+  check_row_parallel_output_type<accel::bf16>();
+  check_row_parallel_output_type<accel::fp8<>>();
 }
 
 // Fully sharded data parallelism beside tensor parallelism (accel/fully_sharded_tensor_parallel.hpp), as `accel

@@ -78,13 +78,21 @@ class linear_router {
 /// The routers of the routing scopes alive on this thread, innermost last.
 inline thread_local std::vector<const linear_router*> active_routers;
 
+/// The output of the first router from `router` outwards (towards the scope made first) that lists the layer
+/// `operand` is the weight of; none if none does.
+inline std::optional<at::Tensor> first_route(std::vector<const linear_router*>::reverse_iterator router,
+                                             const at::Tensor& input, const at::Tensor& operand, bool transposed,
+                                             const at::Tensor* bias, const product_split* split) {
+  for (; router != active_routers.rend(); ++router)
+    if (auto out = (*router)->route(input, operand, transposed, bias, split)) return out;
+  return std::nullopt;
+}
+
 /// The first active router's output for the layer `operand` is the weight of, innermost first; none if no router
 /// lists it.
 inline std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
                                        const at::Tensor* bias) {
-  for (auto router = active_routers.rbegin(); router != active_routers.rend(); ++router)
-    if (auto out = (*router)->route(input, operand, transposed, bias, nullptr)) return out;
-  return std::nullopt;
+  return first_route(active_routers.rbegin(), input, operand, transposed, bias, nullptr);
 }
 
 /// `input` times `weight`ᵀ plus `bias` (null: none), a local part of a product split as `split` says, computed by the
@@ -94,8 +102,7 @@ inline at::Tensor linear_outside(const linear_router& inner, const at::Tensor& i
                                  const at::Tensor* bias, const product_split& split) {
   auto router = std::find(active_routers.rbegin(), active_routers.rend(), &inner);
   if (router != active_routers.rend()) ++router;
-  for (; router != active_routers.rend(); ++router)
-    if (auto out = (*router)->route(input, weight, false, bias, &split)) return *std::move(out);
+  if (auto out = first_route(router, input, weight, false, bias, &split)) return *std::move(out);
   return at::linear(input, weight, bias != nullptr ? *bias : at::Tensor());
 }
 

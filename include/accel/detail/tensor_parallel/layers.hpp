@@ -349,7 +349,9 @@ class layer_router : public routing::linear_router {
       return routing::linear_outside(*this, whole, split_layer.weight, bias, column_product_);
     }
     auto out = reduced(routing::linear_outside(*this, input, split_layer.weight, nullptr, row_product_), split_layer);
-    return bias != nullptr ? out + *bias : out;  // once, after the sum
+    // Once, after the sum, in the output's type: the partial products' (bfloat16 under autocast), as a whole
+    // layer's addmm gives; a float32 bias would promote the output.
+    return bias != nullptr ? out + bias->to(out.scalar_type()) : out;
   }
   /// A row-parallel layer's (or the vocabulary-parallel embedding's) partial `out` summed over the group: all-reduced,
   /// or with sequence parallelism reduce-scattered along the sequence.
