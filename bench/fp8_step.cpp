@@ -3,9 +3,10 @@
 // on CUDA: width 4096, 4 blocks, 4 sequences of 2048 tokens: 8192 tokens a step); on the CPU the default is small,
 // and what is measured is LibTorch's CPU float8 matmul, not a GPU's.
 //
-//   bench_fp8_step [--dim D] [--layers L] [--batch B] [--seq T] [--steps N] [--rounds R] [--cpu]
+//   bench_fp8_step [--dim D] [--layers L] [--batch B] [--seq T] [--steps N] [--rounds R] [--cpu] [--parts]
 //
-// Prints, per precision, the median over R rounds of N timed steps (after 3 warm-up steps), then fp8 / bf16.
+// Prints, per precision, the median over R rounds of N timed steps (after 3 warm-up steps), then fp8 / bf16. With
+// --parts, instead: one converted layer's forward timed in parts (the casts, the float8 matmul, the bfloat16 one).
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
@@ -21,7 +22,7 @@ namespace {
 struct settings {
   int64_t dim = 0, layers = 0, batch = 0, seq = 0;
   int steps = 0, rounds = 3;
-  bool cpu = false;
+  bool cpu = false, parts = false;
 };
 
 // A pre-norm transformer block: attention (qkv and output projections) and a 4x MLP; every Linear converts.
@@ -103,6 +104,51 @@ double tokens_per_second(const settings& s) {
   return rates[rates.size() / 2];
 }
 
+// The median milliseconds of `work` over `s.rounds` rounds of `s.steps` calls each (after one warm-up call).
+template <class Work>
+double milliseconds(const settings& s, const c10::Device& device, const Work& work) {
+  work();
+  std::vector<double> times;
+  for (int round = 0; round < s.rounds; ++round) {
+    synchronise(device);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < s.steps; ++i) work();
+    synchronise(device);
+    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+    times.push_back(took.count() / s.steps);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Where a converted layer's forward goes, at the MLP's up projection (tokens x width times width x 4 width): the
+// bfloat16 matmul it replaces, the float8 casts of its input (bfloat16) and weight (float32 master), the float8
+// matmul alone. fp8 gains where the casts cost less than the matmul saves.
+void print_parts(const settings& s, const c10::Device& device) {
+  namespace f = accel::detail::fp8;
+  const auto x = torch::randn({s.batch * s.seq, s.dim}, torch::TensorOptions(device).dtype(torch::kBFloat16));
+  const auto weight = torch::randn({4 * s.dim, s.dim}, torch::TensorOptions(device));
+  const auto weight16 = weight.to(torch::kBFloat16);
+  const auto casts = [&] {
+    return std::pair{f::cast_dynamic(x, torch::kFloat8_e4m3fn, std::nullopt, false),
+                     f::cast_dynamic(weight, torch::kFloat8_e4m3fn, std::nullopt, false)};
+  };
+  const auto [x8, w8] = casts();
+  const bool emulate = !device.is_cuda();  // as options::fp8.emulate chooses
+  const double matmul16 = milliseconds(s, device, [&] { (void)at::linear(x, weight16); });
+  const double cast = milliseconds(s, device, [&] { (void)casts(); });
+  const double matmul8 = milliseconds(
+      s, device, [&] { (void)f::scaled_mm(x8, {w8.data.t(), w8.scale.t()}, torch::kBFloat16, true, true, emulate); });
+  std::printf("parts of one layer's forward, %lld x %lld times %lld x %lld%s:\n", static_cast<long long>(x.size(0)),
+              static_cast<long long>(s.dim), static_cast<long long>(s.dim), static_cast<long long>(4 * s.dim),
+              emulate ? " (float8 matmul emulated)" : "");
+  std::printf("  %-26s %10.3f ms\n", "bf16 matmul", matmul16);
+  std::printf("  %-26s %10.3f ms\n", "fp8 casts (input, weight)", cast);
+  std::printf("  %-26s %10.3f ms\n", "fp8 matmul", matmul8);
+  std::printf("  %-26s %10.3f ms  %.2fx bf16's time\n", "fp8 casts + matmul", cast + matmul8,
+              (cast + matmul8) / matmul16);
+}
+
 bool parse(int argc, char** argv, settings& s) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -121,6 +167,8 @@ bool parse(int argc, char** argv, settings& s) {
       s.rounds = static_cast<int>(next());
     else if (flag == "--cpu")
       s.cpu = true;
+    else if (flag == "--parts")
+      s.parts = true;
     else
       return false;
   }
@@ -134,7 +182,7 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, s)) {
     std::fprintf(stderr,
                  "usage: bench_fp8_step [--dim D] [--layers L] [--batch B] [--seq T] [--steps N] "
-                 "[--rounds R] [--cpu]\n");
+                 "[--rounds R] [--cpu] [--parts]\n");
     return 2;
   }
   const bool gpu = !s.cpu && torch::cuda::is_available();
@@ -145,6 +193,10 @@ int main(int argc, char** argv) {
   if (s.batch == 0) s.batch = gpu ? 4 : 4;
   if (s.seq == 0) s.seq = gpu ? 2048 : 128;
   if (s.steps == 0) s.steps = gpu ? 20 : 3;
+  if (s.parts) {
+    print_parts(s, gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU));
+    return 0;
+  }
   std::printf("fp8 vs bf16 on %s: width %lld, %lld blocks, %lld x %lld tokens a step, %d steps x %d rounds\n",
               gpu ? "CUDA" : "the CPU", static_cast<long long>(s.dim), static_cast<long long>(s.layers),
               static_cast<long long>(s.batch), static_cast<long long>(s.seq), s.steps, s.rounds);

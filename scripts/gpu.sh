@@ -389,7 +389,8 @@ run_adamw_check() {
 # ------------------------------------------------------------------------------------------------ benchmarks
 
 # fp8 (issue 36): one converted Linear against the recipe in Python, both through CUDA's _scaled_mm, bit for bit; then
-# bench_fp8_step's tokens/s against bf16 (target: 1.2x), on a transformer where the matmuls dominate.
+# bench_fp8_step's tokens/s against bf16 (target: 1.2x), on a transformer where the matmuls dominate, and one layer's
+# forward in parts (--parts).
 run_fp8_checks() {
   local log=$out/checks.log layer=$build/tests/accel_fp8_layer bench=$build/bench/bench_fp8_step recipe part ratio
   [[ -x $layer && -x $bench ]] || {
@@ -425,6 +426,12 @@ run_fp8_checks() {
       record FAIL "fp8.speed.$recipe" "${ratio}x bf16's tokens/s, target 1.2x (bench in checks.log)"
     fi
   done
+  # Where a converted layer's time goes (casts against the matmul they let run in float8): what to fuse next.
+  fits 30 fp8.parts || return
+  section "bench_fp8_step --parts on cuda" >>"$log"
+  timeout 60 "$bench" --parts >"$part" 2>&1
+  cat "$part" >>"$log"
+  record INFO fp8.parts "$(grep '^  ' "$part" | tr -s ' ' | paste -sd';' - | cut -c1-200)"
   rm -f "$part"
 }
 

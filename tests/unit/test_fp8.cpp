@@ -71,6 +71,30 @@ TEST_CASE("fp8 casts: torchao's scale from the amax, saturation, powers of 2", "
   CHECK(torch::equal(rows.scale, torch::tensor({{128.0f}, {512.0f}})));
 }
 
+TEST_CASE("fp8 casts: a scale from the tensor's own amax needs no clamp, the bits are the saturating cast's", "[fp8]") {
+  namespace f = accel::detail::fp8;
+  const auto bits = [](const torch::Tensor& t) { return t.view(torch::kUInt8); };
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(5);
+  int compared = 0;
+  for (const auto input_type : {torch::kBFloat16, torch::kFloat})
+    for (const auto dtype : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2})
+      for (const std::optional<int64_t> axis :
+           {std::optional<int64_t>{}, std::optional<int64_t>{0}, std::optional<int64_t>{1}})
+        for (int k = 0; k < 20; ++k) {
+          // Rows of magnitudes from 1e-16 (below amax_to_scale's floor of 1e-12) to 1e10, and a zero tensor.
+          const auto magnitudes = torch::pow(10.0, torch::empty({33, 1}).uniform_(-16, 10, generator));
+          const auto x = k == 0 ? torch::zeros({33, 48}, input_type)
+                                : (torch::randn({33, 48}, generator) * magnitudes).to(input_type);
+          const auto max = f::amax(x, axis);
+          INFO("input " << input_type << ", " << dtype << ", axis " << axis.value_or(-1) << ", round " << k);
+          REQUIRE(torch::equal(max, axis ? x.abs().amax(*axis, true) : x.abs().max()));  // one pass, same values
+          const auto scale = f::amax_to_scale(max, dtype, axis.has_value());
+          CHECK(torch::equal(bits(f::cast_in_range(x, scale, dtype)), bits(f::cast(x, scale, dtype))));
+          ++compared;
+        }
+  CHECK(compared == 2 * 2 * 3 * 20);
+}
+
 TEST_CASE("fp8 converts the Linear layers of suitable shapes but the first and last, or as a filter decides", "[fp8]") {
   fp8_tensorwise acc{{.cpu = true}};
   stack net;

@@ -12,9 +12,11 @@
 #include <ATen/ATen.h>
 
 #if ACCEL_HAS_FLOAT8
+#include <c10/core/GradMode.h>
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 
 #include "../../options.hpp"
@@ -35,9 +37,11 @@ inline c10::ScalarType dtype_of(fp8_format format, role r) {
 /// The largest finite value of a float8 type: 448 for e4m3fn, 57344 for e5m2 (`torch.finfo(dtype).max`).
 inline double largest(c10::ScalarType dtype) { return dtype == at::kFloat8_e5m2 ? 57344.0 : 448.0; }
 
-/// torchao's `tensor_to_amax`: max |x| over the tensor, or along `axis` kept as a dimension of 1.
+/// torchao's `tensor_to_amax`: max |x| over the tensor, or along `axis` kept as a dimension of 1, in x's type. The
+/// infinity norm is that maximum exactly, read in one pass (`max(abs(x))` writes |x| out first).
 inline at::Tensor amax(const at::Tensor& x, std::optional<int64_t> axis) {
-  return axis ? at::amax(at::abs(x), {*axis}, /*keepdim=*/true) : at::max(at::abs(x));
+  constexpr double infinity = std::numeric_limits<double>::infinity();
+  return axis ? at::linalg_vector_norm(x, infinity, {*axis}, /*keepdim=*/true) : at::linalg_vector_norm(x, infinity);
 }
 
 /// torchao's `amax_to_scale`: largest / max(amax, 1e-12) in float64, then float32; with `power_of_2`, rounded down
@@ -49,11 +53,26 @@ inline at::Tensor amax_to_scale(const at::Tensor& amax, c10::ScalarType dtype, b
   return power_of_2 ? at::exp2(at::floor(at::log2(scale))) : scale;
 }
 
+/// `scale` as an operand that makes a product with `x` float32 whatever x's type: a float32 scalar held as a
+/// dimension of 1 (a 0-dim tensor would take x's bfloat16), so the product reads x once and converts as it goes.
+inline at::Tensor float32_factor(const at::Tensor& scale) { return scale.dim() == 0 ? scale.reshape({1}) : scale; }
+
 /// `x` times `scale` in float32, clamped to the type's range and cast (torchao's `hp_tensor_and_scale_to_float8`
 /// and `to_fp8_saturated`; TransformerEngine's cast saturates likewise).
 inline at::Tensor cast(const at::Tensor& x, const at::Tensor& scale, c10::ScalarType dtype) {
   const double top = largest(dtype);
-  return at::clamp(x.to(at::kFloat) * scale, -top, top).to(dtype);
+  return (x * float32_factor(scale)).clamp_(-top, top).to(dtype);
+}
+
+/// `cast` where `scale` came from an amax at least x's own (the tensor's, its group's): |x| times it is at most the
+/// largest value times (1 + 2^-24)^2, which rounds to the largest value, so the clamp would change nothing. The
+/// product is written straight into float8 (one pass on a GPU: the kernel converts as it stores).
+inline at::Tensor cast_in_range(const at::Tensor& x, const at::Tensor& scale, c10::ScalarType dtype) {
+  // No float8 copy is differentiated (linear_function's backward casts anew), and out= refuses a weight that
+  // requires grad while autograd records.
+  const c10::NoGradGuard not_recorded;
+  auto out = at::empty(x.sizes(), x.options().dtype(dtype));
+  return at::mul_out(out, x, float32_factor(scale));
 }
 
 /// A float8 tensor and the scale it was multiplied by (float32: a scalar, or one per row or column).
@@ -72,7 +91,7 @@ inline scaled cast_dynamic(const at::Tensor& x, c10::ScalarType dtype, std::opti
   auto max = amax(x, axis);
   if (whole) whole(max);
   auto scale = amax_to_scale(max, dtype, power_of_2);
-  return {cast(x, scale, dtype), scale};
+  return {cast_in_range(x, scale, dtype), scale};
 }
 
 /// `t` padded with zero columns (`dim` 1) or rows (`dim` 0) to a multiple of 16 (torchao's `pad_tensor_for_matmul`).

@@ -43,7 +43,7 @@ class float8_gather final : public parameter_encoding {
     return amax(slice, std::nullopt).to(at::kFloat);
   }
   [[nodiscard]] at::Tensor encode(const at::Tensor& slice, const at::Tensor& maximum) const override {
-    return cast(slice, amax_to_scale(maximum, type_, false), type_);
+    return cast_in_range(slice, amax_to_scale(maximum, type_, false), type_);  // the group's amax covers the slice
   }
   /// The float8 values divided by the scale: what the layer's matmul multiplies by.
   [[nodiscard]] at::Tensor decode(const at::Tensor& encoded, const at::Tensor& maximum) const override {
