@@ -134,7 +134,7 @@ void print_parts(const settings& s, const c10::Device& device) {
                      f::cast_dynamic(weight, torch::kFloat8_e4m3fn, std::nullopt, false)};
   };
   const auto [x8, w8] = casts();
-  const bool emulate = !device.is_cuda();  // as options::fp8.emulate chooses
+  const bool emulate = device.is_cpu();  // as options::fp8.emulate chooses when unset
   const double matmul16 = milliseconds(s, device, [&] { (void)at::linear(x, weight16); });
   const double cast = milliseconds(s, device, [&] { (void)casts(); });
   const double matmul8 = milliseconds(

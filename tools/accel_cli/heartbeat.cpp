@@ -417,7 +417,7 @@ class main_node_heartbeat final : public peer_watch {
       link.send_line("welcome");
       // A node that says hello after the attempt's restart was ordered missed the order: without it, its workers
       // would wait for the failed one's forever, and node 0 for its "ended" (seen on a loaded machine).
-      if (restart_ordered_ && !job_over_) link.send_line(restart_order());
+      if (first_failure_ && !job_over_) link.send_line(restart_order());
     } else if (line.starts_with("bye")) {
       if (coordinates_restarts() && !job_over_)
         link.left = left_early(line);
@@ -444,9 +444,9 @@ class main_node_heartbeat final : public peer_watch {
 
   // The earliest failure is the one named; the first heard stops the attempt on every node.
   void record_failure(failure_report failure) {
+    const bool restart_ordered = first_failure_.has_value();  // by the first failure heard
     if (!first_failure_ || failure.at_us < first_failure_->at_us) first_failure_ = failure;
-    if (restart_ordered_) return;
-    restart_ordered_ = true;
+    if (restart_ordered) return;
     order_ = failure.text;
     broadcast(restart_order());
   }
@@ -510,7 +510,6 @@ class main_node_heartbeat final : public peer_watch {
     verdict_ = attempt_verdict{port, 0, message, nnodes, 0, attempt};
     first_failure_.reset();
     order_.reset();
-    restart_ordered_ = false;
     ended_.clear();
     ended_at_.reset();
   }
@@ -624,9 +623,8 @@ class main_node_heartbeat final : public peer_watch {
   // Restarts agreed across the nodes: the attempt running, its first failure, the nodes whose workers have ended it.
   int attempt_ = 0;
   int restarts_ = 0;
-  std::optional<failure_report> first_failure_;
-  bool restart_ordered_ = false;
-  std::optional<std::string> order_;  // for this node's workers
+  std::optional<failure_report> first_failure_;  // its earliest; once one is heard, the restart is ordered
+  std::optional<std::string> order_;             // for this node's workers
   std::set<int> ended_;
   std::set<int> members_;                             // the nodes of the attempt, 0 included
   std::optional<steady_clock::time_point> ended_at_;  // when this node's workers ended the attempt
