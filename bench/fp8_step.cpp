@@ -3,17 +3,23 @@
 // on CUDA: width 4096, 4 blocks, 4 sequences of 2048 tokens: 8192 tokens a step); on the CPU the default is small,
 // and what is measured is LibTorch's CPU float8 matmul, not a GPU's.
 //
-//   bench_fp8_step [--dim D] [--layers L] [--batch B] [--seq T] [--steps N] [--rounds R] [--cpu] [--parts]
+//   bench_fp8_step [--dim D] [--layers L] [--batch B] [--seq T] [--steps N] [--rounds R] [--cpu]
+//                  [--optimizer adamw|multi_tensor_adamw] [--parts | --profile]
 //
-// Prints, per precision, the median over R rounds of N timed steps (after 3 warm-up steps), then fp8 / bf16. With
-// --parts, instead: one converted layer's forward timed in parts (the casts, the float8 matmul, the bfloat16 one).
+// Prints, per precision, the median over R rounds of N timed steps (after 3 warm-up steps), then fp8 / bf16. The
+// optimizer is LibTorch's AdamW (one parameter at a time), or accel::multi_tensor_adamw. Instead of that:
+// --parts times one converted layer's forward in parts (the casts, the float8 matmul, the bfloat16 one); --profile
+// prints where a step's time goes, bf16's and fp8's, by kernel (on the CPU: by operator), from LibTorch's profiler.
 #include <accel/accel.hpp>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,7 +28,7 @@ namespace {
 struct settings {
   int64_t dim = 0, layers = 0, batch = 0, seq = 0;
   int steps = 0, rounds = 3;
-  bool cpu = false, parts = false;
+  bool cpu = false, parts = false, profile = false, multi_tensor = false;
 };
 
 // A pre-norm transformer block: attention (qkv and output projections) and a 4x MLP; every Linear converts.
@@ -73,35 +79,103 @@ void synchronise(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
-// The median tokens per second of `s.rounds` rounds of `s.steps` steps with accelerator type `Accelerator`.
-template <class Accelerator>
-double tokens_per_second(const settings& s) {
-  Accelerator acc(accel::options{.cpu = s.cpu});
+// The transformer of `s`'s size, the same weights every time.
+transformer seeded_transformer(const settings& s) {
   torch::manual_seed(0);
-  transformer net(s.dim, s.layers);
-  torch::optim::AdamW adamw(net->parameters(), 1e-4);
-  auto [model, opt] = acc.prepare(net, adamw);
-  const auto tokens =
-      torch::randint(512, {s.batch, s.seq}, torch::TensorOptions().dtype(torch::kLong)).to(acc.device());
-  const auto targets =
-      torch::randint(512, {s.batch * s.seq}, torch::TensorOptions().dtype(torch::kLong)).to(acc.device());
-  const auto step = [&] {
+  return transformer(s.dim, s.layers);
+}
+
+// The transformer prepared by an accelerator of type `Accelerator`, with fixed tokens and targets, and its step.
+template <class Accelerator, class Optimizer>
+struct training {
+  explicit training(const settings& s)
+      : acc(accel::options{.cpu = s.cpu}),
+        net(seeded_transformer(s)),
+        optimizer(net->parameters(), 1e-4),
+        prepared(acc.prepare(net, optimizer)),
+        tokens(torch::randint(512, {s.batch, s.seq}, torch::TensorOptions().dtype(torch::kLong)).to(acc.device())),
+        targets(torch::randint(512, {s.batch * s.seq}, torch::TensorOptions().dtype(torch::kLong)).to(acc.device())) {}
+  void step() {
+    auto& [model, opt] = prepared;
     acc.backward(torch::nn::functional::cross_entropy(model(tokens).flatten(0, 1), targets));
     opt.step();
     opt.zero_grad();
-  };
-  for (int i = 0; i < 3; ++i) step();
+  }
+  Accelerator acc;
+  transformer net;
+  Optimizer optimizer;
+  decltype(acc.prepare(net, optimizer)) prepared;
+  torch::Tensor tokens, targets;
+};
+
+// The median tokens per second of `s.rounds` rounds of `s.steps` steps.
+template <class Accelerator, class Optimizer>
+double tokens_per_second(const settings& s) {
+  training<Accelerator, Optimizer> run(s);
+  for (int i = 0; i < 3; ++i) run.step();
   std::vector<double> rates;
   for (int round = 0; round < s.rounds; ++round) {
-    synchronise(acc.device());
+    synchronise(run.acc.device());
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < s.steps; ++i) step();
-    synchronise(acc.device());
+    for (int i = 0; i < s.steps; ++i) run.step();
+    synchronise(run.acc.device());
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     rates.push_back(static_cast<double>(s.batch * s.seq * s.steps) / took.count());
   }
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
+}
+
+// What a profiled event's name is a part of: attention (checked first: cuDNN's attention kernels are named sm90_
+// too), the matmuls (cuBLAS, cuBLASLt, CUTLASS kernels), the rest.
+const char* kind_of(const std::string& name) {
+  for (const char* attention : {"sdpa", "flash", "fmha", "attention", "efficient"})
+    if (name.find(attention) != std::string::npos) return "attention";
+  for (const char* matmul : {"gemm", "nvjet", "cutlass", "xmma", "sm90_", "addmm", "aten::mm", "_scaled_mm"})
+    if (name.find(matmul) != std::string::npos) return "matmul";
+  return "other";
+}
+
+// One step under LibTorch's profiler (Kineto): the time of the device's events by name, per step, largest first,
+// and by kind. On CUDA the events are kernels; on the CPU operators, an outer one counting its inner ones again.
+template <class Accelerator, class Optimizer>
+void print_profile(const settings& s, const char* label) {
+  namespace profiler = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  training<Accelerator, Optimizer> run(s);
+  for (int i = 0; i < 3; ++i) run.step();
+  synchronise(run.acc.device());
+  const bool gpu = run.acc.device().is_cuda();
+  const std::set<ActivityType> activities =
+      gpu ? std::set{ActivityType::CPU, ActivityType::CUDA} : std::set{ActivityType::CPU};
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  profiler::prepareProfiler(config, activities);
+  profiler::enableProfiler(config, activities);
+  const int steps = 2;
+  for (int i = 0; i < steps; ++i) run.step();
+  synchronise(run.acc.device());
+  const auto result = profiler::disableProfiler();
+  std::map<std::string, std::pair<double, int>> by_name;  // ms per step, calls per step
+  std::map<std::string, double> by_kind;
+  double total = 0;
+  for (const auto& event : result->events()) {
+    if (event.deviceType() != run.acc.device().type()) continue;
+    const double ms = static_cast<double>(event.durationNs()) / 1e6 / steps;
+    auto& [time, calls] = by_name[event.name()];
+    time += ms;
+    calls += 1;
+    by_kind[kind_of(event.name())] += ms;
+    total += ms;
+  }
+  std::vector<std::pair<double, std::string>> largest;
+  for (const auto& [name, entry] : by_name) largest.emplace_back(entry.first, name);
+  std::sort(largest.rbegin(), largest.rend());
+  std::printf("%s, one step's %s time: %.2f ms (matmul %.2f, attention %.2f, other %.2f)\n", label,
+              gpu ? "kernel" : "operator", total, by_kind["matmul"], by_kind["attention"], by_kind["other"]);
+  for (std::size_t i = 0; i < std::min<std::size_t>(largest.size(), 24); ++i) {
+    const auto& [ms, name] = largest[i];
+    std::printf("  %9.3f ms %5d x  %.110s\n", ms, by_name[name].second / steps, name.c_str());
+  }
 }
 
 // The median milliseconds of `work` over `s.rounds` rounds of `s.steps` calls each (after one warm-up call).
@@ -149,6 +223,28 @@ void print_parts(const settings& s, const c10::Device& device) {
               (cast + matmul8) / matmul16);
 }
 
+// The benchmark proper (or, with --profile, the profiles) of bf16, fp8 tensorwise and fp8 delayed, with `Optimizer`.
+template <class Optimizer>
+void compare(const settings& s, bool gpu) {
+  using bf16 = accel::accelerator<accel::bf16>;
+  using tensorwise = accel::accelerator<accel::fp8<>>;
+  if (s.profile) {
+    print_profile<bf16, Optimizer>(s, "bf16");
+    print_profile<tensorwise, Optimizer>(s, "fp8<tensorwise_scaling>");
+    return;
+  }
+  std::printf("fp8 vs bf16 on %s: width %lld, %lld blocks, %lld x %lld tokens a step, %d steps x %d rounds, %s\n",
+              gpu ? "CUDA" : "the CPU", static_cast<long long>(s.dim), static_cast<long long>(s.layers),
+              static_cast<long long>(s.batch), static_cast<long long>(s.seq), s.steps, s.rounds,
+              s.multi_tensor ? "accel::multi_tensor_adamw" : "LibTorch's AdamW");
+  const double bf16_rate = tokens_per_second<bf16, Optimizer>(s);
+  std::printf("bf16                     %12.0f tokens/s\n", bf16_rate);
+  const double tensorwise_rate = tokens_per_second<tensorwise, Optimizer>(s);
+  std::printf("fp8<tensorwise_scaling>  %12.0f tokens/s  %.2fx bf16\n", tensorwise_rate, tensorwise_rate / bf16_rate);
+  const double delayed_rate = tokens_per_second<accel::accelerator<accel::fp8<accel::delayed_scaling>>, Optimizer>(s);
+  std::printf("fp8<delayed_scaling>     %12.0f tokens/s  %.2fx bf16\n", delayed_rate, delayed_rate / bf16_rate);
+}
+
 bool parse(int argc, char** argv, settings& s) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -169,6 +265,11 @@ bool parse(int argc, char** argv, settings& s) {
       s.cpu = true;
     else if (flag == "--parts")
       s.parts = true;
+    else if (flag == "--profile")
+      s.profile = true;
+    else if (flag == "--optimizer" && i + 1 < argc &&
+             (argv[i + 1] == std::string("adamw") || argv[i + 1] == std::string("multi_tensor_adamw")))
+      s.multi_tensor = argv[++i] == std::string("multi_tensor_adamw");
     else
       return false;
   }
@@ -182,7 +283,7 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, s)) {
     std::fprintf(stderr,
                  "usage: bench_fp8_step [--dim D] [--layers L] [--batch B] [--seq T] [--steps N] "
-                 "[--rounds R] [--cpu] [--parts]\n");
+                 "[--rounds R] [--cpu] [--optimizer adamw|multi_tensor_adamw] [--parts | --profile]\n");
     return 2;
   }
   const bool gpu = !s.cpu && torch::cuda::is_available();
@@ -197,14 +298,9 @@ int main(int argc, char** argv) {
     print_parts(s, gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU));
     return 0;
   }
-  std::printf("fp8 vs bf16 on %s: width %lld, %lld blocks, %lld x %lld tokens a step, %d steps x %d rounds\n",
-              gpu ? "CUDA" : "the CPU", static_cast<long long>(s.dim), static_cast<long long>(s.layers),
-              static_cast<long long>(s.batch), static_cast<long long>(s.seq), s.steps, s.rounds);
-  const double bf16 = tokens_per_second<accel::accelerator<accel::bf16>>(s);
-  std::printf("bf16                     %12.0f tokens/s\n", bf16);
-  const double tensorwise = tokens_per_second<accel::accelerator<accel::fp8<>>>(s);
-  std::printf("fp8<tensorwise_scaling>  %12.0f tokens/s  %.2fx bf16\n", tensorwise, tensorwise / bf16);
-  const double delayed = tokens_per_second<accel::accelerator<accel::fp8<accel::delayed_scaling>>>(s);
-  std::printf("fp8<delayed_scaling>     %12.0f tokens/s  %.2fx bf16\n", delayed, delayed / bf16);
+  if (s.multi_tensor)
+    compare<accel::multi_tensor_adamw>(s, gpu);
+  else
+    compare<torch::optim::AdamW>(s, gpu);
   return 0;
 }
