@@ -74,6 +74,11 @@ TEST_CASE("fp8 casts: torchao's scale from the amax, saturation, powers of 2", "
 TEST_CASE("fp8 casts: a scale from the tensor's own amax needs no clamp, the bits are the saturating cast's", "[fp8]") {
   namespace f = accel::detail::fp8;
   const auto bits = [](const torch::Tensor& t) { return t.view(torch::kUInt8); };
+  // torchao's op sequence (`hp_tensor_and_scale_to_float8`): float32 product, clamp, float8 copy.
+  const auto saturating = [](const torch::Tensor& x, const torch::Tensor& scale, c10::ScalarType dtype) {
+    const double top = f::largest(dtype);
+    return (x.to(torch::kFloat) * scale).clamp(-top, top).to(dtype);
+  };
   auto generator = at::make_generator<at::CPUGeneratorImpl>(5);
   int compared = 0;
   for (const auto input_type : {torch::kBFloat16, torch::kFloat})
@@ -89,7 +94,9 @@ TEST_CASE("fp8 casts: a scale from the tensor's own amax needs no clamp, the bit
           INFO("input " << input_type << ", " << dtype << ", axis " << axis.value_or(-1) << ", round " << k);
           REQUIRE(torch::equal(max, axis ? x.abs().amax(*axis, true) : x.abs().max()));  // one pass, same values
           const auto scale = f::amax_to_scale(max, dtype, axis.has_value());
-          CHECK(torch::equal(bits(f::cast_in_range(x, scale, dtype)), bits(f::cast(x, scale, dtype))));
+          CHECK(torch::equal(bits(f::cast_in_range(x, scale, dtype)), bits(saturating(x, scale, dtype))));
+          // A scale too large for x (delayed scaling's, a step old) saturates: the clamp writes float8 as it stores.
+          CHECK(torch::equal(bits(f::cast(x, scale * 3, dtype)), bits(saturating(x, scale * 3, dtype))));
           ++compared;
         }
   CHECK(compared == 2 * 2 * 3 * 20);
@@ -143,6 +150,35 @@ TEST_CASE(
   // The model's output comes back in float32 and close to the float32 model's (float8 has 3 mantissa bits).
   const auto y = model(torch::randn({8, 16}));
   CHECK(y.scalar_type() == torch::kFloat);
+}
+
+TEST_CASE(
+    "fp8: LibTorch's Linear adds the bias in place to a 3-D input's product, which autograd records as an add, not a "
+    "copy of the gradient",
+    "[fp8]") {
+  fp8_tensorwise acc{{.cpu = true}};
+  torch::manual_seed(4);
+  tower net;
+  auto model = acc.prepare(net);
+  const auto x = torch::randn({2, 12, 32}), upstream = torch::randn({2, 12, 64});
+  const auto forward_backward = [&](const torch::Tensor& input, const torch::Tensor& gradient) {
+    net->zero_grad();
+    torch::Tensor out;
+    {
+      auto scope = acc.autocast();
+      out = net->a(input);  // 3-D: F::linear's matmul, then `output += bias`; 2-D: addmm
+    }
+    out.backward(gradient.to(out.scalar_type()));
+    return std::pair{out, net->a->weight.grad().clone()};
+  };
+  const auto [out, weight_gradient] = forward_backward(x, upstream);
+  CHECK(out.scalar_type() == torch::kBFloat16);
+  CHECK_FALSE(out.is_view());
+  CHECK(out.grad_fn()->name() == "AddBackward0");  // on a view it was CopySlices: the gradient copied twice over
+  // The weight's gradient is the 2-D input's, bit for bit: the same float8 matmuls of the same operands.
+  const auto [flat_out, flat_weight_gradient] = forward_backward(x.reshape({24, 32}), upstream.reshape({24, 64}));
+  CHECK(flat_out.grad_fn()->name() != "CopySlices");
+  CHECK(torch::equal(weight_gradient, flat_weight_gradient));
 }
 
 TEST_CASE("fp8 trains: gradients reach every parameter in its master type, loss falls like bf16's", "[fp8]") {

@@ -58,10 +58,14 @@ inline at::Tensor amax_to_scale(const at::Tensor& amax, c10::ScalarType dtype, b
 inline at::Tensor float32_factor(const at::Tensor& scale) { return scale.dim() == 0 ? scale.reshape({1}) : scale; }
 
 /// `x` times `scale` in float32, clamped to the type's range and cast (torchao's `hp_tensor_and_scale_to_float8`
-/// and `to_fp8_saturated`; TransformerEngine's cast saturates likewise).
+/// and `to_fp8_saturated`; TransformerEngine's cast saturates likewise). The clamp writes float8 as it stores: its
+/// bounds are tensors because `clamp` with scalar bounds takes no output of another type.
 inline at::Tensor cast(const at::Tensor& x, const at::Tensor& scale, c10::ScalarType dtype) {
-  const double top = largest(dtype);
-  return (x * float32_factor(scale)).clamp_(-top, top).to(dtype);
+  const c10::NoGradGuard not_recorded;  // out= refuses inputs that require grad while autograd records
+  const auto product = x * float32_factor(scale);
+  const auto top = at::scalar_tensor(largest(dtype), product.options());
+  auto out = at::empty(x.sizes(), x.options().dtype(dtype));
+  return at::clamp_out(out, product, -top, top);
 }
 
 /// `cast` where `scale` came from an amax at least x's own (the tensor's, its group's): |x| times it is at most the
