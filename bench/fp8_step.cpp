@@ -155,7 +155,7 @@ void print_profile(const settings& s, const char* label) {
   for (int i = 0; i < steps; ++i) run.step();
   synchronise(run.acc.device());
   const auto result = profiler::disableProfiler();
-  std::map<std::string, std::pair<double, int>> by_name;  // ms per step, calls per step
+  std::map<std::string, std::pair<double, int>> by_name;  // ms per step, calls in all the profiled steps
   std::map<std::string, double> by_kind;
   double total = 0;
   for (const auto& event : result->events()) {

@@ -428,24 +428,24 @@ run_fp8_checks() {
   done
   # The same with accel::multi_tensor_adamw (the optimizer's share of the step smaller, as Python's default on CUDA),
   # then at width 8192 (2 blocks), where the matmuls are a larger share still: figures, not the target's check.
-  fits 60 fp8.speed.multi_tensor_adamw || return
+  fits 60 fp8.speed.multi_tensor_adamw || { rm -f "$part"; return; }
   section "bench_fp8_step --optimizer multi_tensor_adamw on cuda" >>"$log"
   timeout 120 "$bench" --rounds 3 --optimizer multi_tensor_adamw >"$part" 2>&1
   cat "$part" >>"$log"
   record INFO fp8.speed.multi_tensor_adamw "$(fp8_ratios "$part")"
-  fits 100 fp8.speed.width8192 || return
+  fits 100 fp8.speed.width8192 || { rm -f "$part"; return; }
   section "bench_fp8_step --dim 8192 --layers 2 on cuda" >>"$log"
   timeout 150 "$bench" --dim 8192 --layers 2 --steps 5 --rounds 3 --optimizer multi_tensor_adamw >"$part" 2>&1
   cat "$part" >>"$log"
   record INFO fp8.speed.width8192 "$(fp8_ratios "$part")"
   # Where a converted layer's time goes (casts against the matmul they let run in float8), and where a step's goes,
   # kernel by kernel (fp8_profile.txt): what to fuse next.
-  fits 30 fp8.parts || return
+  fits 30 fp8.parts || { rm -f "$part"; return; }
   section "bench_fp8_step --parts on cuda" >>"$log"
   timeout 60 "$bench" --parts >"$part" 2>&1
   cat "$part" >>"$log"
   record INFO fp8.parts "$(grep '^  ' "$part" | tr -s ' ' | paste -sd';' - | cut -c1-200)"
-  fits 45 fp8.profile || return
+  fits 45 fp8.profile || { rm -f "$part"; return; }
   timeout 90 "$bench" --profile --optimizer multi_tensor_adamw >"$out/fp8_profile.txt" 2>&1
   record INFO fp8.profile "$(grep 'one step' "$out/fp8_profile.txt" | paste -sd';' - | cut -c1-240) (fp8_profile.txt)"
   rm -f "$part"
