@@ -208,7 +208,7 @@ inline at::Tensor float8_linear(const at::Tensor& input, const layer_plan& plan,
   auto shape = input.sizes().vec();
   shape.back() = plan.weight.size(0);
   // Not a view, as `at::matmul`'s result is not: LibTorch's Linear adds the bias to a 3-D input's product in place,
-  // which on a view would make autograd copy the output's gradient twice over (CopySlices) in every backward.
+  // which on a view would make autograd copy and zero the output's gradient (CopySlices) in every backward.
   return at::_unsafe_view(out, shape);
 }
 
