@@ -108,22 +108,30 @@ struct training {
   torch::Tensor tokens, targets;
 };
 
-// The median tokens per second of `s.rounds` rounds of `s.steps` steps.
+// The median milliseconds of `work` over `s.rounds` rounds of `s.steps` calls each (after one warm-up call).
+template <class Work>
+double milliseconds(const settings& s, const c10::Device& device, const Work& work) {
+  work();
+  std::vector<double> times;
+  for (int round = 0; round < s.rounds; ++round) {
+    synchronise(device);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < s.steps; ++i) work();
+    synchronise(device);
+    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+    times.push_back(took.count() / s.steps);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Tokens per second at the median round of `s.rounds` rounds of `s.steps` steps, after 3 warm-up steps.
 template <class Accelerator, class Optimizer>
 double tokens_per_second(const settings& s) {
   training<Accelerator, Optimizer> run(s);
-  for (int i = 0; i < 3; ++i) run.step();
-  std::vector<double> rates;
-  for (int round = 0; round < s.rounds; ++round) {
-    synchronise(run.acc.device());
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < s.steps; ++i) run.step();
-    synchronise(run.acc.device());
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    rates.push_back(static_cast<double>(s.batch * s.seq * s.steps) / took.count());
-  }
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
+  for (int i = 0; i < 2; ++i) run.step();  // and milliseconds' own warm-up call
+  const double per_step = milliseconds(s, run.acc.device(), [&] { run.step(); });
+  return static_cast<double>(s.batch * s.seq) * 1000.0 / per_step;
 }
 
 // What a profiled event's name is a part of: attention (checked first: cuDNN's attention kernels are named sm90_
@@ -176,23 +184,6 @@ void print_profile(const settings& s, const char* label) {
     const auto& [ms, name] = largest[i];
     std::printf("  %9.3f ms %5d x  %.110s\n", ms, by_name[name].second / steps, name.c_str());
   }
-}
-
-// The median milliseconds of `work` over `s.rounds` rounds of `s.steps` calls each (after one warm-up call).
-template <class Work>
-double milliseconds(const settings& s, const c10::Device& device, const Work& work) {
-  work();
-  std::vector<double> times;
-  for (int round = 0; round < s.rounds; ++round) {
-    synchronise(device);
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < s.steps; ++i) work();
-    synchronise(device);
-    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
-    times.push_back(took.count() / s.steps);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
 }
 
 // Where a converted layer's forward goes, at the MLP's up projection (tokens x width times width x 4 width): the
