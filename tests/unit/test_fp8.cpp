@@ -102,6 +102,88 @@ TEST_CASE("fp8 casts: a scale from the tensor's own amax needs no clamp, the bit
   CHECK(compared == 2 * 2 * 3 * 20);
 }
 
+TEST_CASE("fp8 cast kernel: its rounding and saturation, run on the CPU, are ATen's clamp and cast for every bfloat16 "
+          "and float16 value and 2^20 float32 bit patterns",
+          "[fp8]") {
+  namespace f = accel::detail::fp8;
+  const auto bits = [](const torch::Tensor& t) { return t.view(torch::kUInt8); };
+  const auto every_16_bit_value = torch::arange(-32768, 32768, torch::kInt).to(torch::kShort).reshape({4096, 16});
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(7);
+  const auto float32_patterns =
+      torch::randint(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), {65536, 16}, generator,
+                     torch::kInt)
+          .view(torch::kFloat);
+  int compared = 0;
+  for (const auto dtype : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2})
+    // 1: the values themselves (NaNs, infinities, float8's subnormals); 3.7: many beyond the range, saturated;
+    // 2^-20: most into float8's subnormals or to zero.
+    for (const float factor : {1.0f, 3.7f, 0x1p-20f})
+      for (const auto& x : {every_16_bit_value.view(torch::kBFloat16), every_16_bit_value.view(torch::kHalf),
+                            float32_patterns}) {
+        const auto scale = torch::full({}, factor);
+        INFO(x.scalar_type() << " to " << dtype << ", scale " << factor);
+        CHECK(torch::equal(bits(f::kernel::on_host(x, scale, dtype).first), bits(f::cast(x, scale, dtype))));
+        ++compared;
+      }
+  CHECK(compared == 2 * 3 * 3);
+}
+
+TEST_CASE("fp8 cast kernel: both layouts, tile by tile, for rows and columns that fill no tile", "[fp8]") {
+  namespace f = accel::detail::fp8;
+  const auto bits = [](const torch::Tensor& t) { return t.view(torch::kUInt8); };
+  for (const auto type : {torch::kBFloat16, torch::kFloat, torch::kHalf})
+    for (const auto dtype : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2})
+      for (const auto& [rows, cols] :
+           {std::pair<int64_t, int64_t>{1, 16}, {37, 48}, {64, 64}, {130, 208}, {16, 80}, {200, 16}}) {
+        const auto x = (torch::randn({rows, cols}) * 300).to(type);
+        const auto scale = torch::full({}, 1.5f);
+        INFO(type << " to " << dtype << ", " << rows << " x " << cols);
+        REQUIRE(f::kernel::takes(x));
+        const auto [row_major, transposed] = f::kernel::on_host(x, scale, dtype);
+        const auto expected = f::cast(x, scale, dtype);
+        CHECK(torch::equal(bits(row_major), bits(expected)));
+        CHECK(transposed.is_contiguous());
+        CHECK(torch::equal(bits(transposed), bits(expected.t().contiguous())));
+      }
+  // What it leaves to ATen: columns not in whole 16-byte chunks, a strided view, integers, a vector.
+  CHECK_FALSE(f::kernel::takes(torch::randn({4, 40})));
+  CHECK_FALSE(f::kernel::takes(torch::randn({32, 16}).t()));
+  CHECK_FALSE(f::kernel::takes(torch::ones({4, 16}, torch::kInt)));
+  CHECK_FALSE(f::kernel::takes(torch::randn({16})));
+  // On the CPU the casts are ATen's, in one layout.
+  CHECK_FALSE(f::kernel::cast_both_layouts(torch::randn({16, 16}), torch::ones({}), torch::kFloat8_e4m3fn));
+  CHECK_FALSE(f::cast_dynamic(torch::randn({16, 16}), torch::kFloat8_e4m3fn, std::nullopt, false).transposed.defined());
+}
+
+TEST_CASE("fp8 cast kernel: a Linear's three float8 matmuls take the transposes it writes as they take their own",
+          "[fp8]") {
+  // What linear_function does with the casts on CUDA, with the kernel's layouts made here by its code on the CPU:
+  // the forward's weight transposed, the backward's right operands as saved, the gradient transposed.
+  namespace f = accel::detail::fp8;
+  const auto e4m3 = torch::kFloat8_e4m3fn, e5m2 = torch::kFloat8_e5m2;
+  const auto both = [](const torch::Tensor& x, c10::ScalarType dtype) {
+    const auto plain = f::cast_dynamic(x, dtype, std::nullopt, false);
+    const auto [data, transposed] = f::kernel::on_host(x, plain.scale, dtype);
+    return std::pair{plain, f::scaled{data, plain.scale, transposed}};
+  };
+  for (const bool pad : {false, true}) {
+    const auto x = torch::randn({24, 32}).to(torch::kBFloat16), weight = torch::randn({48, 32});
+    const auto g = (torch::randn({24, 48}) * 1e-3).to(torch::kBFloat16);
+    const auto [x8, x8k] = both(x, e4m3);
+    const auto [w8, w8k] = both(weight, e4m3);
+    const auto [g8, g8k] = both(g, e5m2);
+    REQUIRE(x8k.transposed.defined());
+    const auto same = [](const torch::Tensor& a, const torch::Tensor& b) { return torch::equal(a, b); };
+    const auto bf16 = torch::kBFloat16;
+    INFO("pad_inner_dim " << pad);
+    CHECK(same(f::scaled_mm(x8k, w8k.t(), bf16, true, pad), f::scaled_mm(x8, w8.t(), bf16, true, pad)));
+    const f::scaled w_saved{w8k.right_operand(), w8k.scale}, x_saved{x8k.right_operand(), x8k.scale};
+    CHECK_FALSE(w_saved.data.is_contiguous());  // column-major: no copy to make
+    CHECK(same(f::scaled_mm(g8k, w_saved, bf16, false, pad), f::scaled_mm(g8, w8, bf16, false, pad)));
+    CHECK(same(f::scaled_mm(g8k.t(), x_saved, bf16, false, pad), f::scaled_mm(g8.t(), x8, bf16, false, pad)));
+  }
+}
+
 TEST_CASE("fp8 converts the Linear layers of suitable shapes but the first and last, or as a filter decides", "[fp8]") {
   fp8_tensorwise acc{{.cpu = true}};
   stack net;

@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "../../options.hpp"
+#include "cuda_casts.hpp"
 
 namespace accel::detail::fp8 {
 
@@ -57,6 +58,22 @@ inline at::Tensor amax_to_scale(const at::Tensor& amax, c10::ScalarType dtype, b
 /// dimension of 1 (a 0-dim tensor would take x's bfloat16), so the product reads x once and converts as it goes.
 inline at::Tensor float32_factor(const at::Tensor& scale) { return scale.dim() == 0 ? scale.reshape({1}) : scale; }
 
+/// A float8 tensor and the scale it was multiplied by (float32: a scalar, or one per row or column); where the cast
+/// wrote it too (one kernel, on CUDA: cast_kernel.hpp), its transpose, contiguous, which the backward's matmuls take.
+struct scaled {
+  at::Tensor data;
+  at::Tensor scale;
+  at::Tensor transposed = {};
+
+  /// The transposed operand: the contiguous copy where there is one, else a view (which `scaled_mm` copies).
+  [[nodiscard]] scaled t() const {
+    return transposed.defined() ? scaled{transposed, scale.t(), data} : scaled{data.t(), scale.t()};
+  }
+  /// The data laid out as `scaled_mm`'s right operand takes it (column-major), where the cast made that layout;
+  /// else the data as it is.
+  [[nodiscard]] at::Tensor right_operand() const { return transposed.defined() ? transposed.t() : data; }
+};
+
 /// `x` times `scale` in float32, clamped to the type's range and cast (torchao's `hp_tensor_and_scale_to_float8`
 /// and `to_fp8_saturated`; TransformerEngine's cast saturates likewise). The clamp writes float8 as it stores: its
 /// bounds are tensors because `clamp` with scalar bounds takes no output of another type.
@@ -79,11 +96,13 @@ inline at::Tensor cast_in_range(const at::Tensor& x, const at::Tensor& scale, c1
   return at::mul_out(out, x, float32_factor(scale));
 }
 
-/// A float8 tensor and the scale it was multiplied by (float32: a scalar, or one per row or column).
-struct scaled {
-  at::Tensor data;
-  at::Tensor scale;
-};
+/// `x` cast by `scale` (`in_range`: a scale from an amax at least x's own, `cast_in_range`; else `cast`), with its
+/// transpose too where one kernel writes both (a CUDA matrix, a scalar scale: the saturating cast either way).
+inline scaled cast_scaled(const at::Tensor& x, const at::Tensor& scale, c10::ScalarType dtype, bool in_range) {
+  if (scale.numel() == 1)
+    if (auto both = kernel::cast_both_layouts(x, scale, dtype)) return {both->first, scale, both->second};
+  return {in_range ? cast_in_range(x, scale, dtype) : cast(x, scale, dtype), scale};
+}
 
 /// An amax made the whole tensor's, in place (a tensor-parallel slice's amax maxed over its group); empty: none.
 using amax_reduction = std::function<void(at::Tensor&)>;
@@ -95,7 +114,7 @@ inline scaled cast_dynamic(const at::Tensor& x, c10::ScalarType dtype, std::opti
   auto max = amax(x, axis);
   if (whole) whole(max);
   auto scale = amax_to_scale(max, dtype, power_of_2);
-  return {cast_in_range(x, scale, dtype), scale};
+  return cast_scaled(x, scale, dtype, true);
 }
 
 /// `t` padded with zero columns (`dim` 1) or rows (`dim` 0) to a multiple of 16 (torchao's `pad_tensor_for_matmul`).
@@ -115,7 +134,8 @@ inline at::Tensor scaled_mm(const scaled& a, const scaled& b, c10::ScalarType ou
   if (emulate)  // torchao's emulation (`float8_mm` with `emulate`)
     return at::mm(a.data.to(at::kFloat) / a.scale, b.data.to(at::kFloat) / b.scale).to(out_dtype);
   auto a_data = pad_inner_dim ? padded(a.data, 1) : a.data;
-  auto b_data = pad_inner_dim ? padded(b.data, 0) : b.data;
+  const auto b_columns = b.right_operand();
+  auto b_data = pad_inner_dim ? padded(b_columns, 0) : b_columns;
   if (!a_data.is_contiguous()) a_data = a_data.contiguous();
   if (b_data.is_contiguous()) b_data = b_data.t().contiguous().t();
   auto a_inverse = a.scale.reciprocal(), b_inverse = b.scale.reciprocal();

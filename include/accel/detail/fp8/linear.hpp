@@ -78,11 +78,11 @@ struct linear_function : torch::autograd::Function<linear_function> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const layer_plan& plan, const routing::product_split* split) {
     const auto [x8, w8] = forward_casts(x, weight, plan, split);
-    auto out = scaled_mm(x8, {w8.data.t(), w8.scale.t()}, x.scalar_type(), true, plan.pad_inner_dim, plan.emulate);
+    auto out = scaled_mm(x8, w8.t(), x.scalar_type(), true, plan.pad_inner_dim, plan.emulate);
     if (plan.kind == scaling::rowwise)
       ctx->save_for_backward({x, weight});  // recast along the other axis in backward
-    else
-      ctx->save_for_backward({x8.data, x8.scale, w8.data, w8.scale});
+    else  // both as the backward's right operands
+      ctx->save_for_backward({x8.right_operand(), x8.scale, w8.right_operand(), w8.scale});
     ctx->saved_data["kind"] = static_cast<int64_t>(plan.kind);
     ctx->saved_data["grad_dtype"] = static_cast<int64_t>(dtype_of(plan.format, role::grad_output));
     ctx->saved_data["pad"] = plan.pad_inner_dim;
@@ -115,7 +115,7 @@ struct linear_function : torch::autograd::Function<linear_function> {
       const auto x_columns = cast_dynamic(x, at::kFloat8_e4m3fn, 0, true, whole_amax(split, {M, K}, 0));
       grad_input = scaled_mm(g_rows, w_columns, g.scalar_type(), false, pad, emulate);
       grad_weight =
-          scaled_mm({g_columns.data.t(), g_columns.scale.t()}, x_columns, g.scalar_type(), false, pad, emulate);
+          scaled_mm(g_columns.t(), x_columns, g.scalar_type(), false, pad, emulate);
     } else {
       const scaled x8{saved[0], saved[1]}, w8{saved[2], saved[3]};
       const auto g8 = kind == scaling::delayed
@@ -123,7 +123,7 @@ struct linear_function : torch::autograd::Function<linear_function> {
                                          ctx->saved_data["grad_slot"].toTensor(), dtype)
                           : cast_dynamic(g, dtype, std::nullopt, false, whole_amax(split, {M, N}, std::nullopt));
       grad_input = scaled_mm(g8, w8, g.scalar_type(), false, pad, emulate);
-      grad_weight = scaled_mm({g8.data.t(), g8.scale}, x8, g.scalar_type(), false, pad, emulate);
+      grad_weight = scaled_mm(g8.t(), x8, g.scalar_type(), false, pad, emulate);
     }
     return {grad_input, grad_weight, at::Tensor(), at::Tensor()};  // none for the plan and the split
   }
@@ -132,7 +132,7 @@ struct linear_function : torch::autograd::Function<linear_function> {
   static scaled cast_delayed(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& slot,
                              c10::ScalarType dtype) {
     amax_history::record(slot, amax(x, std::nullopt));
-    return {cast(x, scale, dtype), scale};
+    return cast_scaled(x, scale, dtype, false);
   }
 
   /// The forward's casts of the input and the weight, by the plan's recipe. Delayed scaling needs no `split`: its

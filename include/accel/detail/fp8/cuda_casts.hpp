@@ -1,0 +1,235 @@
+/// \file
+/// cast_kernel.hpp's kernel on CUDA: compiled by NVRTC for the device the first time a CUDA tensor is cast, loaded
+/// and launched through the driver on LibTorch's current stream. NVRTC and the driver are opened at run time (as
+/// LibTorch's own jiterator does), so this compiles against every LibTorch and links nothing: a CPU-only LibTorch
+/// never has a CUDA tensor to cast. Where something is missing (no NVRTC, an architecture it does not know), the
+/// casts stay ATen's, with one warning that says why.
+// IWYU pragma: private, include <accel/fp8.hpp>
+#pragma once
+
+#include "../compat.hpp"  // ACCEL_HAS_FLOAT8: on a LibTorch without float8 this header declares nothing
+
+// Outside the #if: every LibTorch has ATen (and the per-header check then precompiles it, tests/CMakeLists.txt).
+#include <ATen/ATen.h>
+
+#if ACCEL_HAS_FLOAT8
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cast_kernel.hpp"
+
+namespace accel::detail::fp8::kernel {
+
+/// A symbol of a library already in the process (LibTorch's CUDA build links NVRTC and loads the CUDA runtime), or
+/// of the first of `libraries` that opens; null if none has it.
+inline void* find_symbol(const char* name, std::initializer_list<const char*> libraries) {
+  if (void* found = dlsym(RTLD_DEFAULT, name)) return found;
+  for (const char* library : libraries)
+    if (void* handle = dlopen(library, RTLD_NOW | RTLD_GLOBAL))
+      if (void* found = dlsym(handle, name)) return found;
+  return nullptr;
+}
+
+/// The NVRTC calls the compilation makes (their C signatures; results are `nvrtcResult`, 0 for success).
+struct nvrtc_api {
+  using program = void*;
+  int (*create)(program*, const char*, const char*, int, const char* const*, const char* const*);
+  int (*compile)(program, int, const char* const*);
+  int (*log_size)(program, std::size_t*);
+  int (*log)(program, char*);
+  int (*cubin_size)(program, std::size_t*);
+  int (*cubin)(program, char*);
+  int (*destroy)(program*);
+
+  /// The process's NVRTC, or an error that says it was not found.
+  static const nvrtc_api& get() {
+    static const std::optional<nvrtc_api> api = load();
+    if (!api) throw std::runtime_error("NVRTC (libnvrtc.so) is not loaded and could not be opened");
+    return *api;
+  }
+
+ private:
+  static std::optional<nvrtc_api> load() {
+    const auto symbol = [](const char* name) {
+      return find_symbol(name, {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"});
+    };
+    nvrtc_api api{};
+    const std::pair<void**, const char*> wanted[] = {
+        {reinterpret_cast<void**>(&api.create), "nvrtcCreateProgram"},
+        {reinterpret_cast<void**>(&api.compile), "nvrtcCompileProgram"},
+        {reinterpret_cast<void**>(&api.log_size), "nvrtcGetProgramLogSize"},
+        {reinterpret_cast<void**>(&api.log), "nvrtcGetProgramLog"},
+        {reinterpret_cast<void**>(&api.cubin_size), "nvrtcGetCUBINSize"},
+        {reinterpret_cast<void**>(&api.cubin), "nvrtcGetCUBIN"},
+        {reinterpret_cast<void**>(&api.destroy), "nvrtcDestroyProgram"}};
+    for (const auto& [slot, name] : wanted)
+      if ((*slot = symbol(name)) == nullptr) return std::nullopt;
+    return api;
+  }
+};
+
+/// The kernels compiled to a cubin for compute capability major.minor (`sm_90` for an H100), or an error with
+/// NVRTC's log.
+inline std::string compile_cubin(int major, int minor) {
+  const auto& nvrtc = nvrtc_api::get();
+  const auto source = cuda_source();
+  nvrtc_api::program program = nullptr;
+  if (nvrtc.create(&program, source.c_str(), "accel_fp8_cast.cu", 0, nullptr, nullptr) != 0)
+    throw std::runtime_error("nvrtcCreateProgram failed");
+  const auto architecture = "--gpu-architecture=sm_" + std::to_string(major * 10 + minor);
+  const char* options[] = {architecture.c_str(), "--std=c++17", "--fmad=false"};
+  const int compiled = nvrtc.compile(program, 3, options);
+  std::size_t size = 0;
+  std::string text;
+  if (compiled != 0) {
+    nvrtc.log_size(program, &size);
+    text.resize(size);
+    nvrtc.log(program, text.data());
+  } else {
+    nvrtc.cubin_size(program, &size);
+    text.resize(size);
+    nvrtc.cubin(program, text.data());
+  }
+  nvrtc.destroy(&program);
+  if (compiled != 0) throw std::runtime_error("NVRTC could not compile the kernel for " + architecture + ": " + text);
+  return text;
+}
+
+/// The CUDA driver calls the launch makes, from libcuda (results are `CUresult`, 0 for success).
+struct driver_api {
+  using handle = void*;
+  int (*current_context)(handle*);
+  int (*context_device)(int*);
+  int (*attribute)(int*, int, int);
+  int (*load_module)(handle*, const void*);
+  int (*get_function)(handle*, handle, const char*);
+  int (*launch)(handle, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, handle, void**, void**);
+  int (*error_string)(int, const char**);
+  int (*runtime_free)(void*);  // cudaFree, from LibTorch's CUDA runtime: `cudaFree(nullptr)` makes a context current
+
+  static const driver_api& get() {
+    static const std::optional<driver_api> api = load();
+    if (!api) throw std::runtime_error("the CUDA driver (libcuda.so.1) or runtime could not be opened");
+    return *api;
+  }
+
+  /// Throws what `result` means, when it is an error.
+  void check(int result, const char* call) const {
+    if (result == 0) return;
+    const char* text = nullptr;
+    error_string(result, &text);
+    throw std::runtime_error(std::string(call) + ": " + (text ? text : "error " + std::to_string(result)));
+  }
+
+ private:
+  static std::optional<driver_api> load() {
+    driver_api api{};
+    const std::pair<void**, const char*> wanted[] = {
+        {reinterpret_cast<void**>(&api.current_context), "cuCtxGetCurrent"},
+        {reinterpret_cast<void**>(&api.context_device), "cuCtxGetDevice"},
+        {reinterpret_cast<void**>(&api.attribute), "cuDeviceGetAttribute"},
+        {reinterpret_cast<void**>(&api.load_module), "cuModuleLoadData"},
+        {reinterpret_cast<void**>(&api.get_function), "cuModuleGetFunction"},
+        {reinterpret_cast<void**>(&api.launch), "cuLaunchKernel"},
+        {reinterpret_cast<void**>(&api.error_string), "cuGetErrorString"}};
+    for (const auto& [slot, name] : wanted)
+      if ((*slot = find_symbol(name, {"libcuda.so.1"})) == nullptr) return std::nullopt;
+    api.runtime_free = reinterpret_cast<int (*)(void*)>(find_symbol("cudaFree", {}));
+    if (api.runtime_free == nullptr) return std::nullopt;
+    return api;
+  }
+};
+
+/// The kernels on each device, compiled and loaded once (per device: a module belongs to its context).
+class cuda_kernels {
+ public:
+  /// The kernel for `input` to `output` on the current context's device.
+  driver_api::handle function(c10::DeviceIndex device, c10::ScalarType input, c10::ScalarType output) {
+    const std::lock_guard lock(mutex_);
+    auto& module = modules_[device];
+    const auto& driver = driver_api::get();
+    if (module == nullptr) {
+      int major = 0, minor = 0, ordinal = 0;
+      driver.check(driver.context_device(&ordinal), "cuCtxGetDevice");
+      driver.check(driver.attribute(&major, 75, ordinal), "cuDeviceGetAttribute");  // compute capability major
+      driver.check(driver.attribute(&minor, 76, ordinal), "cuDeviceGetAttribute");  // and minor
+      const auto cubin = compile_cubin(major, minor);
+      driver.check(driver.load_module(&module, cubin.data()), "cuModuleLoadData");
+    }
+    auto& function = functions_[{device, kernel_name(input, output)}];
+    if (function == nullptr)
+      driver.check(driver.get_function(&function, module, kernel_name(input, output).c_str()), "cuModuleGetFunction");
+    return function;
+  }
+
+  static cuda_kernels& instance() {
+    static cuda_kernels kernels;
+    return kernels;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<c10::DeviceIndex, driver_api::handle> modules_;
+  std::map<std::pair<c10::DeviceIndex, std::string>, driver_api::handle> functions_;
+};
+
+/// Launches the cast of `x` (a CUDA matrix the kernel takes) on the current stream.
+inline std::pair<at::Tensor, at::Tensor> launch(const at::Tensor& x, const at::Tensor& scale, c10::ScalarType dtype) {
+  const c10::DeviceGuard on_device(x.device());
+  const auto& driver = driver_api::get();
+  driver_api::handle context = nullptr;
+  driver.check(driver.current_context(&context), "cuCtxGetCurrent");
+  if (context == nullptr) driver.check(driver.runtime_free(nullptr), "cudaFree");  // the primary context, current
+  const auto function = cuda_kernels::instance().function(x.device().index(), x.scalar_type(), dtype);
+  const auto scale32 = scale.to(at::kFloat).contiguous();
+  auto out = outputs_for(x, dtype);
+  auto problem = problem_of(x, scale32, out);
+  void* arguments[] = {&problem};
+  const auto stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(x.device());
+  driver.check(driver.launch(function, static_cast<unsigned>((x.size(0) + tile - 1) / tile),
+                             static_cast<unsigned>((x.size(1) + tile - 1) / tile), 1, threads, 1, 1, 0,
+                             stream.native_handle(), arguments, nullptr),
+               "cuLaunchKernel");
+  return out;
+}
+
+/// Whether casts on CUDA go through the kernel: yes, unless `ACCEL_FP8_CAST_KERNEL=0` (a diagnostic: ATen's casts,
+/// to compare with) or it failed once on this process (NVRTC or the driver missing), which is warned once.
+inline bool& kernel_enabled() {
+  static bool enabled = [] {
+    const char* setting = std::getenv("ACCEL_FP8_CAST_KERNEL");
+    return setting == nullptr || std::string(setting) != "0";
+  }();
+  return enabled;
+}
+
+/// x times `scale`, saturated, in float8 `dtype`, and its transpose, by one kernel where x is a CUDA matrix it takes;
+/// none otherwise (the caller casts with ATen).
+inline std::optional<std::pair<at::Tensor, at::Tensor>> cast_both_layouts(const at::Tensor& x,
+                                                                          const at::Tensor& scale,
+                                                                          c10::ScalarType dtype) {
+  if (!x.is_cuda() || !kernel_enabled() || !takes(x)) return std::nullopt;
+  try {
+    return launch(x, scale, dtype);
+  } catch (const std::exception& error) {
+    kernel_enabled() = false;
+    TORCH_WARN("accel::fp8: float8 casts stay ATen's (two passes, no fused transpose): ", error.what());
+    return std::nullopt;
+  }
+}
+
+}  // namespace accel::detail::fp8::kernel
+
+#endif  // ACCEL_HAS_FLOAT8
