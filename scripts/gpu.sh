@@ -388,15 +388,24 @@ run_adamw_check() {
 
 # ------------------------------------------------------------------------------------------------ benchmarks
 
-# fp8 (issue 36): one converted Linear against the recipe in Python, both through CUDA's _scaled_mm, bit for bit; then
-# bench_fp8_step's tokens/s against bf16 (target: 1.2x), on a transformer where the matmuls dominate, and one layer's
-# forward in parts (--parts).
+# fp8 (issue 36): the cast kernel against ATen's casts, bit for bit, and their times; one converted Linear against the
+# recipe in Python, both through CUDA's _scaled_mm, bit for bit; then bench_fp8_step's tokens/s against bf16 (target:
+# 1.2x), on a transformer where the matmuls dominate, and the same with ATen's casts; then one layer's forward in parts
+# (--parts) and a step's kernels (--profile).
 run_fp8_checks() {
   local log=$out/checks.log layer=$build/tests/accel_fp8_layer bench=$build/bench/bench_fp8_step recipe part ratio
   [[ -x $layer && -x $bench ]] || {
     record FAIL fp8 "accel_fp8_layer or bench_fp8_step was not built (build.log)"
     return
   }
+  if fits 30 fp8.cast_kernel; then
+    part=$(mktemp)
+    section "fp8 cast kernel against ATen's casts on cuda" >>"$log"
+    timeout 120 "$build/tests/accel_fp8_cast_kernel" cuda >"$part" 2>&1
+    record_exit fp8.cast_kernel $? "$part"
+    cat "$part" >>"$log"
+    rm -f "$part"
+  fi
   for recipe in tensorwise rowwise delayed; do
     fits 30 "fp8.$recipe" || continue
     part=$(mktemp)
@@ -426,6 +435,16 @@ run_fp8_checks() {
       record FAIL "fp8.speed.$recipe" "${ratio}x bf16's tokens/s, target 1.2x (bench in checks.log)"
     fi
   done
+  # The kernel refused at run time (NVRTC or the driver): the casts fell back to ATen's, with LibTorch's warning.
+  if grep -q "float8 casts stay ATen's" "$part"; then
+    record FAIL fp8.cast_kernel.used "$(grep -m1 "float8 casts stay ATen's" "$part" | cut -c1-300)"
+  fi
+  # The same with ATen's casts (two passes, the transposes copied): what the kernel gains, in the same run.
+  fits 60 fp8.speed.aten_casts || { rm -f "$part"; return; }
+  section "ACCEL_FP8_CAST_KERNEL=0 bench_fp8_step on cuda" >>"$log"
+  ACCEL_FP8_CAST_KERNEL=0 timeout 120 "$bench" --rounds 3 >"$part" 2>&1
+  cat "$part" >>"$log"
+  record INFO fp8.speed.aten_casts "$(fp8_ratios "$part")"
   # The same with accel::multi_tensor_adamw (the optimizer's share of the step smaller, as Python's default on CUDA),
   # then at width 8192 (2 blocks), where the matmuls are a larger share still: figures, not the target's check.
   fits 60 fp8.speed.multi_tensor_adamw || { rm -f "$part"; return; }

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <string>
 
@@ -22,10 +23,7 @@ namespace {
 namespace f = accel::detail::fp8;
 
 int compile_with(const std::filesystem::path& library) {
-  // NVRTC opens its builtins by name: load them first, from beside it, as a CUDA LibTorch's loader path would.
-  for (const auto& entry : std::filesystem::directory_iterator(library.parent_path()))
-    if (entry.path().filename().string().starts_with("libnvrtc-builtins.so"))
-      dlopen(entry.path().c_str(), RTLD_NOW | RTLD_GLOBAL);
+  // Loaded as a CUDA LibTorch's link loads it; accel finds it there, and its builtins beside it.
   if (dlopen(library.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
     std::cerr << "fp8_cast_kernel: skipped: cannot open " << library << " (" << dlerror()
               << "): pip install nvidia-cuda-nvrtc (requirements.txt)\n";
@@ -66,7 +64,8 @@ int on_cuda() {
   int failures = 0;
   for (const auto type : {at::kBFloat16, at::kFloat, at::kHalf})
     for (const auto dtype : {at::kFloat8_e4m3fn, at::kFloat8_e5m2})
-      for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 16}, {37, 48}, {64, 64}, {130, 208}, {8192, 4096}}) {
+      for (const auto& [rows, cols] :
+           {std::pair<int64_t, int64_t>{1, 16}, {37, 48}, {64, 64}, {130, 208}, {8192, 4096}}) {
         const auto x = (torch::randn({rows, cols}, cuda) * 100).to(type);
         const auto scale = torch::full({}, 3.7f, cuda);  // some products beyond the range: saturation too
         if (!same_as_aten(x, scale, dtype)) {

@@ -102,24 +102,24 @@ TEST_CASE("fp8 casts: a scale from the tensor's own amax needs no clamp, the bit
   CHECK(compared == 2 * 2 * 3 * 20);
 }
 
-TEST_CASE("fp8 cast kernel: its rounding and saturation, run on the CPU, are ATen's clamp and cast for every bfloat16 "
-          "and float16 value and 2^20 float32 bit patterns",
-          "[fp8]") {
+TEST_CASE(
+    "fp8 cast kernel: its rounding and saturation, run on the CPU, are ATen's clamp and cast for every bfloat16 "
+    "and float16 value and 2^20 float32 bit patterns",
+    "[fp8]") {
   namespace f = accel::detail::fp8;
   const auto bits = [](const torch::Tensor& t) { return t.view(torch::kUInt8); };
   const auto every_16_bit_value = torch::arange(-32768, 32768, torch::kInt).to(torch::kShort).reshape({4096, 16});
   auto generator = at::make_generator<at::CPUGeneratorImpl>(7);
-  const auto float32_patterns =
-      torch::randint(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), {65536, 16}, generator,
-                     torch::kInt)
-          .view(torch::kFloat);
+  const auto float32_patterns = torch::randint(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(),
+                                               {65536, 16}, generator, torch::kInt)
+                                    .view(torch::kFloat);
   int compared = 0;
   for (const auto dtype : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2})
     // 1: the values themselves (NaNs, infinities, float8's subnormals); 3.7: many beyond the range, saturated;
     // 2^-20: most into float8's subnormals or to zero.
     for (const float factor : {1.0f, 3.7f, 0x1p-20f})
-      for (const auto& x : {every_16_bit_value.view(torch::kBFloat16), every_16_bit_value.view(torch::kHalf),
-                            float32_patterns}) {
+      for (const auto& x :
+           {every_16_bit_value.view(torch::kBFloat16), every_16_bit_value.view(torch::kHalf), float32_patterns}) {
         const auto scale = torch::full({}, factor);
         INFO(x.scalar_type() << " to " << dtype << ", scale " << factor);
         CHECK(torch::equal(bits(f::kernel::on_host(x, scale, dtype).first), bits(f::cast(x, scale, dtype))));

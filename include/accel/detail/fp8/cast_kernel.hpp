@@ -16,6 +16,7 @@
 
 #if ACCEL_HAS_FLOAT8
 #include <bit>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -59,7 +60,8 @@ ACCEL_FP8_COMPILED_TWICE(
 
     /* `value` in float8, rounded to nearest even and saturated at the largest finite value, infinities included (a
        clamp to the format's range, then the conversion, as torchao and TransformerEngine cast); NaN stays NaN. */
-    template <class Format> ACCEL_FP8_FUNCTION unsigned char to_float8(float value) {
+    template <class Format>
+    ACCEL_FP8_FUNCTION unsigned char to_float8(float value) {
       const unsigned int bits = float_bits(value), sign = (bits >> 24) & 0x80u, magnitude = bits & 0x7fffffffu;
       if (magnitude > 0x7f800000u) return static_cast<unsigned char>(sign | 0x7fu);
       if (magnitude >= Format::largest_bits) return static_cast<unsigned char>(sign | Format::largest_code);
@@ -106,7 +108,8 @@ ACCEL_FP8_COMPILED_TWICE(
     };
 
     /* A block's share of a (rows x cols) cast: a tile of 64 x 64, 256 threads, each 16 elements of one row. */
-    constexpr int tile = 64, tile_pitch = 68, threads = 256; /* pitch: 4 bytes more, fewer shared-memory conflicts */
+    constexpr int tile = 64,
+    tile_pitch = 68, threads = 256; /* pitch: 4 bytes more, fewer shared-memory conflicts */
 
     struct cast_problem {
       const unsigned char* x;
@@ -196,8 +199,10 @@ template <class Input, class Format> __device__ __forceinline__ void cast_transp
 )cuda";
   for (const auto input : {at::kFloat, at::kBFloat16, at::kHalf})
     for (const auto output : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
-      const std::string reader = input == at::kFloat ? "from_float" : input == at::kBFloat16 ? "from_bfloat16" : "from_half";
-      source += "extern \"C\" __global__ void __launch_bounds__(256) " + kernel_name(input, output) +
+      const std::string reader = input == at::kFloat      ? "from_float"
+                                 : input == at::kBFloat16 ? "from_bfloat16"
+                                                          : "from_half";
+      source += "extern \"C\" __global__ void __launch_bounds__(threads) " + kernel_name(input, output) +
                 "(cast_problem p) { cast_transpose<" + reader + (output == at::kFloat8_e5m2 ? ", e5m2" : ", e4m3") +
                 ">(p); }\n";
     }
@@ -218,9 +223,12 @@ inline std::pair<at::Tensor, at::Tensor> outputs_for(const at::Tensor& x, c10::S
   return {at::empty(x.sizes(), x.options().dtype(dtype)), at::empty({x.size(1), x.size(0)}, x.options().dtype(dtype))};
 }
 inline cast_problem problem_of(const at::Tensor& x, const at::Tensor& scale, std::pair<at::Tensor, at::Tensor>& out) {
-  return {static_cast<const unsigned char*>(x.data_ptr()), scale.data_ptr<float>(),
-          static_cast<unsigned char*>(out.first.data_ptr()), static_cast<unsigned char*>(out.second.data_ptr()),
-          x.size(0), x.size(1)};
+  return {static_cast<const unsigned char*>(x.data_ptr()),
+          scale.data_ptr<float>(),
+          static_cast<unsigned char*>(out.first.data_ptr()),
+          static_cast<unsigned char*>(out.second.data_ptr()),
+          x.size(0),
+          x.size(1)};
 }
 
 /// The kernel run on the CPU, block by block and thread by thread, each half after the other as `__syncthreads`

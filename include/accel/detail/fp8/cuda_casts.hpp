@@ -18,8 +18,10 @@
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -76,7 +78,20 @@ struct nvrtc_api {
         {reinterpret_cast<void**>(&api.destroy), "nvrtcDestroyProgram"}};
     for (const auto& [slot, name] : wanted)
       if ((*slot = symbol(name)) == nullptr) return std::nullopt;
+    load_builtins(reinterpret_cast<void*>(api.create));
     return api;
+  }
+
+  /// NVRTC opens its builtins library by name when it compiles, which finds it only on the loader's path; NVIDIA's
+  /// wheel (PyTorch's dependency) puts it beside libnvrtc, off that path. Loaded from there first, it is found.
+  static void load_builtins(void* nvrtc_function) {
+    Dl_info info{};
+    if (dladdr(nvrtc_function, &info) == 0 || info.dli_fname == nullptr) return;
+    std::error_code ignored;
+    const auto directory = std::filesystem::path(info.dli_fname).parent_path();
+    for (const auto& entry : std::filesystem::directory_iterator(directory, ignored))
+      if (entry.path().filename().string().starts_with("libnvrtc-builtins.so"))
+        dlopen(entry.path().c_str(), RTLD_NOW | RTLD_GLOBAL);
   }
 };
 
@@ -146,8 +161,7 @@ struct driver_api {
         {reinterpret_cast<void**>(&api.error_string), "cuGetErrorString"}};
     for (const auto& [slot, name] : wanted)
       if ((*slot = find_symbol(name, {"libcuda.so.1"})) == nullptr) return std::nullopt;
-    api.runtime_free = reinterpret_cast<int (*)(void*)>(find_symbol("cudaFree", {}));
-    if (api.runtime_free == nullptr) return std::nullopt;
+    api.runtime_free = reinterpret_cast<int (*)(void*)>(find_symbol("cudaFree", {}));  // needed only without a context
     return api;
   }
 };
@@ -191,7 +205,12 @@ inline std::pair<at::Tensor, at::Tensor> launch(const at::Tensor& x, const at::T
   const auto& driver = driver_api::get();
   driver_api::handle context = nullptr;
   driver.check(driver.current_context(&context), "cuCtxGetCurrent");
-  if (context == nullptr) driver.check(driver.runtime_free(nullptr), "cudaFree");  // the primary context, current
+  if (context ==
+      nullptr) {  // a thread that has not called CUDA yet: cudaFree(nullptr) makes the primary context current
+    if (driver.runtime_free == nullptr)
+      throw std::runtime_error("no current CUDA context, and no cudaFree to make one");
+    driver.check(driver.runtime_free(nullptr), "cudaFree");
+  }
   const auto function = cuda_kernels::instance().function(x.device().index(), x.scalar_type(), dtype);
   const auto scale32 = scale.to(at::kFloat).contiguous();
   auto out = outputs_for(x, dtype);
@@ -207,8 +226,8 @@ inline std::pair<at::Tensor, at::Tensor> launch(const at::Tensor& x, const at::T
 
 /// Whether casts on CUDA go through the kernel: yes, unless `ACCEL_FP8_CAST_KERNEL=0` (a diagnostic: ATen's casts,
 /// to compare with) or it failed once on this process (NVRTC or the driver missing), which is warned once.
-inline bool& kernel_enabled() {
-  static bool enabled = [] {
+inline std::atomic<bool>& kernel_enabled() {
+  static std::atomic<bool> enabled = [] {
     const char* setting = std::getenv("ACCEL_FP8_CAST_KERNEL");
     return setting == nullptr || std::string(setting) != "0";
   }();
@@ -217,15 +236,14 @@ inline bool& kernel_enabled() {
 
 /// x times `scale`, saturated, in float8 `dtype`, and its transpose, by one kernel where x is a CUDA matrix it takes;
 /// none otherwise (the caller casts with ATen).
-inline std::optional<std::pair<at::Tensor, at::Tensor>> cast_both_layouts(const at::Tensor& x,
-                                                                          const at::Tensor& scale,
+inline std::optional<std::pair<at::Tensor, at::Tensor>> cast_both_layouts(const at::Tensor& x, const at::Tensor& scale,
                                                                           c10::ScalarType dtype) {
   if (!x.is_cuda() || !kernel_enabled() || !takes(x)) return std::nullopt;
   try {
     return launch(x, scale, dtype);
   } catch (const std::exception& error) {
-    kernel_enabled() = false;
-    TORCH_WARN("accel::fp8: float8 casts stay ATen's (two passes, no fused transpose): ", error.what());
+    if (kernel_enabled().exchange(false))
+      TORCH_WARN("accel::fp8: float8 casts stay ATen's (two passes, no fused transpose): ", error.what());
     return std::nullopt;
   }
 }

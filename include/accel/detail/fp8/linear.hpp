@@ -81,7 +81,7 @@ struct linear_function : torch::autograd::Function<linear_function> {
     auto out = scaled_mm(x8, w8.t(), x.scalar_type(), true, plan.pad_inner_dim, plan.emulate);
     if (plan.kind == scaling::rowwise)
       ctx->save_for_backward({x, weight});  // recast along the other axis in backward
-    else  // both as the backward's right operands
+    else                                    // both as the backward's right operands
       ctx->save_for_backward({x8.right_operand(), x8.scale, w8.right_operand(), w8.scale});
     ctx->saved_data["kind"] = static_cast<int64_t>(plan.kind);
     ctx->saved_data["grad_dtype"] = static_cast<int64_t>(dtype_of(plan.format, role::grad_output));
@@ -114,8 +114,7 @@ struct linear_function : torch::autograd::Function<linear_function> {
       const auto w_columns = cast_dynamic(weight, at::kFloat8_e4m3fn, 0, true, whole_amax(split, {N, K}, 0));
       const auto x_columns = cast_dynamic(x, at::kFloat8_e4m3fn, 0, true, whole_amax(split, {M, K}, 0));
       grad_input = scaled_mm(g_rows, w_columns, g.scalar_type(), false, pad, emulate);
-      grad_weight =
-          scaled_mm(g_columns.t(), x_columns, g.scalar_type(), false, pad, emulate);
+      grad_weight = scaled_mm(g_columns.t(), x_columns, g.scalar_type(), false, pad, emulate);
     } else {
       const scaled x8{saved[0], saved[1]}, w8{saved[2], saved[3]};
       const auto g8 = kind == scaling::delayed
