@@ -44,6 +44,13 @@ inline void* find_symbol(const char* name, std::initializer_list<const char*> li
   return nullptr;
 }
 
+/// `slot` pointed at the function `name` (`find_symbol`); whether it was found.
+template <class Function>
+bool bind_symbol(Function*& slot, const char* name, std::initializer_list<const char*> libraries) {
+  slot = reinterpret_cast<Function*>(find_symbol(name, libraries));
+  return slot != nullptr;
+}
+
 /// The NVRTC calls the compilation makes (their C signatures; results are `nvrtcResult`, 0 for success).
 struct nvrtc_api {
   using program = void*;
@@ -64,20 +71,16 @@ struct nvrtc_api {
 
  private:
   static std::optional<nvrtc_api> load() {
-    const auto symbol = [](const char* name) {
-      return find_symbol(name, {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"});
-    };
+    const auto libraries = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
     nvrtc_api api{};
-    const std::pair<void**, const char*> wanted[] = {
-        {reinterpret_cast<void**>(&api.create), "nvrtcCreateProgram"},
-        {reinterpret_cast<void**>(&api.compile), "nvrtcCompileProgram"},
-        {reinterpret_cast<void**>(&api.log_size), "nvrtcGetProgramLogSize"},
-        {reinterpret_cast<void**>(&api.log), "nvrtcGetProgramLog"},
-        {reinterpret_cast<void**>(&api.cubin_size), "nvrtcGetCUBINSize"},
-        {reinterpret_cast<void**>(&api.cubin), "nvrtcGetCUBIN"},
-        {reinterpret_cast<void**>(&api.destroy), "nvrtcDestroyProgram"}};
-    for (const auto& [slot, name] : wanted)
-      if ((*slot = symbol(name)) == nullptr) return std::nullopt;
+    const bool found = bind_symbol(api.create, "nvrtcCreateProgram", libraries) &&
+                       bind_symbol(api.compile, "nvrtcCompileProgram", libraries) &&
+                       bind_symbol(api.log_size, "nvrtcGetProgramLogSize", libraries) &&
+                       bind_symbol(api.log, "nvrtcGetProgramLog", libraries) &&
+                       bind_symbol(api.cubin_size, "nvrtcGetCUBINSize", libraries) &&
+                       bind_symbol(api.cubin, "nvrtcGetCUBIN", libraries) &&
+                       bind_symbol(api.destroy, "nvrtcDestroyProgram", libraries);
+    if (!found) return std::nullopt;
     load_builtins(reinterpret_cast<void*>(api.create));
     return api;
   }
@@ -150,18 +153,17 @@ struct driver_api {
 
  private:
   static std::optional<driver_api> load() {
+    const auto libraries = {"libcuda.so.1"};
     driver_api api{};
-    const std::pair<void**, const char*> wanted[] = {
-        {reinterpret_cast<void**>(&api.current_context), "cuCtxGetCurrent"},
-        {reinterpret_cast<void**>(&api.context_device), "cuCtxGetDevice"},
-        {reinterpret_cast<void**>(&api.attribute), "cuDeviceGetAttribute"},
-        {reinterpret_cast<void**>(&api.load_module), "cuModuleLoadData"},
-        {reinterpret_cast<void**>(&api.get_function), "cuModuleGetFunction"},
-        {reinterpret_cast<void**>(&api.launch), "cuLaunchKernel"},
-        {reinterpret_cast<void**>(&api.error_string), "cuGetErrorString"}};
-    for (const auto& [slot, name] : wanted)
-      if ((*slot = find_symbol(name, {"libcuda.so.1"})) == nullptr) return std::nullopt;
-    api.runtime_free = reinterpret_cast<int (*)(void*)>(find_symbol("cudaFree", {}));  // needed only without a context
+    const bool found = bind_symbol(api.current_context, "cuCtxGetCurrent", libraries) &&
+                       bind_symbol(api.context_device, "cuCtxGetDevice", libraries) &&
+                       bind_symbol(api.attribute, "cuDeviceGetAttribute", libraries) &&
+                       bind_symbol(api.load_module, "cuModuleLoadData", libraries) &&
+                       bind_symbol(api.get_function, "cuModuleGetFunction", libraries) &&
+                       bind_symbol(api.launch, "cuLaunchKernel", libraries) &&
+                       bind_symbol(api.error_string, "cuGetErrorString", libraries);
+    if (!found) return std::nullopt;
+    bind_symbol(api.runtime_free, "cudaFree", {});  // LibTorch's CUDA runtime; needed only without a context
     return api;
   }
 };
