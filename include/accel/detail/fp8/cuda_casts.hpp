@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "../support/directory_entries.hpp"
 #include "cast_kernel.hpp"
 
 namespace accel::detail::fp8::kernel {
@@ -90,11 +91,13 @@ struct nvrtc_api {
   static void load_builtins(void* nvrtc_function) {
     Dl_info info{};
     if (dladdr(nvrtc_function, &info) == 0 || info.dli_fname == nullptr) return;
-    std::error_code ignored;
-    const auto directory = std::filesystem::path(info.dli_fname).parent_path();
-    for (const auto& entry : std::filesystem::directory_iterator(directory, ignored))
-      if (entry.path().filename().string().starts_with("libnvrtc-builtins.so"))
-        dlopen(entry.path().c_str(), RTLD_NOW | RTLD_GLOBAL);
+    try {
+      for (const auto& entry : directory_entries(std::filesystem::path(info.dli_fname).parent_path()))
+        if (entry.path().filename().string().starts_with("libnvrtc-builtins.so"))
+          dlopen(entry.path().c_str(), RTLD_NOW | RTLD_GLOBAL);
+    } catch (const std::filesystem::filesystem_error&) {
+      // an unreadable directory: NVRTC's own search is all there is, and its error will say what it missed
+    }
   }
 };
 
