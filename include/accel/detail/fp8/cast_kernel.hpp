@@ -16,6 +16,7 @@
 
 #if ACCEL_HAS_FLOAT8
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -164,10 +165,27 @@ inline void store16(unsigned char* to, const sixteen_bytes& bytes) { std::memcpy
 #undef ACCEL_FP8_COMPILED_TWICE
 #undef ACCEL_FP8_FUNCTION
 
+/// What the kernels read and write, each type with its name in the shared code (and in the kernels' names): one list
+/// for the CUDA program, the kernels' names and `takes`.
+struct kernel_type {
+  c10::ScalarType type;
+  const char* name;
+};
+inline constexpr kernel_type kernel_inputs[] = {
+    {at::kFloat, "from_float"}, {at::kBFloat16, "from_bfloat16"}, {at::kHalf, "from_half"}};
+inline constexpr kernel_type kernel_outputs[] = {{at::kFloat8_e4m3fn, "e4m3"}, {at::kFloat8_e5m2, "e5m2"}};
+
+/// The name of `type` in `types`, or null.
+template <std::size_t N>
+const char* name_in(const kernel_type (&types)[N], c10::ScalarType type) {
+  for (const auto& entry : types)
+    if (entry.type == type) return entry.name;
+  return nullptr;
+}
+
 /// The kernels' names: one per input type and float8 format, `extern "C"` so that the driver finds them by name.
 inline std::string kernel_name(c10::ScalarType input, c10::ScalarType output) {
-  const char* in = input == at::kFloat ? "float" : input == at::kBFloat16 ? "bfloat16" : "half";
-  return std::string("accel_cast_") + in + (output == at::kFloat8_e5m2 ? "_e5m2" : "_e4m3");
+  return std::string("accel_cast_") + name_in(kernel_inputs, input) + "_" + name_in(kernel_outputs, output);
 }
 
 /// The CUDA program NVRTC compiles: the device's prologue, the shared code, and a kernel per input and format.
@@ -197,23 +215,17 @@ template <class Input, class Format> __device__ __forceinline__ void cast_transp
   transpose_part(p, tile_bytes, tile_row, tile_col, static_cast<int>(threadIdx.x));
 }
 )cuda";
-  for (const auto input : {at::kFloat, at::kBFloat16, at::kHalf})
-    for (const auto output : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
-      const std::string reader = input == at::kFloat      ? "from_float"
-                                 : input == at::kBFloat16 ? "from_bfloat16"
-                                                          : "from_half";
-      source += "extern \"C\" __global__ void __launch_bounds__(threads) " + kernel_name(input, output) +
-                "(cast_problem p) { cast_transpose<" + reader + (output == at::kFloat8_e5m2 ? ", e5m2" : ", e4m3") +
-                ">(p); }\n";
-    }
+  for (const auto& input : kernel_inputs)
+    for (const auto& output : kernel_outputs)
+      source += "extern \"C\" __global__ void __launch_bounds__(threads) " + kernel_name(input.type, output.type) +
+                "(cast_problem p) { cast_transpose<" + input.name + ", " + output.name + ">(p); }\n";
   return source;
 }
 
 /// Whether the kernel takes `x`: a contiguous matrix of float, bfloat16 or float16 whose rows are whole 16-byte
 /// chunks (columns a multiple of 16, as a float8 Linear's are), on a grid CUDA can launch.
 inline bool takes(const at::Tensor& x) {
-  const auto type = x.scalar_type();
-  return x.dim() == 2 && x.is_contiguous() && (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) &&
+  return x.dim() == 2 && x.is_contiguous() && name_in(kernel_inputs, x.scalar_type()) != nullptr &&
          x.size(1) % 16 == 0 && reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 16 == 0 && x.size(0) > 0 &&
          x.size(1) > 0 && (x.size(1) + tile - 1) / tile <= 65535;
 }

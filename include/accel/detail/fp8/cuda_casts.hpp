@@ -28,7 +28,6 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "../support/directory_entries.hpp"
 #include "cast_kernel.hpp"
@@ -187,9 +186,9 @@ class cuda_kernels {
       const auto cubin = compile_cubin(major, minor);
       driver.check(driver.load_module(&module, cubin.data()), "cuModuleLoadData");
     }
-    auto& function = functions_[{device, kernel_name(input, output)}];
-    if (function == nullptr)
-      driver.check(driver.get_function(&function, module, kernel_name(input, output).c_str()), "cuModuleGetFunction");
+    const auto name = kernel_name(input, output);
+    auto& function = functions_[{device, name}];
+    if (function == nullptr) driver.check(driver.get_function(&function, module, name.c_str()), "cuModuleGetFunction");
     return function;
   }
 
@@ -210,8 +209,8 @@ inline std::pair<at::Tensor, at::Tensor> launch(const at::Tensor& x, const at::T
   const auto& driver = driver_api::get();
   driver_api::handle context = nullptr;
   driver.check(driver.current_context(&context), "cuCtxGetCurrent");
-  if (context ==
-      nullptr) {  // a thread that has not called CUDA yet: cudaFree(nullptr) makes the primary context current
+  // A thread that has not called CUDA yet has no current context: cudaFree(nullptr) makes the primary one current.
+  if (context == nullptr) {
     if (driver.runtime_free == nullptr)
       throw std::runtime_error("no current CUDA context, and no cudaFree to make one");
     driver.check(driver.runtime_free(nullptr), "cudaFree");
