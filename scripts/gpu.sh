@@ -180,15 +180,11 @@ find_dependencies() {
     # machine's does): then the copy beside torch (the nvidia-cuda-nvrtc wheel) serves.
     if ! compgen -G "$cuda_root/lib*/libnvrtc.so*" >/dev/null; then
       local nvrtc
-      nvrtc=$("$python" -c "$find_nvrtc" 2>/dev/null)
+      nvrtc=$("$python" "$root/tests/scripts/find_nvrtc.py" 2>/dev/null)
       [[ -n $nvrtc ]] && cmake_args+=(-DCUDA_nvrtc_LIBRARY="$nvrtc")
     fi
   fi
 }
-find_nvrtc='
-import glob, os, nvidia
-print(next(iter(sorted(p for root in nvidia.__path__ for p in glob.glob(os.path.join(root, "**", "libnvrtc.so*"),
-                                                                     recursive=True))), ""))'
 
 # The targets the chosen phases need (--only build: every phase's): on the GPU all of them for the suite; in the dry
 # run those of its share of the suite (dry_suite_regex).
