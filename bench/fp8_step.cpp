@@ -202,6 +202,13 @@ void print_parts(const settings& s, const c10::Device& device) {
   const bool emulate = device.is_cpu();  // as options::fp8.emulate chooses when unset
   const double matmul16 = milliseconds(s, device, [&] { (void)at::linear(x, weight16); });
   const double cast = milliseconds(s, device, [&] { (void)casts(); });
+  // Where the cast kernel wrote both layouts: ATen's casts and transposes of the same operands, to compare with.
+  const auto aten_cast = [](const torch::Tensor& t) {
+    const auto scale = f::amax_to_scale(f::amax(t, std::nullopt), torch::kFloat8_e4m3fn, false);
+    return f::cast_in_range(t, scale, torch::kFloat8_e4m3fn).t().contiguous();
+  };
+  const double aten_casts =
+      x8.transposed.defined() ? milliseconds(s, device, [&] { (void)aten_cast(x), (void)aten_cast(weight); }) : 0.0;
   const double matmul8 =
       milliseconds(s, device, [&] { (void)f::scaled_mm(x8, w8.t(), torch::kBFloat16, true, true, emulate); });
   std::printf("parts of one layer's forward, %lld x %lld times %lld x %lld%s:\n", static_cast<long long>(x.size(0)),
@@ -211,6 +218,7 @@ void print_parts(const settings& s, const c10::Device& device) {
   // On CUDA the casts write the backward's transposed layouts too (detail/fp8/cast_kernel.hpp), in the same pass.
   std::printf("  %-26s %10.3f ms\n", x8.transposed.defined() ? "fp8 casts, both layouts" : "fp8 casts (input, weight)",
               cast);
+  if (x8.transposed.defined()) std::printf("  %-26s %10.3f ms\n", "ATen's casts + transposes", aten_casts);
   std::printf("  %-26s %10.3f ms\n", "fp8 matmul", matmul8);
   std::printf("  %-26s %10.3f ms  %.2fx bf16's time\n", "fp8 casts + matmul", cast + matmul8,
               (cast + matmul8) / matmul16);

@@ -384,7 +384,7 @@ run_adamw_check() {
 
 # ------------------------------------------------------------------------------------------------ benchmarks
 
-# fp8 (issue 36): the cast kernel against ATen's casts, bit for bit, and their times; one converted Linear against the
+# fp8 (issue 36): the cast kernel against ATen's casts, bit for bit; one converted Linear against the
 # recipe in Python, both through CUDA's _scaled_mm, bit for bit; then bench_fp8_step's tokens/s against bf16 (target:
 # 1.2x), on a transformer where the matmuls dominate, and the same with ATen's casts; then one layer's forward in parts
 # (--parts) and a step's kernels (--profile).
@@ -459,7 +459,7 @@ run_fp8_checks() {
   section "bench_fp8_step --parts on cuda" >>"$log"
   timeout 60 "$bench" --parts >"$part" 2>&1
   cat "$part" >>"$log"
-  record INFO fp8.parts "$(grep '^  ' "$part" | tr -s ' ' | paste -sd';' - | cut -c1-200)"
+  record INFO fp8.parts "$(grep '^  ' "$part" | tr -s ' ' | paste -sd';' - | cut -c1-260)"
   fits 45 fp8.profile || { rm -f "$part"; return; }
   timeout 90 "$bench" --profile --optimizer multi_tensor_adamw >"$out/fp8_profile.txt" 2>&1
   record INFO fp8.profile "$(grep 'one step' "$out/fp8_profile.txt" | paste -sd';' - | cut -c1-240) (fp8_profile.txt)"

@@ -2,16 +2,15 @@
 //   `fp8_cast_kernel nvrtc LIBNVRTC`: NVRTC (the library at LIBNVRTC, from the nvidia-cuda-nvrtc wheel: it runs
 //   without a GPU) compiles the kernel's CUDA text for Ada, Hopper and Blackwell, as accel does at run time;
 //   `fp8_cast_kernel cuda`: on a GPU, the kernel's two layouts against ATen's cast and transpose, bit for bit, for
-//   each input type, float8 format and an assortment of shapes; then the time of each (scripts/gpu.sh runs it).
+//   each input type, float8 format and an assortment of shapes (scripts/gpu.sh runs it; `bench_fp8_step --parts`
+//   times the two).
 // Exits 77 (skipped) without the library or the GPU, saying which.
 #include <accel/accel.hpp>
 #include <dlfcn.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <filesystem>
-#include <functional>
 #include <iostream>
 #include <string>
 
@@ -40,19 +39,10 @@ int compile_with(const std::filesystem::path& library) {
 /// The kernel's two layouts against the ATen path's (cast, then `.t().contiguous()`), bit for bit.
 bool same_as_aten(const at::Tensor& x, const at::Tensor& scale, c10::ScalarType dtype) {
   const auto both = f::kernel::cast_both_layouts(x, scale, dtype);
-  if (!both) throw std::runtime_error("the kernel refused a matrix it takes");
+  if (!both) throw std::runtime_error("the kernel did not run (LibTorch's warning above says why)");
   const auto rows = f::cast(x, scale, dtype);
   return torch::equal(both->first.view(at::kByte), rows.view(at::kByte)) &&
          torch::equal(both->second.view(at::kByte), rows.t().contiguous().view(at::kByte));
-}
-
-double milliseconds(const std::function<void()>& work) {
-  for (int i = 0; i < 3; ++i) work();
-  torch::cuda::synchronize();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < 20; ++i) work();
-  torch::cuda::synchronize();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / 20;
 }
 
 int on_cuda() {
@@ -74,12 +64,6 @@ int on_cuda() {
         }
       }
   std::cout << "cast kernel against ATen on cuda: " << (failures == 0 ? "the same bits" : "DIFFERENT") << "\n";
-  const auto x = torch::randn({8192, 4096}, cuda).to(at::kBFloat16);
-  const auto scale = torch::full({}, 2.0f, cuda);
-  const double kernel = milliseconds([&] { (void)f::kernel::cast_both_layouts(x, scale, at::kFloat8_e4m3fn); });
-  const double aten = milliseconds([&] { (void)f::cast(x, scale, at::kFloat8_e4m3fn).t().contiguous(); });
-  std::cout << "8192 x 4096 bfloat16 to e4m3, both layouts: kernel " << kernel << " ms, ATen " << aten << " ms ("
-            << aten / kernel << "x)\n";
   return failures == 0 ? 0 : 1;
 }
 
