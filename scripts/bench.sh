@@ -3,6 +3,12 @@
 # from .venv by default; ACCEL_TORCH=debian for Debian's 1.13.1 (build directory $ACCEL_BUILD_DIR-torch1.13), whose
 # C++ benchmarks then run against the same Python peers (PyTorch 2.13, Accelerate 1.15 from .venv).
 #   scripts/bench.sh          all benchmarks
+#   scripts/bench.sh compile  compiler CPU time of the README's program and of a bf16 data-parallel loop with accel
+#                             (compiled and header-only) against the same programs written with LibTorch alone, and
+#                             accel.hpp alone against torch/torch.h alone (bench/compile_times.py; HEADERS=1 adds
+#                             each public header alone)
+#   scripts/bench.sh compile-suite  the same, then a clean build of the test suite with the compiler cache off and
+#                             the rebuild after touching include/accel/tracking.hpp
 #   scripts/bench.sh step     the single-process step overhead against raw LibTorch (bench/mlp_step.cpp) only
 #   scripts/bench.sh accelerate   accel against Hugging Face Accelerate, 1 process and 2 Gloo processes
 #                                 (bench/accelerate_compare.py)
@@ -38,12 +44,25 @@ source "$root/scripts/torch.sh"
 build=${ACCEL_BUILD_DIR:-$root/build-bench}$torch_build_suffix
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=OFF \
   -DACCEL_BUILD_BENCHMARKS=ON "${torch_cmake_args[@]}"
-cmake --build "$build" -j2
+if [[ $which == compile || $which == compile-suite ]]; then
+  # The compile-time benchmark times compile commands itself; it builds its programs only to keep them correct.
+  cmake --build "$build" -j2 --target bench_compile_readme bench_compile_readme_header_only bench_compile_readme_torch \
+    bench_compile_dp bench_compile_dp_header_only bench_compile_dp_torch
+else
+  cmake --build "$build" -j2
+fi
 # One thread everywhere, OpenBLAS included (it reads its own variable when it loads).
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 echo "LibTorch: $(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt")"
 echo "Python peers: $("$venv_python" -c 'import torch, accelerate; print("torch", torch.__version__, "accelerate", accelerate.__version__)')"
 
+if [[ $which == compile || $which == compile-suite ]]; then
+  # Compiler CPU time of a user's file: accel against LibTorch alone, paired rounds (bench/compile_times.py).
+  extra=()
+  [[ $which == compile-suite ]] && extra=(--suite "$root")
+  "$venv_python" "$root/bench/compile_times.py" "$build" "${ROUNDS:-5}" ${HEADERS:+--headers} "${extra[@]}"
+  exit 0
+fi
 if [[ $which == all || $which == step ]]; then
   "$build/bench/bench_mlp_step"
 fi

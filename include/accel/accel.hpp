@@ -50,3 +50,4 @@
 #include "tracking.hpp"
 #include "dispatch.hpp"
 // IWYU pragma: end_exports
+#include "detail/sharded_configurations.hpp"

@@ -10,6 +10,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <array>
+#include <concepts>
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
@@ -29,9 +30,12 @@
 #include "concepts.hpp"
 #include "checkpoint.hpp"
 #include "data_loader.hpp"
+#include "fwd.hpp"
 #include "device_mesh.hpp"
 #include "detail/prepared/accelerator_access.hpp"
 #include "detail/checkpoint/schedule.hpp"
+#include "detail/config.hpp"
+#include "detail/support/deferred.hpp"
 #include "detail/support/diagnostics.hpp"
 #include "detail/prepared/registry.hpp"
 #include "detail/support/scope.hpp"
@@ -44,10 +48,7 @@
 #include "prepared_optimizer.hpp"
 #include "prepared_range.hpp"
 #include "prepared_scheduler.hpp"
-#include "profiler.hpp"
-#include "progress.hpp"
 #include "shard.hpp"
-#include "tracking.hpp"
 
 namespace accel {
 namespace detail {
@@ -100,15 +101,9 @@ class accelerator {
   using accumulation_type = Accumulation;
 
   accelerator() : accelerator(accel::options{}) {}
-  explicit accelerator(const accel::options& opts)
-      : parallel_(opts),
-        precision_(opts, parallel_.device()),
-        accumulation_(opts),
-        options_(opts),
-        parallelism_(configured_mesh(opts.parallelism_config, parallel_.num_processes())),
-        schedule_(opts.project),
-        state_(parallel_, registry_, opts.project, precision_, accumulation_, parallel_, schedule_),
-        trackers_(opts.log_with, opts.project) {}
+  explicit accelerator(const accel::options& opts);
+  /// Finishes the trackers, if any were started.
+  ~accelerator();
 
   accelerator(const accelerator&) = delete;
   accelerator& operator=(const accelerator&) = delete;
@@ -142,7 +137,7 @@ class accelerator {
   }
 
   /// Runs backward on `loss`, divided by the accumulation steps and scaled as the precision policy requires.
-  void backward(const at::Tensor& loss) { precision_.backward(accumulation_.scale_loss(loss)); }
+  void backward(const at::Tensor& loss);
 
   /// The precision policy's forward scope (autocast for bf16/fp16; nothing for fp32), for code outside a
   /// prepared model. Keep the returned object alive for as long as the scope should last.
@@ -174,28 +169,14 @@ class accelerator {
   /// optimizer's own step, does not unscale again); nothing on an accumulation micro-step that does not
   /// synchronise. Nothing to do for fp32 and bf16. Call it before reading or
   /// changing gradients by hand on a step that synchronises.
-  void unscale_gradients() {
-    if (!sync_gradients()) return;  // partial sums: later micro-steps would add scaled gradients to unscaled ones
-    for (auto* optimizer : registry_.optimizers()) {
-      parallel_.attach_gradients(*optimizer);
-      precision_.unscale(*optimizer, parallel_);
-    }
-  }
+  void unscale_gradients();
   /// Unscales the gradients (once per step), then clips their total `norm_type`-norm to `max_norm`; returns the
   /// total norm before clipping. On an accumulation micro-step that does not synchronise, the gradients are
   /// incomplete (and, under fp16, still scaled): nothing is clipped, and the result is their current norm, unscaled.
-  double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0) {
-    if (!sync_gradients()) return parallel_.gradient_norm(parameters, norm_type) / precision_.loss_scale();
-    unscale_gradients();
-    return parallel_.clip_grad_norm(parameters, max_norm, norm_type);
-  }
+  double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0);
   /// Unscales the gradients (once per step), then clamps each element to [-value, value]. Does nothing on an
   /// accumulation micro-step that does not synchronise.
-  void clip_grad_value_(const std::vector<at::Tensor>& parameters, double value) {
-    if (!sync_gradients()) return;
-    unscale_gradients();
-    torch::nn::utils::clip_grad_value_(parameters, value);
-  }
+  void clip_grad_value_(const std::vector<at::Tensor>& parameters, double value);
 
   /// True on micro-steps where gradients are synchronised and the optimizer steps.
   [[nodiscard]] bool sync_gradients() const noexcept { return accumulation_.sync_gradients(); }
@@ -208,9 +189,10 @@ class accelerator {
   /// `accumulate_dynamic`: between windows only (where `sync_gradients()` is true: before the first micro-step, after
   /// a step, at the end of a pass, after `free_memory()`); in the middle of one it throws `std::logic_error` saying
   /// so. The micro-step count (`step()`) starts again from 0. With an N fixed at compile time it does not compile.
+  template <class Policy = Accumulation>
   void set_gradient_accumulation_steps(int steps) {
     static_assert(
-        detail::steps_settable<Accumulation>,
+        detail::steps_settable<Policy>,
         "accel::accelerator::set_gradient_accumulation_steps: this accelerator's accumulation policy fixes N "
         "at compile time (accumulate<N>, no_accumulation); use accel::accumulate_dynamic to set N at run time");
     accumulation_.set_steps(steps);
@@ -269,15 +251,18 @@ class accelerator {
   }
 
   /// Blocks until every process reaches this point.
-  void wait_for_everyone() { parallel_.wait_for_everyone(); }
+  void wait_for_everyone();
 
   /// `range` with a progress bar (accel/progress.hpp) on the local main process, e.g.
   /// `for (auto&& [x, y] : acc.progress(batches, {.description = "epoch 1"}))`: redrawn in place on a terminal,
   /// a plain line now and then otherwise. Other processes iterate the same range without a bar.
-  template <detail::progress_range Range>
-  [[nodiscard]] auto progress(Range&& range, progress_options bar = {}) const {
+  /// Needs `#include <accel/progress.hpp>` (accel.hpp includes it).
+  template <class Range, class Options = progress_options>
+  [[nodiscard]] auto progress(Range&& range, Options bar = {}) const {
+    using bars = detail::deferred_t<detail::progress_bars, Options>;
+    static_assert(detail::is_complete<bars>, "accel::accelerator::progress needs #include <accel/progress.hpp>");
     bar.enabled = bar.enabled && is_local_main_process();
-    return accel::progress(std::forward<Range>(range), std::move(bar));
+    return bars::over(std::forward<Range>(range), std::move(bar));
   }
 
   /// Runs LibTorch's profiler over the returned scope (Accelerate's `profile` with `ProfileKwargs`;
@@ -285,33 +270,45 @@ class accelerator {
   /// then `prof.step()` after each training step. At its end (`prof.finish()`, or the destructor, which prints what
   /// `finish()` would throw), with `output_trace_dir`, every process writes `profile_{process_index}.json` there in
   /// Chrome trace format, then waits for the others.
-  [[nodiscard]] profiler profile(profile_options options = {}) {
-    return profiler(std::move(options), process_index(), [this] { wait_for_everyone(); });
+  /// Needs `#include <accel/profiler.hpp>` (accel.hpp includes it).
+  template <class Options = profile_options>
+  [[nodiscard]] auto profile(Options options = {}) {
+    using made = detail::deferred_t<profiler, Options>;
+    static_assert(detail::is_complete<made>, "accel::accelerator::profile needs #include <accel/profiler.hpp>");
+    return made(std::move(options), process_index(), [this] { wait_for_everyone(); });
   }
 
-  // Experiment tracking (accel/tracking.hpp). Trackers live on the main process; elsewhere these do nothing.
+  // Experiment tracking (accel/tracking.hpp, which these need; accel.hpp includes it). Trackers live on the main
+  // process; elsewhere these do nothing.
 
   /// Starts the trackers of `options::log_with` in `{logging_dir or project_dir}/{project_name}/` (created, with
   /// the configuration as `config.json`), plus the user's own `extra` ones, and gives each the configuration. On
   /// the main process only; call it on every process.
-  void init_trackers(const std::string& project_name, const hyperparameters& config = {},
+  template <class Config = std::vector<hyperparameter>>
+  void init_trackers(const std::string& project_name, const Config& config = {},
                      std::vector<std::shared_ptr<general_tracker>> extra = {}) {
-    trackers_.start(project_name, config, std::move(extra), is_main_process());
+    trackers<Config>().start(project_name, config, std::move(extra), is_main_process());
   }
   /// Logs `metrics` to every tracker at `step` (default: the number of earlier `log` calls). Tensor metrics are
   /// read on the main process only.
-  void log(const std::vector<metric>& metrics, std::optional<std::int64_t> step = std::nullopt) {
-    trackers_.log(metrics, step, is_main_process());
+  template <class Metric = metric>
+  void log(const std::vector<Metric>& metrics, std::optional<std::int64_t> step = std::nullopt) {
+    trackers<Metric>().log(metrics, step, is_main_process());
   }
   /// Finishes (flushes and closes) every tracker, then waits for every process (Accelerate's `end_training`).
-  void end_training() {
-    trackers_.finish();
-    wait_for_everyone();
-  }
+  void end_training();
   /// The active tracker of that kind or name; throws when none is. Other processes get a tracker that ignores
   /// everything.
-  [[nodiscard]] general_tracker& get_tracker(tracker kind) { return get_tracker(tracker_name(kind)); }
-  [[nodiscard]] general_tracker& get_tracker(std::string_view name) { return trackers_.get(name, is_main_process()); }
+  template <class Kind = tracker>
+    requires std::same_as<Kind, tracker>
+  [[nodiscard]] general_tracker& get_tracker(Kind kind) {
+    return trackers<Kind>().get(detail::deferred_t<detail::tracker_set, Kind>::name_of(kind), is_main_process());
+  }
+  template <class Name = std::string_view>
+    requires std::convertible_to<Name, std::string_view>
+  [[nodiscard]] general_tracker& get_tracker(const Name& name) {
+    return trackers<Name>().get(name, is_main_process());
+  }
 
   // Collectives (accel/collectives.hpp). Tensors may be nested in vectors, tuples, pairs and string maps.
 
@@ -410,12 +407,7 @@ class accelerator {
   /// afterwards. Then, as Accelerate's `clear_device_cache`, the device cache is emptied (`accel::clear_device_cache`:
   /// LibTorch's CUDA caching allocator gives the memory it keeps unused back to the device), so that what the released
   /// objects held is free for the next model, or for another process.
-  void free_memory() {
-    state_.release_prepared();
-    accumulation_.restart();
-    gradient_state_ = {};
-    clear_device_cache();
-  }
+  void free_memory();
 
   /// Registers `objects` for `save_state` / `load_state`, in order (Accelerate's `register_for_checkpointing`): each
   /// needs `save(torch::serialize::OutputArchive&) const` and `load(torch::serialize::InputArchive&)`, or is a
@@ -445,33 +437,24 @@ class accelerator {
   /// every process its RNG state, fp16 loss scale and data positions (`random_states_{rank}.bin`). The save_state
   /// pre-hooks run first. A collective. With `{.safe_serialization = false}` the model files are Accelerate's
   /// `pytorch_model.bin`, `pytorch_model_1.bin`, ... (pickled dicts of tensors) instead.
-  void save_state(const std::filesystem::path& directory, save_options how = {}) { state_.save(directory, how); }
+  void save_state(const std::filesystem::path& directory, save_options how = {});
 
   /// `save_state` into the project's next automatic checkpoint (`options::project`):
   /// `{project_dir}/checkpoints/checkpoint_{save_iteration()}`, then removes the oldest beyond `total_limit`.
   /// Returns the directory written.
-  std::filesystem::path save_state(save_options how = {}) { return state_.save_next(how); }
+  std::filesystem::path save_state(save_options how = {});
   /// The number of the checkpoint the next `save_state()` writes (Accelerate's `save_iteration`).
-  [[nodiscard]] std::int64_t save_iteration() const { return detail::next_checkpoint_number(state_.settings()); }
+  [[nodiscard]] std::int64_t save_iteration() const;
   /// Makes the next `save_state()` write `checkpoint_{next}`, and the saves after it count up from there.
-  void set_save_iteration(std::int64_t next) {
-    detail::checkpoint_settings::check_checkpoint_number(next, "accel::set_save_iteration");
-    state_.settings().next_number = next;
-  }
+  void set_save_iteration(std::int64_t next);
   /// Registers `hook` to run on every process at the start of each `save_state`, after the hooks registered before it
   /// (Accelerate's `register_save_state_pre_hook`; `save_state_pre_hook` says what it gets). `remove()` on the handle
   /// unregisters it.
-  removable_handle register_save_state_pre_hook(save_state_pre_hook hook) {
-    return state_.settings().save_hooks.add(std::move(hook), "accel::register_save_state_pre_hook");
-  }
+  removable_handle register_save_state_pre_hook(save_state_pre_hook hook);
   /// The same for `load_state` (`load_state_pre_hook`).
-  removable_handle register_load_state_pre_hook(load_state_pre_hook hook) {
-    return state_.settings().load_hooks.add(std::move(hook), "accel::register_load_state_pre_hook");
-  }
+  removable_handle register_load_state_pre_hook(load_state_pre_hook hook);
   /// `load_state` from the project's newest complete automatic checkpoint.
-  void load_state(std::optional<accel::map_location> where = std::nullopt) {
-    load_state(detail::newest_checkpoint(options_.project, parallel_), where);
-  }
+  void load_state(std::optional<accel::map_location> where = std::nullopt);
 
   /// Restores what `save_state` wrote into the prepared objects. The load_state pre-hooks run first; then everything
   /// is read and checked (the files, the number of each kind of object, every weight's name, shape and dtype); a
@@ -479,15 +462,10 @@ class accelerator {
   /// processes loads too (docs/checkpoint-format.md says what each process gets). `where` the optimizers' state is
   /// read to (Accelerate's `map_location`; by default `on_device` with several processes on devices of their own,
   /// else `cpu`); it ends on its parameters' devices either way.
-  void load_state(const std::filesystem::path& directory, std::optional<accel::map_location> where = std::nullopt) {
-    load_state(directory, load_options{.map_location = where});
-  }
+  void load_state(const std::filesystem::path& directory, std::optional<accel::map_location> where = std::nullopt);
   /// The same with `load_options`: also `allow_unchecked`, for a checkpoint without a manifest (written by accel
   /// 0.1), whose files nothing checks: `acc.load_state(dir, {.allow_unchecked = true})`, then save it again.
-  void load_state(const std::filesystem::path& directory, const load_options& how) {
-    state_.load(directory, how);
-    resumed_from_ = directory;
-  }
+  void load_state(const std::filesystem::path& directory, const load_options& how);
   /// The checkpoint this run last loaded (by `load_state` or `options::project.resume`); empty when none.
   [[nodiscard]] const std::optional<std::filesystem::path>& resumed_from() const noexcept { return resumed_from_; }
   /// Optimizer steps taken (batches on which a prepared optimizer stepped), over the whole run: a checkpoint holds
@@ -576,11 +554,7 @@ class accelerator {
   void set_trigger() noexcept { trigger_ = true; }
   /// True on every process when any process called `set_trigger()` since the last check; then lowers the flags.
   /// A collective: every process must call it.
-  [[nodiscard]] bool check_trigger() {
-    if (!detail::on_any_process(parallel_, trigger_)) return false;
-    trigger_ = false;
-    return true;
-  }
+  [[nodiscard]] bool check_trigger();
 
   /// Runs `action` only on the named process and returns its result there (an empty optional elsewhere; nothing
   /// for a void action). Accelerate's `on_main_process` family of decorators.
@@ -641,55 +615,36 @@ class accelerator {
   }
 
  private:
-  [[nodiscard]] int mesh_index(std::string_view dimension, std::string_view query) const {
-    if (!parallelism_)
-      throw mesh_error("accel::accelerator::" + std::string(query) +
-                       "(): no device mesh is configured; start the job with accel launch "
-                       "--parallelism_config_dp_shard_size N (or _dp_replicate_size, _tp_size, _cp_size), or set "
-                       "PARALLELISM_CONFIG_*_SIZE");
-    return parallelism_->index_along(dimension, process_index());
+  template <class Dependent>
+  detail::deferred_t<detail::tracker_set, Dependent>& trackers() {
+    using set = detail::deferred_t<detail::tracker_set, Dependent>;
+    static_assert(detail::is_complete<set>,
+                  "accel::accelerator's init_trackers, log and get_tracker need #include <accel/tracking.hpp>");
+    if (!trackers_) {
+      trackers_ = std::make_shared<set>(options_.log_with, options_.project);
+      finish_trackers_ = [](detail::tracker_set& made) { static_cast<set&>(made).finish(); };
+    }
+    return *trackers_;
   }
+
+  [[nodiscard]] int mesh_index(std::string_view dimension, std::string_view query) const;
 
   friend struct detail::accelerator_access;
 
   /// Called by `prepared_optimizer::step()`: steps only when gradients are synchronised; the precision policy
   /// decides whether (fp16 may skip), the parallel policy how.
-  void step_optimizer(torch::optim::Optimizer& optimizer) {
-    if (!sync_gradients()) return;
-    parallel_.attach_gradients(optimizer);
-    precision_.step(optimizer, parallel_);
-    schedule_.optimizer_stepped();
-  }
+  void step_optimizer(torch::optim::Optimizer& optimizer);
   /// A prepared range starts a pass: resuming, the newest checkpoint loads first (its data position included).
-  void before_pass() {
-    if (!schedule_.resume_due()) return;
-    if (auto newest = detail::agreed_newest_checkpoint(options_.project, parallel_)) load_state(*newest);
-  }
+  void before_pass();
   /// A prepared range moves on from a batch: the automatic checkpoint, when one is due.
-  void after_batch(const void* range) {
-    if (schedule_.batch_done(range)) save_state();
-  }
+  void after_batch(const void* range);
 
   /// join_uneven_inputs' override of even_batches on every prepared range that can take it; each one's value before.
-  std::vector<std::pair<std::shared_ptr<detail::even_batches_switch>, bool>> override_even_batches(bool even) {
-    std::vector<std::pair<std::shared_ptr<detail::even_batches_switch>, bool>> overridden;
-    bool unswitchable = false;
-    for (auto& range : registry_.ranges()) {
-      if (!range->set) {
-        unswitchable = true;
-        continue;
-      }
-      overridden.emplace_back(range, range->get());
-      range->set(even);
-    }
-    if (unswitchable && is_main_process())
-      std::cerr << "accel::join_uneven_inputs: even_batches is overridden only for ranges whose batches every "
-                   "process reads (data loaders, ranges of batches); streams and dispatched batches keep theirs\n";
-    return overridden;
-  }
+  std::vector<std::pair<std::shared_ptr<detail::even_batches_switch>, bool>> override_even_batches(bool even);
   /// The end of join_uneven_inputs on this process: shadow the others until all are done, then every process takes
   /// the last one's training state; an automatic save that came due on any process during the join is made now,
   /// once, by every process.
+  template <class Policy = Parallel>  // a template: only the policies that join uneven inputs have finish_join
   void finish_join() {
     state_.share_from(parallel_.finish_join());
     if (detail::on_any_process(parallel_, schedule_.release_saves())) save_state();
@@ -758,12 +713,7 @@ class accelerator {
     }
   }
   /// dispatch_batches reads a range of batches on process 0; a data loader is prepared by its own rule.
-  void refuse_dispatch(const char* what) const {
-    if (options_.dispatch_batches)
-      throw std::invalid_argument(std::string("accel: options::dispatch_batches cannot dispatch ") + what +
-                                  " at prepare; to have process 0 alone read it and send its batches, prepare "
-                                  "std::ranges::ref_view(loader) (a plain range of its batches) instead");
-  }
+  void refuse_dispatch(const char* what) const;
   /// The broadcast that carries process 0's batches to every process under dispatch_batches.
   template <class Batch>
   std::shared_ptr<detail::batch_channel<Batch>> dispatch_channel() {
@@ -785,26 +735,18 @@ class accelerator {
   }
   /// Data is sharded by the data parallel rank: the tp and cp peers of a mesh read the same batches (Accelerate's
   /// loader divides the process index by tp x cp; tp and cp are the mesh's innermost dimensions).
-  [[nodiscard]] shard_options shard_options_here() const {
-    const int peers = batch_peers();
-    return {.num_processes = num_processes() / peers,
-            .process_index = process_index() / peers,
-            .split_batches = options_.split_batches,
-            .even_batches = options_.even_batches};
-  }
+  [[nodiscard]] shard_options shard_options_here() const;
 
   template <class Model>
   prepared_model<Model, accelerator> wrap_model(Model model, const model_options& how) {
-    if (how.device_placement.value_or(options_.device_placement))
-      model->to(device());  // in place: the parameters keep their identity
-    precision_.prepare_model(*model);
-    if (!how.evaluation_mode) {
-      parallel_.use_gather_encoding(precision_.gather_encoding());
-      parallel_.prepare_model(*model);  // before registering: a model the processes disagree on is refused
-    }
-    registry_.add_model(detail::module_shared(model));
+    prepare_module(detail::module_shared(model), how);
     return {std::move(model), *this};
   }
+  /// What preparing a model does, whatever its type: placed, given to the policies, registered.
+  void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const model_options& how);
+  /// `prepared_optimizer::zero_grad()` and `prepared_model`'s forward, through the one door.
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none);
+  void before_forward(const torch::nn::Module& module);
 
   [[no_unique_address]] Parallel parallel_;
   [[no_unique_address]] Precision precision_;
@@ -818,7 +760,227 @@ class accelerator {
   detail::prepared_registry registry_;
   /// What checkpoints hold, and who holds it: the participants with state of their own are listed here, once.
   detail::training_state<Parallel, Precision, Accumulation, Parallel, detail::checkpoint_schedule> state_;
-  detail::tracker_set trackers_;  // last: finished first when the accelerator is destroyed
+  /// Made by the first tracking call (the type is complete only where accel/tracking.hpp is included), finished by
+  /// `end_training` and the destructor through `finish_trackers_`.
+  std::shared_ptr<detail::tracker_set> trackers_;
+  void (*finish_trackers_)(detail::tracker_set&) = nullptr;
 };
 
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+accelerator<Precision, Parallel, Accumulation>::accelerator(const accel::options& opts)
+    : parallel_(opts),
+      precision_(opts, parallel_.device()),
+      accumulation_(opts),
+      options_(opts),
+      parallelism_(configured_mesh(opts.parallelism_config, parallel_.num_processes())),
+      schedule_(opts.project),
+      state_(parallel_, registry_, opts.project, precision_, accumulation_, parallel_, schedule_) {}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+accelerator<Precision, Parallel, Accumulation>::~accelerator() = default;
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::end_training() {
+  if (trackers_) finish_trackers_(*trackers_);
+  wait_for_everyone();
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::backward(const at::Tensor& loss) {
+  precision_.backward(accumulation_.scale_loss(loss));
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::unscale_gradients() {
+  if (!sync_gradients()) return;  // partial sums: later micro-steps would add scaled gradients to unscaled ones
+  for (auto* optimizer : registry_.optimizers()) {
+    parallel_.attach_gradients(*optimizer);
+    precision_.unscale(*optimizer, parallel_);
+  }
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+double accelerator<Precision, Parallel, Accumulation>::clip_grad_norm_(const std::vector<at::Tensor>& parameters,
+                                                                       double max_norm, double norm_type) {
+  if (!sync_gradients()) return parallel_.gradient_norm(parameters, norm_type) / precision_.loss_scale();
+  unscale_gradients();
+  return parallel_.clip_grad_norm(parameters, max_norm, norm_type);
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::clip_grad_value_(const std::vector<at::Tensor>& parameters,
+                                                                      double value) {
+  if (!sync_gradients()) return;
+  unscale_gradients();
+  torch::nn::utils::clip_grad_value_(parameters, value);
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::wait_for_everyone() {
+  parallel_.wait_for_everyone();
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::free_memory() {
+  state_.release_prepared();
+  accumulation_.restart();
+  gradient_state_ = {};
+  clear_device_cache();
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::save_state(const std::filesystem::path& directory,
+                                                                save_options how) {
+  state_.save(directory, how);
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+std::filesystem::path accelerator<Precision, Parallel, Accumulation>::save_state(save_options how) {
+  return state_.save_next(how);
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+std::int64_t accelerator<Precision, Parallel, Accumulation>::save_iteration() const {
+  return detail::next_checkpoint_number(state_.settings());
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::set_save_iteration(std::int64_t next) {
+  detail::checkpoint_settings::check_checkpoint_number(next, "accel::set_save_iteration");
+  state_.settings().next_number = next;
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+removable_handle accelerator<Precision, Parallel, Accumulation>::register_save_state_pre_hook(
+    save_state_pre_hook hook) {
+  return state_.settings().save_hooks.add(std::move(hook), "accel::register_save_state_pre_hook");
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+removable_handle accelerator<Precision, Parallel, Accumulation>::register_load_state_pre_hook(
+    load_state_pre_hook hook) {
+  return state_.settings().load_hooks.add(std::move(hook), "accel::register_load_state_pre_hook");
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::load_state(std::optional<accel::map_location> where) {
+  load_state(detail::newest_checkpoint(options_.project, parallel_), where);
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::load_state(const std::filesystem::path& directory,
+                                                                std::optional<accel::map_location> where) {
+  load_state(directory, load_options{.map_location = where});
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::load_state(const std::filesystem::path& directory,
+                                                                const load_options& how) {
+  state_.load(directory, how);
+  resumed_from_ = directory;
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+bool accelerator<Precision, Parallel, Accumulation>::check_trigger() {
+  if (!detail::on_any_process(parallel_, trigger_)) return false;
+  trigger_ = false;
+  return true;
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+int accelerator<Precision, Parallel, Accumulation>::mesh_index(std::string_view dimension,
+                                                               std::string_view query) const {
+  if (!parallelism_)
+    throw mesh_error("accel::accelerator::" + std::string(query) +
+                     "(): no device mesh is configured; start the job with accel launch "
+                     "--parallelism_config_dp_shard_size N (or _dp_replicate_size, _tp_size, _cp_size), or set "
+                     "PARALLELISM_CONFIG_*_SIZE");
+  return parallelism_->index_along(dimension, process_index());
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::step_optimizer(torch::optim::Optimizer& optimizer) {
+  if (!sync_gradients()) return;
+  parallel_.attach_gradients(optimizer);
+  precision_.step(optimizer, parallel_);
+  schedule_.optimizer_stepped();
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::before_pass() {
+  if (!schedule_.resume_due()) return;
+  if (auto newest = detail::agreed_newest_checkpoint(options_.project, parallel_)) load_state(*newest);
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::after_batch(const void* range) {
+  if (schedule_.batch_done(range)) save_state();
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+std::vector<std::pair<std::shared_ptr<detail::even_batches_switch>, bool>>
+accelerator<Precision, Parallel, Accumulation>::override_even_batches(bool even) {
+  std::vector<std::pair<std::shared_ptr<detail::even_batches_switch>, bool>> overridden;
+  bool unswitchable = false;
+  for (auto& range : registry_.ranges()) {
+    if (!range->set) {
+      unswitchable = true;
+      continue;
+    }
+    overridden.emplace_back(range, range->get());
+    range->set(even);
+  }
+  if (unswitchable && is_main_process())
+    std::cerr << "accel::join_uneven_inputs: even_batches is overridden only for ranges whose batches every "
+                 "process reads (data loaders, ranges of batches); streams and dispatched batches keep theirs\n";
+  return overridden;
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::refuse_dispatch(const char* what) const {
+  if (options_.dispatch_batches)
+    throw std::invalid_argument(std::string("accel: options::dispatch_batches cannot dispatch ") + what +
+                                " at prepare; to have process 0 alone read it and send its batches, prepare "
+                                "std::ranges::ref_view(loader) (a plain range of its batches) instead");
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+shard_options accelerator<Precision, Parallel, Accumulation>::shard_options_here() const {
+  const int peers = batch_peers();
+  return {.num_processes = num_processes() / peers,
+          .process_index = process_index() / peers,
+          .split_batches = options_.split_batches,
+          .even_batches = options_.even_batches};
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::prepare_module(const std::shared_ptr<torch::nn::Module>& module,
+                                                                    const model_options& how) {
+  if (how.device_placement.value_or(options_.device_placement))
+    module->to(device());  // in place: the parameters keep their identity
+  precision_.prepare_model(*module);
+  if (!how.evaluation_mode) {
+    parallel_.use_gather_encoding(precision_.gather_encoding());
+    parallel_.prepare_model(*module);  // before registering: a model the processes disagree on is refused
+  }
+  registry_.add_model(module);
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
+  parallel_.zero_grad(optimizer, set_to_none);
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::before_forward(const torch::nn::Module& module) {
+  parallel_.before_forward(module);
+}
+
 }  // namespace accel
+
+#if !ACCEL_HEADER_ONLY
+#include "detail/common_configurations.hpp"
+namespace accel {
+ACCEL_BASIC_CONFIGURATIONS(ACCEL_EXTERN_CONFIGURATION)
+}  // namespace accel
+#endif

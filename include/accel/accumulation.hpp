@@ -25,6 +25,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "detail/config.hpp"
 #include "concepts.hpp"
 #include "detail/support/diagnostics.hpp"
 #include "options.hpp"
@@ -35,30 +36,14 @@ namespace detail {
 /// Accelerate's micro-step count (`GradientState` and `Accelerator._do_sync`), for a run-time N.
 class micro_step_counter {
  public:
-  void begin_micro_step(int steps, bool end_of_dataloader) noexcept {
-    if (end_of_dataloader) {
-      step_ = 0;  // the window closes with the pass, and the next pass starts a new one
-      sync_ = true;
-    } else {
-      ++step_;
-      sync_ = step_ % steps == 0;
-    }
-  }
+  ACCEL_DECL void begin_micro_step(int steps, bool end_of_dataloader) noexcept;
   [[nodiscard]] int step() const noexcept { return static_cast<int>(step_); }
   [[nodiscard]] bool sync_gradients() const noexcept { return sync_; }
   /// A new N takes effect at a window's start: the count starts again, so that the next window has N micro-steps.
   void start_new_window() noexcept { *this = {}; }
   /// Checkpoints: resuming mid-window continues the window (a checkpoint without the count starts a new one).
-  void save_state(torch::serialize::OutputArchive& archive) const {
-    archive.write("step", c10::IValue(step_));
-    archive.write("sync_gradients", c10::IValue(sync_));
-  }
-  void load_state(torch::serialize::InputArchive& archive) {
-    c10::IValue step, sync;
-    if (!archive.try_read("step", step) || !archive.try_read("sync_gradients", sync)) return;
-    step_ = step.toInt();
-    sync_ = sync.toBool();
-  }
+  ACCEL_DECL void save_state(torch::serialize::OutputArchive& archive) const;
+  ACCEL_DECL void load_state(torch::serialize::InputArchive& archive);
 
  private:
   std::int64_t step_ = 0;
@@ -66,56 +51,17 @@ class micro_step_counter {
 };
 
 /// ACCELERATE_GRADIENT_ACCUMULATION_STEPS, when set; a value that is not a whole number >= 1 is an error.
-inline std::optional<int> accumulation_steps_in_environment() {
-  const char* text = std::getenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS");
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  char* end = nullptr;
-  const long steps = std::strtol(text, &end, 10);
-  if (*end != '\0' || steps < 1 || steps > 1'000'000)
-    throw std::invalid_argument(std::string("accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=\"") + text +
-                                "\" is not a whole number of micro-batches per step (at least 1)");
-  return static_cast<int>(steps);
-}
+ACCEL_DECL std::optional<int> accumulation_steps_in_environment();
 
 /// `options::gradient_accumulation_steps`, overridden by ACCELERATE_GRADIENT_ACCUMULATION_STEPS.
-inline int accumulation_steps_from(const options& opts) {
-  if (auto steps = accumulation_steps_in_environment()) return *steps;
-  const int steps = opts.gradient_accumulation_steps.value_or(1);
-  if (steps < 1)
-    throw std::invalid_argument("accel: options::gradient_accumulation_steps = " + std::to_string(steps) +
-                                " must be at least 1 (micro-batches per optimizer step)");
-  return steps;
-}
+ACCEL_DECL int accumulation_steps_from(const options& opts);
 
 /// `accumulate_dynamic::set_steps`'s checks: N at least 1, and no window open (its micro-batches' gradients are
 /// accumulating, each divided by the old N).
-inline void check_new_steps(int steps, int current, const micro_step_counter& counter) {
-  if (steps < 1 || steps > 1'000'000)
-    throw std::invalid_argument("accel::accelerator::set_gradient_accumulation_steps(" + std::to_string(steps) +
-                                "): N counts micro-batches per optimizer step and must be at least 1");
-  if (!counter.sync_gradients())
-    throw std::logic_error(
-        "accel::accelerator::set_gradient_accumulation_steps(" + std::to_string(steps) +
-        "): called in the middle of an accumulation window (micro-step " + std::to_string(counter.step()) +
-        ", N = " + std::to_string(current) +
-        "), whose gradients are accumulating, each divided by the old N; set it once the window has stepped (where "
-        "acc.sync_gradients() is true), at the end of a pass, or after acc.free_memory()");
-}
+ACCEL_DECL void check_new_steps(int steps, int current, const micro_step_counter& counter);
 
 /// A compile-time N, the options and the environment must agree.
-inline void check_fixed_steps(const options& opts, int steps) {
-  if (auto from_environment = accumulation_steps_in_environment(); from_environment && *from_environment != steps)
-    throw std::invalid_argument(
-        "accel: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=" + std::to_string(*from_environment) +
-        " contradicts accel::accumulate<" + std::to_string(steps) +
-        ">, which is fixed at compile time; unset the variable, or use accel::accumulate_dynamic "
-        "to follow it");
-  if (opts.gradient_accumulation_steps && *opts.gradient_accumulation_steps != steps)
-    throw std::invalid_argument(
-        "accel: options::gradient_accumulation_steps = " + std::to_string(*opts.gradient_accumulation_steps) +
-        " contradicts accel::accumulate<" + std::to_string(steps) +
-        ">; drop the option, or use accel::accumulate_dynamic to choose N at run time");
-}
+ACCEL_DECL void check_fixed_steps(const options& opts, int steps);
 
 }  // namespace detail
 
@@ -181,11 +127,7 @@ struct accumulate_dynamic : accumulation_defaults {
   [[nodiscard]] at::Tensor scale_loss(const at::Tensor& loss) const { return steps_ == 1 ? loss : loss.div(steps_); }
   /// A new N between windows (`acc.set_gradient_accumulation_steps`); refused in the middle of one, saying why. The
   /// micro-step count starts again, so that the next window has `steps` micro-steps.
-  void set_steps(int steps) {
-    detail::check_new_steps(steps, steps_, counter_);
-    steps_ = steps;
-    counter_.start_new_window();
-  }
+  ACCEL_DECL void set_steps(int steps);
   void restart() noexcept { counter_ = {}; }
   void save_state(torch::serialize::OutputArchive& archive) const { counter_.save_state(archive); }
   void load_state(torch::serialize::InputArchive& archive) { counter_.load_state(archive); }
@@ -209,3 +151,7 @@ concept steps_settable = requires(A& policy) { policy.set_steps(1); };
 }  // namespace detail
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/accumulation.ipp"
+#endif

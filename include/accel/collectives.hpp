@@ -13,6 +13,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/data/example.h>
 
+#include "detail/config.hpp"
 #include "detail/data/batch_channel.hpp"
 #include "detail/comm/ivalue_form.hpp"
 #include "detail/support/tensor_structure.hpp"
@@ -74,14 +75,8 @@ struct local_communicator {
   [[nodiscard]] static constexpr work all_reduce(at::Tensor&, reduction) noexcept { return {}; }
   static constexpr void broadcast(at::Tensor&, int) noexcept {}
   [[nodiscard]] static std::vector<at::Tensor> all_gather(const at::Tensor& tensor) { return {tensor}; }
-  static work all_gather_into(at::Tensor& output, const at::Tensor& input) {
-    output.copy_(input);
-    return {};
-  }
-  static work reduce_scatter_into(at::Tensor& output, const at::Tensor& input) {
-    output.copy_(input);
-    return {};
-  }
+  ACCEL_DECL static work all_gather_into(at::Tensor& output, const at::Tensor& input);
+  ACCEL_DECL static work reduce_scatter_into(at::Tensor& output, const at::Tensor& input);
   static constexpr void barrier() noexcept {}
   /// Another communicator of this one process (what `separate` gives on a real backend: collectives ordered apart).
   [[nodiscard]] static std::unique_ptr<local_communicator> separate(const std::string&) {
@@ -92,16 +87,7 @@ struct local_communicator {
 namespace detail {
 
 /// Accelerate's debug mode: before each collective, check that every process passes the same shapes.
-inline bool debug_mode() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("ACCELERATE_DEBUG_MODE");
-    if (value == nullptr) return false;
-    std::string text(value);
-    std::ranges::transform(text, text.begin(), [](unsigned char c) { return std::tolower(c); });
-    return text == "1" || text == "true" || text == "yes" || text == "on";
-  }();
-  return enabled;
-}
+ACCEL_DECL bool debug_mode();
 
 template <class T>
 void require_tensor_structure() {
@@ -110,11 +96,7 @@ void require_tensor_structure() {
                 "...> of them; use gather_object for other values");
 }
 
-inline std::string shape_text(at::IntArrayRef shape) {
-  std::ostringstream text;
-  text << shape;
-  return text.str();
-}
+ACCEL_DECL std::string shape_text(at::IntArrayRef shape);
 
 /// The bytes of `tensor`'s data, gathered from every process (lengths may differ).
 template <communicator C>
@@ -388,3 +370,7 @@ class broadcast_channel final : public batch_channel<Batch> {
 
 }  // namespace detail
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/collectives.ipp"
+#endif

@@ -28,6 +28,7 @@
 
 #include <range/v3/utility/common_tuple.hpp>
 
+#include "detail/config.hpp"
 #include "detail/support/stored.hpp"
 #include "detail/support/tensor_structure.hpp"
 #include "detail/support/text.hpp"
@@ -175,15 +176,7 @@ Batch pinned_batch(Batch batch) {
 }
 
 /// What failed, for a message that wraps it.
-inline std::string failure_text(const std::exception_ptr& failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const std::exception& e) {
-    return first_line(e.what());
-  } catch (...) {
-    return "an exception not derived from std::exception";
-  }
-}
+ACCEL_DECL std::string failure_text(const std::exception_ptr& failure);
 
 }  // namespace detail
 
@@ -625,3 +618,7 @@ inline constexpr bool is_stream_loader<data_loader<S>> = sample_stream<std::remo
 }  // namespace detail
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/data_loader.ipp"
+#endif

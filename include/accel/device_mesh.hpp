@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/config.hpp"
 #include "detail/support/text.hpp"
 #include "launch.hpp"
 #include "options.hpp"
@@ -58,10 +59,7 @@ struct mesh_sizes {
 namespace detail {
 
 /// The four sizes as a message writes them: "dp_replicate=2, dp_shard=2, cp=1, tp=1".
-inline std::string describe(const mesh_sizes& sizes) {
-  return "dp_replicate=" + std::to_string(sizes.dp_replicate) + ", dp_shard=" + std::to_string(sizes.dp_shard) +
-         ", cp=" + std::to_string(sizes.cp) + ", tp=" + std::to_string(sizes.tp);
-}
+ACCEL_DECL std::string describe(const mesh_sizes& sizes);
 
 /// Accelerate refuses tp or cp beside pure replication (dp_replicate > 1 with dp_shard == 1).
 constexpr bool parallel_beside_pure_replication(const mesh_sizes& sizes) noexcept {
@@ -111,75 +109,19 @@ struct fixed_mesh {
 
 /// The sizes from PARALLELISM_CONFIG_{DP_REPLICATE,DP_SHARD,CP,TP}_SIZE; an unset (or empty) one is 1, as in
 /// Accelerate. Throws `accel::mesh_error` naming the variable when one is not a whole number >= 1.
-inline mesh_sizes mesh_sizes_from_environment() {
-  mesh_sizes sizes;
-  for (const auto& [name, key, size, given] : detail::mesh_size_variables) {
-    const auto variable = detail::read_variable(name);
-    if (!variable) continue;
-    const auto& text = variable->value;
-    int value = 0;
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (error != std::errc{} || end != text.data() + text.size() || value < 1)
-      throw mesh_error("accel: " + std::string(name) + "=\"" + text +
-                       "\" is not a whole number >= 1; set it to the dimension's size, or unset it (1: the "
-                       "dimension is not used)");
-    sizes.*size = value;
-  }
-  return sizes;
-}
+ACCEL_DECL mesh_sizes mesh_sizes_from_environment();
 
 /// Whether the environment configures a mesh: ACCELERATE_USE_PARALLELISM_CONFIG when set (true or false, as
 /// Accelerate's flags: 1/0, true/false, yes/no, on/off), otherwise whether any PARALLELISM_CONFIG_*_SIZE is set
 /// (Accelerate would ignore the sizes without the flag, a trap its users report). `accel launch
 /// --parallelism_config_*` sets both. Throws `accel::mesh_error` for a flag that is neither true nor false.
-inline bool parallelism_config_in_environment() {
-  if (const auto flag = detail::read_variable(detail::use_parallelism_config_variable)) {
-    std::string value;
-    for (char c : flag->value) value += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-    for (std::string_view yes : {"1", "true", "t", "yes", "y", "on"})
-      if (value == yes) return true;
-    for (std::string_view no : {"0", "false", "f", "no", "n", "off"})
-      if (value == no) return false;
-    throw mesh_error("accel: " + std::string(detail::use_parallelism_config_variable) + "=\"" + flag->value +
-                     "\" is neither true nor false; set it to true (build the mesh of PARALLELISM_CONFIG_*_SIZE) or "
-                     "false, or unset it");
-  }
-  for (const auto& entry : detail::mesh_size_variables)
-    if (detail::read_variable(entry.variable)) return true;
-  return false;
-}
+ACCEL_DECL bool parallelism_config_in_environment();
 
 /// The sizes checked against a job of `num_processes`, as Accelerate's `ParallelismConfig` (`__post_init__`,
 /// `_validate_accelerator`): every size at least 1; no tp or cp beside pure replication; all sizes 1 on several
 /// processes means plain data parallelism (dp_replicate = the number of processes); otherwise the product must be
 /// the number of processes. Throws `accel::mesh_error` naming the sizes and the fix.
-inline mesh_sizes validate_mesh(mesh_sizes sizes, int num_processes) {
-  for (const auto& [name, key, size, given] : detail::mesh_size_variables)
-    if (sizes.*size < 1)
-      throw mesh_error("accel: mesh " + detail::describe(sizes) + ": every size must be at least 1 (1: the " +
-                       "dimension is not used); fix " + std::string(name) + " or the size given in the program");
-  if (detail::parallel_beside_pure_replication(sizes))
-    throw mesh_error("accel: mesh " + detail::describe(sizes) +
-                     ": tp or cp beside pure replication (dp_replicate > 1, dp_shard == 1) is refused, as in "
-                     "Accelerate; set dp_shard > 1 (HSDP with tp/cp) or dp_replicate = 1 (FSDP with tp/cp)");
-  if (sizes.total() == 1) {
-    sizes.dp_replicate = num_processes;
-    return sizes;
-  }
-  if (sizes.total() != num_processes) {
-    const int others = sizes.dp_shard * sizes.cp * sizes.tp;
-    std::string fix = "make their product equal the number of processes";
-    auto suggested = sizes;
-    suggested.dp_replicate = num_processes / others;
-    if (num_processes % others == 0 && !detail::parallel_beside_pure_replication(suggested))
-      fix += " (here dp_replicate = " + std::to_string(num_processes) +
-             " / (dp_shard x cp x tp) = " + std::to_string(num_processes / others) + ")";
-    throw mesh_error("accel: mesh " + detail::describe(sizes) + " spans " + std::to_string(sizes.total()) +
-                     " processes (Accelerate's total_size) but the job has " + std::to_string(num_processes) + "; " +
-                     fix + ", or start " + std::to_string(sizes.total()) + " processes");
-  }
-  return sizes;
-}
+ACCEL_DECL mesh_sizes validate_mesh(mesh_sizes sizes, int num_processes);
 
 /// One dimension of the mesh, or a flattened sub-mesh: its name and the mesh axes it spans, in mesh order.
 struct mesh_dimension {
@@ -193,19 +135,7 @@ struct mesh_dimension {
 class mesh_layout {
  public:
   /// Validates `sizes` for `num_processes` (`validate_mesh`) and lays the ranks out row-major over the shape.
-  mesh_layout(const mesh_sizes& sizes, int num_processes)
-      : sizes_(validate_mesh(sizes, num_processes)), num_processes_(num_processes) {
-    const std::pair<std::string_view, int> named[] = {
-        {"dp_replicate", sizes_.dp_replicate}, {"dp_shard", sizes_.dp_shard}, {"cp", sizes_.cp}, {"tp", sizes_.tp}};
-    for (const auto& [name, size] : named)
-      if (size > 1) {
-        dimensions_.push_back({std::string(name), {shape_.size()}});
-        shape_.push_back(size);
-      }
-    flatten("dp", {"dp_replicate", "dp_shard"});
-    flatten("dp_shard_cp", {"dp_shard", "cp"});
-    flatten("dp_cp", {"dp_replicate", "dp_shard", "cp"});
-  }
+  ACCEL_DECL mesh_layout(const mesh_sizes& sizes, int num_processes);
 
   /// The sizes after validation (all 1 on several processes has become dp_replicate = the number of processes).
   [[nodiscard]] const mesh_sizes& sizes() const noexcept { return sizes_; }
@@ -217,102 +147,36 @@ class mesh_layout {
   [[nodiscard]] bool has(std::string_view name) const noexcept { return find(name) != nullptr; }
 
   /// `rank`'s coordinate on each axis of `shape()`.
-  [[nodiscard]] std::vector<int> coordinates(int rank) const {
-    check_rank(rank);
-    std::vector<int> coordinates(shape_.size());
-    for (std::size_t axis = shape_.size(); axis-- > 0; rank /= shape_[axis]) coordinates[axis] = rank % shape_[axis];
-    return coordinates;
-  }
+  [[nodiscard]] ACCEL_DECL std::vector<int> coordinates(int rank) const;
 
   /// The size of dimension `name`: the product of the axes it spans.
-  [[nodiscard]] int size(std::string_view name) const {
-    int product = 1;
-    for (auto axis : dimension(name).axes) product *= shape_[axis];
-    return product;
-  }
+  [[nodiscard]] ACCEL_DECL int size(std::string_view name) const;
 
   /// `rank`'s index within its group of `name` (PyTorch's `mesh[name].get_local_rank()`).
-  [[nodiscard]] int local_rank(std::string_view name, int rank) const {
-    const auto at = coordinates(rank);
-    int index = 0;
-    for (auto axis : dimension(name).axes) index = index * shape_[axis] + at[axis];
-    return index;
-  }
+  [[nodiscard]] ACCEL_DECL int local_rank(std::string_view name, int rank) const;
 
   /// `rank`'s index along `name` (one of `detail::mesh_dimension_names`), 0 where the mesh leaves that dimension out
   /// (size 1): Accelerate's rank queries (`tensor_parallel_rank` is `index_along("tp", rank)`).
-  [[nodiscard]] int index_along(std::string_view name, int rank) const {
-    const auto& names = detail::mesh_dimension_names;
-    if (std::find(names.begin(), names.end(), name) == names.end())
-      throw mesh_error("accel: \"" + std::string(name) +
-                       "\" is not a mesh dimension; use dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp or dp_cp");
-    check_rank(rank);
-    return has(name) ? local_rank(name, rank) : 0;
-  }
+  [[nodiscard]] ACCEL_DECL int index_along(std::string_view name, int rank) const;
 
   /// The ranks of `rank`'s group of `name`, in group order: those differing from `rank` only on its axes.
-  [[nodiscard]] std::vector<int> group_of(std::string_view name, int rank) const {
-    const auto& axes = dimension(name).axes;
-    const auto fixed = coordinates(rank);
-    std::vector<int> members;
-    for (int index = 0; index < size(name); ++index) {
-      auto at = fixed;
-      int rest = index;
-      for (std::size_t i = axes.size(); i-- > 0; rest /= shape_[axes[i]]) at[axes[i]] = rest % shape_[axes[i]];
-      members.push_back(rank_at(at));
-    }
-    return members;
-  }
+  [[nodiscard]] ACCEL_DECL std::vector<int> group_of(std::string_view name, int rank) const;
 
   /// Every group of `name`, in the order of their first ranks: each rank is in exactly one.
-  [[nodiscard]] std::vector<std::vector<int>> groups(std::string_view name) const {
-    std::vector<std::vector<int>> all;
-    std::vector<bool> placed(static_cast<std::size_t>(num_processes_), false);
-    for (int rank = 0; rank < num_processes_; ++rank) {
-      if (placed[static_cast<std::size_t>(rank)]) continue;
-      all.push_back(group_of(name, rank));
-      for (int member : all.back()) placed[static_cast<std::size_t>(member)] = true;
-    }
-    return all;
-  }
+  [[nodiscard]] ACCEL_DECL std::vector<std::vector<int>> groups(std::string_view name) const;
 
   /// Dimension `name`; throws `accel::mesh_error` listing the mesh's dimensions when it has none of that name.
-  [[nodiscard]] const mesh_dimension& dimension(std::string_view name) const {
-    if (const auto* found = find(name)) return *found;
-    std::string names;
-    for (const auto& dimension : dimensions_) detail::append_item(names, dimension.name);
-    throw mesh_error("accel: the mesh (" + detail::describe(sizes_) + ") has no dimension \"" + std::string(name) +
-                     "\"; it has " + (names.empty() ? std::string("none (one process)") : names) +
-                     ". A dimension of size 1 is left out: give it a size > 1 to use it");
-  }
+  [[nodiscard]] ACCEL_DECL const mesh_dimension& dimension(std::string_view name) const;
 
  private:
-  const mesh_dimension* find(std::string_view name) const noexcept {
-    for (const auto& dimension : dimensions_)
-      if (dimension.name == name) return &dimension;
-    return nullptr;
-  }
+  ACCEL_DECL const mesh_dimension* find(std::string_view name) const noexcept;
 
   /// A sub-mesh of the named axes that exist, as Accelerate's `_flatten` calls (none when none exists).
-  void flatten(std::string name, std::initializer_list<std::string_view> parts) {
-    mesh_dimension flattened{std::move(name), {}};
-    for (auto part : parts)
-      if (const auto* dimension = find(part)) flattened.axes.push_back(dimension->axes.front());
-    if (!flattened.axes.empty()) dimensions_.push_back(std::move(flattened));
-  }
+  ACCEL_DECL void flatten(std::string name, std::initializer_list<std::string_view> parts);
 
-  [[nodiscard]] int rank_at(const std::vector<int>& coordinates) const {
-    int rank = 0;
-    for (std::size_t axis = 0; axis < shape_.size(); ++axis) rank = rank * shape_[axis] + coordinates[axis];
-    return rank;
-  }
+  [[nodiscard]] ACCEL_DECL int rank_at(const std::vector<int>& coordinates) const;
 
-  void check_rank(int rank) const {
-    if (rank < 0 || rank >= num_processes_)
-      throw mesh_error("accel: rank " + std::to_string(rank) + " is not in the mesh's job of " +
-                       std::to_string(num_processes_) + " processes (ranks 0 to " + std::to_string(num_processes_ - 1) +
-                       ")");
-  }
+  ACCEL_DECL void check_rank(int rank) const;
 
   mesh_sizes sizes_;
   int num_processes_;
@@ -323,23 +187,12 @@ class mesh_layout {
 /// The mesh the environment configures for a job of `num_processes`, validated (`validate_mesh`), as Accelerate's
 /// `Accelerator()` builds its `parallelism_config` from the variables; none where `parallelism_config_in_environment`
 /// is false.
-inline std::optional<mesh_layout> parallelism_config_from_environment(int num_processes) {
-  if (!parallelism_config_in_environment()) return std::nullopt;
-  return mesh_layout(mesh_sizes_from_environment(), num_processes);
-}
+ACCEL_DECL std::optional<mesh_layout> parallelism_config_from_environment(int num_processes);
 
 /// The mesh of Accelerate's `Accelerator(parallelism_config=...)` for a job of `num_processes`: each size the program
 /// `given` sets, each other from its PARALLELISM_CONFIG_*_SIZE (as Accelerate reads its unset fields); where the
 /// program sets none, the environment's (`parallelism_config_from_environment`). Validated (`validate_mesh`).
-inline std::optional<mesh_layout> configured_mesh(const parallelism_options& given, int num_processes) {
-  const auto& entries = detail::mesh_size_variables;
-  if (std::none_of(entries.begin(), entries.end(), [&](const auto& entry) { return (given.*entry.given).has_value(); }))
-    return parallelism_config_from_environment(num_processes);
-  auto sizes = mesh_sizes_from_environment();
-  for (const auto& entry : entries)
-    if (const auto& size = given.*entry.given) sizes.*entry.size = *size;
-  return mesh_layout(sizes, num_processes);
-}
+ACCEL_DECL std::optional<mesh_layout> configured_mesh(const parallelism_options& given, int num_processes);
 
 namespace detail {
 
@@ -393,3 +246,7 @@ class device_mesh {
 };
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/device_mesh.ipp"
+#endif

@@ -28,6 +28,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "detail/config.hpp"
 #include "accelerator.hpp"
 #include "config_file.hpp"
 #include "launch.hpp"
@@ -52,20 +53,7 @@ struct run_config {
 namespace detail {
 /// Accelerate's `ACCELERATE_USE_DEEPSPEED` and `ACCELERATE_USE_FSDP` (set by `accelerate launch` from the config
 /// file's distributed_type), in the order Accelerate reads them: the distributed type the first that is true names.
-inline std::optional<std::string> distributed_type_in_environment() {
-  for (const auto& [variable, type] :
-       {std::pair{"ACCELERATE_USE_DEEPSPEED", "DEEPSPEED"}, std::pair{"ACCELERATE_USE_FSDP", "FSDP"}}) {
-    const char* value = std::getenv(variable);
-    if (value == nullptr || *value == '\0') continue;
-    std::string text(value);
-    std::ranges::transform(text, text.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (text == "1" || text == "true" || text == "yes" || text == "y" || text == "t" || text == "on") return type;
-    if (text != "0" && text != "false" && text != "no" && text != "n" && text != "f" && text != "off")
-      throw config_error(std::string(variable) + " must be true or false (or 1/0, yes/no, on/off), not '" +
-                         detail::excerpt(text) + "'");
-  }
-  return std::nullopt;
-}
+ACCEL_DECL std::optional<std::string> distributed_type_in_environment();
 }  // namespace detail
 
 /// The run configuration: each setting from its environment variable when set, otherwise from the config file
@@ -74,19 +62,7 @@ inline std::optional<std::string> distributed_type_in_environment() {
 /// true, else the config file's `distributed_type`, else none. Throws config_error for a value that is not accepted,
 /// naming the variable or file (and std::invalid_argument for a malformed ACCELERATE_GRADIENT_ACCUMULATION_STEPS, as
 /// the accumulation policies do).
-inline run_config read_run_config() {
-  config_values values = read_config_file();
-  if (const char* precision = std::getenv("ACCELERATE_MIXED_PRECISION"); precision != nullptr && *precision != '\0')
-    set_config_value(values, "mixed_precision", precision, "ACCELERATE_MIXED_PRECISION");
-  if (const auto steps = detail::accumulation_steps_in_environment()) values.gradient_accumulation_steps = *steps;
-  if (auto type = detail::distributed_type_in_environment()) values.distributed_type = std::move(type);
-  run_config config;
-  config.mixed_precision = values.mixed_precision.value_or(config.mixed_precision);
-  config.gradient_accumulation_steps = values.gradient_accumulation_steps.value_or(1);
-  config.num_processes = read_process_environment().world_size;
-  config.distributed_type = values.distributed_type.value_or("");
-  return config;
-}
+ACCEL_DECL run_config read_run_config();
 
 namespace detail {
 
@@ -159,10 +135,7 @@ constexpr bool every_entry_reachable(std::index_sequence<Index...>) {
 
 /// The options with the run's accumulation steps filled in when they leave them open, so that
 /// accumulate_dynamic uses a number that came from the config file (the environment variable wins anyway).
-inline options with_accumulation_steps(options opts, const run_config& config) {
-  if (!opts.gradient_accumulation_steps) opts.gradient_accumulation_steps = config.gradient_accumulation_steps;
-  return opts;
-}
+ACCEL_DECL options with_accumulation_steps(options opts, const run_config& config);
 
 }  // namespace detail
 
@@ -228,3 +201,7 @@ decltype(auto) dispatch(const run_config& config, F&& f, const options& opts) {
 }
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/dispatch.ipp"
+#endif

@@ -52,6 +52,15 @@ using no_accumulation = accumulate<1>;
 struct accumulate_dynamic;
 
 struct options;
+
+// The accelerator's services, each in a header of its own that the files using it include: trackers
+// (tracking.hpp), the profiler (profiler.hpp), progress bars (progress.hpp).
+class metric;
+struct hyperparameter;
+class general_tracker;
+class profiler;
+struct profile_options;
+struct progress_options;
 enum class state_dict_type;
 
 }  // namespace accel

@@ -21,6 +21,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "detail/config.hpp"
 #include "device_mesh.hpp"
 #include "sharded_data_parallel.hpp"
 
@@ -30,26 +31,7 @@ namespace detail {
 /// `mesh` (the job's `ParallelismConfig`, none when nothing configures one) checked for hybrid sharding on
 /// `num_processes`: dp_replicate and dp_shard both above 1, no tp or cp. Throws `accel::mesh_error` naming the sizes
 /// and the fix.
-inline const mesh_layout& hybrid_sharding_mesh(const std::optional<mesh_layout>& mesh, int num_processes) {
-  const std::string policy = "accel::hybrid_sharded: ";
-  if (!mesh)
-    throw mesh_error(policy + "no device mesh is configured for this job of " + std::to_string(num_processes) +
-                     " processes; hybrid sharding needs dp_replicate x dp_shard = " + std::to_string(num_processes) +
-                     ": start it with accel launch --parallelism_config_dp_replicate_size R "
-                     "--parallelism_config_dp_shard_size S, or set PARALLELISM_CONFIG_DP_REPLICATE_SIZE and "
-                     "PARALLELISM_CONFIG_DP_SHARD_SIZE");
-  const auto& sizes = mesh->sizes();
-  if (sizes.tp > 1 || sizes.cp > 1)
-    throw mesh_error(policy + "the mesh " + describe(sizes) +
-                     " has tp or cp; hybrid sharding spans dp_replicate x dp_shard only: set tp and cp to 1");
-  if (sizes.dp_replicate < 2 || sizes.dp_shard < 2)
-    throw mesh_error(policy + "the mesh " + describe(sizes) +
-                     " lacks a dimension: hybrid sharding shards within dp_shard and replicates across "
-                     "dp_replicate, both above 1 (for example dp_replicate=2, dp_shard=" +
-                     std::to_string(num_processes / 2) + " on " + std::to_string(num_processes) +
-                     " processes); with dp_replicate=1 use accel::fully_sharded, with dp_shard=1 accel::data_parallel");
-  return *mesh;
-}
+ACCEL_DECL const mesh_layout& hybrid_sharding_mesh(const std::optional<mesh_layout>& mesh, int num_processes);
 
 /// A group of the same processes as `group`, its collectives ordered apart from `group`'s (the shard units gather
 /// on it while the reducer reduce-scatters), made once per group for the process's life; every member makes it at
@@ -122,3 +104,7 @@ struct hybrid_sharded : fully_sharded<Backend> {
 };
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/hybrid_sharded.ipp"
+#endif

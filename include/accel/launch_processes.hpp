@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/config.hpp"
 #include "detail/support/worker_variables.hpp"
 #include "launch.hpp"
 
@@ -57,8 +58,7 @@ struct process_launch_options {
 /// (its exception's what(), its exit status, the signal that killed it); for a timeout, `timed_out` is true and
 /// `process_index` is the first process still running.
 struct launch_failure : launch_error {
-  launch_failure(const std::string& message, int process, std::string why, bool timeout)
-      : launch_error(message), process_index(process), reason(std::move(why)), timed_out(timeout) {}
+  ACCEL_DECL launch_failure(const std::string& message, int process, std::string why, bool timeout);
   int process_index;
   std::string reason;
   bool timed_out;
@@ -68,51 +68,22 @@ namespace detail::launching {
 
 /// Whether this process has initialised CUDA's driver (cuInit). Without libcuda loaded it cannot have; with it, the
 /// driver's cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3) until cuInit, and nothing here initialises it.
-inline bool cuda_initialized() {
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (driver == nullptr) return false;
-  using device_count_fn = int (*)(int*);
-  const auto device_count = reinterpret_cast<device_count_fn>(dlsym(driver, "cuDeviceGetCount"));
-  int devices = 0;
-  const bool initialised = device_count != nullptr && device_count(&devices) != 3;
-  dlclose(driver);
-  return initialised;
-}
+ACCEL_DECL bool cuda_initialized();
 
 /// Refuses a fork that would leave every process without CUDA (cudaErrorInitializationError at its first CUDA call).
-inline void refuse_after_cuda(bool cuda_initialised) {
-  if (cuda_initialised)
-    throw launch_error(
-        "accel::launch_processes: CUDA is already initialised in this process (by a CUDA tensor or call, or by "
-        "torch::manual_seed or torch::cuda::is_available() on a machine with a GPU), and processes fork()ed from "
-        "it cannot use CUDA; call launch_processes before anything touches CUDA, or run the job with `accel launch`");
-}
+ACCEL_DECL void refuse_after_cuda(bool cuda_initialised);
 
 // What a process writes on its pipe before it ends: a kind, then the function's result or the exception's text.
 inline constexpr char returned_mark = 'R';
 inline constexpr char threw_mark = 'E';
 
 /// Writes all of `text` to `fd` (a pipe: a write may take part of it).
-inline void write_all(int fd, const std::string& text) {
-  std::size_t written = 0;
-  while (written < text.size()) {
-    const auto count = ::write(fd, text.data() + written, text.size() - written);
-    if (count < 0 && errno == EINTR) continue;
-    if (count <= 0) return;  // the parent is gone: nothing left to tell
-    written += static_cast<std::size_t>(count);
-  }
-}
+ACCEL_DECL void write_all(int fd, const std::string& text);
 
 /// Gives the process the default reaction to the signals that stop or crash it, unblocked: a test framework's handler
 /// copied from the caller (Catch2's, GoogleTest's) would report a failure of the caller's test from the child, and
 /// hide the signal from the caller, who names it.
-inline void reset_signals() {
-  for (const int signal : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL})
-    std::signal(signal, SIG_DFL);
-  sigset_t all;
-  sigfillset(&all);
-  sigprocmask(SIG_UNBLOCK, &all, nullptr);
-}
+ACCEL_DECL void reset_signals();
 
 /// Runs the function as one process of the job and ends the process: never returns into the caller's code (its
 /// test framework, its destructors), which belongs to the parent.
@@ -149,15 +120,7 @@ template <class Function>
 }
 
 /// A signal's name as the shell writes it, or its number.
-inline std::string signal_name(int signal) {
-  static constexpr std::pair<int, const char*> names[] = {
-      {SIGABRT, "SIGABRT"}, {SIGSEGV, "SIGSEGV"}, {SIGKILL, "SIGKILL"}, {SIGTERM, "SIGTERM"}, {SIGBUS, "SIGBUS"},
-      {SIGFPE, "SIGFPE"},   {SIGILL, "SIGILL"},   {SIGINT, "SIGINT"},   {SIGHUP, "SIGHUP"},   {SIGQUIT, "SIGQUIT"},
-      {SIGPIPE, "SIGPIPE"}, {SIGUSR1, "SIGUSR1"}, {SIGUSR2, "SIGUSR2"}, {SIGTRAP, "SIGTRAP"}, {SIGXCPU, "SIGXCPU"}};
-  for (const auto& [number, name] : names)
-    if (number == signal) return std::string(name) + " (" + strsignal(signal) + ")";
-  return "signal " + std::to_string(signal);
-}
+ACCEL_DECL std::string signal_name(int signal);
 
 /// One started process, as the parent sees it.
 struct launched_process {
@@ -169,15 +132,7 @@ struct launched_process {
 };
 
 /// Why a reaped process failed, or nothing when it returned.
-inline std::string failure_of(const launched_process& process) {
-  const int status = process.status;
-  if (WIFSIGNALED(status)) return "killed by signal " + signal_name(WTERMSIG(status));
-  if (!process.message.empty() && process.message.front() == threw_mark) return "threw " + process.message.substr(1);
-  if (WEXITSTATUS(status) != 0) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (process.message.empty() || process.message.front() != returned_mark)
-    return "exited with status 0 before the function returned (std::exit called inside it?)";
-  return {};
-}
+ACCEL_DECL std::string failure_of(const launched_process& process);
 
 /// The parent's side of a job: starts the processes, waits for all of them within the timeout, stops the others when
 /// one fails. Its destructor kills and reaps whatever still runs, so that no process outlives the call.
@@ -186,13 +141,7 @@ class process_job {
   process_job(int size, process_launch_options options) : options_(options), processes_(std::size_t(size)) {}
   process_job(const process_job&) = delete;
   process_job& operator=(const process_job&) = delete;
-  ~process_job() {
-    signal_running(SIGKILL);
-    for (auto& process : processes_) {
-      if (process.fd >= 0) close(process.fd);
-      if (process.pid > 0 && !process.reaped) waitpid(process.pid, &process.status, 0);
-    }
-  }
+  ACCEL_DECL ~process_job();
 
   template <class Function>
   void start(Function& function) {
@@ -228,107 +177,28 @@ class process_job {
   }
 
   /// Waits for every process; returns what each function returned, or throws `launch_failure`.
-  std::vector<std::string> wait() {
-    while (std::any_of(processes_.begin(), processes_.end(), [](const auto& p) { return !p.reaped; })) {
-      wait_for_news();
-      reap_ended();
-      check_deadlines();
-    }
-    if (failed_ >= 0) throw_failure();
-    std::vector<std::string> results;
-    for (const auto& process : processes_) results.push_back(process.message.substr(1));
-    return results;
-  }
+  ACCEL_DECL std::vector<std::string> wait();
 
  private:
   using clock = std::chrono::steady_clock;
 
-  [[noreturn]] static void throw_system_error(const std::string& what) {
-    throw launch_error("accel::launch_processes: " + what + ": " + std::strerror(errno));
-  }
+  [[noreturn]] ACCEL_DECL static void throw_system_error(const std::string& what);
 
   // Sleeps until a process writes or ends, or for a tenth of a second (a process's end is also seen by waitpid, when
   // a process it started still holds its pipe open).
-  void wait_for_news() {
-    std::vector<pollfd> watched;
-    for (const auto& process : processes_)
-      if (process.fd >= 0) watched.push_back({process.fd, POLLIN, 0});
-    const auto until_deadline =
-        std::chrono::duration_cast<std::chrono::milliseconds>((stopping_ ? kill_at_ : deadline_) - clock::now());
-    const auto wait = std::clamp<long long>(until_deadline.count() + 1, 1, 100);
-    poll(watched.data(), watched.size(), static_cast<int>(wait));
-    for (auto& process : processes_) read_available(process);
-  }
+  ACCEL_DECL void wait_for_news();
 
-  static void read_available(launched_process& process) {
-    char buffer[4096];
-    while (process.fd >= 0) {
-      const auto count = read(process.fd, buffer, sizeof buffer);
-      if (count > 0) {
-        process.message.append(buffer, static_cast<std::size_t>(count));
-      } else if (count == 0 || errno != EINTR) {
-        if (count == 0 || errno != EAGAIN) {  // its end, or a broken pipe: nothing more will come
-          close(process.fd);
-          process.fd = -1;
-        }
-        return;
-      }
-    }
-  }
+  ACCEL_DECL static void read_available(launched_process& process);
 
-  void reap_ended() {
-    for (std::size_t rank = 0; rank < processes_.size(); ++rank) {
-      auto& process = processes_[rank];
-      if (process.reaped) continue;
-      const pid_t ended = waitpid(process.pid, &process.status, WNOHANG);
-      if (ended == -1 && errno == ECHILD)
-        process.status = 0;  // reaped by the system: the caller ignores SIGCHLD
-      else if (ended != process.pid)
-        continue;
-      process.reaped = true;
-      read_available(process);  // what it wrote just before it ended
-      if (stopping_) continue;  // stopped by us, or failing after the first failure: not the cause
-      if (failure_of(process).empty()) continue;
-      failed_ = static_cast<int>(rank);
-      begin_stopping();
-    }
-  }
+  ACCEL_DECL void reap_ended();
 
-  void check_deadlines() {
-    if (!stopping_ && clock::now() >= deadline_) {
-      timed_out_ = true;
-      const auto running = std::find_if(processes_.begin(), processes_.end(), [](const auto& p) { return !p.reaped; });
-      failed_ = static_cast<int>(running - processes_.begin());
-      begin_stopping();
-    }
-    if (stopping_ && clock::now() >= kill_at_) signal_running(SIGKILL);
-  }
+  ACCEL_DECL void check_deadlines();
 
-  void begin_stopping() {
-    stopping_ = true;
-    kill_at_ = clock::now() + options_.grace_period;
-    signal_running(SIGTERM);
-  }
+  ACCEL_DECL void begin_stopping();
 
-  void signal_running(int signal) {
-    for (const auto& process : processes_)
-      if (process.pid > 0 && !process.reaped && kill(-process.pid, signal) != 0) kill(process.pid, signal);
-  }
+  ACCEL_DECL void signal_running(int signal);
 
-  [[noreturn]] void throw_failure() const {
-    const std::string job =
-        "accel::launch_processes: process " + std::to_string(failed_) + " of " + std::to_string(processes_.size());
-    if (timed_out_) {
-      const auto seconds = std::chrono::duration<double>(options_.timeout).count();
-      std::ostringstream reason;
-      reason << "still running after the timeout of " << seconds << " s";
-      const auto message =
-          job + " was " + reason.str() + " (process_launch_options::timeout): every process was stopped";
-      throw launch_failure(message, failed_, reason.str(), true);
-    }
-    const std::string reason = failure_of(processes_[std::size_t(failed_)]);
-    throw launch_failure(job + " failed: " + reason + "; the other processes were stopped", failed_, reason, false);
-  }
+  [[noreturn]] ACCEL_DECL void throw_failure() const;
 
   process_launch_options options_;
   std::vector<launched_process> processes_;
@@ -369,3 +239,7 @@ std::vector<std::string> launch_processes(Function&& function, int num_processes
 }
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/launch_processes.ipp"
+#endif

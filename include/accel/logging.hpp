@@ -17,6 +17,7 @@
 #include <string_view>
 #include <utility>
 
+#include "detail/config.hpp"
 #include "detail/comm/process_barrier.hpp"
 #include "launch.hpp"
 
@@ -50,14 +51,7 @@ inline constexpr std::array<named_level, 8> log_level_names{{{"CRITICAL", log_le
 
 /// The level named `name`, in any case, as Python's `Logger.setLevel(name.upper())` reads it: DEBUG, INFO,
 /// WARNING (WARN), ERROR, CRITICAL (FATAL), NOTSET. Throws `std::invalid_argument` listing them otherwise.
-[[nodiscard]] inline log_level parse_log_level(std::string_view name) {
-  std::string upper(name);
-  for (auto& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  for (const auto& named : detail::log_level_names)
-    if (named.name == upper) return named.level;
-  throw std::invalid_argument("accel::get_logger: unknown log level \"" + std::string(name) +
-                              "\"; use DEBUG, INFO, WARNING, ERROR or CRITICAL (any case; also WARN, FATAL, NOTSET)");
-}
+[[nodiscard]] ACCEL_DECL log_level parse_log_level(std::string_view name);
 
 /// Where a call writes, as Accelerate's `main_process_only` and `in_order` keyword arguments.
 struct log_options {
@@ -73,11 +67,7 @@ struct log_options {
 class logger {
  public:
   /// A logger for `name` at `level`, in the process `environment` describes.
-  logger(std::string name, log_level level, const process_environment& environment)
-      : name_(std::move(name)),
-        level_(level),
-        process_index_(environment.rank),
-        num_processes_(environment.world_size) {}
+  ACCEL_DECL logger(std::string name, log_level level, const process_environment& environment);
 
   void debug(std::string_view message, log_options options = {}) const { log(log_level::debug, message, options); }
   void info(std::string_view message, log_options options = {}) const { log(log_level::info, message, options); }
@@ -94,24 +84,7 @@ class logger {
 
   /// Writes `message` at `level` where `options` say, when the logger's level lets it through. With `in_order` and
   /// several processes, throws `std::logic_error` when no process group exists yet to order them.
-  void log(log_level level, std::string_view message, log_options options = {}) const {
-    if (!is_enabled_for(level)) return;
-    if (!options.in_order) {
-      if (!options.main_process_only || process_index_ == 0) write(level, message);
-      return;
-    }
-    if (num_processes_ == 1) return write(level, message);
-    const auto barrier = detail::process_barrier();
-    if (!barrier)
-      throw std::logic_error("accel::logger \"" + name_ + "\": in_order makes the " + std::to_string(num_processes_) +
-                             " processes write in turn, waiting for one another at the job's barrier, and this "
-                             "process has no process group yet: build the accelerator (data_parallel) before "
-                             "logging in order, or log without in_order");
-    for (int process = 0; process < num_processes_; ++process) {
-      if (process == process_index_) write(level, message);
-      barrier();
-    }
-  }
+  ACCEL_DECL void log(log_level level, std::string_view message, log_options options = {}) const;
 
   /// Whether a call at `level` writes anything (Python's `isEnabledFor`).
   [[nodiscard]] bool is_enabled_for(log_level level) const noexcept {
@@ -122,22 +95,11 @@ class logger {
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   /// Where lines go: standard error by default (Python's `basicConfig`); a file or a string stream to capture them.
   /// The stream must outlive the logger's use of it.
-  logger& set_stream(std::ostream& stream) noexcept {
-    stream_ = &stream;
-    return *this;
-  }
+  ACCEL_DECL logger& set_stream(std::ostream& stream) noexcept;
 
  private:
   /// `LEVEL:name:[RANK i] message`, Python's default format around Accelerate's message, in one write.
-  void write(log_level level, std::string_view message) const {
-    std::string line;
-    line.append(log_level_name(level)).append(":").append(name_).append(":[RANK ");
-    line.append(std::to_string(process_index_)).append("] ").append(message).append("\n");
-    static std::mutex writing;  // whole lines, when threads log at once
-    std::lock_guard lock(writing);
-    stream_->write(line.data(), static_cast<std::streamsize>(line.size()));
-    stream_->flush();
-  }
+  ACCEL_DECL void write(log_level level, std::string_view message) const;
 
   std::string name_;
   log_level level_;
@@ -157,18 +119,7 @@ class logger {
 ///     log.info("epoch 1 done");                                 // process 0 only
 ///     log.info("my shard: 250 samples", {.main_process_only = false});
 ///     log.info("in turn", {.in_order = true});                  // 0, then 1, ...
-[[nodiscard]] inline logger get_logger(std::string name, std::optional<log_level> level = std::nullopt) {
-  if (!level) {
-    if (const auto variable = detail::read_variable("ACCELERATE_LOG_LEVEL")) {
-      try {
-        level = parse_log_level(variable->value);
-      } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument(std::string(e.what()) + " (from the ACCELERATE_LOG_LEVEL environment variable)");
-      }
-    }
-  }
-  return logger(std::move(name), level.value_or(log_level::warning), read_process_environment());
-}
+[[nodiscard]] ACCEL_DECL logger get_logger(std::string name, std::optional<log_level> level = std::nullopt);
 
 /// The same with the level by name, as Accelerate's `log_level="DEBUG"` (any case; `parse_log_level`).
 [[nodiscard]] inline logger get_logger(std::string name, std::string_view level) {
@@ -176,3 +127,7 @@ class logger {
 }
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/logging.ipp"
+#endif

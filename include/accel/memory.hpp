@@ -26,6 +26,7 @@
 #include <utility>
 #include <variant>
 
+#include "detail/config.hpp"
 #include "collectives.hpp"
 #include "detail/compat.hpp"
 #include "detail/support/counting_allocator.hpp"
@@ -58,28 +59,14 @@ struct memory_statistics {
 
 namespace detail {
 /// The counting allocator `count_cpu_memory()` installed, or null before.
-inline std::atomic<counting_cpu_allocator*>& installed_cpu_counter() noexcept {
-  static std::atomic<counting_cpu_allocator*> installed{nullptr};
-  return installed;
-}
+ACCEL_DECL std::atomic<counting_cpu_allocator*>& installed_cpu_counter() noexcept;
 }  // namespace detail
 
 /// Counts CPU tensor storage from now on, for `memory_stats(cpu)`: puts accel's counting allocator in front of
 /// LibTorch's CPU allocator, for the rest of the process (storage allocated before is not counted, and is freed as
 /// before). Opt in, as a lock and a table entry per allocation cost a little; idempotent and thread-safe. Throws
 /// `std::logic_error` when another CPU allocator of higher priority is installed (`c10::SetAllocator`).
-inline void count_cpu_memory() {
-  static detail::counting_cpu_allocator* const counter = [] {
-    auto* created = new detail::counting_cpu_allocator(c10::GetCPUAllocator());  // never destroyed: see its header
-    c10::SetAllocator(c10::DeviceType::CPU, created, /*priority=*/100);
-    return created;
-  }();
-  if (c10::GetCPUAllocator() != counter)
-    throw std::logic_error(
-        "accel::count_cpu_memory: another CPU allocator is installed with a higher priority (c10::SetAllocator), "
-        "so CPU storage cannot be counted; count with that allocator, or do not install it");
-  detail::installed_cpu_counter().store(counter);
-}
+ACCEL_DECL void count_cpu_memory();
 
 /// Whether `count_cpu_memory()` turned the counting of CPU storage on.
 [[nodiscard]] inline bool counting_cpu_memory() noexcept { return detail::installed_cpu_counter().load() != nullptr; }
@@ -88,38 +75,11 @@ inline void count_cpu_memory() {
 /// LibTorch's caching allocator's counters, where this LibTorch reaches them (see detail/compat.hpp). The CPU: what
 /// was allocated since `count_cpu_memory()` (call it first, or this throws `std::logic_error` saying so). Another
 /// device, or a GPU this LibTorch cannot read, throws `std::invalid_argument`.
-[[nodiscard]] inline memory_statistics memory_stats(const c10::Device& device) {
-  if (device.is_cpu()) {
-    const auto* counter = detail::installed_cpu_counter().load();
-    if (counter == nullptr)
-      throw std::logic_error(
-          "accel::memory_stats(cpu): CPU storage is counted only from accel::count_cpu_memory() on; call it at the "
-          "start of the program (before what you measure is allocated)");
-    const auto allocated = counter->current(), peak = counter->peak();
-    return {.allocated = allocated, .peak_allocated = peak, .reserved = allocated, .peak_reserved = peak};
-  }
-  const auto counters = detail::compat::device_memory(device);
-  if (!counters)
-    throw std::invalid_argument(
-        "accel::memory_stats: no memory statistics for " + device.str() +
-        ": this LibTorch has no caching allocator for it that accel can read (CUDA from "
-        "LibTorch 2.9, or with the accel::nccl target before); the CPU: accel::count_cpu_memory()");
-  return {.allocated = counters->allocated,
-          .peak_allocated = counters->peak_allocated,
-          .reserved = counters->reserved,
-          .peak_reserved = counters->peak_reserved};
-}
+[[nodiscard]] ACCEL_DECL memory_statistics memory_stats(const c10::Device& device);
 
 /// Starts the peaks of `device` again from what is allocated now (PyTorch's `reset_peak_memory_stats`, and
 /// `reset_max_memory_allocated`). Throws as `memory_stats` does.
-inline void reset_peak_memory_stats(const c10::Device& device) {
-  if (device.is_cpu()) {
-    (void)memory_stats(device);  // its error before counting is on
-    detail::installed_cpu_counter().load()->reset_peak();
-  } else if (!detail::compat::reset_device_memory_peaks(device)) {
-    (void)memory_stats(device);  // throws, naming the device
-  }
-}
+ACCEL_DECL void reset_peak_memory_stats(const c10::Device& device);
 
 namespace detail {
 /// What LibTorch's errors say when memory ran out but their type does not (Accelerate's `should_reduce_batch_size`
@@ -133,10 +93,7 @@ inline constexpr std::string_view out_of_memory_messages[] = {
     "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",  // HPU
 };
 
-inline bool mentions_out_of_memory(std::string_view message) {
-  return std::ranges::any_of(out_of_memory_messages,
-                             [&](std::string_view known) { return message.find(known) != std::string_view::npos; });
-}
+ACCEL_DECL bool mentions_out_of_memory(std::string_view message);
 }  // namespace detail
 
 /// Whether `error` means that memory ran out, so that a smaller batch may fit: by type, `std::bad_alloc` (`new`)
@@ -144,20 +101,7 @@ inline bool mentions_out_of_memory(std::string_view message) {
 /// for it: its CPU allocator's ("DefaultCPUAllocator: can't allocate memory", a plain `c10::Error` in 1.13 and 2.x),
 /// a CUDA call's "out of memory", MPS's, and cuDNN's CUDNN_STATUS_NOT_SUPPORTED, as Accelerate's
 /// `should_reduce_batch_size`. Any other error, or none, is false.
-[[nodiscard]] inline bool should_reduce_batch_size(const std::exception_ptr& error) noexcept {
-  if (!error) return false;
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::bad_alloc&) {
-    return true;
-  } catch (const c10::OutOfMemoryError&) {
-    return true;
-  } catch (const c10::Error& e) {
-    return detail::mentions_out_of_memory(e.what_without_backtrace());
-  } catch (...) {
-    return false;
-  }
-}
+[[nodiscard]] ACCEL_DECL bool should_reduce_batch_size(const std::exception_ptr& error) noexcept;
 
 namespace detail {
 /// What the batch-size search returns: `f`'s result, by value.
@@ -215,39 +159,11 @@ struct out_of_memory_record {
 };
 
 /// An error's message for another message: its first line (LibTorch's without the backtrace).
-inline std::string error_summary(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const c10::Error& e) {
-    return first_line(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return first_line(e.what());
-  } catch (...) {
-    return "an exception that is not a std::exception";
-  }
-}
+ACCEL_DECL std::string error_summary(const std::exception_ptr& error);
 
 /// Throws `batch_size_error` once the sizes ran out: the message names the last out-of-memory error, which is
 /// nested in it (`std::rethrow_if_nested`) when it happened on this process.
-[[noreturn]] inline void throw_no_batch_size_left(int starting_batch_size, const out_of_memory_record& last) {
-  const std::string where = "batch size " + std::to_string(last.batch_size);
-  const std::string message =
-      "accel::find_executable_batch_size: no executable batch size found, reached zero: every batch size tried, from " +
-      std::to_string(starting_batch_size) + " down to " + std::to_string(last.batch_size) +
-      ", ran out of memory; the last: " +
-      (last.error ? "at " + where + ", " + error_summary(last.error) + " (nested in this error)"
-                  : "process " + std::to_string(last.process) + " at " + where + " (that process reports it)") +
-      ". If that is not what the batch size sizes (an evaluation batch of fixed size, say), fix it there; otherwise "
-      "free what the program still holds before the search (tensors, models and optimizers no longer needed; "
-      "acc.free_memory()), or make a sample fit: a smaller model or sequence, mixed precision (bf16, fp16), gradient "
-      "checkpointing, or a device with more memory";
-  if (!last.error) throw batch_size_error(message);
-  try {
-    std::rethrow_exception(last.error);
-  } catch (...) {
-    std::throw_with_nested(batch_size_error(message));
-  }
-}
+[[noreturn]] ACCEL_DECL void throw_no_batch_size_left(int starting_batch_size, const out_of_memory_record& last);
 
 /// The batch size after `batch_size` ran out of memory, from `reduce` (Accelerate's `reduce_batch_size_fn`, given the
 /// size that failed): it must be smaller.
@@ -380,3 +296,7 @@ detail::batch_result_t<F> find_executable_batch_size(Accelerator& acc, F&& f, in
 }
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/memory.ipp"
+#endif

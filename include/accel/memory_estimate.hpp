@@ -15,6 +15,8 @@
 #include <string>
 #include <string_view>
 
+#include "detail/config.hpp"
+
 namespace accel {
 
 /// The parallel policies whose memory differs: `data_parallel`, `zero1`, `zero2` and `fully_sharded` (without shard
@@ -68,9 +70,7 @@ struct training_bytes {
     return parameters_at_rest + gradient_buckets + optimizer_state;
   }
   /// Held at the end of a step's backward, besides activations and communication buffers in flight.
-  [[nodiscard]] std::int64_t in_step() const noexcept {
-    return parameters_in_step + gradients + gradient_buckets + optimizer_state + autocast_copies;
-  }
+  [[nodiscard]] ACCEL_DECL std::int64_t in_step() const noexcept;
   /// The most a step holds at once, activations and the all-gather buffers of non-unit buckets aside.
   [[nodiscard]] std::int64_t step_peak() const noexcept { return in_step() + unit_transients; }
   /// The peak of `load_state` of a checkpoint (either format) into the prepared model between steps: what is held
@@ -82,13 +82,7 @@ struct training_bytes {
 
 /// The optimizer state tensors per element of LibTorch's elementwise optimizers, by Accelerate's and PyTorch's
 /// names: adamw, adam (2), sgd (0), sgd_momentum, rmsprop, adagrad (1).
-inline int optimizer_state_tensors(std::string_view optimizer) {
-  if (optimizer == "adamw" || optimizer == "adam") return 2;
-  if (optimizer == "sgd_momentum" || optimizer == "rmsprop" || optimizer == "adagrad") return 1;
-  if (optimizer == "sgd") return 0;
-  throw std::invalid_argument("accel: unknown optimizer '" + std::string(optimizer) +
-                              "': the estimate knows adamw, adam, sgd, sgd_momentum, rmsprop and adagrad");
-}
+ACCEL_DECL int optimizer_state_tensors(std::string_view optimizer);
 
 namespace detail {
 
@@ -98,11 +92,7 @@ struct tensor_slice {
   std::int64_t chunk = 0;
 };
 
-inline tensor_slice owned_slice(const tensor_extent& t, const training_setup& setup) {
-  const auto chunk = (t.elements + setup.processes - 1) / setup.processes;
-  const auto begin = std::min(t.elements, chunk * setup.process_index);
-  return {.owned_bytes = (std::min(t.elements, begin + chunk) - begin) * t.element_size, .chunk = chunk};
-}
+ACCEL_DECL tensor_slice owned_slice(const tensor_extent& t, const training_setup& setup);
 
 /// One shard unit's trainable tensors: their bytes whole (gathered, or as built), and its gradient bucket's (P
 /// segments each of a chunk of every tensor and its flag).
@@ -113,27 +103,8 @@ struct unit_extent {
 
 /// The shard units of `fully_sharded`: what a step holds of them for a moment (`unit_transients`), and the peak of
 /// building them one after another (`construction`, where `bytes.construction` holds the whole model's bytes).
-inline void add_shard_units(std::span<const tensor_extent> tensors, const training_setup& setup,
-                            training_bytes& bytes) {
-  std::map<int, unit_extent> units;
-  std::int64_t sliced = 0;  // the units' tensors: built whole, kept as this process's slices
-  for (const auto& t : tensors) {
-    if (!t.trainable || t.shard_unit < 0) continue;
-    const auto slice = owned_slice(t, setup);
-    auto& unit = units[t.shard_unit];
-    unit.whole += t.elements * t.element_size;
-    unit.bucket += setup.processes * (slice.chunk + 1) * t.element_size;
-    sliced += t.elements * t.element_size - slice.owned_bytes;
-  }
-  if (units.empty()) return;
-  unit_extent largest;
-  for (const auto& [index, unit] : units) {
-    largest.whole = std::max(largest.whole, unit.whole);
-    largest.bucket = std::max(largest.bucket, unit.bucket);
-  }
-  bytes.unit_transients = 3 * largest.whole + 5 * largest.bucket;
-  bytes.construction += largest.whole - sliced;
-}
+ACCEL_DECL void add_shard_units(std::span<const tensor_extent> tensors, const training_setup& setup,
+                                training_bytes& bytes);
 
 }  // namespace detail
 
@@ -143,33 +114,10 @@ inline void add_shard_units(std::span<const tensor_extent> tensors, const traini
 /// here" flag per parameter besides its elements: data_parallel's and zero1's whole, zero2's and fully_sharded's
 /// segments a whole chunk of each. Under `fully_sharded`, a shard unit's tensors are gathered for their unit's
 /// forward and backward only (`unit_transients`), the others from the forward to the step.
-inline training_bytes estimate_training_bytes(std::span<const tensor_extent> tensors, const training_setup& setup) {
-  if (setup.processes < 1 || setup.process_index < 0 || setup.process_index >= setup.processes)
-    throw std::invalid_argument("accel::estimate_training_bytes: process " + std::to_string(setup.process_index) +
-                                " of " + std::to_string(setup.processes) + " does not exist");
-  const bool sharded_state = setup.stage != sharding_stage::data_parallel;
-  const bool sharded_gradients = setup.stage == sharding_stage::zero2 || setup.stage == sharding_stage::fully_sharded;
-  const bool sharded_parameters = setup.stage == sharding_stage::fully_sharded;
-  training_bytes bytes;
-  for (const auto& t : tensors) {
-    const auto whole = t.elements * t.element_size;
-    bytes.construction += whole;
-    if (setup.autocast_16bit && t.floating_point && t.element_size == 4) bytes.autocast_copies += 2 * t.elements;
-    if (!t.trainable) {
-      bytes.parameters_at_rest += whole;
-      bytes.parameters_in_step += whole;
-      continue;
-    }
-    const auto [owned, chunk] = detail::owned_slice(t, setup);
-    const bool gathered_until_step = t.shard_unit < 0;
-    bytes.parameters_at_rest += sharded_parameters ? owned : whole;
-    bytes.parameters_in_step += sharded_parameters ? owned + (gathered_until_step ? whole : 0) : whole;
-    bytes.gradients += sharded_gradients ? (chunk + 1) * t.element_size : whole;
-    bytes.gradient_buckets += sharded_gradients ? 0 : whole + t.element_size;
-    bytes.optimizer_state += setup.state_tensors * (sharded_state ? owned : whole);
-  }
-  if (sharded_parameters) detail::add_shard_units(tensors, setup, bytes);
-  return bytes;
-}
+ACCEL_DECL training_bytes estimate_training_bytes(std::span<const tensor_extent> tensors, const training_setup& setup);
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/memory_estimate.ipp"
+#endif

@@ -10,38 +10,19 @@
 #include <string>
 #include <unordered_map>
 
+#include "detail/config.hpp"
+
 namespace accel {
 
 namespace detail {
 
-inline module_tensor described_tensor(const std::string& name, const torch::Tensor& tensor) {
-  return {.name = name,
-          .elements = tensor.numel(),
-          .element_size = static_cast<std::int64_t>(tensor.element_size()),
-          .floating_point = tensor.is_floating_point() || tensor.is_complex()};
-}
+ACCEL_DECL module_tensor described_tensor(const std::string& name, const torch::Tensor& tensor);
 
 /// `seen` maps each parameter's storage object to the full name it was first met under: a later name of the same
 /// tensor is a tie.
-inline module_tree describe_module(const torch::nn::Module& module, const std::string& name,
-                                   const std::string& full_name,
-                                   std::unordered_map<const c10::TensorImpl*, std::string>& seen) {
-  module_tree tree{.name = name, .class_name = module.name()};
-  for (const auto& p : module.named_parameters(/*recurse=*/false)) {
-    if (!p.value().defined()) continue;
-    const auto full = full_name.empty() ? p.key() : full_name + "." + p.key();
-    auto tensor = described_tensor(p.key(), p.value());
-    const auto [first, inserted] = seen.emplace(p.value().unsafeGetTensorImpl(), full);
-    if (!inserted) tensor.tied_to = first->second;
-    tree.parameters.push_back(std::move(tensor));
-  }
-  for (const auto& b : module.named_buffers(/*recurse=*/false))
-    if (b.value().defined()) tree.buffers.push_back(described_tensor(b.key(), b.value()));
-  for (const auto& child : module.named_children())
-    tree.children.push_back(describe_module(*child.value(), child.key(),
-                                            full_name.empty() ? child.key() : full_name + "." + child.key(), seen));
-  return tree;
-}
+ACCEL_DECL module_tree describe_module(const torch::nn::Module& module, const std::string& name,
+                                       const std::string& full_name,
+                                       std::unordered_map<const c10::TensorImpl*, std::string>& seen);
 
 }  // namespace detail
 
@@ -49,9 +30,10 @@ inline module_tree describe_module(const torch::nn::Module& module, const std::s
 /// type name, e.g. "torch::nn::LinearImpl", or the name a module gave its Module constructor), which is what
 /// `no_split_module_classes` names. Bytes are each tensor's own dtype; give `device_map_options::dtype_size` (e.g.
 /// `c10::elementSize(torch::kBFloat16)`) to plan for weights loaded as another dtype.
-inline module_tree describe_module(const torch::nn::Module& module) {
-  std::unordered_map<const c10::TensorImpl*, std::string> seen;
-  return detail::describe_module(module, "", "", seen);
-}
+ACCEL_DECL module_tree describe_module(const torch::nn::Module& module);
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/module_tree.ipp"
+#endif

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/config.hpp"
 #include "collectives.hpp"
 #include "concepts.hpp"
 #include "detail/compat.hpp"
@@ -61,14 +62,7 @@ struct nccl_not_linked : local_communicator {
 };
 
 /// The total `norm_type`-norm of the parameters' gradients, as `clip_grad_norm_` computes it, without clipping.
-inline double gradient_norm(const std::vector<at::Tensor>& parameters, double norm_type) {
-  std::vector<at::Tensor> norms;
-  for (const auto& p : parameters)
-    if (p.grad().defined()) norms.push_back(p.grad().norm(norm_type));
-  if (norms.empty()) return 0.0;
-  return std::isinf(norm_type) ? at::stack(norms).max().item<double>()
-                               : at::stack(norms).norm(norm_type).item<double>();
-}
+ACCEL_DECL double gradient_norm(const std::vector<at::Tensor>& parameters, double norm_type);
 }  // namespace detail
 
 /// The hooks a parallel policy may leave out (concepts.hpp's facets), with what replicated data parallelism does:
@@ -167,8 +161,7 @@ struct single_process : parallel_defaults {
   [[nodiscard]] static constexpr std::string_view name() noexcept { return "single_process"; }
   [[nodiscard]] static constexpr std::string_view distributed_type() noexcept { return "NO"; }
 
-  explicit single_process(const options& opts)
-      : device_(!opts.cpu && torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU)) {}
+  ACCEL_DECL explicit single_process(const options& opts);
 
   [[nodiscard]] const c10::Device& device() const noexcept { return device_; }
   [[nodiscard]] static constexpr int process_index() noexcept { return 0; }
@@ -248,13 +241,7 @@ auto& separate_process_group(std::chrono::milliseconds timeout) {
 
 /// `options::timeout`, checked: it bounds the rendezvous and every collective, and c10d's store cannot even connect
 /// within less than a second (it failed with a misleading "another job may hold the port" message).
-inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds timeout) {
-  if (timeout < std::chrono::seconds(1))
-    throw std::invalid_argument("accel: options::timeout is " + std::to_string(timeout.count()) +
-                                " ms; it bounds the rendezvous and every collective and must be at least 1 s "
-                                "(the default is 30 minutes)");
-  return timeout;
-}
+ACCEL_DECL std::chrono::milliseconds checked_timeout(std::chrono::milliseconds timeout);
 }  // namespace detail
 
 /// The process topology facet (concepts.hpp) of a policy over the job's process group on `Backend`: the
@@ -430,3 +417,7 @@ struct data_parallel : detail::bucketed_data_parallel<Backend, detail::gradient_
 };
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/parallel.ipp"
+#endif

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/config.hpp"
 #include "checkpoint_error.hpp"
 #include "concepts.hpp"
 #include "detail/compat.hpp"
@@ -43,21 +44,10 @@ namespace detail {
 /// Nesting-safe, and nothing leaks out of it.
 class [[nodiscard]] autocast_scope {
  public:
-  autocast_scope(c10::DeviceType device, c10::ScalarType dtype)
-      : device_(device),
-        was_enabled_(compat::autocast_enabled(device)),
-        previous_dtype_(compat::autocast_dtype(device)) {
-    compat::set_autocast_dtype(device, dtype);  // first: 1.13 refuses some dtypes, and must not be left enabled
-    compat::set_autocast_enabled(device, true);
-    at::autocast::increment_nesting();
-  }
+  ACCEL_DECL autocast_scope(c10::DeviceType device, c10::ScalarType dtype);
   autocast_scope(const autocast_scope&) = delete;
   autocast_scope& operator=(const autocast_scope&) = delete;
-  ~autocast_scope() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    compat::set_autocast_enabled(device_, was_enabled_);
-    compat::set_autocast_dtype(device_, previous_dtype_);
-  }
+  ACCEL_DECL ~autocast_scope();
 
  private:
   c10::DeviceType device_;
@@ -82,32 +72,16 @@ auto outputs_to_fp32(Output&& output)
 }
 
 /// Checks that this LibTorch autocasts to `dtype` on `device`, naming the policy and the fix when it does not.
-inline void require_autocast(const c10::Device& device, c10::ScalarType dtype, const char* policy,
-                             const char* suggestion) {
-  if (!compat::autocast_supports(device.type(), dtype))
-    throw std::invalid_argument(std::string("accel::") + policy + ": this LibTorch (" + TORCH_VERSION + ") has no " +
-                                c10::toString(dtype) + " autocast on " + device.str() + "; " + suggestion);
-}
+ACCEL_DECL void require_autocast(const c10::Device& device, c10::ScalarType dtype, const char* policy,
+                                 const char* suggestion);
 
 /// Multiplies `grads` (all on one device) by `inverse` in place and returns whether any element was inf/NaN before:
 /// LibTorch's fused `_amp_foreach_non_finite_check_and_unscale_`, one pass over all of them (its CPU kernel exists
 /// from LibTorch 2.3 on: `compat::fused_unscale_available`).
-inline bool unscale_fused(std::vector<at::Tensor>& grads, float inverse) {
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
-  auto found = at::zeros({1}, options);
-  at::_amp_foreach_non_finite_check_and_unscale_(grads, found, at::full({1}, inverse, options));
-  return found.item<float>() > 0;
-}
+ACCEL_DECL bool unscale_fused(std::vector<at::Tensor>& grads, float inverse);
 
 /// The same arithmetic a gradient at a time, with one synchronisation at the end: for LibTorch without the kernel.
-inline bool unscale_each(std::vector<at::Tensor>& grads, float inverse) {
-  auto found = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(grads.front().device()));
-  for (auto& grad : grads) {
-    found.add_(grad.isfinite().logical_not().any());
-    grad.mul_(inverse);
-  }
-  return found.item<float>() > 0;
-}
+ACCEL_DECL bool unscale_each(std::vector<at::Tensor>& grads, float inverse);
 
 /// Dynamic loss scaling, PyTorch's GradScaler algorithm: scale the loss, unscale each optimizer's gradients once
 /// per step (checking them for inf/NaN), skip the step on overflow, then update the scale. The scale is a float32
@@ -120,26 +94,11 @@ class grad_scaler {
     int growth_tracker;
   };
 
-  explicit grad_scaler(const grad_scaler_options& opts) : options_(opts), scale_(static_cast<float>(opts.init_scale)) {
-    if (!(opts.init_scale > 0) || !(opts.growth_factor > 1) || !(opts.backoff_factor > 0 && opts.backoff_factor < 1) ||
-        opts.growth_interval < 1)
-      throw std::invalid_argument(
-          "accel: grad_scaler_options need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
-          "growth_interval >= 1");
-  }
+  ACCEL_DECL explicit grad_scaler(const grad_scaler_options& opts);
 
   /// The loss times the scale, in float32 at least (an fp16 loss times 65536 would overflow). The first backward
   /// after a step starts a new iteration: what was unscaled or skipped before belongs to the last one.
-  [[nodiscard]] at::Tensor scale(const at::Tensor& loss) {
-    if (step_taken_) {
-      ++iteration_;
-      step_taken_ = false;
-      any_skipped_ = false;
-    }
-    backward_scale_ = scale_;
-    const bool reduced = loss.scalar_type() == at::kHalf || loss.scalar_type() == at::kBFloat16;
-    return (reduced ? loss.to(at::kFloat) : loss) * scale_;
-  }
+  [[nodiscard]] ACCEL_DECL at::Tensor scale(const at::Tensor& loss);
 
   /// Divides `optimizer`'s gradients by the scale their backward used and records whether any is inf/NaN, as
   /// `agree(found here)` decides for every process. Once per iteration: a second call before the step does nothing
@@ -169,15 +128,9 @@ class grad_scaler {
   /// Whether any optimizer step of the current iteration was skipped (Accelerate: `any` over its optimizers).
   [[nodiscard]] bool any_step_skipped() const noexcept { return any_skipped_; }
   /// Whether `optimizer`'s gradients are already unscaled in this iteration.
-  [[nodiscard]] bool unscaled(const torch::optim::Optimizer& optimizer) const {
-    auto found = per_optimizer_.find(&optimizer);
-    return found != per_optimizer_.end() && found->second.iteration == iteration_ && found->second.unscaled;
-  }
+  [[nodiscard]] ACCEL_DECL bool unscaled(const torch::optim::Optimizer& optimizer) const;
   [[nodiscard]] state_type state() const noexcept { return {scale_, growth_tracker_}; }
-  void load_state(const state_type& state) noexcept {
-    scale_ = state.scale;
-    growth_tracker_ = state.growth_tracker;
-  }
+  ACCEL_DECL void load_state(const state_type& state) noexcept;
   [[nodiscard]] const grad_scaler_options& options() const noexcept { return options_; }
 
  private:
@@ -188,42 +141,14 @@ class grad_scaler {
   };
 
   /// This iteration's state of `optimizer`: an optimizer that did not step last time starts afresh.
-  optimizer_state& current_state(const torch::optim::Optimizer& optimizer) {
-    auto& state = per_optimizer_[&optimizer];
-    if (state.iteration != iteration_) state = {.iteration = iteration_};
-    return state;
-  }
+  ACCEL_DECL optimizer_state& current_state(const torch::optim::Optimizer& optimizer);
 
   /// PyTorch's `_amp_update_scale_`: back off on overflow, grow after `growth_interval` clean steps in a row.
-  void update(bool found_inf) {
-    if (found_inf) {
-      scale_ = static_cast<float>(scale_ * options_.backoff_factor);
-      growth_tracker_ = 0;
-    } else if (++growth_tracker_ == options_.growth_interval) {
-      const auto grown = static_cast<float>(scale_ * options_.growth_factor);
-      if (std::isfinite(grown)) scale_ = grown;
-      growth_tracker_ = 0;
-    }
-  }
+  ACCEL_DECL void update(bool found_inf);
 
   /// Unscales every gradient in place and returns whether any element is inf/NaN: one fused pass per device
   /// where LibTorch has the kernel, else a pass per gradient with one synchronisation at the end.
-  bool unscale_gradients(torch::optim::Optimizer& optimizer) const {
-    const double inverse = 1.0 / static_cast<double>(backward_scale_);  // in double, as PyTorch, then float32
-    std::map<std::pair<c10::DeviceType, c10::DeviceIndex>, std::vector<at::Tensor>> by_device;
-    for (auto& group : optimizer.param_groups())
-      for (auto& parameter : group.params())
-        if (parameter.grad().defined())
-          by_device[{parameter.device().type(), parameter.device().index()}].push_back(parameter.mutable_grad());
-    bool found_inf = false;
-    for (auto& [device, grads] : by_device) {
-      const auto factor = static_cast<float>(inverse);
-      const bool found =
-          compat::fused_unscale_available(device.first) ? unscale_fused(grads, factor) : unscale_each(grads, factor);
-      found_inf = found_inf || found;
-    }
-    return found_inf;
-  }
+  ACCEL_DECL bool unscale_gradients(torch::optim::Optimizer& optimizer) const;
 
   grad_scaler_options options_;
   float scale_;
@@ -285,9 +210,7 @@ struct bf16 : precision_defaults {
   [[nodiscard]] static constexpr std::string_view name() noexcept { return "bf16"; }
   [[nodiscard]] static constexpr std::string_view mixed_precision() noexcept { return "bf16"; }
 
-  bf16(const options&, const c10::Device& device) {
-    detail::require_autocast(device, at::kBFloat16, "bf16", "use accel::fp32 on this device");
-  }
+  ACCEL_DECL bf16(const options&, const c10::Device& device);
 
   [[nodiscard]] detail::autocast_scope forward_scope(const c10::Device& device) const {
     return {device.type(), at::kBFloat16};
@@ -306,10 +229,7 @@ struct fp16 : precision_defaults {
   [[nodiscard]] static constexpr std::string_view name() noexcept { return "fp16"; }
   [[nodiscard]] static constexpr std::string_view mixed_precision() noexcept { return "fp16"; }
 
-  fp16(const options& opts, const c10::Device& device) : fp16(opts) {
-    detail::require_autocast(device, at::kHalf, "fp16",
-                             "use accel::bf16 on the CPU (bfloat16 needs no loss scaling), or run on a CUDA device");
-  }
+  ACCEL_DECL fp16(const options& opts, const c10::Device& device);
 
   [[nodiscard]] detail::autocast_scope forward_scope(const c10::Device& device) const {
     return {device.type(), at::kHalf};
@@ -337,16 +257,8 @@ struct fp16 : precision_defaults {
   [[nodiscard]] double loss_scale() const noexcept { return scaler_.state().scale; }
 
   /// Checkpoints: the scale and the clean steps since it last changed, in each process's `random_states` file.
-  void save_state(torch::serialize::OutputArchive& archive) const {
-    archive.write("loss_scale", c10::IValue(static_cast<double>(scaler_.state().scale)));
-    archive.write("growth_tracker", c10::IValue(static_cast<std::int64_t>(scaler_.state().growth_tracker)));
-  }
-  void load_state(torch::serialize::InputArchive& archive) {
-    c10::IValue scale, tracker;
-    if (!archive.try_read("loss_scale", scale) || !archive.try_read("growth_tracker", tracker))
-      throw checkpoint_error("lacks the fp16 loss scale (saved by another configuration?)");
-    scaler_.load_state({static_cast<float>(scale.toDouble()), static_cast<int>(tracker.toInt())});
-  }
+  ACCEL_DECL void save_state(torch::serialize::OutputArchive& archive) const;
+  ACCEL_DECL void load_state(torch::serialize::InputArchive& archive);
 
   /// The loss scaler: its state, its options.
   [[nodiscard]] const detail::grad_scaler& scaler() const noexcept { return scaler_; }
@@ -361,3 +273,7 @@ struct fp16 : precision_defaults {
 };
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/precision.ipp"
+#endif

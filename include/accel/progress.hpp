@@ -43,6 +43,7 @@
 #include <range/v3/range/traits.hpp>
 #include <vector>
 
+#include "detail/config.hpp"
 #include "detail/support/stored.hpp"
 
 namespace accel {
@@ -78,54 +79,20 @@ namespace detail::progress_text {
 
 /// `value` as tqdm's `format_num` writes it: 3 significant digits ("%.3g", exponent without leading zeros),
 /// unless the shortest exact form ("%g" with as many digits as it takes, like Python's `str`) is as short.
-inline std::string compact_number(double value) {
-  char exact[64];
-  char general[64];
-  const auto format = std::chars_format::general;
-  const std::string_view shortest(exact, std::to_chars(exact, exact + sizeof exact, value, format).ptr);
-  std::string rounded(general, std::to_chars(general, general + sizeof general, value, format, 3).ptr);
-  if (const auto e = rounded.find('e'); e != std::string::npos)
-    while (rounded.size() > e + 3 && rounded[e + 2] == '0') rounded.erase(e + 2, 1);  // "1e-05" -> "1e-5"
-  return rounded.size() < shortest.size() ? rounded : std::string(shortest);
-}
+ACCEL_DECL std::string compact_number(double value);
 
 /// `digits` digits after the point.
-inline std::string fixed(double value, int digits) {
-  char buffer[64];  // a rate: far fewer digits than that
-  char* end = std::to_chars(buffer, buffer + sizeof buffer, value, std::chars_format::fixed, digits).ptr;
-  return std::string(buffer, end);
-}
+ACCEL_DECL std::string fixed(double value, int digits);
 
 /// A duration as tqdm shows it: mm:ss, or h:mm:ss from an hour on.
-inline std::string clock_time(std::chrono::seconds duration) {
-  const long long total = std::max<long long>(duration.count(), 0);
-  const long long hours = total / 3600, minutes = total / 60 % 60, seconds = total % 60;
-  char buffer[32];
-  if (hours > 0)
-    std::snprintf(buffer, sizeof buffer, "%lld:%02lld:%02lld", hours, minutes, seconds);
-  else
-    std::snprintf(buffer, sizeof buffer, "%02lld:%02lld", minutes, seconds);
-  return buffer;
-}
+ACCEL_DECL std::string clock_time(std::chrono::seconds duration);
 
 /// Columns `text` takes on a terminal: one per UTF-8 code point (wide characters are not told apart).
-inline std::size_t columns(std::string_view text) {
-  return static_cast<std::size_t>(std::ranges::count_if(text, [](char c) { return (c & 0xC0) != 0x80; }));
-}
+ACCEL_DECL std::size_t columns(std::string_view text);
 
 /// `text` cut to at most `limit` columns, between code points: a frame wider than the terminal would wrap, and
 /// '\r' would then redraw only its last row.
-inline std::string fit(std::string text, std::size_t limit) {
-  std::size_t seen = 0;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if ((text[i] & 0xC0) == 0x80) continue;
-    if (seen++ == limit) {
-      text.resize(i);
-      break;
-    }
-  }
-  return text;
-}
+ACCEL_DECL std::string fit(std::string text, std::size_t limit);
 
 /// What a frame or a line shows, at one moment.
 struct snapshot {
@@ -136,70 +103,29 @@ struct snapshot {
   [[nodiscard]] bool has_total() const { return total > 0; }
   [[nodiscard]] std::size_t percent() const { return count * 100 / total; }  // floored: 100% only when done
   [[nodiscard]] double seconds() const { return std::chrono::duration<double>(elapsed).count(); }
-  [[nodiscard]] std::string counts() const {
-    return has_total() ? std::to_string(count) + "/" + std::to_string(total) : std::to_string(count);
-  }
+  [[nodiscard]] ACCEL_DECL std::string counts() const;
   [[nodiscard]] std::string elapsed_time() const {
     return clock_time(std::chrono::duration_cast<std::chrono::seconds>(elapsed));
   }
   /// At the average rate so far; "?" while there is no rate yet.
-  [[nodiscard]] std::string remaining_time() const {
-    if (count >= total) return clock_time(std::chrono::seconds(0));
-    if (!has_rate()) return "?";
-    const double per_iteration = seconds() / static_cast<double>(count);
-    return clock_time(std::chrono::seconds(std::llround(per_iteration * static_cast<double>(total - count))));
-  }
+  [[nodiscard]] ACCEL_DECL std::string remaining_time() const;
   [[nodiscard]] bool has_rate() const { return count > 0 && seconds() > 0; }
   /// Iterations per second, or seconds per iteration when that is below one (tqdm's `s/it`).
-  [[nodiscard]] std::string rate() const {
-    if (!has_rate()) return "? it/s";
-    const double per_second = static_cast<double>(count) / seconds();
-    return per_second >= 1 ? fixed(per_second, 2) + " it/s" : fixed(1 / per_second, 2) + " s/it";
-  }
+  [[nodiscard]] ACCEL_DECL std::string rate() const;
 };
 
 /// A frame (without its '\r') for a terminal `width` columns wide. It fills all but the last column (writing the
 /// last one leaves some terminals' cursor waiting to wrap); the bar takes the room the text leaves.
-inline std::string terminal_frame(const snapshot& now, std::string_view prefix, std::string_view postfix,
-                                  std::size_t width) {
-  const std::size_t room = width > 0 ? width - 1 : 0;
-  const std::string times = now.elapsed_time() + (now.has_total() ? "<" + now.remaining_time() : "");
-  const std::string status = now.counts() + " [" + times + ", " + now.rate() + std::string(postfix) + "]";
-  if (!now.has_total()) return fit(std::string(prefix) + status, room);
-
-  char percent[32];
-  std::snprintf(percent, sizeof percent, "%3zu%%|", now.percent());
-  const std::string left = std::string(prefix) + percent;
-  const std::string right = "| " + status;
-  const std::size_t used = columns(left) + columns(right);
-  const std::size_t cells = room > used ? room - used : 0;
-  const std::size_t filled = std::min(now.count, now.total) * cells / now.total;
-  return fit(left + std::string(filled, '#') + std::string(cells - filled, ' ') + right, room);
-}
+ACCEL_DECL std::string terminal_frame(const snapshot& now, std::string_view prefix, std::string_view postfix,
+                                      std::size_t width);
 
 /// One line of a log: no '\r', no escape codes.
-inline std::string plain_line(const snapshot& now, std::string_view prefix, std::string_view postfix) {
-  std::string line = std::string(prefix) + now.counts();
-  if (now.has_total())
-    line += " (" + std::to_string(now.percent()) + "%) elapsed " + now.elapsed_time() + ", remaining " +
-            now.remaining_time();
-  else
-    line += " elapsed " + now.elapsed_time();
-  return line + ", " + now.rate() + std::string(postfix);
-}
+ACCEL_DECL std::string plain_line(const snapshot& now, std::string_view prefix, std::string_view postfix);
 
 /// The file descriptor behind the standard streams; -1 for any other stream (a file, a string stream).
-inline int descriptor_of(const std::ostream* stream) {
-  if (stream == &std::cout) return STDOUT_FILENO;
-  if (stream == &std::cerr || stream == &std::clog) return STDERR_FILENO;
-  return -1;
-}
+ACCEL_DECL int descriptor_of(const std::ostream* stream);
 
-inline std::size_t terminal_width(int fd) {
-  winsize size{};
-  if (fd >= 0 && ::ioctl(fd, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
-  return 80;
-}
+ACCEL_DECL std::size_t terminal_width(int fd);
 
 }  // namespace detail::progress_text
 
@@ -218,10 +144,7 @@ class postfix_value {
   postfix_value(std::string text) : value_(std::move(text)) {}    // NOLINT(google-explicit-constructor)
   postfix_value(const char* text) : value_(std::string(text)) {}  // NOLINT(google-explicit-constructor)
 
-  [[nodiscard]] std::string text() const {
-    if (const auto* number = std::get_if<double>(&value_)) return detail::progress_text::compact_number(*number);
-    return std::get<std::string>(value_);
-  }
+  [[nodiscard]] ACCEL_DECL std::string text() const;
 
  private:
   std::variant<double, std::string> value_;
@@ -232,66 +155,27 @@ namespace detail {
 /// What an enabled bar keeps: where it writes, when it last did, the postfix. A disabled bar has none of it.
 class progress_display {
  public:
-  explicit progress_display(progress_options options)
-      : options_(std::move(options)),
-        fd_(progress_text::descriptor_of(options_.output)),
-        redraw_(options_.redraw.value_or(fd_ >= 0 && ::isatty(fd_) == 1)),
-        prefix_(options_.description.empty() ? "" : options_.description + ": "),
-        start_(options_.clock()),
-        last_shown_at_(start_) {
-    if (redraw_) show(0, start_);  // the bar appears before the first (maybe slow) iteration, as tqdm's does
-  }
+  ACCEL_DECL explicit progress_display(progress_options options);
 
-  void update(std::size_t count) {
-    const auto now = options_.clock();
-    if (now - last_shown_at_ >= interval()) show(count, now);
-  }
+  ACCEL_DECL void update(std::size_t count);
 
   /// The last frame (and the newline that keeps it), or the last line unless the latest one showed this count.
-  void finish(std::size_t count) {
-    if (redraw_ || last_shown_count_ != count) show(count, options_.clock());
-    if (redraw_) *options_.output << '\n' << std::flush;
-  }
+  ACCEL_DECL void finish(std::size_t count);
 
   /// `line` on a line of its own above the bar: the frame is erased, the line written, the frame drawn again.
-  void write(std::string_view line, std::size_t count) {
-    auto& out = *options_.output;
-    if (redraw_) out << "\r\x1b[K";
-    out << line << '\n';
-    if (redraw_)
-      show(count, options_.clock());
-    else
-      out.flush();
-  }
+  ACCEL_DECL void write(std::string_view line, std::size_t count);
 
-  void set_postfix(std::initializer_list<std::pair<std::string_view, postfix_value>> values) {
-    postfix_.clear();
-    for (const auto& [name, value] : values) postfix_.emplace_back(name, value);
-  }
+  ACCEL_DECL void set_postfix(std::initializer_list<std::pair<std::string_view, postfix_value>> values);
 
  private:
   [[nodiscard]] progress_clock::duration interval() const {
     return redraw_ ? options_.redraw_interval : options_.line_interval;
   }
 
-  void show(std::size_t count, progress_clock::time_point now) {
-    const progress_text::snapshot shown{count, options_.total.value_or(0), now - start_};
-    auto& out = *options_.output;
-    if (redraw_)
-      out << '\r' << progress_text::terminal_frame(shown, prefix_, postfix_text(), width()) << "\x1b[K";
-    else
-      out << progress_text::plain_line(shown, prefix_, postfix_text()) << '\n';
-    out.flush();
-    last_shown_at_ = now;
-    last_shown_count_ = count;
-  }
+  ACCEL_DECL void show(std::size_t count, progress_clock::time_point now);
 
   /// ", loss=0.123, lr=0.0003": what follows the rate.
-  [[nodiscard]] std::string postfix_text() const {
-    std::string text;
-    for (const auto& [name, value] : postfix_) text += ", " + name + "=" + value.text();
-    return text;
-  }
+  [[nodiscard]] ACCEL_DECL std::string postfix_text() const;
 
   /// Asked at every frame, so that a resized terminal gets frames of its new width.
   [[nodiscard]] std::size_t width() const { return options_.width.value_or(progress_text::terminal_width(fd_)); }
@@ -312,15 +196,9 @@ class progress_display {
 /// construction. Moving a bar moves its display; the moved-from bar writes nothing more.
 class progress_bar {
  public:
-  explicit progress_bar(progress_options options = {})
-      : display_(options.enabled ? std::make_unique<detail::progress_display>(std::move(options)) : nullptr) {}
+  ACCEL_DECL explicit progress_bar(progress_options options = {});
   progress_bar(progress_bar&&) noexcept = default;
-  progress_bar& operator=(progress_bar&& other) noexcept {
-    progress_bar taken(std::move(other));
-    std::swap(count_, taken.count_);
-    std::swap(display_, taken.display_);
-    return *this;  // `taken` now holds this bar's previous display, closed as it goes
-  }
+  ACCEL_DECL progress_bar& operator=(progress_bar&& other) noexcept;
   /// Closes the bar; a failure to write the last frame is not worth ending the program for.
   ~progress_bar() {
     try {
@@ -330,10 +208,7 @@ class progress_bar {
   }
 
   /// `n` more iterations done; draws a frame or line when one is due.
-  void update(std::size_t n = 1) {
-    count_ += n;
-    if (display_) display_->update(count_);
-  }
+  ACCEL_DECL void update(std::size_t n = 1);
 
   /// Prints `line` (and a newline) to the bar's output above the bar, which a print to the same terminal would
   /// garble (tqdm's `write`). Like everything else of a disabled bar, it writes nothing: `acc.progress`'s bar is
@@ -470,4 +345,18 @@ template <detail::progress_range Range>
   return progress_view<Range>(std::forward<Range>(range), std::move(options));
 }
 
+namespace detail {
+/// `accelerator::progress`'s way to `accel::progress`, named where this header is included.
+struct progress_bars {
+  template <class Range>
+  static auto over(Range&& range, progress_options options) {
+    return accel::progress(std::forward<Range>(range), std::move(options));
+  }
+};
+}  // namespace detail
+
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/progress.ipp"
+#endif

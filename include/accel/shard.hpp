@@ -36,6 +36,7 @@
 #include <range/v3/range/concepts.hpp>
 #include <range/v3/range/conversion.hpp>
 
+#include "detail/config.hpp"
 #include "detail/data/batch_channel.hpp"
 #include "detail/support/stored.hpp"
 #include "batch_range.hpp"
@@ -122,26 +123,7 @@ struct batch_slicing<torch::data::Example<Data, Target>> {
 };
 
 /// `size_from_first_batch`: the batch size is not known yet (`prepare` takes the first batch's).
-inline void validate(const shard_options& o, bool size_from_first_batch = false) {
-  if (o.num_processes < 1)
-    throw std::invalid_argument("accel::shard_options: num_processes = " + std::to_string(o.num_processes) +
-                                " must be at least 1");
-  if (o.process_index < 0 || o.process_index >= o.num_processes)
-    throw std::out_of_range("accel::shard_options: process_index = " + std::to_string(o.process_index) +
-                            " is not a process of " + std::to_string(o.num_processes) + " (0 to " +
-                            std::to_string(o.num_processes - 1) + ")");
-  if (o.batch_size && *o.batch_size < 1)
-    throw std::invalid_argument("accel::shard_options: batch_size = " + std::to_string(*o.batch_size) +
-                                " must be at least 1 (or left empty for batches of varying size)");
-  if (o.split_batches && !o.batch_size && !size_from_first_batch)
-    throw std::invalid_argument(
-        "accel::shard_options: split_batches needs batch_size, to cut every batch into num_processes equal parts");
-  if (o.split_batches && o.batch_size && *o.batch_size % o.num_processes != 0)
-    throw std::invalid_argument("accel::shard_options: split_batches needs batch_size (" +
-                                std::to_string(*o.batch_size) + ") to be a multiple of num_processes (" +
-                                std::to_string(o.num_processes) +
-                                "); choose another batch size, or shard whole batches (split_batches = false)");
-}
+ACCEL_DECL void validate(const shard_options& o, bool size_from_first_batch = false);
 
 }  // namespace detail
 
@@ -536,11 +518,7 @@ inline std::int64_t input_batches_per_batch(const shard_options& o) noexcept {
 
 /// Accelerate's `split_between_processes`: contiguous parts, the first `size % P` one element longer; with
 /// padding, every part as long as the longest, completed with its last element.
-inline std::pair<std::int64_t, std::int64_t> part_bounds(std::int64_t size, int process, int processes) {
-  const auto per = size / processes, extra = size % processes;
-  const auto start = process * per + std::min<std::int64_t>(process, extra);
-  return {start, start + per + (process < extra ? 1 : 0)};
-}
+ACCEL_DECL std::pair<std::int64_t, std::int64_t> part_bounds(std::int64_t size, int process, int processes);
 
 template <class T>
 std::vector<T> split_between_processes(const std::vector<T>& data, int process, int processes, bool pad) {
@@ -552,18 +530,7 @@ std::vector<T> split_between_processes(const std::vector<T>& data, int process, 
   return part;
 }
 
-inline at::Tensor split_between_processes(const at::Tensor& data, int process, int processes, bool pad) {
-  const auto [start, stop] = part_bounds(data.size(0), process, processes);
-  auto part = data.narrow(0, start, stop - start);
-  const auto longest = (data.size(0) + processes - 1) / processes;
-  if (pad && data.size(0) > 0 && part.size(0) < longest) {
-    auto last = data.narrow(0, data.size(0) - 1, 1);  // Accelerate pads tensors with the input's last element
-    std::vector<std::int64_t> repeats(static_cast<std::size_t>(data.dim()), 1);
-    repeats[0] = longest - part.size(0);
-    part = at::cat({part, last.repeat(repeats)});
-  }
-  return part;
-}
+ACCEL_DECL at::Tensor split_between_processes(const at::Tensor& data, int process, int processes, bool pad);
 
 /// A map: each value is split (Accelerate splits a dict's values).
 template <class K, class V>
@@ -586,10 +553,11 @@ struct shard_closure {
   }
 };
 /// `batches | accel::views::shard(options)`: this process's batches (see accel/shard.hpp).
-inline shard_closure shard(const shard_options& options) {
-  detail::validate(options);
-  return {options};
-}
+ACCEL_DECL shard_closure shard(const shard_options& options);
 }  // namespace views
 
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/shard.ipp"
+#endif

@@ -39,6 +39,7 @@
 #include <variant>
 #include <vector>
 
+#include "detail/config.hpp"
 #include "detail/support/json.hpp"
 #include "detail/tracking/mlflow.hpp"
 #include "detail/tracking/mlflow_sender.hpp"
@@ -71,31 +72,15 @@ class metric {
   template <class Number>
     requires std::is_arithmetic_v<Number>
   metric(std::string metric_name, Number number) : name(std::move(metric_name)), value_(static_cast<double>(number)) {}
-  metric(std::string metric_name, at::Tensor tensor) : name(std::move(metric_name)), value_(std::move(tensor)) {
-    check_one_element(std::get<at::Tensor>(value_));
-  }
+  ACCEL_DECL metric(std::string metric_name, at::Tensor tensor);
 
   /// The value as a double (read from the tensor on the first call).
-  [[nodiscard]] double value() const {
-    if (const auto* number = std::get_if<double>(&value_)) return *number;
-    if (!read_) read_ = std::get<at::Tensor>(value_).item<double>();
-    return *read_;
-  }
+  [[nodiscard]] ACCEL_DECL double value() const;
 
   std::string name;
 
  private:
-  void check_one_element(const at::Tensor& tensor) const {
-    if (!tensor.defined() || tensor.numel() != 1) {
-      std::ostringstream shape;
-      if (tensor.defined())
-        shape << "has shape " << tensor.sizes();
-      else
-        shape << "is undefined";
-      throw std::invalid_argument("accel::metric \"" + name + "\": a tensor metric holds one element; this one " +
-                                  shape.str() + "; log a reduction of it (mean(), sum()) or its elements one by one");
-    }
-  }
+  ACCEL_DECL void check_one_element(const at::Tensor& tensor) const;
   std::variant<double, at::Tensor> value_;
   mutable std::optional<double> read_;
 };
@@ -148,74 +133,34 @@ class general_tracker {
 namespace detail {
 
 /// Seconds since the Unix epoch, as each format stores its wall time.
-inline double wall_time() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+ACCEL_DECL double wall_time();
 
 /// The shortest decimal text that reads back as the same double ("0.1", "3", "1e-05"); non-finite values as the
 /// format spells them.
-inline std::string number_text(double value, std::string_view nan, std::string_view infinity) {
-  if (std::isnan(value)) return std::string(nan);
-  if (std::isinf(value)) return (value < 0 ? "-" : "") + std::string(infinity);
-  char text[32];
-  return std::string(text, std::to_chars(text, text + sizeof text, value).ptr);
-}
+ACCEL_DECL std::string number_text(double value, std::string_view nan, std::string_view infinity);
 /// JSON numbers as Python's json module writes (and reads) them.
 inline std::string json_number(double value) { return number_text(value, "NaN", "Infinity"); }
 
-inline std::string json_value(const hyperparameter::value_type& value) {
-  return std::visit(
-      [](const auto& v) -> std::string {
-        using type = std::remove_cvref_t<decltype(v)>;
-        if constexpr (std::is_same_v<type, bool>)
-          return v ? "true" : "false";
-        else if constexpr (std::is_same_v<type, std::int64_t>)
-          return std::to_string(v);
-        else if constexpr (std::is_same_v<type, double>)
-          return json_number(v);
-        else
-          return detail::json_string(v);
-      },
-      value);
-}
+ACCEL_DECL std::string json_value(const hyperparameter::value_type& value);
 
 /// A CSV field, quoted when it holds a comma, a quote or a line break (RFC 4180: quotes doubled).
-inline std::string csv_field(std::string_view text) {
-  if (text.find_first_of(",\"\r\n") == std::string_view::npos) return std::string(text);
-  std::string quoted = "\"";
-  for (const char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return quoted + "\"";
-}
+ACCEL_DECL std::string csv_field(std::string_view text);
 
 /// A file of a run directory: every write goes to the OS at once (a crash loses nothing already written), and
 /// every failure names the file and the OS error.
 class run_file {
  public:
   enum mode { append, overwrite };
-  run_file(std::filesystem::path path, mode how)
-      : path_(std::move(path)), file_(std::fopen(path_.c_str(), how == append ? "ab" : "wb")) {
-    if (!file_) fail("cannot open");
-    std::fseek(file_.get(), 0, SEEK_END);  // where appending starts: 0 for a new file
-    was_empty_ = std::ftell(file_.get()) == 0;
-  }
+  ACCEL_DECL run_file(std::filesystem::path path, mode how);
   /// True when the file held nothing before this run (a header is due).
   [[nodiscard]] bool was_empty() const noexcept { return was_empty_; }
-  void write(std::string_view text) {
-    if (!file_)
-      throw std::logic_error("accel: " + path_.string() +
-                             " is closed (the tracker has finished); log before end_training()");
-    if (std::fwrite(text.data(), 1, text.size(), file_.get()) != text.size() || std::fflush(file_.get()) != 0)
-      fail("cannot write to");
-  }
+  ACCEL_DECL void write(std::string_view text);
   void close() {
     if (file_ && std::fclose(file_.release()) != 0) fail("cannot close");
   }
 
  private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw std::runtime_error("accel: " + what + " " + path_.string() + ": " + std::strerror(errno) +
-                             "; make options::project.logging_dir a writable directory with free space");
-  }
+  [[noreturn]] ACCEL_DECL void fail(const std::string& what) const;
   struct closer {
     void operator()(std::FILE* file) const noexcept { std::fclose(file); }
   };
@@ -229,18 +174,9 @@ class run_file {
 /// `metrics.csv`: a header `wall_time,step,name,value`, then one row per metric.
 class csv_tracker final : public general_tracker {
  public:
-  explicit csv_tracker(const std::filesystem::path& run_directory)
-      : file_(run_directory / "metrics.csv", detail::run_file::append) {
-    if (file_.was_empty()) file_.write("wall_time,step,name,value\n");
-  }
+  ACCEL_DECL explicit csv_tracker(const std::filesystem::path& run_directory);
   [[nodiscard]] std::string name() const override { return std::string(tracker_name(tracker::csv)); }
-  void log(const std::vector<metric>& metrics, std::int64_t step) override {
-    const auto prefix = detail::json_number(detail::wall_time()) + "," + std::to_string(step) + ",";
-    std::string rows;
-    for (const auto& m : metrics)
-      rows += prefix + detail::csv_field(m.name) + "," + detail::number_text(m.value(), "nan", "inf") + "\n";
-    file_.write(rows);
-  }
+  ACCEL_DECL void log(const std::vector<metric>& metrics, std::int64_t step) override;
   void finish() override { file_.close(); }
 
  private:
@@ -253,12 +189,7 @@ class json_lines_tracker final : public general_tracker {
   explicit json_lines_tracker(const std::filesystem::path& run_directory)
       : file_(run_directory / "metrics.jsonl", detail::run_file::append) {}
   [[nodiscard]] std::string name() const override { return std::string(tracker_name(tracker::json_lines)); }
-  void log(const std::vector<metric>& metrics, std::int64_t step) override {
-    std::string line =
-        "{\"step\": " + std::to_string(step) + ", \"wall_time\": " + detail::json_number(detail::wall_time());
-    for (const auto& m : metrics) line += ", " + detail::json_string(m.name) + ": " + detail::json_number(m.value());
-    file_.write(line + "}\n");
-  }
+  ACCEL_DECL void log(const std::vector<metric>& metrics, std::int64_t step) override;
   void finish() override { file_.close(); }
 
  private:
@@ -272,23 +203,13 @@ class tensorboard_tracker final : public general_tracker {
   explicit tensorboard_tracker(const std::filesystem::path& run_directory)
       : tensorboard_tracker(run_directory, detail::wall_time()) {}
   [[nodiscard]] std::string name() const override { return std::string(tracker_name(tracker::tensorboard)); }
-  void log(const std::vector<metric>& metrics, std::int64_t step) override {
-    const auto now = detail::wall_time();
-    std::string records;
-    for (const auto& m : metrics)
-      records += detail::tfrecord(detail::scalar_event(now, step, m.name, static_cast<float>(m.value())));
-    file_.write(records);
-  }
+  ACCEL_DECL void log(const std::vector<metric>& metrics, std::int64_t step) override;
   void finish() override { file_.close(); }
   /// The event file's path.
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
 
  private:
-  tensorboard_tracker(const std::filesystem::path& run_directory, double now)
-      : path_(run_directory / detail::event_file_name(static_cast<std::int64_t>(now))),
-        file_(path_, detail::run_file::append) {
-    file_.write(detail::tfrecord(detail::file_version_event(now)));
-  }
+  ACCEL_DECL tensorboard_tracker(const std::filesystem::path& run_directory, double now);
   std::filesystem::path path_;
   detail::run_file file_;
 };
@@ -324,24 +245,7 @@ struct mlflow_settings {
   std::size_t queue_capacity = 10000;
 
   /// The settings with MLflow's environment variables read over `experiment`.
-  static mlflow_settings from_environment(std::string experiment) {
-    mlflow_settings settings;
-    settings.experiment_name = std::move(experiment);
-    const auto read = [](const char* name, std::string& into) {
-      if (const char* value = std::getenv(name); value != nullptr && *value != '\0') into = value;
-    };
-    read("MLFLOW_TRACKING_URI", settings.tracking_uri);
-    read("MLFLOW_EXPERIMENT_NAME", settings.experiment_name);
-    read("MLFLOW_RUN_NAME", settings.run_name);
-    read("MLFLOW_RUN_ID", settings.run_id);
-    std::string text;
-    read("MLFLOW_TAGS", text);
-    if (!text.empty()) settings.tags = detail::parse_flat_json_object(text, "MLFLOW_TAGS");
-    text.clear();
-    read("MLFLOW_NESTED_RUN", text);
-    if (!text.empty()) settings.nested_run = detail::parse_python_bool(text, "MLFLOW_NESTED_RUN");
-    return settings;
-  }
+  ACCEL_DECL static mlflow_settings from_environment(std::string experiment);
 };
 
 /// Accelerate's MLflowTracker: a run of an MLflow experiment on a tracking server, through MLflow's REST API.
@@ -351,62 +255,21 @@ struct mlflow_settings {
 /// server being down, slow or failing never stops or slows training (see docs/trackers.md).
 class mlflow_tracker final : public general_tracker {
  public:
-  explicit mlflow_tracker(const mlflow_settings& settings)
-      : logger_(get_logger("accel.tracking")), sender_(sender_config(settings), [this](const std::string& message) {
-          std::lock_guard lock(logging_);
-          logger_.warning_once(message);
-        }) {}
+  ACCEL_DECL explicit mlflow_tracker(const mlflow_settings& settings);
   ~mlflow_tracker() override { finish(); }
   [[nodiscard]] std::string name() const override { return std::string(tracker_name(tracker::mlflow)); }
 
-  void store_init_configuration(const hyperparameters& config) override {
-    std::vector<std::string> dropped;
-    const auto params = params_of(config, dropped);
-    for (const auto& name : dropped) {
-      std::lock_guard lock(logging_);
-      logger_.warning_once("accel is attempting to log a value for key \"" + name +
-                           "\" as a parameter. MLflow's log_param() only accepts values no longer than " +
-                           std::to_string(detail::mlflow_max_param_length) +
-                           " characters so we dropped this attribute.");
-    }
-    for (std::size_t i = 0; i < params.size(); i += detail::mlflow_max_params_per_batch) {
-      const auto end = std::min(params.size(), i + detail::mlflow_max_params_per_batch);
-      const detail::mlflow_pairs batch(params.begin() + static_cast<std::ptrdiff_t>(i),
-                                       params.begin() + static_cast<std::ptrdiff_t>(end));
-      sender_.submit({"/api/2.0/mlflow/runs/log-batch", detail::mlflow_log_batch_fields({}, batch, {}), true});
-    }
-  }
+  ACCEL_DECL void store_init_configuration(const hyperparameters& config) override;
 
   /// The params of `config` as Accelerate's MLflowTracker logs them: each value as `str(value)`, those longer than
   /// MLflow's limit left out (their names added to `dropped`).
-  static detail::mlflow_pairs params_of(const hyperparameters& config, std::vector<std::string>& dropped) {
-    detail::mlflow_pairs params;
-    for (const auto& entry : config) {
-      auto text = param_text(entry.value);
-      if (text.size() <= detail::mlflow_max_param_length)
-        params.emplace_back(entry.name, std::move(text));
-      else
-        dropped.push_back(entry.name);
-    }
-    return params;
-  }
+  ACCEL_DECL static detail::mlflow_pairs params_of(const hyperparameters& config, std::vector<std::string>& dropped);
 
   /// Queues the metrics (a batch per 1000); returns at once.
-  void log(const std::vector<metric>& metrics, std::int64_t step) override {
-    const auto now = detail::unix_millis();
-    std::vector<detail::mlflow_metric> batch;
-    for (const auto& m : metrics) {
-      batch.push_back({m.name, m.value(), now, step});
-      if (batch.size() == detail::mlflow_max_metrics_per_batch) submit_metrics(std::exchange(batch, {}));
-    }
-    if (!batch.empty()) submit_metrics(std::move(batch));
-  }
+  ACCEL_DECL void log(const std::vector<metric>& metrics, std::int64_t step) override;
 
   /// Ends the run (status FINISHED), waiting at most `finish_timeout` for the queued requests.
-  void finish() override {
-    sender_.finish(detail::mlflow_request{"/api/2.0/mlflow/runs/update",
-                                          detail::mlflow_update_fields("FINISHED", detail::unix_millis()), true});
-  }
+  ACCEL_DECL void finish() override;
 
   /// The run's id once the server has created it; "" before (or when it never answered).
   [[nodiscard]] std::string run_id() const { return sender_.run_id(); }
@@ -414,48 +277,11 @@ class mlflow_tracker final : public general_tracker {
   [[nodiscard]] std::size_t dropped() const { return sender_.dropped(); }
 
   /// A param's text as Accelerate's `str(value)` makes it: True/False, 32, 0.001, 1e-05, text as is.
-  static std::string param_text(const hyperparameter::value_type& value) {
-    return std::visit(
-        [](const auto& v) -> std::string {
-          using type = std::remove_cvref_t<decltype(v)>;
-          if constexpr (std::is_same_v<type, bool>)
-            return v ? "True" : "False";
-          else if constexpr (std::is_same_v<type, std::int64_t>)
-            return std::to_string(v);
-          else if constexpr (std::is_same_v<type, double>)
-            return detail::python_float_text(v);
-          else
-            return v;
-        },
-        value);
-  }
+  ACCEL_DECL static std::string param_text(const hyperparameter::value_type& value);
 
  private:
-  void submit_metrics(std::vector<detail::mlflow_metric> batch) {
-    sender_.submit({"/api/2.0/mlflow/runs/log-batch", detail::mlflow_log_batch_fields(batch, {}, {}), false});
-  }
-  static detail::mlflow_sender_config sender_config(const mlflow_settings& settings) {
-    if (settings.tracking_uri.empty())
-      throw std::invalid_argument(
-          "accel::mlflow_tracker: no tracking server; set MLFLOW_TRACKING_URI=http://HOST:PORT (start one with "
-          "`mlflow server --host 127.0.0.1 --port 5000`) or mlflow_settings::tracking_uri");
-    if (settings.experiment_name.empty())
-      throw std::invalid_argument("accel::mlflow_tracker: the experiment name is empty; set MLFLOW_EXPERIMENT_NAME");
-    detail::mlflow_sender_config config{
-        .endpoint = detail::parse_http_uri(settings.tracking_uri, "the MLflow tracking URI (MLFLOW_TRACKING_URI)"),
-        .experiment_name = settings.experiment_name,
-        .run_name = settings.run_name,
-        .run_id = settings.run_id,
-        .tags = settings.tags,
-        .timeouts = {settings.connect_timeout, settings.response_timeout},
-        .queue_capacity = settings.queue_capacity,
-        .max_backoff = settings.max_backoff,
-        .finish_timeout = settings.finish_timeout};
-    if (!settings.description.empty()) config.tags.emplace_back("mlflow.note.content", settings.description);
-    config.tags.emplace_back("mlflow.source.type", "LOCAL");
-    if (const char* user = std::getenv("USER")) config.tags.emplace_back("mlflow.user", user);
-    return config;
-  }
+  ACCEL_DECL void submit_metrics(std::vector<detail::mlflow_metric> batch);
+  ACCEL_DECL static detail::mlflow_sender_config sender_config(const mlflow_settings& settings);
 
   std::mutex logging_;
   logger logger_;
@@ -476,124 +302,36 @@ class blank_tracker final : public general_tracker {
 /// destructor).
 class tracker_set {
  public:
-  tracker_set(std::vector<tracker> log_with, const project_options& project)
-      : log_with_(std::move(log_with)),
-        root_(project.logging_dir.empty() ? project.project_dir : project.logging_dir) {}
+  ACCEL_DECL tracker_set(std::vector<tracker> log_with, const project_options& project);
   tracker_set(const tracker_set&) = delete;
   tracker_set& operator=(const tracker_set&) = delete;
-  ~tracker_set() {
-    try {
-      finish();
-    } catch (const std::exception& e) {  // a destructor must not throw; the training itself is done
-      std::cerr << "accel: closing the trackers failed: " << e.what() << '\n';
-    }
-  }
+  ACCEL_DECL ~tracker_set();
+  /// `tracker_name`, for the accelerator's `get_tracker(tracker)`, which names this class only where it is complete.
+  static constexpr std::string_view name_of(tracker kind) noexcept { return tracker_name(kind); }
 
   /// On the main process: the built-in trackers of `log_with` in the run directory (created, with the
   /// configuration as `config.json`; none without them), then `extra`; every tracker gets the configuration.
   /// Elsewhere it only records that tracking started.
-  void start(const std::string& project_name, const hyperparameters& config,
-             std::vector<std::shared_ptr<general_tracker>> extra, bool main_process) {
-    check(project_name, config);
-    finish();  // a second init_trackers starts a new run
-    started_ = true;
-    log_calls_ = 0;
-    if (!main_process) return;
-    if (!log_with_.empty()) {
-      const auto directory = make_run_directory(project_name);
-      write_config(directory / "config.json", config);
-      for (const auto kind : log_with_) active_.push_back(make(kind, directory, project_name));
-    }
-    for (auto& tracker : extra)
-      if (tracker) active_.push_back(std::move(tracker));
-    for (const auto& tracker : active_) tracker->store_init_configuration(config);
-  }
+  ACCEL_DECL void start(const std::string& project_name, const hyperparameters& config,
+                        std::vector<std::shared_ptr<general_tracker>> extra, bool main_process);
 
   /// Sends `metrics` to every tracker at `step` (default: the number of earlier calls).
-  void log(const std::vector<metric>& metrics, std::optional<std::int64_t> step, bool main_process) {
-    if (!started_ && !log_with_.empty())
-      throw std::logic_error(
-          "accel::accelerator::log: options::log_with names trackers that are not started yet; call "
-          "acc.init_trackers(\"project\") first");
-    check_names(metrics);  // on every process, so that a mistake shows wherever it is made
-    const auto at = step.value_or(log_calls_);
-    ++log_calls_;
-    if (!main_process) return;
-    for (const auto& tracker : active_) tracker->log(metrics, at);
-  }
+  ACCEL_DECL void log(const std::vector<metric>& metrics, std::optional<std::int64_t> step, bool main_process);
 
   /// A name twice in one call, or one of metrics.jsonl's own fields, would make keys that shadow each other.
-  static void check_names(const std::vector<metric>& metrics) {
-    for (std::size_t i = 0; i < metrics.size(); ++i) {
-      if (metrics[i].name == "step" || metrics[i].name == "wall_time")
-        throw std::invalid_argument("accel::accelerator::log: a metric may not be called '" + metrics[i].name +
-                                    "': the trackers record the step and the time themselves; rename it");
-      for (std::size_t j = 0; j < i; ++j)
-        if (metrics[j].name == metrics[i].name)
-          throw std::invalid_argument("accel::accelerator::log: metric '" + metrics[i].name +
-                                      "' is given twice in one call; log each name once per step");
-    }
-  }
+  ACCEL_DECL static void check_names(const std::vector<metric>& metrics);
 
   /// Finishes every tracker, once. They stay alive with the accelerator, so that references from `get` never dangle.
-  void finish() {
-    auto finishing = std::move(active_);
-    active_.clear();
-    for (const auto& tracker : finishing) {
-      finished_.push_back(tracker);
-      tracker->finish();
-    }
-  }
+  ACCEL_DECL void finish();
 
-  general_tracker& get(std::string_view name, bool main_process) {
-    static blank_tracker blank;
-    if (!main_process) return blank;
-    for (const auto& tracker : active_)
-      if (tracker->name() == name) return *tracker;
-    throw std::invalid_argument("accel::accelerator::get_tracker: no tracker named \"" + std::string(name) +
-                                "\" is active; name it in options::log_with (or pass it to init_trackers) and call "
-                                "init_trackers first");
-  }
+  ACCEL_DECL general_tracker& get(std::string_view name, bool main_process);
 
  private:
-  static void check(const std::string& project_name, const hyperparameters& config) {
-    if (project_name.empty())
-      throw std::invalid_argument("accel::init_trackers: the project name is empty; it names the run's directory");
-    for (std::size_t i = 0; i < config.size(); ++i)
-      for (std::size_t j = 0; j < i; ++j)
-        if (config[i].name == config[j].name)
-          throw std::invalid_argument("accel::init_trackers: the configuration names \"" + config[i].name + "\" twice");
-  }
-  [[nodiscard]] std::filesystem::path make_run_directory(const std::string& project_name) const {
-    const auto directory = root_ / project_name;
-    std::error_code error;
-    std::filesystem::create_directories(directory, error);
-    if (error)
-      throw std::runtime_error("accel::init_trackers: cannot create the logging directory " + directory.string() +
-                               ": " + error.message() +
-                               "; set options::project.logging_dir (or project_dir) to a writable directory");
-    return directory;
-  }
-  static std::shared_ptr<general_tracker> make(tracker kind, const std::filesystem::path& directory,
-                                               const std::string& project_name) {
-    switch (kind) {
-      case tracker::csv:
-        return std::make_shared<csv_tracker>(directory);
-      case tracker::json_lines:
-        return std::make_shared<json_lines_tracker>(directory);
-      case tracker::tensorboard:
-        return std::make_shared<tensorboard_tracker>(directory);
-      case tracker::mlflow:
-        return std::make_shared<mlflow_tracker>(mlflow_settings::from_environment(project_name));
-    }
-    throw std::invalid_argument("accel::init_trackers: options::log_with holds an unknown tracker");
-  }
-  static void write_config(const std::filesystem::path& file, const hyperparameters& config) {
-    std::string json = "{";
-    for (std::size_t i = 0; i < config.size(); ++i)
-      json += (i == 0 ? "\n  " : ",\n  ") + detail::json_string(config[i].name) + ": " + json_value(config[i].value);
-    run_file(file, run_file::overwrite).write(json + (config.empty() ? "}\n" : "\n}\n"));
-  }
+  ACCEL_DECL static void check(const std::string& project_name, const hyperparameters& config);
+  [[nodiscard]] ACCEL_DECL std::filesystem::path make_run_directory(const std::string& project_name) const;
+  ACCEL_DECL static std::shared_ptr<general_tracker> make(tracker kind, const std::filesystem::path& directory,
+                                                          const std::string& project_name);
+  ACCEL_DECL static void write_config(const std::filesystem::path& file, const hyperparameters& config);
 
   std::vector<tracker> log_with_;
   std::filesystem::path root_;
@@ -605,3 +343,7 @@ class tracker_set {
 
 }  // namespace detail
 }  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/tracking.ipp"
+#endif

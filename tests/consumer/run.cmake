@@ -16,11 +16,17 @@ elseif(MODE STREQUAL "subdirectory")
   set(install_step "${CMAKE_COMMAND};-E;true")
   set(mode_flags "-DACCEL_SOURCE_DIR=${ACCEL_SOURCE_DIR}" "-DCMAKE_PREFIX_PATH=${TORCH_CMAKE_PREFIX}")
 endif()
+# The installed package's compiled part too (accel::compiled); add_subdirectory builds the header-only one alone.
+set(compiled_consumer "${WORK_DIR}/build/consumer_compiled")
+if(MODE STREQUAL "subdirectory")
+  set(compiled_consumer "${CMAKE_COMMAND};-E;true")
+endif()
 foreach(step
     "${install_step}"
     "${CMAKE_COMMAND};-S;${CONSUMER_SOURCE_DIR};-B;${WORK_DIR}/build;-G;${CMAKE_GENERATOR};-DCMAKE_BUILD_TYPE=Release;-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER};${mode_flags}"
     "${CMAKE_COMMAND};--build;${WORK_DIR}/build"
-    "${WORK_DIR}/build/consumer")
+    "${WORK_DIR}/build/consumer"
+    "${compiled_consumer}")
   execute_process(COMMAND ${step} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
   message("${out}")
   if(NOT rc EQUAL 0)

@@ -3,7 +3,7 @@
 // checkpoints its counts through the policy state hooks.
 #pragma once
 
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 
 #include <cstdint>
 #include <string_view>

@@ -5,7 +5,7 @@
 // save and load and join_uneven_inputs shares from the last process to finish.
 #pragma once
 
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <torch/csrc/utils/tensor_flatten.h>
 
 #include <algorithm>

@@ -3,7 +3,7 @@
 // (what a policy that adapts to the loss, such as a loss scaler, keeps across a restart).
 #pragma once
 
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 
 #include <algorithm>
 #include <cstdint>

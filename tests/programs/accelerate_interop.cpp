@@ -10,7 +10,7 @@
 //   accelerate_interop sharded DIR N         under `accel launch` (2 processes, zero2, the sharded format): trains N
 //                                           batches, saves DIR/sharded, and writes the model's outputs for batch 0
 //                                           to DIR/accel_outputs.safetensors (for accel merge-weights' output)
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <torch/torch.h>
 
 #include "support.hpp"

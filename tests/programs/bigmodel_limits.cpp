@@ -13,7 +13,7 @@
 // to that group.
 #include <unistd.h>
 
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <algorithm>
 #include <array>
 #include <cstdint>

@@ -3,7 +3,7 @@
 // For crash_during_save.cmake, concurrent_saves.cmake and synced_save.cmake: `save-loop DIR`, `save-as DIR ID`,
 // `save DIR`, `verify DIR`. For sharded_crash_during_save.cmake, under `accel launch` (zero2, AdamW):
 // `sharded-save-loop DIR`, `sharded-verify DIR`.
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <torch/torch.h>
 #include <unistd.h>
 

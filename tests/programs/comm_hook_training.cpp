@@ -5,7 +5,7 @@
 // (`step{K}.{name}`) to OUT_FILE with {rank} replaced by the process index. Settings: hook (none fp16 bf16 power_sgd
 // batched_power_sgd), wrapper (none fp16 bf16), rank, start, min_compression_rate, error_feedback, warm_start,
 // batch_same_shape (0 or 1), seed.
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <torch/torch.h>
 
 #include <cstdio>

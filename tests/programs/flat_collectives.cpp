@@ -3,7 +3,7 @@
 // `_allgather_base` in 2.x and the list form into views in 1.13 (detail/compat.hpp); the reduce-scatter is an
 // all-to-all and a sum (detail/comm/gloo_communicator.hpp).
 // Prints one line per failed check and exits 1 if any failed.
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 
 #include <cstdlib>
 #include <iostream>

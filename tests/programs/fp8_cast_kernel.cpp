@@ -5,7 +5,7 @@
 //   each input type, float8 format and an assortment of shapes (scripts/gpu.sh runs it; `bench_fp8_step --parts`
 //   times the two).
 // Exits 77 (skipped) without the library or the GPU, saying which.
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <dlfcn.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>

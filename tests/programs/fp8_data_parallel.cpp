@@ -18,7 +18,7 @@
 // - the bytes all-gathered per step are exactly those of the float32 gather less 3 per element of each converted
 //   weight (1 with bfloat16 masters, a third run), plus its 4-byte amax all-reduced, per gather; it prints the ratio
 //   (docs/performance.md).
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <torch/torch.h>
 
 #include <cstdint>

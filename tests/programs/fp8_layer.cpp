@@ -5,7 +5,7 @@
 // computes them), and each step's output, input gradient, weight and bias gradients (and with delayed scaling the amax
 // history and scales after the step). With `cuda` the layer runs on the GPU (the tensors are made on the CPU, then
 // moved; FILE holds CPU copies).
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <torch/torch.h>
 
 #include <iostream>

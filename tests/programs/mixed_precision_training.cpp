@@ -11,7 +11,7 @@
 //                                 DIR/states_loaded.safetensors and, before the load, DIR/states_before.safetensors;
 //                                 10 more steps, weights to DIR/resumed)
 // DEVICE is cpu or cuda; cuda without a GPU exits 77 (skipped).
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <torch/torch.h>
 
 #include <cstdint>

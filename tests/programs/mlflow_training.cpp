@@ -8,7 +8,9 @@
 //             logs 10-19, prints "up?" and waits (it restarts it), logs 20-29, ends, prints "run_id ID".
 // The explicit trackers (failing, outage) have bounds short enough for a test; ACCEL_MLFLOW_FINISH_MS sets
 // end_training's.
-#include <accel/accel.hpp>
+#include <accel/tracking.hpp>
+
+#include "accel_headers.hpp"
 #include <torch/torch.h>
 
 #include <algorithm>

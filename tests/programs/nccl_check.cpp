@@ -3,7 +3,7 @@
 // ones to data_parallel's weights), and NCCL's all-reduce and reduce-scatter are checked: on one process against
 // Gloo's and against the identity, on several (scripts/gpu.sh starts two on one GPU, where NCCL allows it) against
 // the sums of the values every process contributed. Without a GPU it exits 77 (CTest: skipped).
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <torch/torch.h>
 
 #include <cstdlib>

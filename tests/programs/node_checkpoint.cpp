@@ -45,7 +45,7 @@
 //           With `shared`, PROJECT_DIR is on a disk every machine sees: the main process saves (no save_on_each_node).
 // POLICY is data_parallel (the default), zero2 or fully_sharded, over Gloo. Every process prints one line saying what
 // it did (or the checkpoint_error it got) and exits non-zero on failure.
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <torch/torch.h>
 
 #include "support.hpp"

@@ -4,7 +4,7 @@
 //
 //   accel_offload_under_limit DIR                          the driver (exits 77, skipped, without the controller)
 //   accel_offload_under_limit --child DIR MODE LAYERS      inside the group: MODE baseline | disk | memory
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <torch/torch.h>

@@ -3,7 +3,7 @@
 // every 20 steps into PROJECT_DIR and resuming by itself from the newest checkpoint when the job is restarted. The
 // main process then writes the final parameters to OUT_FILE (safetensors), which must not depend on restarts.
 // Every process prints a line per step (the harness kills at a chosen step) and where it resumed from.
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <torch/torch.h>
 #include <unistd.h>
 

@@ -22,7 +22,7 @@ def main():
     found = []
     for folder in ("include", "tools", "examples", "bench", "tests"):
         for path in sorted((root / folder).rglob("*")):
-            if path.suffix not in (".hpp", ".cpp", ".h") or path.relative_to(root).as_posix() == HELPER:
+            if path.suffix not in (".hpp", ".ipp", ".cpp", ".h") or path.relative_to(root).as_posix() == HELPER:
                 continue
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 code = line.split("//")[0]

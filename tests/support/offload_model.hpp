@@ -3,7 +3,7 @@
 // and a head; every parameter is in a unit, so that the whole model can be offloaded.
 #pragma once
 
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <torch/torch.h>
 
 #include <cstdint>

@@ -1,7 +1,6 @@
 // Shared fixtures for accel's tests: small models and data whose results are known exactly.
 #pragma once
 
-#include <accel/accel.hpp>
 #include <torch/torch.h>
 
 #include <unistd.h>
@@ -18,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "accel_headers.hpp"
 #include "scoped_variable.hpp"
 
 namespace accel_test {

@@ -1,7 +1,7 @@
 // Big-model inference (accel/big_modeling.hpp, issue 33 item 3): init_empty_weights allocates nothing, and a model
 // dispatched by a device map (CPU, disk, both; from model.safetensors, from a Hugging Face index, from memory)
 // computes the same logits, bit for bit, as the same model held in memory; the refusals name the problem and the fix.
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 

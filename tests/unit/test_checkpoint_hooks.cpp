@@ -19,7 +19,9 @@ using training_run = accel_test::resumable_run<accel::accelerator<>>;
 using module_list = std::vector<std::shared_ptr<torch::nn::Module>>;
 using weight_list = std::vector<accel::safetensors::tensor_list>;
 
-std::filesystem::path scratch(const std::string& name) { return accel_test::scratch_directory("checkpoint_" + name); }
+std::filesystem::path hooks_scratch(const std::string& name) {
+  return accel_test::scratch_directory("checkpoint_" + name);
+}
 
 /// The names `save_state` wrote into `directory`: its regular files.
 std::set<std::string> files_in(const std::filesystem::path& directory) {
@@ -88,7 +90,7 @@ TEST_CASE(
     "save and load pre-hooks get the models, their weights and the directory, in registration order, at every save "
     "and load, a handle removes its hook, destroying it does not",
     "[checkpoint]") {
-  const auto dir = scratch("hook-arguments");
+  const auto dir = hooks_scratch("hook-arguments");
   two_models run(1);
   std::vector<std::string> calls;
   const auto save_hook = [&](const char* name) {
@@ -154,7 +156,7 @@ TEST_CASE(
     "a save hook that saves a model itself and removes its weights: the rest is numbered from model.safetensors, the "
     "manifest lists exactly the files written, and a load hook that removes the same model loads the rest",
     "[checkpoint][resume]") {
-  const auto dir = scratch("hook-weights");
+  const auto dir = hooks_scratch("hook-weights");
   const auto ckpt = dir / "ckpt";
   std::vector<at::Tensor> saved;
   {
@@ -211,7 +213,7 @@ TEST_CASE(
     "a save hook that throws fails the save before anything is written, the previous checkpoint kept, a load hook "
     "that throws loads nothing",
     "[checkpoint]") {
-  const auto dir = scratch("hook-throws");
+  const auto dir = hooks_scratch("hook-throws");
   const auto ckpt = dir / "ckpt";
   two_models run(1);
   run.acc.save_state(ckpt);
@@ -245,7 +247,7 @@ TEST_CASE(
     "I5 load_state with map_location::cpu and map_location::on_device loads the same optimizer state bit for bit, "
     "on its parameters' device, and both resume as the uninterrupted run",
     "[checkpoint][resume]") {
-  const auto dir = scratch("map-location");
+  const auto dir = hooks_scratch("map-location");
   training_run uninterrupted(1, 32);
   uninterrupted.train(8);
   std::vector<std::pair<at::Tensor, at::Tensor>> saved_moments;
@@ -345,7 +347,7 @@ TEST_CASE(
     "project.iteration: automatic saves write checkpoint_{iteration} and count up, total_limit removes the smallest "
     "numbers, a directory that exists is refused naming it and the fix, save_iteration() is the next number",
     "[checkpoint]") {
-  const auto dir = scratch("iteration");
+  const auto dir = hooks_scratch("iteration");
   const auto root = dir / "checkpoints";
   accel::accelerator<> acc{
       {.cpu = true,
@@ -394,7 +396,7 @@ TEST_CASE(
     "after load_state of checkpoint_k the next automatic save is k + 1, without project.iteration the numbering goes "
     "on after the highest checkpoint",
     "[checkpoint][resume]") {
-  const auto dir = scratch("iteration-after-load");
+  const auto dir = hooks_scratch("iteration-after-load");
   const auto root = dir / "checkpoints";
   const accel::options options{.cpu = true,
                                .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true}};
@@ -428,7 +430,7 @@ TEST_CASE(
     "refused there before anything is written",
     "[checkpoint]") {
   using sharded = accel::accelerator<accel::fp32, accel::fully_sharded<accel::gloo>>;
-  const auto dir = scratch("hooks-sharded");
+  const auto dir = hooks_scratch("hooks-sharded");
   {
     sharded acc({.sharding = {.state_dict = accel::state_dict_type::sharded}});
     torch::manual_seed(1);

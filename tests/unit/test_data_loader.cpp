@@ -23,6 +23,8 @@
 #include <range/v3/view/transform.hpp>
 #include <range/v3/view/zip.hpp>
 
+#include <accel/progress.hpp>
+
 #include "support.hpp"
 
 namespace {

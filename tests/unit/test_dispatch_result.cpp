@@ -4,7 +4,7 @@
 // (accel_dispatch_asan), which reports any read of the destroyed result.
 #include <catch2/catch.hpp>
 
-#include <accel/accel.hpp>
+#include "accel_headers.hpp"
 
 #include <string>
 #include <type_traits>

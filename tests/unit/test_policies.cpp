@@ -130,7 +130,8 @@ TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accel
     accel::detail::training_state<accel::single_process, accel::fp32, accel::no_accumulation, accel::single_process,
                                   accel::detail::checkpoint_schedule>
         state;
-    accel::detail::tracker_set trackers;
+    std::shared_ptr<accel::detail::tracker_set> trackers;
+    void (*finish_trackers)(accel::detail::tracker_set&);
   };
   STATIC_REQUIRE(sizeof(accel::accelerator<>) == sizeof(same_members_without_empty_policies));
 }

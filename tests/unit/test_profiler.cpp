@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "json_reader.hpp"
+#include <accel/profiler.hpp>
+
 #include "support.hpp"
 
 namespace {

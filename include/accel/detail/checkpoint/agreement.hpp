@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../../checkpoint_error.hpp"
 #include "../../collectives.hpp"
 #include "../../options.hpp"
@@ -20,12 +21,7 @@ namespace accel::detail {
 
 /// The first line of the first failing process's reason among every process's (empty: it did not fail), as
 /// "process r: reason".
-inline std::string first_failure(const std::vector<std::vector<char>>& reasons) {
-  for (std::size_t r = 0; r < reasons.size(); ++r)
-    if (!reasons[r].empty())
-      return "process " + std::to_string(r) + ": " + first_line(std::string(reasons[r].begin(), reasons[r].end()));
-  return "no reason given";
-}
+ACCEL_DECL std::string first_failure(const std::vector<std::vector<char>>& reasons);
 
 /// Runs `step` here, then agrees with every process on whether it succeeded everywhere (one all-reduce, which is
 /// also the barrier between save_state's steps): a failure on any process is raised on all of them, there with
@@ -76,3 +72,7 @@ bool writes_shared_files(const project_options& project, const Parallel& paralle
 }
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/agreement.ipp"
+#endif

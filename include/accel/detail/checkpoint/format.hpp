@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "../config.hpp"
+
 namespace accel::detail::checkpoint_files {
 
 /// How many objects of each kind the checkpoint holds, and how many processes wrote it.
@@ -44,16 +46,10 @@ inline constexpr std::string_view sharded_kinds[] = {kind::model, kind::optimize
 inline constexpr std::string_view shard_extension = ".safetensors";
 
 /// `model.safetensors`, `model_1.safetensors`, ...: the i-th object of `kind`.
-inline std::string numbered(std::string_view kind, std::size_t i, std::string_view extension) {
-  std::string name(kind);  // appended in place: GCC 12 warns falsely (-Wstringop-overflow) on kind + (...)
-  if (i > 0) name.append("_").append(std::to_string(i));
-  return name.append(extension);
-}
+ACCEL_DECL std::string numbered(std::string_view kind, std::size_t i, std::string_view extension);
 /// The full format's i-th model file: `model_{i}.safetensors`, or without `safe_serialization` Accelerate's
 /// `pytorch_model_{i}.bin` (a pickled dict of tensors).
-inline std::string model(std::size_t i, bool safe_serialization) {
-  return safe_serialization ? numbered(kind::model, i, ".safetensors") : numbered(kind::pickled_model, i, ".bin");
-}
+ACCEL_DECL std::string model(std::size_t i, bool safe_serialization);
 inline std::string optimizer(std::size_t i) { return numbered(kind::optimizer, i, ".bin"); }
 /// A shared slot's file: `scheduler.bin`, `custom_checkpoint_1.bin`, ...
 inline std::string slot(std::string_view kind, std::size_t i) { return numbered(kind, i, ".bin"); }
@@ -62,45 +58,22 @@ inline std::string slot_key(std::string_view kind, std::size_t i) {
   return std::string(kind).append("_").append(std::to_string(i));
 }
 /// Each process's own file: `random_states_{process}.bin`.
-inline std::string process(int process_index) {
-  return std::string(kind::random_states).append("_").append(std::to_string(process_index)).append(".bin");
-}
+ACCEL_DECL std::string process(int process_index);
 /// A sharded checkpoint's file of one process's slices: `model_shard_3.safetensors`, `optimizer_1_shard_0.safetensors`.
-inline std::string shard(std::string_view kind, std::size_t i, int process_index) {
-  return numbered(kind, i, "").append("_shard_").append(std::to_string(process_index)).append(shard_extension);
-}
+ACCEL_DECL std::string shard(std::string_view kind, std::size_t i, int process_index);
 
 /// `text` is `prefix` followed by decimal digits only.
-inline bool is_numbered(std::string_view text, std::string_view prefix) {
-  if (text.substr(0, prefix.size()) != prefix || text.size() == prefix.size()) return false;
-  return text.substr(prefix.size()).find_first_not_of("0123456789") == std::string_view::npos;
-}
+ACCEL_DECL bool is_numbered(std::string_view text, std::string_view prefix);
 /// `stem` is `kind` or `kind_i`.
 inline bool is_kind_numbered(std::string_view stem, std::string_view kind) {
   return stem == kind || is_numbered(stem, std::string(kind) + "_");
 }
 
 /// A name save_state writes, or one of its temporary files (`NAME.tmpPID`).
-inline bool is_checkpoint_file(std::string_view name) {
-  if (const auto temporary = name.rfind(".tmp");
-      temporary != std::string_view::npos && is_numbered(name.substr(temporary), ".tmp"))
-    name = name.substr(0, temporary);
-  if (name == accel_state || name == manifest || name == shard_layout) return true;
-  const auto dot = name.find('.');
-  if (dot == std::string_view::npos) return false;
-  auto stem = name.substr(0, dot);
-  const auto extension = name.substr(dot);
-  if (extension == ".bin" && is_numbered(stem, std::string(kind::random_states) + "_")) return true;
-  if (const auto shard_at = stem.rfind("_shard_"); shard_at != std::string_view::npos && extension == shard_extension) {
-    if (!is_numbered(stem.substr(shard_at + 1), "shard_")) return false;
-    stem = stem.substr(0, shard_at);
-    for (const auto kind : sharded_kinds)
-      if (is_kind_numbered(stem, kind)) return true;
-    return false;
-  }
-  for (const auto& file : numbered_files)
-    if (extension == file.extension && is_kind_numbered(stem, file.kind)) return true;
-  return false;
-}
+ACCEL_DECL bool is_checkpoint_file(std::string_view name);
 
 }  // namespace accel::detail::checkpoint_files
+
+#if ACCEL_HEADER_ONLY
+#include "impl/format.ipp"
+#endif

@@ -18,6 +18,7 @@
 #include <system_error>
 #include <vector>
 
+#include "../config.hpp"
 #include "../../checkpoint_error.hpp"
 #include "../../collectives.hpp"
 #include "agreement.hpp"
@@ -42,34 +43,12 @@ inline bool is_complete_checkpoint(const std::filesystem::path& directory) {
 /// `checkpoint_{k + 1}` (Accelerate's), or the first number after it that no incomplete checkpoint holds: a save cut
 /// short (a crash, a full disk) left it, and numbering onto it would refuse every later save, so it stays as it is,
 /// passed over. A complete checkpoint there is still refused at the save: loading an older one is a choice.
-inline void count_from_loaded(checkpoint_settings& settings, const std::filesystem::path& directory) {
-  auto path = std::filesystem::absolute(directory).lexically_normal();
-  if (!path.has_filename()) path = path.parent_path();
-  const auto number = checkpoint_number(path.filename().string());
-  std::error_code error;
-  if (!number || *number == std::numeric_limits<std::int64_t>::max() ||
-      !std::filesystem::equivalent(path.parent_path(), checkpoints_root(settings.project), error))
-    return;
-  const auto existing = numbered_checkpoints(path.parent_path());
-  auto next = *number + 1;
-  for (auto found = existing.find(next); found != existing.end() && !is_complete_checkpoint(found->second);
-       found = existing.find(++next)) {
-  }
-  settings.next_number = next;
-}
+ACCEL_DECL void count_from_loaded(checkpoint_settings& settings, const std::filesystem::path& directory);
 
 /// The number the next `save_state()` writes, as this process sees it: the one fixed (`project.iteration`, then the
 /// number after each automatic save, or after the `checkpoint_{k}` loaded), else one above the highest
 /// `checkpoint_{i}` under the project's checkpoints directory (0 when there is none).
-inline std::int64_t next_checkpoint_number(const checkpoint_settings& settings) {
-  if (settings.next_number) return *settings.next_number;
-  const auto existing = numbered_checkpoints(checkpoints_root(settings.project));
-  if (existing.empty()) return 0;
-  if (existing.rbegin()->first == std::numeric_limits<std::int64_t>::max())
-    throw checkpoint_error("accel::save_state(): " + existing.rbegin()->second.string() +
-                           " has the largest number a checkpoint can have; move the checkpoints away to go on");
-  return existing.rbegin()->first + 1;
-}
+ACCEL_DECL std::int64_t next_checkpoint_number(const checkpoint_settings& settings);
 
 /// The number of the next automatic checkpoint, the same on every process (a collective): the largest of the
 /// processes' own (machines that do not share a disk may count differently: after a resume, one passes over a save
@@ -97,12 +76,7 @@ std::int64_t agree_on_checkpoint_number(const checkpoint_settings& settings, Par
 
 /// The project's newest complete automatic checkpoint (one with its manifest: a directory whose removal beyond
 /// `total_limit` was cut short is passed over), if any.
-inline std::optional<std::filesystem::path> newest_complete_checkpoint(const project_options& project) {
-  const auto existing = numbered_checkpoints(checkpoints_root(project));
-  for (auto it = existing.rbegin(); it != existing.rend(); ++it)
-    if (is_complete_checkpoint(it->second)) return it->second;
-  return std::nullopt;
-}
+ACCEL_DECL std::optional<std::filesystem::path> newest_complete_checkpoint(const project_options& project);
 
 /// The numbers of the complete automatic checkpoints each process sees, gathered from every process (a collective:
 /// machines that do not share a disk see different ones). A process that cannot list its directory fails every one.
@@ -131,12 +105,7 @@ std::vector<std::set<std::int64_t>> complete_checkpoints_everywhere(const projec
 }
 
 /// The processes (as "processes 2, 3") whose complete checkpoints lack `number`.
-inline std::string processes_lacking(const std::vector<std::set<std::int64_t>>& everywhere, std::int64_t number) {
-  std::string list;
-  for (std::size_t r = 0; r < everywhere.size(); ++r)
-    if (!everywhere[r].contains(number)) append_item(list, std::to_string(r));
-  return (list.find(',') == std::string::npos ? "process " : "processes ") + list;
-}
+ACCEL_DECL std::string processes_lacking(const std::vector<std::set<std::int64_t>>& everywhere, std::int64_t number);
 
 /// The newest automatic checkpoint complete on every process, decided together (a collective), or none when no
 /// process has one. Each process alone would pick the newest it sees, and processes loading different checkpoints
@@ -178,3 +147,7 @@ std::filesystem::path newest_checkpoint(const project_options& project, Parallel
 }
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/numbering.ipp"
+#endif

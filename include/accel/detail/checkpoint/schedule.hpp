@@ -15,52 +15,27 @@
 #include <string>
 #include <utility>
 
+#include "../config.hpp"
 #include "../../options.hpp"
 
 namespace accel::detail {
 
 class checkpoint_schedule {
  public:
-  explicit checkpoint_schedule(const project_options& project)
-      : every_(project.save_every_steps), resume_pending_(project.resume == resume::latest) {
-    if (every_ < 0)
-      throw std::invalid_argument("accel::options: project.save_every_steps = " + std::to_string(every_) +
-                                  " must be 0 (no automatic saves) or a number of optimizer steps");
-    if ((every_ > 0 || resume_pending_) && !project.automatic_checkpoint_naming)
-      throw std::invalid_argument(
-          std::string("accel::options: project.") + (every_ > 0 ? "save_every_steps" : "resume = resume::latest") +
-          " works with the numbered checkpoints of project.automatic_checkpoint_naming; set it to true");
-  }
+  ACCEL_DECL explicit checkpoint_schedule(const project_options& project);
 
   /// `range` (a prepared range's identity) yields a batch.
-  void batch_yielded(const void* range) noexcept {
-    yielding_ = range;
-    ++batch_;
-  }
+  ACCEL_DECL void batch_yielded(const void* range) noexcept;
   /// An optimizer stepped: a step, unless another optimizer stepped on the same batch already.
-  void optimizer_stepped() noexcept {
-    if (yielding_ != nullptr && stepped_batch_ == batch_) return;
-    stepped_batch_ = batch_;
-    stepped_range_ = yielding_;
-    ++steps_;
-  }
+  ACCEL_DECL void optimizer_stepped() noexcept;
   /// `range` moves on from its batch; true when that batch's step makes a checkpoint due now (held instead while
   /// saves are held).
-  [[nodiscard]] bool batch_done(const void* range) noexcept {
-    if (range == nullptr || stepped_range_ != range) return false;
-    stepped_range_ = nullptr;
-    const bool due = every_ > 0 && steps_ % every_ == 0;
-    held_ = held_ || (due && holding_);
-    return due && !holding_;
-  }
+  [[nodiscard]] ACCEL_DECL bool batch_done(const void* range) noexcept;
   /// join_uneven_inputs begins: a save that comes due is held until it ends, since a process that ran out of data
   /// could not take part in it.
   void hold_saves() noexcept { holding_ = true; }
   /// The join ended: whether a save came due on this process meanwhile (then, agreed, every process saves once).
-  [[nodiscard]] bool release_saves() noexcept {
-    holding_ = false;
-    return std::exchange(held_, false);
-  }
+  [[nodiscard]] ACCEL_DECL bool release_saves() noexcept;
   /// True once, at the first pass, when the program resumes from the newest checkpoint.
   [[nodiscard]] bool resume_due() noexcept { return std::exchange(resume_pending_, false); }
   /// Optimizer steps over the whole run, a resumed one included.
@@ -70,11 +45,7 @@ class checkpoint_schedule {
   void save_state(torch::serialize::OutputArchive& archive) const {
     archive.write("accel_optimizer_steps", c10::IValue(steps_));
   }
-  void load_state(torch::serialize::InputArchive& archive) {
-    c10::IValue steps;
-    steps_ = archive.try_read("accel_optimizer_steps", steps) ? steps.toInt() : 0;
-    stepped_range_ = nullptr;
-  }
+  ACCEL_DECL void load_state(torch::serialize::InputArchive& archive);
 
  private:
   std::int64_t every_;
@@ -89,3 +60,7 @@ class checkpoint_schedule {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/schedule.ipp"
+#endif

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../config.hpp"
 #include "../../options.hpp"
 #include "../../removable_handle.hpp"
 #include "../../safetensors.hpp"
@@ -61,15 +62,9 @@ namespace accel::detail {
 /// (Accelerate's `save_iteration`: `project.iteration`, then the number after each automatic save or after the
 /// `checkpoint_{k}` loaded).
 struct checkpoint_settings {
-  explicit checkpoint_settings(const project_options& options) : project(options), next_number(options.iteration) {
-    if (next_number) check_checkpoint_number(*next_number, "accel::options: project.iteration");
-  }
+  ACCEL_DECL explicit checkpoint_settings(const project_options& options);
   /// Refuses a number no checkpoint can have; `what` names where it came from.
-  static void check_checkpoint_number(std::int64_t number, const std::string& what) {
-    if (number < 0 || number == std::numeric_limits<std::int64_t>::max())
-      throw std::invalid_argument(what + " = " + std::to_string(number) +
-                                  " is not a checkpoint number: give 0 or more (below the largest int64)");
-  }
+  ACCEL_DECL static void check_checkpoint_number(std::int64_t number, const std::string& what);
 
   project_options project;
   hook_list<save_state_pre_hook> save_hooks;
@@ -78,3 +73,7 @@ struct checkpoint_settings {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/settings.ipp"
+#endif

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../config.hpp"
 #include "../../checkpoint_error.hpp"
 #include "../support/archive.hpp"
 #include "format.hpp"
@@ -57,46 +58,18 @@ struct lr_scheduler_access : torch::optim::LRScheduler {
 
 /// PyTorch's `StepLR.state_dict()` keys: what a LibTorch `StepLR` has (its step count; its step size, factor and
 /// base learning rates are the program's own, given to its constructor) and what PyTorch keeps beside.
-inline const std::set<std::string>& python_step_lr_keys() {
-  static const std::set<std::string> keys{"step_size",  "gamma",       "base_lrs",
-                                          "last_epoch", "_step_count", "verbose",
-                                          "_last_lr",   "_is_initial", "_get_lr_called_within_step"};
-  return keys;
-}
+ACCEL_DECL const std::set<std::string>& python_step_lr_keys();
 
 /// Loads PyTorch's `StepLR` state (`saved`, from `file`) into a LibTorch `StepLR`: PyTorch counts the step its
 /// constructor makes in `_step_count` and LibTorch does not, but LibTorch's `StepLR` decays one step later, so
 /// LibTorch's count equal to `_step_count` decays on exactly the steps PyTorch's would. The learning rates travel
 /// with the optimizer.
-inline void load_python_step_lr(torch::optim::StepLR& scheduler, const c10::IValue& saved, const std::string& file) {
-  if (!saved.isGenericDict()) throw checkpoint_error(file + " is not a scheduler's state_dict");
-  for (const auto& item : saved.toGenericDict())
-    if (!item.key().isString() || !python_step_lr_keys().contains(item.key().toStringRef()))
-      throw checkpoint_error(file + " holds \"" + (item.key().isString() ? item.key().toStringRef() : "?") +
-                             "\", which PyTorch's StepLR has not: accel maps only StepLR's state onto LibTorch's "
-                             "StepLR (use torch.optim.lr_scheduler.StepLR in Python)");
-  const auto count = saved.toGenericDict().find(c10::IValue("_step_count"));
-  if (count == saved.toGenericDict().end() || !count->value().isInt() || count->value().toInt() < 0)
-    throw checkpoint_error(file + " lacks StepLR's _step_count");
-  lr_scheduler_access::step_count(scheduler) = static_cast<unsigned>(count->value().toInt());
-}
+ACCEL_DECL void load_python_step_lr(torch::optim::StepLR& scheduler, const c10::IValue& saved, const std::string& file);
 
 /// A LibTorch `StepLR`'s state as PyTorch's `StepLR.load_state_dict` takes it (the inverse of
 /// `load_python_step_lr`). Its step size, factor and base learning rates are left out: PyTorch's `load_state_dict`
 /// updates only the keys given, so the Python program's own stay.
-inline c10::IValue python_step_lr_state(const torch::optim::StepLR& scheduler) {
-  const auto count = static_cast<std::int64_t>(
-      lr_scheduler_access::step_count(static_cast<const torch::optim::LRScheduler&>(scheduler)));
-  c10::impl::GenericDict state(c10::AnyType::get(), c10::AnyType::get());
-  auto last_lrs = c10::impl::GenericList(c10::AnyType::get());
-  for (const double lr : lr_scheduler_access::current_lrs(scheduler)) last_lrs.push_back(lr);
-  state.insert("last_epoch", count - 1);
-  state.insert("_step_count", count);
-  state.insert("_last_lr", last_lrs);
-  state.insert("_is_initial", false);
-  state.insert("_get_lr_called_within_step", false);
-  return c10::IValue(state);
-}
+ACCEL_DECL c10::IValue python_step_lr_state(const torch::optim::StepLR& scheduler);
 
 /// `archive_serialisable` objects; LibTorch LR schedulers (their step count; learning rates travel with the
 /// optimizer); else not checkpointable.
@@ -127,3 +100,7 @@ checkpoint_slot slot_for(std::string_view kind, T& object) {
 }
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/slot.ipp"
+#endif

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../../collectives.hpp"
 #include "../../concepts.hpp"
 #include "../../options.hpp"
@@ -77,10 +78,7 @@ void with_weights_to_load(Parallel& parallel, const std::vector<std::shared_ptr<
 
 /// Where `load_state` reads the optimizers' state to: `where`, by default (Accelerate's) `on_device` when several
 /// processes each have a device of their own (not the CPU), else `cpu`.
-inline c10::Device read_device(std::optional<map_location> where, int processes, const c10::Device& device) {
-  const auto chosen = where.value_or(processes > 1 && !device.is_cpu() ? map_location::on_device : map_location::cpu);
-  return chosen == map_location::on_device ? device : c10::Device(c10::kCPU);
-}
+ACCEL_DECL c10::Device read_device(std::optional<map_location> where, int processes, const c10::Device& device);
 
 /// `participant` in a tuple of one reference when it has state of its own (`stateful_policy`), else an empty tuple.
 template <class Participant>
@@ -426,3 +424,7 @@ class training_state {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/training_state.ipp"
+#endif

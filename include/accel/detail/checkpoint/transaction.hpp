@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../../checkpoint_error.hpp"
 #include "../support/text.hpp"
 
@@ -59,16 +60,14 @@ class load_transaction {
   /// Keeps what was loaded.
   void commit() noexcept { undo_.clear(); }
   /// Gives every object loaded so far its state back (what destroying an uncommitted transaction does).
-  void roll_back() noexcept {
-    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) try {
-        (*it)();
-      } catch (...) {  // the state kept a moment ago loads; should it not, there is nothing better to do
-      }
-    undo_.clear();
-  }
+  ACCEL_DECL void roll_back() noexcept;
 
  private:
   std::vector<std::function<void()>> undo_;
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/transaction.ipp"
+#endif

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "../config.hpp"
 #include "../../checkpoint_error.hpp"
 #include "../../collectives.hpp"
 #include "../../model_weights.hpp"
@@ -50,26 +51,10 @@ struct checkpoint_layout {
 
 /// The files each process writes of its own, in order: its `random_states_{rank}.bin`, then in a sharded checkpoint
 /// its shard of each model and of each optimizer.
-inline std::vector<std::string> process_file_names(int process, const prepared_registry& registry, bool sharded) {
-  std::vector<std::string> names{checkpoint_files::process(process)};
-  if (!sharded) return names;
-  for (std::size_t i = 0; i < registry.models().size(); ++i)
-    names.push_back(checkpoint_files::shard(checkpoint_files::kind::model, i, process));
-  for (std::size_t i = 0; i < registry.optimizers().size(); ++i)
-    names.push_back(checkpoint_files::shard(checkpoint_files::kind::optimizer, i, process));
-  return names;
-}
+ACCEL_DECL std::vector<std::string> process_file_names(int process, const prepared_registry& registry, bool sharded);
 
 /// What a process that does not see the staging directory its writer made is told, where it must see it.
-inline checkpoint_error unseen_directory(const std::filesystem::path& partial, int process, bool sharded) {
-  return checkpoint_error(
-      "accel::save_state: process " + std::to_string(process) + " does not see " + partial.string() + ", which " +
-      (sharded ? "process 0 made: in the sharded format every process writes its shard files into the checkpoint, "
-                 "so its directory must be on a file system every process sees"
-               : "its machine's local main process made: with options::project.save_on_each_node the processes of a "
-                 "machine must have local_process_index() 0 to local_world_size - 1 there, as accel launch and "
-                 "torchrun number them"));
-}
+ACCEL_DECL checkpoint_error unseen_directory(const std::filesystem::path& partial, int process, bool sharded);
 
 /// One save of the prepared objects of `registry` into a directory, by every process (a collective).
 template <class Parallel>
@@ -304,3 +289,7 @@ class checkpoint_writer {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/writer.ipp"
+#endif

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <utility>
 
+#include "../config.hpp"
+
 namespace accel::detail {
 
 /// The registered barrier and the mutex that guards it (a logger may run on any thread).
@@ -17,32 +19,21 @@ struct process_barrier_slot {
   std::function<void()> barrier;
 };
 
-inline process_barrier_slot& process_barrier_registry() {
-  static process_barrier_slot slot;
-  return slot;
-}
+ACCEL_DECL process_barrier_slot& process_barrier_registry();
 
 /// Registers `barrier` as the job's, unless one is already registered (the first process group wins: it is the one
 /// every later accelerator shares).
-inline void register_process_barrier(std::function<void()> barrier) {
-  auto& slot = process_barrier_registry();
-  std::lock_guard lock(slot.mutex);
-  if (!slot.barrier) slot.barrier = std::move(barrier);
-}
+ACCEL_DECL void register_process_barrier(std::function<void()> barrier);
 
 /// Replaces the registered barrier (empty: none) and returns the previous one: for tests, which stand a counting
 /// barrier in for the process group's, or take it away.
-inline std::function<void()> exchange_process_barrier(std::function<void()> barrier) {
-  auto& slot = process_barrier_registry();
-  std::lock_guard lock(slot.mutex);
-  return std::exchange(slot.barrier, std::move(barrier));
-}
+ACCEL_DECL std::function<void()> exchange_process_barrier(std::function<void()> barrier);
 
 /// The registered barrier; empty when no process group exists yet.
-[[nodiscard]] inline std::function<void()> process_barrier() {
-  auto& slot = process_barrier_registry();
-  std::lock_guard lock(slot.mutex);
-  return slot.barrier;
-}
+[[nodiscard]] ACCEL_DECL std::function<void()> process_barrier();
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/process_barrier.ipp"
+#endif

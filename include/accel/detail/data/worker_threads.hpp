@@ -15,49 +15,22 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
+
 namespace accel::detail {
 
 class worker_threads {
  public:
-  explicit worker_threads(int count) {
-    threads_.reserve(static_cast<std::size_t>(count));
-    // A thread that fails to start leaves the ones started to ~jthread, which stops and joins them.
-    for (int i = 0; i < count; ++i) threads_.emplace_back([this](std::stop_token stop) { work(stop); });
-  }
+  ACCEL_DECL explicit worker_threads(int count);
   worker_threads(const worker_threads&) = delete;
   worker_threads& operator=(const worker_threads&) = delete;
-  ~worker_threads() {
-    {
-      std::lock_guard lock(mutex_);
-      jobs_.clear();
-    }
-    for (auto& thread : threads_) thread.request_stop();
-    threads_.clear();  // joins, each thread after the job in hand
-  }
+  ACCEL_DECL ~worker_threads();
 
   /// Queues `job`; it must not throw (a job reports its failure through what it produces).
-  void run(std::function<void()> job) {
-    {
-      std::lock_guard lock(mutex_);
-      jobs_.push_back(std::move(job));
-    }
-    wake_.notify_one();
-  }
+  ACCEL_DECL void run(std::function<void()> job);
 
  private:
-  void work(const std::stop_token& stop) {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock lock(mutex_);
-        wake_.wait(lock, stop, [this] { return !jobs_.empty(); });
-        if (stop.stop_requested()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
+  ACCEL_DECL void work(const std::stop_token& stop);
 
   std::mutex mutex_;
   std::condition_variable_any wake_;
@@ -66,3 +39,7 @@ class worker_threads {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/worker_threads.ipp"
+#endif

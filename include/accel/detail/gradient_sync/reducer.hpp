@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../../collectives.hpp"
 #include "../../options.hpp"
 #include "comm_hooks.hpp"
@@ -75,16 +76,7 @@ void broadcast_tensors(const std::vector<at::Tensor>& tensors, C& comm, int sour
 
 /// What must be the same on every process for data parallelism: each parameter and buffer, in order, by name,
 /// dtype and shape; a line each ("parameter fc.weight: Float [3, 4]").
-inline std::vector<std::string> module_layout(const torch::nn::Module& module) {
-  std::vector<std::string> lines;
-  const auto describe = [&](const char* kind, const std::string& name, const at::Tensor& t) {
-    lines.push_back(std::string(kind) + " " + name + ": " + c10::toString(t.scalar_type()) + " " +
-                    shape_text(t.sizes()));
-  };
-  for (const auto& item : module.named_parameters()) describe("parameter", item.key(), item.value());
-  for (const auto& item : module.named_buffers()) describe("buffer", item.key(), item.value());
-  return lines;
-}
+ACCEL_DECL std::vector<std::string> module_layout(const torch::nn::Module& module);
 
 /// Checks that every process prepared a model of the same layout, as PyTorch's DDP does at construction: models
 /// that differ would otherwise train on scrambled weights (equal sizes) or fail inside Gloo. Every process
@@ -132,35 +124,9 @@ void broadcast_module_state(const torch::nn::Module& module, C& comm, int source
 /// produces their gradients), a bucket per dtype and device closed once it reaches its byte limit (the first
 /// limit for a type's first bucket, then the cap). With `groups` (one per parameter), a bucket holds parameters of
 /// one group only: fully_sharded's units reduce-scatter and gather their own buckets.
-inline std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at::Tensor>& parameters,
-                                                            const bucket_options& limits,
-                                                            const std::vector<std::size_t>& groups = {}) {
-  const auto to_bytes = [](double mb) { return static_cast<std::size_t>(mb * 1024.0 * 1024.0); };
-  struct open_bucket {
-    std::vector<std::size_t> members;
-    std::size_t bytes = 0;
-    bool first = true;
-  };
-  std::map<tensor_kind, open_bucket> open;
-  std::vector<std::vector<std::size_t>> buckets;
-  for (std::size_t i = parameters.size(); i-- > 0;) {
-    const auto& p = parameters[i];
-    auto& bucket = open[kind_of(p)];
-    if (!groups.empty() && !bucket.members.empty() && groups[bucket.members.back()] != groups[i]) {
-      buckets.push_back(std::move(bucket.members));
-      bucket = open_bucket{.members = {}, .bytes = 0, .first = false};
-    }
-    bucket.members.push_back(i);
-    bucket.bytes += p.numel() * p.element_size();
-    if (bucket.bytes >= to_bytes(bucket.first ? limits.first_bucket_mb : limits.bucket_cap_mb)) {
-      buckets.push_back(std::move(bucket.members));
-      bucket = open_bucket{.members = {}, .bytes = 0, .first = false};
-    }
-  }
-  for (auto& [key, bucket] : open)
-    if (!bucket.members.empty()) buckets.push_back(std::move(bucket.members));
-  return buckets;
-}
+ACCEL_DECL std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at::Tensor>& parameters,
+                                                                const bucket_options& limits,
+                                                                const std::vector<std::size_t>& groups = {});
 
 /// Calls to make after leaves' gradients were accumulated into `.grad` (post hooks of their accumulator nodes),
 /// removed on destruction. Neither copied nor moved: the calls usually point at the owner.
@@ -169,9 +135,7 @@ class after_accumulation {
   after_accumulation() = default;
   after_accumulation(const after_accumulation&) = delete;
   after_accumulation& operator=(const after_accumulation&) = delete;
-  ~after_accumulation() {
-    for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(keys_[i]);
-  }
+  ACCEL_DECL ~after_accumulation();
 
   /// Calls `on_accumulated()` each time `leaf`'s gradient has been accumulated.
   template <class OnAccumulated>
@@ -604,3 +568,7 @@ class gradient_reducer {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/reducer.ipp"
+#endif

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../../collectives.hpp"
 
 namespace accel::detail {
@@ -30,17 +31,9 @@ struct join_round {
   std::vector<std::int64_t> forwards;  // by joined model: processes running its forward in this round
   std::vector<std::int64_t> syncs;     // by joined model: of those, the ones whose backward synchronises
 
-  [[nodiscard]] bool anyone_training() const {
-    for (bool t : training)
-      if (t) return true;
-    return false;
-  }
+  [[nodiscard]] ACCEL_DECL bool anyone_training() const;
   /// The highest process still training: whose buffers a forward broadcasts, as DDP's authoritative rank.
-  [[nodiscard]] int last_training() const {
-    for (auto r = static_cast<int>(training.size()); r-- > 0;)
-      if (training[static_cast<std::size_t>(r)]) return r;
-    return static_cast<int>(training.size()) - 1;
-  }
+  [[nodiscard]] ACCEL_DECL int last_training() const;
 };
 
 /// The join of `Reducer`s (one per joined model) over communicator `C`. Neither copied nor moved: the parallel
@@ -137,3 +130,7 @@ class uneven_join {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/uneven_join.ipp"
+#endif

@@ -32,7 +32,7 @@ struct accelerator_access {
   /// `prepared_optimizer::zero_grad()`, on steps that synchronise.
   template <class Accelerator>
   static void zero_grad(Accelerator& acc, torch::optim::Optimizer& optimizer, bool set_to_none) {
-    acc.parallel_.zero_grad(optimizer, set_to_none);
+    acc.zero_grad(optimizer, set_to_none);
   }
   /// `prepared_range`, before it yields each batch: whether it is the last of its pass, and the real samples of
   /// the last global batch (-1: nothing padded).
@@ -58,7 +58,7 @@ struct accelerator_access {
   /// `prepared_model`, before each forward (data parallel: arm the gradient hooks, sync buffers).
   template <class Accelerator>
   static void before_forward(Accelerator& acc, const torch::nn::Module& module) {
-    acc.parallel_.before_forward(module);
+    acc.before_forward(module);
   }
   /// `prepared_model`, around each forward: the parallel policy's scope (tensor parallelism routes its split layers).
   template <class Accelerator>

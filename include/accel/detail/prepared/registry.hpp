@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../checkpoint/slot.hpp"
 
 namespace accel::detail {
@@ -47,37 +48,14 @@ class prepared_registry {
   void keep_slot(checkpoint_slot slot) { kept_.push_back(add_slot(std::move(slot))); }
 
   [[nodiscard]] const std::vector<std::shared_ptr<torch::nn::Module>>& models() const noexcept { return models_; }
-  [[nodiscard]] std::vector<torch::optim::Optimizer*> optimizers() const {
-    std::vector<torch::optim::Optimizer*> live;
-    for (const auto& weak : optimizers_)
-      if (auto entry = weak.lock()) live.push_back(*entry);
-    return live;
-  }
+  [[nodiscard]] ACCEL_DECL std::vector<torch::optim::Optimizer*> optimizers() const;
   /// The live prepared ranges' even_batches switches, in preparation order.
-  [[nodiscard]] std::vector<std::shared_ptr<even_batches_switch>> ranges() const {
-    std::vector<std::shared_ptr<even_batches_switch>> live;
-    for (const auto& weak : ranges_)
-      if (auto entry = weak.lock()) live.push_back(std::move(entry));
-    return live;
-  }
+  [[nodiscard]] ACCEL_DECL std::vector<std::shared_ptr<even_batches_switch>> ranges() const;
   /// The live slots by kind, each kind in registration order.
-  [[nodiscard]] std::map<std::string, std::vector<std::shared_ptr<checkpoint_slot>>> slots_by_kind() const {
-    std::map<std::string, std::vector<std::shared_ptr<checkpoint_slot>>> by_kind;
-    for (const auto& weak : slots_)
-      if (auto slot = weak.lock()) by_kind[slot->kind].push_back(std::move(slot));
-    return by_kind;
-  }
+  [[nodiscard]] ACCEL_DECL std::map<std::string, std::vector<std::shared_ptr<checkpoint_slot>>> slots_by_kind() const;
 
   /// Forgets what `prepare` registered (`free_memory`); kept slots stay.
-  void release_prepared() {
-    models_.clear();
-    optimizers_.clear();
-    ranges_.clear();
-    std::erase_if(slots_, [this](const auto& weak) {
-      const auto slot = weak.lock();
-      return !slot || std::none_of(kept_.begin(), kept_.end(), [&](const auto& kept) { return kept == slot; });
-    });
-  }
+  ACCEL_DECL void release_prepared();
 
  private:
   template <class Entry>
@@ -95,3 +73,7 @@ class prepared_registry {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/registry.ipp"
+#endif

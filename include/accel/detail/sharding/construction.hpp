@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "shard_layout.hpp"
 #include "storage.hpp"
 
@@ -30,64 +31,28 @@ struct constructed_slice {
 
 /// The sharded construction running on this thread, if any.
 class slicing_construction;
-inline slicing_construction*& construction_in_progress() noexcept {
-  thread_local slicing_construction* current = nullptr;
-  return current;
-}
+ACCEL_DECL slicing_construction*& construction_in_progress() noexcept;
 
 /// A sharded construction: in force on this thread from construction to destruction. `unit_init` (FSDP's
 /// `param_init_fn`), when given, runs on each unit's module once it is built, before its slices are kept.
 class slicing_construction {
  public:
-  slicing_construction(int rank, int world, std::function<void(torch::nn::Module&)> unit_init)
-      : rank_(rank), world_(world), unit_init_(std::move(unit_init)) {
-    if (construction_in_progress() != nullptr)
-      throw std::logic_error(
-          "accel::construct_sharded: called inside another sharded construction; build the whole model in one");
-    construction_in_progress() = this;
-  }
+  ACCEL_DECL slicing_construction(int rank, int world, std::function<void(torch::nn::Module&)> unit_init);
   ~slicing_construction() { construction_in_progress() = nullptr; }
   slicing_construction(const slicing_construction&) = delete;
   slicing_construction& operator=(const slicing_construction&) = delete;
 
   /// Keeps this process's slice of each trainable parameter of the unit `module` that no unit inside it sliced
   /// already, and frees the whole parameter's bytes. Frozen parameters stay whole (fully_sharded replicates them).
-  std::vector<constructed_slice> slice_unit(torch::nn::Module& module) {
-    if (unit_init_) initialise(module);
-    at::NoGradGuard no_grad;
-    std::vector<constructed_slice> slices;
-    for (const auto& item : module.named_parameters()) {
-      const auto& p = item.value();
-      if (!p.requires_grad() || sliced_.contains(p.unsafeGetTensorImpl())) continue;
-      refuse_shared_storage(item.key(), p);
-      const auto span = shard_span_of(p.numel(), rank_, world_);
-      slices.push_back({p, p.detach().reshape({-1}).narrow(0, span.begin, span.length).clone()});
-      sliced_.insert(p.unsafeGetTensorImpl());
-    }
-    for (const auto& kept : slices) free_storage(kept.parameter);
-    return slices;
-  }
+  ACCEL_DECL std::vector<constructed_slice> slice_unit(torch::nn::Module& module);
 
  private:
   /// The per-unit initialiser, on a unit whose parameters all still hold their elements: a unit inside it, already
   /// sliced, would have it write into freed parameters.
-  void initialise(torch::nn::Module& module) {
-    for (const auto& p : module.parameters())
-      if (sliced_.contains(p.unsafeGetTensorImpl()))
-        throw std::invalid_argument(
-            "accel::construct_sharded: a per-unit initialiser cannot run on a shard unit that holds another shard "
-            "unit (whose parameters are sliced already); nest no units, or initialise in the module's constructor");
-    unit_init_(module);
-  }
+  ACCEL_DECL void initialise(torch::nn::Module& module);
   /// A parameter that is a view of a larger storage (parameters packed into one buffer) cannot let go of its bytes
   /// alone.
-  static void refuse_shared_storage(const std::string& name, const at::Tensor& p) {
-    const auto bytes = static_cast<std::size_t>(p.numel()) * p.element_size();
-    if (p.storage_offset() != 0 || p.storage().nbytes() != bytes || !p.is_contiguous())
-      throw std::invalid_argument("accel::construct_sharded: the parameter " + name +
-                                  " of a shard unit shares its storage with other tensors (or is not contiguous), so "
-                                  "its bytes cannot be let go alone; give it storage of its own");
-  }
+  ACCEL_DECL static void refuse_shared_storage(const std::string& name, const at::Tensor& p);
 
   int rank_;
   int world_;
@@ -96,3 +61,7 @@ class slicing_construction {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/construction.ipp"
+#endif

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../../collectives.hpp"
 #include "../../options.hpp"
 #include "../support/optimizer_state.hpp"
@@ -155,27 +156,12 @@ class optimizer_shards {
 
   /// This process's slice of `parameter` (flat, its current values) and its full shape, when it is one of the
   /// sharded parameters.
-  [[nodiscard]] std::optional<parameter_shard> shard_of(const at::Tensor& parameter) const {
-    const auto found = index_.find(parameter.unsafeGetTensorImpl());
-    if (found == index_.end()) return std::nullopt;
-    const auto& p = parameters_[found->second];
-    return parameter_shard{.slice = p.shard, .sizes = p.sizes, .begin = p.span.begin};
-  }
+  [[nodiscard]] ACCEL_DECL std::optional<parameter_shard> shard_of(const at::Tensor& parameter) const;
   /// This process's span of `parameter` when it is one of the sharded parameters.
-  [[nodiscard]] const shard_span* span_of(const at::Tensor& parameter) const {
-    const auto found = index_.find(parameter.unsafeGetTensorImpl());
-    return found == index_.end() ? nullptr : &parameters_[found->second].span;
-  }
+  [[nodiscard]] ACCEL_DECL const shard_span* span_of(const at::Tensor& parameter) const;
   /// This process's part of `parameter`'s gradient when it is one of the sharded parameters: its shard's attached
   /// gradient, else its slice of the full gradient (undefined, or empty, when there is none).
-  [[nodiscard]] std::optional<at::Tensor> owned_gradient(const at::Tensor& parameter) const {
-    const auto found = index_.find(parameter.unsafeGetTensorImpl());
-    if (found == index_.end()) return std::nullopt;
-    const auto& p = parameters_[found->second];
-    if (p.shard.grad().defined()) return p.shard.grad();
-    const auto& full = p.full.grad();
-    return full.defined() ? full.reshape({-1}).narrow(0, p.span.begin, p.span.length) : at::Tensor();
-  }
+  [[nodiscard]] ACCEL_DECL std::optional<at::Tensor> owned_gradient(const at::Tensor& parameter) const;
   /// All-gathers since construction: one per bucket per step (fully_sharded: per gather of a unit).
   [[nodiscard]] std::uint64_t all_gather_count() const noexcept { return all_gather_count_; }
   /// Elements the all-gathers since construction delivered (every process's padded slices).
@@ -186,18 +172,10 @@ class optimizer_shards {
   [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
   /// Elements of the buffers the all-gathers keep between steps: per dtype and device, the largest bucket's slices
   /// sent and every process's received.
-  [[nodiscard]] std::int64_t gather_buffer_elements() const noexcept {
-    std::int64_t elements = 0;
-    for (const auto& [kind, segment] : max_segment_) elements += segment * (world_ + 1);
-    return elements;
-  }
+  [[nodiscard]] ACCEL_DECL std::int64_t gather_buffer_elements() const noexcept;
   /// Elements one all-gather of every bucket delivers (every process's padded slices): the full parameters plus
   /// padding; a step's, but for fully_sharded's units, gathered twice when resharded after forward.
-  [[nodiscard]] std::int64_t gather_payload_elements() const noexcept {
-    std::int64_t elements = 0;
-    for (const auto& bucket : buckets_) elements += bucket.segment * world_;
-    return elements;
-  }
+  [[nodiscard]] ACCEL_DECL std::int64_t gather_payload_elements() const noexcept;
 
  protected:
   template <class IsPrepared>
@@ -266,10 +244,7 @@ class optimizer_shards {
   };
 
   /// Lists in `optimizer` the full parameters or their shards (`which`), where it listed the parameters.
-  void list(torch::optim::Optimizer& optimizer, at::Tensor sharded_parameter::* which) {
-    auto& groups = optimizer.param_groups();
-    for (const auto& l : listings_) groups[l.group].params()[l.position] = parameters_[l.entry].*which;
-  }
+  ACCEL_DECL void list(torch::optim::Optimizer& optimizer, at::Tensor sharded_parameter::* which);
 
   /// Every process's slice of a state tensor of `p`, gathered into one of `p`'s shape.
   template <communicator C>
@@ -300,15 +275,7 @@ class optimizer_shards {
 
   /// The send and receive buffers of `bucket` among those kept from step to step: one pair per dtype and device,
   /// sized for the largest bucket kept, shared by the buckets (one all-gather at a time).
-  std::pair<at::Tensor, at::Tensor> kept_buffers(const gather_bucket& bucket) {
-    auto& buffers = gather_buffers_[bucket.kind];
-    if (!buffers.first.defined()) {
-      const auto options = parameters_[bucket.members.front()].shard.options();
-      buffers = {at::empty({max_segment_[bucket.kind]}, options),
-                 at::empty({max_segment_[bucket.kind] * world_}, options)};
-    }
-    return {buffers.first.narrow(0, 0, bucket.segment), buffers.second.narrow(0, 0, bucket.segment * world_)};
-  }
+  ACCEL_DECL std::pair<at::Tensor, at::Tensor> kept_buffers(const gather_bucket& bucket);
   /// Starts the all-gather of every process's slices of `bucket`'s members into `elements(entry)` (a flat tensor of
   /// all the elements of `parameters_[entry]`); what it returns waits for it. A direct bucket gathers straight into
   /// them; the others through `buffers_for(bucket)` (sent, received), each process's slice copied out at its span
@@ -360,55 +327,8 @@ class optimizer_shards {
   /// Group 0's parameters in buckets capped as `limits` says, through the buffers kept between steps; each unit's
   /// (fully_sharded) in one bucket per dtype and device, gathered at once. The parameters `apart` takes are bucketed
   /// among themselves.
-  void build_gather_buckets(const bucket_options& limits, const std::function<bool(const at::Tensor&)>& apart) {
-    const bucket_options whole_unit{.first_bucket_mb = 1e12, .bucket_cap_mb = 1e12};
-    for (std::size_t group = 0; group < group_count_; ++group) {
-      std::vector<std::size_t> entries;
-      std::vector<at::Tensor> fulls;
-      for (std::size_t i = 0; i < parameters_.size(); ++i)
-        if (parameters_[i].group == group) {
-          entries.push_back(i);
-          fulls.push_back(parameters_[i].full);
-        }
-      const auto add_bucket = [&](const std::vector<std::size_t>& members, bool direct, bool set_apart) {
-        gather_bucket bucket{.members = {},
-                             .offsets = {},
-                             .segment = 0,
-                             .kind = {},
-                             .group = group,
-                             .direct = direct,
-                             .apart = set_apart};
-        for (auto i : members) {
-          bucket.members.push_back(entries[i]);
-          bucket.offsets.push_back(bucket.segment);
-          bucket.segment += shard_chunk(parameters_[entries[i]].numel, world_);
-        }
-        bucket.kind = kind_of(parameters_[bucket.members.front()].full);
-        if (group == 0 && !direct) max_segment_[bucket.kind] = std::max(max_segment_[bucket.kind], bucket.segment);
-        buckets_.push_back(std::move(bucket));
-      };
-      // Large parameters that split evenly go alone and straight into place; the others in buckets, those set
-      // apart among themselves.
-      std::vector<std::size_t> bucketed[2];
-      std::vector<at::Tensor> bucketed_fulls[2];
-      for (std::size_t i = 0; i < entries.size(); ++i) {
-        const auto& full = fulls[i];
-        const bool set_apart = apart && apart(full);
-        if (!set_apart && full.numel() % world_ == 0 &&
-            full.numel() * static_cast<std::int64_t>(full.element_size()) >= direct_gather_bytes)
-          add_bucket({i}, true, false);
-        else {
-          bucketed[set_apart].push_back(i);
-          bucketed_fulls[set_apart].push_back(full);
-        }
-      }
-      for (const bool set_apart : {false, true})
-        for (auto& members : assign_buckets(bucketed_fulls[set_apart], group == 0 ? limits : whole_unit)) {
-          for (auto& m : members) m = bucketed[set_apart][m];
-          add_bucket(members, false, set_apart);
-        }
-    }
-  }
+  ACCEL_DECL void build_gather_buckets(const bucket_options& limits,
+                                       const std::function<bool(const at::Tensor&)>& apart);
 
   int rank_;
   int world_;
@@ -425,3 +345,7 @@ class optimizer_shards {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/optimizer_shards.ipp"
+#endif

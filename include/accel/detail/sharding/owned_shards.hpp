@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../../collectives.hpp"
 #include "../support/parameter_encoding.hpp"
 #include "optimizer_shards.hpp"
@@ -61,23 +62,13 @@ class owned_shards : public optimizer_shards {
   }
 
   /// The groups these shards hold parameters of, and where those parameters are.
-  [[nodiscard]] std::vector<std::size_t> groups() const {
-    std::vector<std::size_t> held;
-    for (std::size_t g = 0; g < groups_.size(); ++g)
-      if (groups_[g].present) held.push_back(g);
-    return held;
-  }
+  [[nodiscard]] ACCEL_DECL std::vector<std::size_t> groups() const;
   [[nodiscard]] bool holds_group(std::size_t group) const noexcept {
     return group < groups_.size() && groups_[group].present;
   }
   [[nodiscard]] parameter_state state(std::size_t group) const { return groups_.at(group).state; }
   /// The model parameters of `group` these shards hold.
-  [[nodiscard]] std::vector<at::Tensor> parameters_of(std::size_t group) const {
-    std::vector<at::Tensor> members;
-    for (const auto& p : parameters_)
-      if (p.group == group) members.push_back(p.full);
-    return members;
-  }
+  [[nodiscard]] ACCEL_DECL std::vector<at::Tensor> parameters_of(std::size_t group) const;
   /// Whether `group`'s gather was started and not finished (a prefetch).
   [[nodiscard]] bool gathering(std::size_t group) const { return groups_.at(group).gathering; }
 
@@ -117,17 +108,7 @@ class owned_shards : public optimizer_shards {
     if (group == 0) finish_gather_group(group);
   }
   /// Waits for `group`'s gathers, if started; then each of its parameters holds its full elements.
-  void finish_gather_group(std::size_t group) {
-    if (!holds_group(group)) return;
-    auto& g = groups_[group];
-    if (!g.gathering) return;
-    g.gathering = false;
-    for (auto& land : std::exchange(g.landing, {})) land();
-    if (g.state == parameter_state::at_rest)
-      for (auto& p : parameters_)
-        if (p.group == group) p.full.set_data(p.gathered);
-    g.state = parameter_state::gathered;
-  }
+  ACCEL_DECL void finish_gather_group(std::size_t group);
   template <communicator C>
   void gather_group(std::size_t group, C& comm, gather_purpose purpose = gather_purpose::forward) {
     start_gather_group(group, comm, purpose);
@@ -140,43 +121,17 @@ class owned_shards : public optimizer_shards {
   }
   /// Frees the storage of `group`'s full parameters, which keep their shape (a unit after its forward, or
   /// its backward), once a gather in flight has landed.
-  void free_group(std::size_t group) {
-    finish_gather_group(group);
-    if (!holds_group(group)) return;
-    auto& g = groups_[group];
-    if (g.state != parameter_state::gathered) return;
-    forget_encoded(group);
-    for (auto& p : parameters_)
-      if (p.group == group) free_storage(p.gathered);
-    g.state = parameter_state::freed;
-  }
+  ACCEL_DECL void free_group(std::size_t group);
   /// Once the full parameters are stale (after the step): each parameter of `group` holds its slice only,
   /// sharing the shard's storage, so that at rest a parameter costs nothing beyond its shard.
-  void rest_group(std::size_t group) {
-    finish_gather_group(group);
-    if (!holds_group(group)) return;
-    auto& g = groups_[group];
-    if (g.state == parameter_state::at_rest) return;
-    forget_encoded(group);
-    for (auto& p : parameters_) {
-      if (p.group != group) continue;
-      p.full.set_data(p.shard);
-      if (p.gathered.defined()) free_storage(p.gathered);
-    }
-    g.state = parameter_state::at_rest;
-  }
+  ACCEL_DECL void rest_group(std::size_t group);
   /// Every group at rest.
   void release() {
     for (const auto group : groups()) rest_group(group);
   }
   /// After the full parameters were written (a checkpoint loaded into them), each shard of a gathered group
   /// takes its slice (an at_rest group's parameters are the slices).
-  void take_slices_of_full() {
-    at::NoGradGuard no_grad;
-    for (auto& p : parameters_)
-      if (groups_[p.group].state == parameter_state::gathered && p.gathered.defined())
-        p.shard.copy_(p.gathered.reshape({-1}).narrow(0, p.span.begin, p.span.length));
-  }
+  ACCEL_DECL void take_slices_of_full();
   /// `parameter`'s full elements, gathered from every process's slice (one all-gather of padded chunks), when it is
   /// sharded and not gathered; null otherwise. A collective when not null: every process asks for the same
   /// parameters.
@@ -200,36 +155,16 @@ class owned_shards : public optimizer_shards {
     std::vector<std::function<void()>> landing;  // each waits for a bucket's all-gather, then copies it out
   };
   /// Buffers of `bucket`'s own, let go once its gather has landed (a unit's, which may be in flight beside another).
-  std::pair<at::Tensor, at::Tensor> own_buffers(const gather_bucket& bucket) const {
-    const auto options = parameters_[bucket.members.front()].shard.options();
-    return {at::empty({bucket.segment}, options), at::empty({bucket.segment * world_}, options)};
-  }
+  ACCEL_DECL std::pair<at::Tensor, at::Tensor> own_buffers(const gather_bucket& bucket) const;
 
   /// Waits for what `group` has in flight, ignoring its outcome (a collective that failed raised already).
-  static void wait_quietly(group_state& group) noexcept {
-    for (auto& land : std::exchange(group.landing, {})) try {
-        land();
-      } catch (...) {
-      }
-    group.gathering = false;
-  }
+  ACCEL_DECL static void wait_quietly(group_state& group) noexcept;
 
   /// What `optimizer_shards` sets apart in buckets of their own: the parameters `encoding` encodes.
-  static std::function<bool(const at::Tensor&)> encodes(const parameter_encoding* encoding) {
-    if (encoding == nullptr) return {};
-    return [encoding](const at::Tensor& parameter) { return encoding->encodes(parameter); };
-  }
+  ACCEL_DECL static std::function<bool(const at::Tensor&)> encodes(const parameter_encoding* encoding);
 
   /// Each parameter of `group` gets storage for its full elements.
-  void allocate_gathered(std::size_t group) {
-    for (auto& p : parameters_) {
-      if (p.group != group) continue;
-      if (!p.gathered.defined())
-        p.gathered = at::empty(p.sizes, p.shard.options());
-      else
-        reallocate_storage(p.gathered);
-    }
-  }
+  ACCEL_DECL void allocate_gathered(std::size_t group);
 
   /// Starts the encoded all-gather of an `apart` bucket: one all-reduce of its members' maxima, then their slices
   /// encoded into one buffer of bytes, all-gathered; what it returns waits, then hands each member's full encoded
@@ -269,13 +204,7 @@ class owned_shards : public optimizer_shards {
   }
 
   /// The encoding forgets what it received of `group`'s parameters, which are no longer encoded.
-  void forget_encoded(std::size_t group) {
-    auto& g = groups_[group];
-    if (!g.encoded) return;
-    for (std::size_t entry = 0; entry < parameters_.size(); ++entry)
-      if (parameters_[entry].group == group && encoded_[entry]) encoding_->released(parameters_[entry].full);
-    g.encoded = false;
-  }
+  ACCEL_DECL void forget_encoded(std::size_t group);
 
   std::vector<group_state> groups_;
   std::shared_ptr<parameter_encoding> encoding_;
@@ -283,3 +212,7 @@ class owned_shards : public optimizer_shards {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/owned_shards.ipp"
+#endif

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "../config.hpp"
+
 namespace accel {
 /// What a sharded policy holds of a parameter on this process (`shard_of`, a parallel policy hook): its slice
 /// (flat, its current values), the full parameter's shape, and where the slice begins in the flattened parameter.
@@ -36,14 +38,14 @@ struct shard_span {
 inline std::int64_t shard_chunk(std::int64_t numel, int world) { return (numel + world - 1) / world; }
 
 /// Process `rank`'s span of `numel` elements split over `world` processes in chunks of ceil(numel / world).
-inline shard_span shard_span_of(std::int64_t numel, int rank, int world) {
-  const auto chunk = shard_chunk(numel, world);
-  const auto begin = std::min(numel, chunk * rank);
-  return {begin, std::min(numel, begin + chunk) - begin};
-}
+ACCEL_DECL shard_span shard_span_of(std::int64_t numel, int rank, int world);
 
 /// Whether a parallel policy's gradient reducer all-reduces full gradients (data_parallel, zero1) or
 /// reduce-scatters them so that each process keeps its shard only (zero2 and up).
 enum class gradient_layout { replicated, sharded };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/shard_layout.ipp"
+#endif

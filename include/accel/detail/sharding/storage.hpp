@@ -10,21 +10,18 @@
 
 #include <cstddef>
 
+#include "../config.hpp"
+
 namespace accel::detail {
 
 /// Frees `tensor`'s storage, keeping the storage object, so that the tensor and its views stay valid handles (FSDP's
 /// way of letting go of parameters that autograd saved for backward).
-inline void free_storage(const at::Tensor& tensor) {
-  auto* storage = tensor.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, tensor.device()));
-  storage->set_nbytes(0);
-}
+ACCEL_DECL void free_storage(const at::Tensor& tensor);
 /// Gives a contiguous `tensor` whose storage `free_storage` freed its bytes again (uninitialised).
-inline void reallocate_storage(const at::Tensor& tensor) {
-  auto* storage = tensor.storage().unsafeGetStorageImpl();
-  const auto bytes = static_cast<std::size_t>(tensor.numel()) * tensor.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-}
+ACCEL_DECL void reallocate_storage(const at::Tensor& tensor);
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/storage.ipp"
+#endif

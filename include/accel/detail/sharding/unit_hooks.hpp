@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../support/tensor_structure.hpp"
 #include "construction.hpp"
 
@@ -37,10 +38,7 @@ class shard_unit_base {
  public:
   /// At prepare: the policy's hooks and this unit's number among them. A unit without hooks, or whose hooks are
   /// gone (the accelerator destroyed, `free_memory`), only forwards.
-  void attach(std::weak_ptr<unit_hooks> hooks, std::size_t index) noexcept {
-    hooks_ = std::move(hooks);
-    index_ = index;
-  }
+  ACCEL_DECL void attach(std::weak_ptr<unit_hooks> hooks, std::size_t index) noexcept;
   /// At prepare: the slices a sharded construction kept of this unit's parameters (none when it was built whole),
   /// handed over once.
   [[nodiscard]] std::vector<constructed_slice> take_constructed_slices() noexcept {
@@ -53,9 +51,7 @@ class shard_unit_base {
 
   /// Once the unit is built: inside a sharded construction (construction.hpp), keeps this process's slices of
   /// `module`'s parameters and lets the whole ones go.
-  void slice_if_constructing(torch::nn::Module& module) {
-    if (auto* construction = construction_in_progress()) constructed_ = construction->slice_unit(module);
-  }
+  ACCEL_DECL void slice_if_constructing(torch::nn::Module& module);
 
   /// `forward()` between the policy's hooks; the gather before backward is hooked on every output tensor that
   /// requires a gradient (outputs that are not tensors, or nested structures of them, cannot be hooked).
@@ -93,3 +89,7 @@ class shard_unit_base {
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/unit_hooks.ipp"
+#endif

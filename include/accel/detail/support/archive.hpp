@@ -11,14 +11,12 @@
 #include <string>
 #include <utility>
 
+#include "../config.hpp"
+
 namespace accel::detail {
 
 /// `archive`'s bytes, serialised in memory (for a file accel writes itself, or a message between processes).
-inline std::string serialised(torch::serialize::OutputArchive& archive) {
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  return std::move(bytes).str();
-}
+ACCEL_DECL std::string serialised(torch::serialize::OutputArchive& archive);
 
 /// The customisation point of user types: `save(torch::serialize::OutputArchive&) const` and
 /// `load(torch::serialize::InputArchive&)` members (checkpoints, and the object collectives).
@@ -30,3 +28,7 @@ concept archive_serialisable =
     };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/archive.ipp"
+#endif

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../compat.hpp"
 
 namespace accel::detail {
@@ -33,27 +34,12 @@ namespace accel::detail {
 class counting_cpu_allocator final : public compat::allocator_interface<counting_cpu_allocator> {
  public:
   /// In front of `inner` (LibTorch's CPU allocator when installed): every block comes from it.
-  explicit counting_cpu_allocator(c10::Allocator* inner) : inner_(inner) {
-    c10::DeleterFnPtr expected = nullptr;
-    if (inner->raw_deleter() != &release) foreign_deleter().compare_exchange_strong(expected, inner->raw_deleter());
-  }
+  ACCEL_DECL explicit counting_cpu_allocator(c10::Allocator* inner);
   counting_cpu_allocator(const counting_cpu_allocator&) = delete;
   counting_cpu_allocator& operator=(const counting_cpu_allocator&) = delete;
 
   /// `bytes` from the inner allocator, counted until freed (an empty block is not counted: it has no address).
-  c10::DataPtr allocate_bytes(std::size_t bytes) const {
-    c10::DataPtr inner = inner_->allocate(bytes);
-    void* data = inner.get();
-    if (data == nullptr || bytes == 0) return inner;
-    {
-      std::lock_guard lock(records_mutex());
-      records()[data].push_back(record{std::move(inner), bytes, this});
-    }
-    const auto now = current_.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
-    for (auto peak = peak_.load(); now > peak && !peak_.compare_exchange_weak(peak, now);) {
-    }
-    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
-  }
+  ACCEL_DECL c10::DataPtr allocate_bytes(std::size_t bytes) const;
   /// Frees any block, this allocator's or not (`raw_deallocate`).
   [[nodiscard]] c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
@@ -71,42 +57,13 @@ class counting_cpu_allocator final : public compat::allocator_interface<counting
   };
   /// Each live block's records, by address: one per counting allocator it went through, the outermost (the one
   /// whose `DataPtr` the user holds, freed first) last. Never destroyed: blocks are freed during static destruction.
-  static std::unordered_map<void*, std::vector<record>>& records() {
-    static auto* const map = new std::unordered_map<void*, std::vector<record>>;
-    return *map;
-  }
-  static std::mutex& records_mutex() {
-    static auto* const mutex = new std::mutex;
-    return *mutex;
-  }
+  ACCEL_DECL static std::unordered_map<void*, std::vector<record>>& records();
+  ACCEL_DECL static std::mutex& records_mutex();
   /// The raw deleter of the allocator the first counting allocator was put in front of: it frees the blocks made
   /// before (LibTorch's CPU allocator's).
-  static std::atomic<c10::DeleterFnPtr>& foreign_deleter() {
-    static std::atomic<c10::DeleterFnPtr> deleter{nullptr};
-    return deleter;
-  }
+  ACCEL_DECL static std::atomic<c10::DeleterFnPtr>& foreign_deleter();
 
-  static void release(void* data) {
-    c10::DataPtr inner;  // frees the block through the inner allocator when it goes, outside the lock
-    {
-      std::lock_guard lock(records_mutex());
-      const auto found = records().find(data);
-      if (found != records().end()) {
-        auto& outermost = found->second.back();
-        outermost.owner->current_.fetch_sub(static_cast<std::int64_t>(outermost.bytes));
-        inner = std::move(outermost.inner);  // an inner counting allocator's block: released next, by its record
-        found->second.pop_back();
-        if (found->second.empty()) records().erase(found);
-        return;
-      }
-    }
-    if (const auto deleter = foreign_deleter().load()) {
-      deleter(data);
-    } else {  // a block from an allocator without a raw deleter reached raw_deallocate: LibTorch forbids that
-      std::cerr << "accel: a CPU block that no allocator can free reached the counting allocator; it is leaked"
-                << std::endl;
-    }
-  }
+  ACCEL_DECL static void release(void* data);
 
   c10::Allocator* inner_;
   mutable std::atomic<std::int64_t> current_{0};
@@ -114,3 +71,7 @@ class counting_cpu_allocator final : public compat::allocator_interface<counting
 };
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/counting_allocator.ipp"
+#endif

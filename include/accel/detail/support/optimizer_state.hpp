@@ -16,6 +16,8 @@
 #include <memory>
 #include <string_view>
 
+#include "../config.hpp"
+
 namespace accel::detail {
 
 /// Calls `tensor(name, at::Tensor&)` for each state tensor of a parameter's state (undefined ones included: Adam's
@@ -63,15 +65,10 @@ bool transform_state_tensors(torch::optim::OptimizerParamState& state, Transform
 
 /// A parameter state of `optimizer`'s kind with nothing in it, for a loader to fill field by field; null for an
 /// optimizer other than the elementwise ones.
-inline std::unique_ptr<torch::optim::OptimizerParamState> empty_state_of(const torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return std::make_unique<torch::optim::AdamWParamState>();
-  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return std::make_unique<torch::optim::AdamParamState>();
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return std::make_unique<torch::optim::SGDParamState>();
-  if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer))
-    return std::make_unique<torch::optim::RMSpropParamState>();
-  if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer))
-    return std::make_unique<torch::optim::AdagradParamState>();
-  return nullptr;
-}
+ACCEL_DECL std::unique_ptr<torch::optim::OptimizerParamState> empty_state_of(const torch::optim::Optimizer& optimizer);
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/optimizer_state.ipp"
+#endif

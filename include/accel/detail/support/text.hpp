@@ -6,16 +6,19 @@
 #include <string>
 #include <string_view>
 
+#include "../config.hpp"
+
 namespace accel::detail {
 
 /// Appends `item` to `list`, after `separator` unless the list is empty. (Appending in place also avoids GCC 12's
 /// false -Wstringop-overflow on `(empty ? "" : ", ") + item`.)
-inline void append_item(std::string& list, std::string_view item, std::string_view separator = ", ") {
-  if (!list.empty()) list += separator;
-  list += item;
-}
+ACCEL_DECL void append_item(std::string& list, std::string_view item, std::string_view separator = ", ");
 
 /// An error's message without what follows its first line (LibTorch's backtraces).
 inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/text.ipp"
+#endif

@@ -23,6 +23,7 @@
 #include <string>
 #include <string_view>
 
+#include "../config.hpp"
 #include "../support/crc32c.hpp"
 
 namespace accel::detail {
@@ -44,48 +45,23 @@ std::string raw_bytes(Number value) {
 }
 
 /// One TFRecord: `data` framed by its length and the two checksums.
-inline std::string tfrecord(std::string_view data) {
-  const auto length = raw_bytes(static_cast<std::uint64_t>(data.size()));
-  return length + raw_bytes(masked_crc32c(length)) + std::string(data) + raw_bytes(masked_crc32c(data));
-}
+ACCEL_DECL std::string tfrecord(std::string_view data);
 
 /// Appends protocol buffer fields to a message: a field is a key (number << 3 | wire type), then its value.
 class protobuf_message {
  public:
-  protobuf_message& varint(int field, std::uint64_t value) {
-    key(field, 0);
-    append_varint(value);
-    return *this;
-  }
+  ACCEL_DECL protobuf_message& varint(int field, std::uint64_t value);
   /// int64 fields are varints of the two's complement (10 bytes when negative).
   protobuf_message& int64(int field, std::int64_t value) { return varint(field, static_cast<std::uint64_t>(value)); }
-  protobuf_message& fixed64(int field, double value) {
-    key(field, 1);
-    bytes_ += raw_bytes(value);
-    return *this;
-  }
-  protobuf_message& fixed32(int field, float value) {
-    key(field, 5);
-    bytes_ += raw_bytes(value);
-    return *this;
-  }
+  ACCEL_DECL protobuf_message& fixed64(int field, double value);
+  ACCEL_DECL protobuf_message& fixed32(int field, float value);
   /// Strings and embedded messages alike: length-delimited.
-  protobuf_message& bytes(int field, std::string_view value) {
-    key(field, 2);
-    append_varint(value.size());
-    bytes_ += value;
-    return *this;
-  }
+  ACCEL_DECL protobuf_message& bytes(int field, std::string_view value);
   [[nodiscard]] const std::string& str() const noexcept { return bytes_; }
 
  private:
-  void key(int field, int wire_type) {
-    append_varint(static_cast<std::uint64_t>(field) << 3 | static_cast<std::uint64_t>(wire_type));
-  }
-  void append_varint(std::uint64_t value) {
-    for (; value >= 0x80; value >>= 7) bytes_ += static_cast<char>((value & 0x7F) | 0x80);
-    bytes_ += static_cast<char>(value);
-  }
+  ACCEL_DECL void key(int field, int wire_type);
+  ACCEL_DECL void append_varint(std::uint64_t value);
   std::string bytes_;
 };
 
@@ -95,20 +71,13 @@ inline std::string file_version_event(double wall_time) {
 }
 
 /// An Event holding one scalar (what PyTorch's `SummaryWriter.add_scalar` writes).
-inline std::string scalar_event(double wall_time, std::int64_t step, std::string_view tag, float value) {
-  const auto summary_value = protobuf_message().bytes(1, tag).fixed32(2, value).str();
-  const auto summary = protobuf_message().bytes(1, summary_value).str();
-  return protobuf_message().fixed64(1, wall_time).int64(2, step).bytes(5, summary).str();
-}
+ACCEL_DECL std::string scalar_event(double wall_time, std::int64_t step, std::string_view tag, float value);
 
 /// `events.out.tfevents.{unix seconds}.{hostname}`, the name TensorBoard looks for.
-inline std::string event_file_name(std::int64_t unix_seconds) {
-  std::array<char, 256> host{};
-  if (::gethostname(host.data(), host.size() - 1) != 0 || host[0] == '\0') std::strcpy(host.data(), "localhost");
-  // The process id and a count make two runs started within the same second get two files (as SummaryWriter's).
-  static std::atomic<int> files_opened{0};
-  return "events.out.tfevents." + std::to_string(unix_seconds) + "." + host.data() + "." + std::to_string(::getpid()) +
-         "." + std::to_string(files_opened++);
-}
+ACCEL_DECL std::string event_file_name(std::int64_t unix_seconds);
 
 }  // namespace accel::detail
+
+#if ACCEL_HEADER_ONLY
+#include "impl/tensorboard.ipp"
+#endif

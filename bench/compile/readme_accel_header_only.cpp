@@ -1,0 +1,2 @@
+// readme_accel.cpp, header-only (accel::accel): a file of its own, so that the build compiles it twice.
+#include "readme_accel.cpp"

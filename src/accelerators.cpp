@@ -1,0 +1,8 @@
+// accel::compiled: the basic accelerator configurations, instantiated once (detail/common_configurations.hpp), which
+// accelerator.hpp declares extern in separate compilation.
+#include <accel/accelerator.hpp>
+#include <accel/detail/common_configurations.hpp>
+
+namespace accel {
+ACCEL_BASIC_CONFIGURATIONS(ACCEL_INSTANTIATE_CONFIGURATION)
+}  // namespace accel

@@ -1,0 +1,29 @@
+// accel::compiled: the training state and its files: checkpoints (accel's format and Accelerate's, Python's pickles),
+// safetensors files, model weights. (Every impl/*.ipp is compiled by exactly one of src/*.cpp; lint.compiled_part
+// checks.)
+#include <accel/detail/checkpoint/impl/accelerate_format.ipp>
+#include <accel/detail/checkpoint/impl/agreement.ipp>
+#include <accel/detail/checkpoint/impl/archives.ipp>
+#include <accel/detail/checkpoint/impl/directory.ipp>
+#include <accel/detail/checkpoint/impl/format.ipp>
+#include <accel/detail/checkpoint/impl/manifest.ipp>
+#include <accel/detail/checkpoint/impl/numbering.ipp>
+#include <accel/detail/checkpoint/impl/python_optimizer.ipp>
+#include <accel/detail/checkpoint/impl/python_pickle.ipp>
+#include <accel/detail/checkpoint/impl/rank_local.ipp>
+#include <accel/detail/checkpoint/impl/reader.ipp>
+#include <accel/detail/checkpoint/impl/schedule.ipp>
+#include <accel/detail/checkpoint/impl/settings.ipp>
+#include <accel/detail/checkpoint/impl/sharded_format.ipp>
+#include <accel/detail/checkpoint/impl/slot.ipp>
+#include <accel/detail/checkpoint/impl/training_state.ipp>
+#include <accel/detail/checkpoint/impl/transaction.ipp>
+#include <accel/detail/checkpoint/impl/writer.ipp>
+#include <accel/detail/support/impl/archive.ipp>
+#include <accel/detail/support/impl/generators.ipp>
+#include <accel/detail/support/impl/json.ipp>
+#include <accel/detail/support/impl/optimizer_state.ipp>
+#include <accel/detail/support/impl/safetensors_header.ipp>
+#include <accel/impl/checkpoint.ipp>
+#include <accel/impl/model_weights.ipp>
+#include <accel/impl/safetensors.ipp>
