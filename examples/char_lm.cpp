@@ -10,7 +10,10 @@
 // Build and run: scripts/example.sh char_lm
 //   char_lm [--steps N] [--save-every K] [--out DIR] [--text FILE]
 // --text: another text to learn; its first line is skipped, as the sonnets' title line is.
-#include <accel/accel.hpp>
+#include <accel/data_loader.hpp>
+#include <accel/dispatch.hpp>
+#include <accel/fp8.hpp>
+#include <accel/progress.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The canonical first Accelerate program, with accel: learn y = 3x from 1000 noisy samples with SGD and MSE.
 // Build and run: scripts/example.sh
-#include <accel/accel.hpp>
+#include <accel/accelerator.hpp>  // the accelerator alone: accel/accel.hpp brings every capability
 #include <torch/torch.h>
 
 #include <cstdio>

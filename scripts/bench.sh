@@ -9,7 +9,8 @@
 #                             each public header alone)
 #   scripts/bench.sh compile-suite  the same, then a clean build of the test suite with the compiler cache off and
 #                             the rebuild after touching include/accel/tracking.hpp
-#   scripts/bench.sh step     the single-process step overhead against raw LibTorch (bench/mlp_step.cpp) only
+#   scripts/bench.sh step     the single-process step overhead against raw LibTorch (bench/mlp_step.cpp), built
+#                             against the compiled part and header-only, only (`overhead` is the same)
 #   scripts/bench.sh accelerate   accel against Hugging Face Accelerate, 1 process and 2 Gloo processes
 #                                 (bench/accelerate_compare.py)
 #   scripts/bench.sh ddp      the 2-process data-parallel comparison with PyTorch DDP (bench/ddp_compare.py) only
@@ -43,7 +44,7 @@ which=${1:-all}
 source "$root/scripts/torch.sh"
 build=${ACCEL_BUILD_DIR:-$root/build-bench}$torch_build_suffix
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=OFF \
-  -DACCEL_BUILD_BENCHMARKS=ON "${torch_cmake_args[@]}"
+  -DACCEL_BUILD_BENCHMARKS=ON -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${torch_cmake_args[@]}"
 if [[ $which == compile || $which == compile-suite ]]; then
   # The compile-time benchmark times compile commands itself; it builds its programs only to keep them correct.
   cmake --build "$build" -j2 --target bench_compile_readme bench_compile_readme_header_only bench_compile_readme_torch \
@@ -63,8 +64,11 @@ if [[ $which == compile || $which == compile-suite ]]; then
   "$venv_python" "$root/bench/compile_times.py" "$build" "${ROUNDS:-5}" ${HEADERS:+--headers} "${extra[@]}"
   exit 0
 fi
-if [[ $which == all || $which == step ]]; then
+if [[ $which == all || $which == step || $which == overhead ]]; then
+  echo "== compiled (accel::compiled)"
   "$build/bench/bench_mlp_step"
+  echo "== header-only (accel::accel)"
+  "$build/bench/bench_mlp_step_header_only"
 fi
 if [[ $which == all || $which == accelerate ]]; then
   "$venv_python" "$root/bench/accelerate_compare.py" "$build/tools/accel" "$build/bench/bench_tiny_step" \

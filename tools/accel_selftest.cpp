@@ -3,7 +3,10 @@
 //   accel-selftest merge-weights CHECKPOINT OUT   `accel merge-weights`: accel::merge_weights
 //   accel-selftest test   `accel test`'s checks, in every process of a job under `accel launch`; the main process
 //                         reports each check and ends with "accel works on this machine"
-#include <accel/accel.hpp>
+#include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
+#include <accel/detail/support/directory_entries.hpp>
+#include <accel/launch.hpp>
 #include <torch/cuda.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>

@@ -10,7 +10,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/data/example.h>
 
 #include "detail/config.hpp"
@@ -98,6 +97,11 @@ void require_tensor_structure() {
 
 ACCEL_DECL std::string shape_text(at::IntArrayRef shape);
 
+/// `value` in LibTorch's pickle format (`torch::jit::pickle_save`), and back: compiled once, so that the headers
+/// need not include the TorchScript serializer.
+ACCEL_DECL std::vector<char> pickle_bytes(const c10::IValue& value);
+ACCEL_DECL c10::IValue unpickle_bytes(const std::vector<char>& bytes);
+
 /// The bytes of `tensor`'s data, gathered from every process (lengths may differ).
 template <communicator C>
 std::vector<std::vector<char>> all_gather_bytes(C& comm, const std::vector<char>& bytes) {
@@ -124,9 +128,9 @@ void verify_same_shapes(C& comm, const at::Tensor& tensor, const char* operation
   if (comm.size() == 1 || !debug_mode()) return;
   auto described = tensor.sizes().vec();
   described.insert(described.begin(), static_cast<std::int64_t>(tensor.scalar_type()));
-  auto shapes = all_gather_bytes(comm, torch::jit::pickle_save(c10::IValue(described)));
+  auto shapes = all_gather_bytes(comm, pickle_bytes(c10::IValue(described)));
   std::vector<std::vector<std::int64_t>> all;
-  for (const auto& bytes : shapes) all.push_back(torch::jit::pickle_load(bytes).toIntVector());
+  for (const auto& bytes : shapes) all.push_back(unpickle_bytes(bytes).toIntVector());
   if (std::ranges::all_of(all, [&](const auto& shape) { return shape == all.front(); })) return;
   std::string listing;
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -209,11 +213,11 @@ std::vector<char> broadcast_bytes(C& comm, const std::vector<char>& bytes, int f
 /// `value` pickled (ivalue_form.hpp), and back.
 template <ivalue_holds T>
 std::vector<char> pickled(const T& value) {
-  return torch::jit::pickle_save(ivalue_form<T>::to(value));
+  return pickle_bytes(ivalue_form<T>::to(value));
 }
 template <ivalue_holds T>
 T unpickled(const std::vector<char>& bytes) {
-  return ivalue_form<T>::from(torch::jit::pickle_load(bytes));
+  return ivalue_form<T>::from(unpickle_bytes(bytes));
 }
 
 template <communicator C, class T>

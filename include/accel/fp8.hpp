@@ -28,6 +28,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "detail/config.hpp"
 #include "concepts.hpp"
 #include "detail/compat.hpp"
 #include "detail/fp8/scaling.hpp"
@@ -106,25 +107,11 @@ namespace accel {
 namespace detail::fp8 {
 
 /// The float8 types of a recipe: `options.fp8_format`, or the recipe's own; rowwise takes e4m3 only.
-inline fp8_format format_for(scaling kind, const fp8_options& options, std::string_view policy) {
-  if (kind != scaling::rowwise) return options.fp8_format.value_or(fp8_format::hybrid);
-  if (options.fp8_format.value_or(fp8_format::e4m3) != fp8_format::e4m3)
-    throw std::invalid_argument(std::string(policy) +
-                                " casts every operand to e4m3 (torchao's rowwise recipe; CUDA's rowwise kernel takes "
-                                "nothing else): leave options.fp8.fp8_format unset or set it to fp8_format::e4m3");
-  return fp8_format::e4m3;
-}
+ACCEL_DECL fp8_format format_for(scaling kind, const fp8_options& options, std::string_view policy);
 
 /// `options.fp8.enable_fsdp_float8_all_gather` is torchao's for its tensorwise (dynamic) recipe only: refused with
 /// another.
-inline void check_float8_all_gather(scaling kind, const fp8_options& options, std::string_view policy) {
-  if (options.enable_fsdp_float8_all_gather && kind != scaling::tensorwise)
-    throw std::invalid_argument(
-        std::string(policy) +
-        ": options.fp8.enable_fsdp_float8_all_gather casts each weight's slices with the scale of the whole weight's "
-        "current amax, which is tensorwise dynamic scaling (torchao supports the float8 all-gather for that recipe "
-        "only); use accel::fp8<accel::tensorwise_scaling> (accel::fp8<>), or leave the option false");
-}
+ACCEL_DECL void check_float8_all_gather(scaling kind, const fp8_options& options, std::string_view policy);
 
 /// What an fp8 policy keeps, on the heap: forwards and autograd hold pointers into it, and the float8 all-gather
 /// holds its layers.
@@ -265,4 +252,8 @@ struct fp8 {
 };
 }  // namespace accel
 
+#endif
+
+#if ACCEL_HEADER_ONLY
+#include "impl/fp8.ipp"
 #endif

@@ -20,6 +20,7 @@
 /// across dp_replicate, as `accel::hybrid_sharded` does.
 #pragma once
 
+#include "detail/config.hpp"
 #include "hybrid_sharded.hpp"
 #include "tensor_parallel.hpp"
 
@@ -38,25 +39,7 @@ enum class shard_replicas { none, across_dp_replicate };
 
 /// `mesh` (checked for tensor parallelism already) checked for sharding beside it: dp_shard above 1, and dp_replicate
 /// above 1 exactly when the policy replicates its shards. Throws `accel::mesh_error` naming the sizes and the fix.
-inline void check_sharded_beside_tp(const mesh_layout& mesh, std::string_view policy_name, shard_replicas replicas) {
-  const bool hybrid = replicas == shard_replicas::across_dp_replicate;
-  const std::string policy = std::string(policy_name) + ": ";
-  const auto& sizes = mesh.sizes();
-  if (sizes.dp_shard < 2)
-    throw mesh_error(policy + "the mesh " + describe(sizes) +
-                     " has no dp_shard dimension to shard over (dp_shard must be above 1): start it with accel "
-                     "launch --parallelism_config_dp_shard_size D --parallelism_config_tp_size T (D x T = the "
-                     "processes, times dp_replicate); without dp_shard use accel::tensor_parallel");
-  if (!hybrid && sizes.dp_replicate > 1)
-    throw mesh_error(policy + "the mesh " + describe(sizes) +
-                     " has dp_replicate above 1, across which this policy does not replicate its shards: use "
-                     "accel::hybrid_sharded_tensor_parallel (HSDP beside tp), or set dp_replicate to 1");
-  if (hybrid && sizes.dp_replicate < 2)
-    throw mesh_error(policy + "the mesh " + describe(sizes) +
-                     " has no dp_replicate dimension to replicate the shards across (dp_replicate must be above 1): "
-                     "start it with accel launch --parallelism_config_dp_replicate_size R; with dp_replicate = 1 use "
-                     "accel::fully_sharded_tensor_parallel");
-}
+ACCEL_DECL void check_sharded_beside_tp(const mesh_layout& mesh, std::string_view policy_name, shard_replicas replicas);
 
 /// What `fully_sharded_tensor_parallel` and `hybrid_sharded_tensor_parallel` share: tensor parallelism beside
 /// `fully_sharded` narrowed to the "dp_shard" group, its shard units gathering on a group of their own, and (on a
@@ -153,3 +136,7 @@ struct hybrid_sharded_tensor_parallel : tensor_parallel<Backend> {};
 }  // namespace accel
 
 #endif  // ACCEL_HAS_LINEAR_ROUTING
+
+#if ACCEL_HEADER_ONLY
+#include "impl/fully_sharded_tensor_parallel.ipp"
+#endif

@@ -7,7 +7,6 @@
 #pragma once
 
 #include <ATen/core/Dict.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>

@@ -18,6 +18,8 @@
 #include <sstream>
 #include <thread>
 
+#include <torch/csrc/jit/serialization/pickle.h>
+
 #include <range/v3/view/chunk.hpp>
 #include <range/v3/view/enumerate.hpp>
 

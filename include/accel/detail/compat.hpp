@@ -8,7 +8,8 @@
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
-#include <ATen/autocast_mode.h>
+#include "config.hpp"
+
 #include <ATen/core/Generator.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
@@ -100,47 +101,14 @@ inline auto optimizer_state_key(const at::Tensor& parameter) {
 #endif
 }
 
-// Autocast state per device type. 1.13 has one function per device (CUDA's named "gpu"); 2.4 takes the device
-// type and deprecates the old names, which 2.0-2.3 still have alone. Only CPU and CUDA are used by accel.
+// Autocast state per device type (compiled once: ATen/autocast_mode.h is heavy). 1.13 has one function per device
+// (CUDA's named "gpu"); 2.4 takes the device type and deprecates the old names, which 2.0-2.3 still have alone. Only
+// CPU and CUDA are used by accel.
 
-inline bool autocast_enabled(c10::DeviceType device) {
-#if ACCEL_TORCH_VERSION >= 204
-  return at::autocast::is_autocast_enabled(device);
-#else
-  return device == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
-#endif
-}
-
-inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
-#if ACCEL_TORCH_VERSION >= 204
-  at::autocast::set_autocast_enabled(device, enabled);
-#else
-  if (device == c10::DeviceType::CUDA)
-    at::autocast::set_enabled(enabled);
-  else
-    at::autocast::set_cpu_enabled(enabled);
-#endif
-}
-
-inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
-#if ACCEL_TORCH_VERSION >= 204
-  return at::autocast::get_autocast_dtype(device);
-#else
-  return device == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
-                                         : at::autocast::get_autocast_cpu_dtype();
-#endif
-}
-
-inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
-#if ACCEL_TORCH_VERSION >= 204
-  at::autocast::set_autocast_dtype(device, dtype);
-#else
-  if (device == c10::DeviceType::CUDA)
-    at::autocast::set_autocast_gpu_dtype(dtype);
-  else
-    at::autocast::set_autocast_cpu_dtype(dtype);
-#endif
-}
+ACCEL_DECL bool autocast_enabled(c10::DeviceType device);
+ACCEL_DECL void set_autocast_enabled(c10::DeviceType device, bool enabled);
+ACCEL_DECL c10::ScalarType autocast_dtype(c10::DeviceType device);
+ACCEL_DECL void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype);
 
 /// Whether this LibTorch autocasts to `dtype` on `device`: CUDA to float16 and bfloat16; the CPU to bfloat16, and
 /// to float16 from 2.4 on (1.13 refuses: "AutocastCPU only support Bfloat16").
@@ -303,3 +271,7 @@ inline cudaStream_t current_cuda_stream(c10::DeviceIndex device) {
 #endif
 
 }  // namespace accel::detail::compat
+
+#if ACCEL_HEADER_ONLY
+#include "impl/compat.ipp"
+#endif

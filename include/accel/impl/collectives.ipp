@@ -5,6 +5,8 @@
 
 #include "../collectives.hpp"
 
+#include <torch/csrc/jit/serialization/pickle.h>
+
 namespace accel {
 
 local_communicator::work local_communicator::all_gather_into(at::Tensor& output, const at::Tensor& input) {
@@ -36,5 +38,9 @@ std::string shape_text(at::IntArrayRef shape) {
   text << shape;
   return text.str();
 }
+
+std::vector<char> pickle_bytes(const c10::IValue& value) { return torch::jit::pickle_save(value); }
+
+c10::IValue unpickle_bytes(const std::vector<char>& bytes) { return torch::jit::pickle_load(bytes); }
 
 }  // namespace accel::detail

@@ -5,6 +5,8 @@
 
 #include "../model_weights.hpp"
 
+#include <torch/csrc/jit/serialization/pickle.h>
+
 namespace accel::detail {
 
 safetensors::tensor_list state_of(const torch::nn::Module& module) {

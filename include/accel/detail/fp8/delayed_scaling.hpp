@@ -4,6 +4,7 @@
 // IWYU pragma: private, include <accel/fp8.hpp>
 #pragma once
 
+#include "../config.hpp"
 #include "../compat.hpp"  // ACCEL_HAS_FLOAT8: on a LibTorch without float8 this header declares nothing
 
 // Outside the #if: every LibTorch has ATen (and the per-header check then precompiles it, tests/CMakeLists.txt).
@@ -30,21 +31,11 @@ namespace accel::detail::fp8 {
 ///   next `length` updates and then drops out of the window.
 class amax_history {
  public:
-  amax_history(const fp8_options& options, c10::Device device)
-      : algorithm_(options.amax_compute_algo),
-        margin_(checked(options).margin),
-        history_(at::zeros({options.amax_history_len, 0}, at::TensorOptions().dtype(at::kFloat).device(device))),
-        scale_(at::ones({0}, history_.options())),
-        largest_(at::ones({0}, history_.options())) {}
+  ACCEL_DECL amax_history(const fp8_options& options, c10::Device device);
 
   /// Adds a column for a tensor cast to a type whose largest value is `largest_value` (scale 1, empty history);
   /// returns its index. At prepare, before any cast: it reallocates.
-  int add(double largest_value) {
-    history_ = at::cat({history_, at::zeros({history_.size(0), 1}, history_.options())}, 1);
-    scale_ = at::cat({scale_, at::ones({1}, scale_.options())});
-    largest_ = at::cat({largest_, at::full({1}, largest_value, largest_.options())});
-    return static_cast<int>(scale_.size(0)) - 1;
-  }
+  ACCEL_DECL int add(double largest_value);
 
   /// The scale column `column` is cast with now (a view: it follows updates).
   [[nodiscard]] at::Tensor scale(int column) const { return scale_[column]; }
@@ -60,16 +51,7 @@ class amax_history {
 
   /// New scales from the histories, then the window moves on (see the class comment). In place: the views handed out
   /// stay valid.
-  void update() {
-    if (scale_.size(0) == 0) return;
-    const auto amax = algorithm_ == amax_compute_algo::max ? std::get<0>(history_.max(0)) : history_[0].clone();
-    auto computed = at::div(largest_, amax) / std::ldexp(1.0, margin_);
-    computed = at::where(amax > 0, computed, scale_);
-    computed = at::where(at::isfinite(amax), computed, scale_);
-    scale_.copy_(computed);
-    history_.copy_(at::roll(history_, {-1}, {0}));
-    history_[0].zero_();
-  }
+  ACCEL_DECL void update();
 
   [[nodiscard]] const at::Tensor& history() const noexcept { return history_; }
   [[nodiscard]] const at::Tensor& scales() const noexcept { return scale_; }
@@ -77,21 +59,10 @@ class amax_history {
   [[nodiscard]] bool fits(const at::Tensor& history, const at::Tensor& scales) const {
     return history.sizes() == history_.sizes() && scales.sizes() == scale_.sizes();
   }
-  void assign(const at::Tensor& history, const at::Tensor& scales) {
-    history_.copy_(history);
-    scale_.copy_(scales);
-  }
+  ACCEL_DECL void assign(const at::Tensor& history, const at::Tensor& scales);
 
  private:
-  static const fp8_options& checked(const fp8_options& options) {
-    if (options.amax_history_len < 1)
-      throw std::invalid_argument("accel::fp8: options.fp8.amax_history_len must be at least 1, not " +
-                                  std::to_string(options.amax_history_len));
-    if (options.margin < 0)
-      throw std::invalid_argument("accel::fp8: options.fp8.margin must be 0 or more, not " +
-                                  std::to_string(options.margin));
-    return options;
-  }
+  ACCEL_DECL static const fp8_options& checked(const fp8_options& options);
 
   amax_compute_algo algorithm_;
   int margin_;
@@ -103,3 +74,7 @@ class amax_history {
 }  // namespace accel::detail::fp8
 
 #endif  // ACCEL_HAS_FLOAT8
+
+#if ACCEL_HEADER_ONLY
+#include "impl/delayed_scaling.ipp"
+#endif

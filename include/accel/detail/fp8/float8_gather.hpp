@@ -6,6 +6,7 @@
 // IWYU pragma: private, include <accel/fp8.hpp>
 #pragma once
 
+#include "../config.hpp"
 #include "../compat.hpp"  // ACCEL_HAS_FLOAT8: on a LibTorch without float8 this header declares nothing
 
 // Outside the #if: every LibTorch has ATen (and the per-header check then precompiles it, tests/CMakeLists.txt).
@@ -38,21 +39,13 @@ class float8_gather final : public parameter_encoding {
   }
   [[nodiscard]] c10::ScalarType encoded_type() const override { return type_; }
   /// The slice's amax (0 for an empty one, which adds nothing to a maximum of absolute values).
-  [[nodiscard]] at::Tensor local_maximum(const at::Tensor& slice) const override {
-    if (slice.numel() == 0) return at::zeros({}, slice.options().dtype(at::kFloat));
-    return amax(slice, std::nullopt).to(at::kFloat);
-  }
-  [[nodiscard]] at::Tensor encode(const at::Tensor& slice, const at::Tensor& maximum) const override {
-    return cast_in_range(slice, amax_to_scale(maximum, type_, false), type_);  // the group's amax covers the slice
-  }
+  [[nodiscard]] ACCEL_DECL at::Tensor local_maximum(const at::Tensor& slice) const override;
+  [[nodiscard]] ACCEL_DECL at::Tensor encode(const at::Tensor& slice, const at::Tensor& maximum) const override;
   /// The float8 values divided by the scale: what the layer's matmul multiplies by.
   [[nodiscard]] at::Tensor decode(const at::Tensor& encoded, const at::Tensor& maximum) const override {
     return encoded.to(at::kFloat) / amax_to_scale(maximum, type_, false);
   }
-  void gathered(const at::Tensor& parameter, const at::Tensor& encoded, const at::Tensor& maximum) override {
-    if (auto* plan = layers_->plan_of(parameter))
-      plan->gathered = scaled{encoded, amax_to_scale(maximum, type_, false)};
-  }
+  ACCEL_DECL void gathered(const at::Tensor& parameter, const at::Tensor& encoded, const at::Tensor& maximum) override;
   void released(const at::Tensor& parameter) override {
     if (auto* plan = layers_->plan_of(parameter)) plan->gathered.reset();
   }
@@ -65,28 +58,13 @@ class float8_gather final : public parameter_encoding {
 /// With the float8 all-gather a converted weight holds its float8 values while gathered (divided by the scale), so
 /// a weight that another module of `model` holds too (tied) would compute there with them rather than with the
 /// weight: refused, naming both.
-inline void refuse_tied_gathered_weights(torch::nn::Module& model, const layer_table& layers, std::string_view policy) {
-  std::unordered_map<const void*, std::vector<std::pair<const torch::nn::Module*, std::string>>> holders;
-  for (const auto& item : model.named_modules())
-    for (const auto& parameter : item.value()->named_parameters(/*recurse=*/false))
-      holders[parameter.value().unsafeGetTensorImpl()].emplace_back(
-          item.value().get(), item.key().empty() ? parameter.key() : item.key() + "." + parameter.key());
-  for (const auto& plan : layers.plans()) {
-    const auto found = holders.find(plan.weight.unsafeGetTensorImpl());
-    if (found == holders.end()) continue;
-    const torch::nn::Module* linear = nullptr;  // the layer's own module
-    for (const auto& [module, name] : found->second)
-      if (name == plan.name + ".weight") linear = module;
-    for (const auto& [module, name] : found->second)
-      if (module != linear)
-        throw std::invalid_argument(std::string(policy) +
-                                    ": options.fp8.enable_fsdp_float8_all_gather gathers the weight of " + plan.name +
-                                    " in float8 only, but it is also " + name +
-                                    " (a tied weight), which would compute with the float8 values there; leave " +
-                                    plan.name + " out with options.fp8.module_filter_func, or the option false");
-  }
-}
+ACCEL_DECL void refuse_tied_gathered_weights(torch::nn::Module& model, const layer_table& layers,
+                                             std::string_view policy);
 
 }  // namespace accel::detail::fp8
 
 #endif  // ACCEL_HAS_FLOAT8
+
+#if ACCEL_HEADER_ONLY
+#include "impl/float8_gather.ipp"
+#endif

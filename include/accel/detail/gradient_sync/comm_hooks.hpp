@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -126,13 +125,15 @@ class cast_hook final : public bucket_hook<C> {
 /// `high - 1`, drawn again while above it. The same seed gives the same sequence as NumPy's, so the same Qs.
 class legacy_random_state {
  public:
-  explicit legacy_random_state(std::uint32_t seed) : engine_(seed) {}
+  ACCEL_DECL explicit legacy_random_state(std::uint32_t seed);
+  ACCEL_DECL ~legacy_random_state();
 
   /// `randint(high)`: uniform in [0, high), for 1 <= high <= 2^32 (no draw for high = 1, as NumPy).
   ACCEL_DECL std::uint32_t randint(std::uint64_t high);
 
  private:
-  std::mt19937 engine_;
+  struct engine;  // std::mt19937, defined in the compiled part so that this header needs no <random>
+  std::unique_ptr<engine> engine_;
 };
 
 /// PyTorch's `_orthogonalize_gram_schmidt`: orthonormalises, in place, the columns of each matrix of the batch

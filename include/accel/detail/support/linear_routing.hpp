@@ -10,6 +10,7 @@
 // IWYU pragma: private, include <accel/accel.hpp>
 #pragma once
 
+#include "../config.hpp"
 #include "../compat.hpp"  // ACCEL_HAS_LINEAR_ROUTING: on a LibTorch without the key this header declares nothing
 
 // Outside the #if: every LibTorch has ATen (and the per-header check then precompiles it, tests/CMakeLists.txt).
@@ -36,13 +37,7 @@ inline constexpr c10::DispatchKey routing_key = c10::DispatchKey::AutocastPrivat
 /// Whether `operand` is the parameter `weight` (`transposed`: `weight.t()`, what LibTorch's `F::linear` multiplies
 /// by). Compared by storage, offset, sizes and strides, so that a parameter whose storage a policy swaps (a sharded
 /// policy's gather, tensor parallelism's slice) is still found.
-inline bool is_weight(const at::Tensor& operand, const at::Tensor& weight, bool transposed) {
-  if (!operand.defined() || operand.dim() != 2) return false;
-  if (!operand.is_alias_of(weight) || operand.storage_offset() != weight.storage_offset()) return false;
-  const int first = transposed ? 1 : 0, second = 1 - first;
-  return operand.size(0) == weight.size(first) && operand.size(1) == weight.size(second) &&
-         operand.stride(0) == weight.stride(first) && operand.stride(1) == weight.stride(second);
-}
+ACCEL_DECL bool is_weight(const at::Tensor& operand, const at::Tensor& weight, bool transposed);
 
 /// How a routed product out[M, N] = x[M, K] w[N, K]ᵀ is split across a group of processes (tensor parallelism's
 /// local products): each process holds a part of N (a column-parallel layer's output features) or of K (a
@@ -80,108 +75,50 @@ inline thread_local std::vector<const linear_router*> active_routers;
 
 /// The output of the first router from `router` outwards (towards the scope made first) that lists the layer
 /// `operand` is the weight of; none if none does.
-inline std::optional<at::Tensor> first_route(std::vector<const linear_router*>::reverse_iterator router,
-                                             const at::Tensor& input, const at::Tensor& operand, bool transposed,
-                                             const at::Tensor* bias, const product_split* split) {
-  for (; router != active_routers.rend(); ++router)
-    if (auto out = (*router)->route(input, operand, transposed, bias, split)) return out;
-  return std::nullopt;
-}
+ACCEL_DECL std::optional<at::Tensor> first_route(std::vector<const linear_router*>::reverse_iterator router,
+                                                 const at::Tensor& input, const at::Tensor& operand, bool transposed,
+                                                 const at::Tensor* bias, const product_split* split);
 
 /// The first active router's output for the layer `operand` is the weight of, innermost first; none if no router
 /// lists it.
-inline std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
-                                       const at::Tensor* bias) {
-  return first_route(active_routers.rbegin(), input, operand, transposed, bias, nullptr);
-}
+ACCEL_DECL std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
+                                           const at::Tensor* bias);
 
 /// `input` times `weight`ᵀ plus `bias` (null: none), a local part of a product split as `split` says, computed by the
 /// first active router outside `inner` that lists `weight` (fp8 computes tensor parallelism's local products), or
 /// by `at::linear` when none does. Runs outside `routing_key`, from `inner`'s `route`.
-inline at::Tensor linear_outside(const linear_router& inner, const at::Tensor& input, const at::Tensor& weight,
-                                 const at::Tensor* bias, const product_split& split) {
-  auto router = std::find(active_routers.rbegin(), active_routers.rend(), &inner);
-  if (router != active_routers.rend()) ++router;
-  if (auto out = first_route(router, input, weight, false, bias, &split)) return *std::move(out);
-  return at::linear(input, weight, bias != nullptr ? *bias : at::Tensor());
-}
+ACCEL_DECL at::Tensor linear_outside(const linear_router& inner, const at::Tensor& input, const at::Tensor& weight,
+                                     const at::Tensor* bias, const product_split& split);
 
 // What LibTorch's Linear calls (its `F::linear`): `addmm(bias, input, weight.t())` for a 2-D input with a bias, else
 // `input.matmul(weight.t())` and `output += bias`; and `aten::linear` for a program that calls `torch::linear`. Each
 // computes a listed layer as its router says and sends every other call on, unchanged.
 
-inline at::Tensor routed_linear(const at::Tensor& input, const at::Tensor& weight,
-                                const std::optional<at::Tensor>& bias) {
-  c10::impl::ExcludeDispatchKeyGuard outside(routing_key);
-  const at::Tensor* added = bias && bias->defined() ? &*bias : nullptr;
-  if (auto out = route(input, weight, false, added)) return *std::move(out);
-  return at::linear(input, weight, bias);
-}
+ACCEL_DECL at::Tensor routed_linear(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias);
 
-inline at::Tensor routed_addmm(const at::Tensor& bias, const at::Tensor& input, const at::Tensor& weight_t,
-                               const c10::Scalar& beta, const c10::Scalar& alpha) {
-  c10::impl::ExcludeDispatchKeyGuard outside(routing_key);
-  const bool plain = bias.dim() == 1 && beta.equal(1) && alpha.equal(1);
-  if (plain)
-    if (auto out = route(input, weight_t, true, &bias)) return *std::move(out);
-  return at::addmm(bias, input, weight_t, beta, alpha);
-}
+ACCEL_DECL at::Tensor routed_addmm(const at::Tensor& bias, const at::Tensor& input, const at::Tensor& weight_t,
+                                   const c10::Scalar& beta, const c10::Scalar& alpha);
 
 /// What LibTorch's Embedding calls (`F::embedding`): `aten::embedding`. A router's embedding takes no padding index,
 /// gradient scaling or sparse gradient (tensor parallelism refuses such a layer when it splits it).
-inline at::Tensor routed_embedding(const at::Tensor& weight, const at::Tensor& indices, c10::SymInt padding_idx,
-                                   bool scale_grad_by_freq, bool sparse) {
-  c10::impl::ExcludeDispatchKeyGuard outside(routing_key);
-  for (auto router = active_routers.rbegin(); router != active_routers.rend(); ++router)
-    if (auto out = (*router)->route_embedding(weight, indices)) return *std::move(out);
-  return at::embedding_symint(weight, indices, std::move(padding_idx), scale_grad_by_freq, sparse);
-}
+ACCEL_DECL at::Tensor routed_embedding(const at::Tensor& weight, const at::Tensor& indices, c10::SymInt padding_idx,
+                                       bool scale_grad_by_freq, bool sparse);
 
-inline at::Tensor routed_matmul(const at::Tensor& input, const at::Tensor& weight_t) {
-  c10::impl::ExcludeDispatchKeyGuard outside(routing_key);
-  if (input.dim() >= 1)
-    if (auto out = route(input, weight_t, true, nullptr)) return *std::move(out);
-  return at::matmul(input, weight_t);
-}
+ACCEL_DECL at::Tensor routed_matmul(const at::Tensor& input, const at::Tensor& weight_t);
 
 /// Registers the routing kernels (`linear`, `addmm`, `matmul`, `embedding`; a fall-through for every other operator) on
 /// `routing_key`, once per process. The registrations live as long as the process (LibTorch's own static registrations
 /// do too).
-inline void install_routing() {
-  static const bool installed = [] {
-    if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(routing_key))
-      throw std::runtime_error(
-          "accel routes Linear layers (fp8, tensor parallelism) through LibTorch's AutocastPrivateUse1 dispatch key, "
-          "which something else in this process (a PrivateUse1 device backend) already uses");
-    auto* fallback = new torch::Library(torch::Library::IMPL, "_", routing_key, __FILE__, __LINE__);
-    fallback->fallback(torch::CppFunction::makeFallthrough());
-    auto* kernels = new torch::Library(torch::Library::IMPL, "aten", routing_key, __FILE__, __LINE__);
-    kernels->impl("linear", TORCH_FN(routed_linear));
-    kernels->impl("addmm", TORCH_FN(routed_addmm));
-    kernels->impl("matmul", TORCH_FN(routed_matmul));
-    kernels->impl("embedding", TORCH_FN(routed_embedding));
-    return true;
-  }();
-  (void)installed;
-}
+ACCEL_DECL void install_routing();
 
 /// While alive, `router`'s layers are computed as it says (on this thread); the previous routing restored after.
 class [[nodiscard]] routing_scope {
  public:
-  explicit routing_scope(const linear_router& router)
-      : was_included_(c10::impl::tls_is_dispatch_key_included(routing_key)),
-        was_excluded_(c10::impl::tls_is_dispatch_key_excluded(routing_key)) {
-    active_routers.push_back(&router);
-    c10::impl::tls_set_dispatch_key_excluded(routing_key, false);
-    c10::impl::tls_set_dispatch_key_included(routing_key, true);
-  }
+  ACCEL_DECL explicit routing_scope(const linear_router& router);
   routing_scope(const routing_scope&) = delete;
   routing_scope& operator=(const routing_scope&) = delete;
-  ~routing_scope() {
-    c10::impl::tls_set_dispatch_key_included(routing_key, was_included_);
-    c10::impl::tls_set_dispatch_key_excluded(routing_key, was_excluded_);
-    active_routers.pop_back();
-  }
+  ACCEL_DECL ~routing_scope();
 
  private:
   bool was_included_;
@@ -191,3 +128,7 @@ class [[nodiscard]] routing_scope {
 }  // namespace accel::detail::routing
 
 #endif  // ACCEL_HAS_LINEAR_ROUTING
+
+#if ACCEL_HEADER_ONLY
+#include "impl/linear_routing.ipp"
+#endif

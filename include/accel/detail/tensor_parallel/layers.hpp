@@ -9,6 +9,7 @@
 // IWYU pragma: private, include <accel/tensor_parallel.hpp>
 #pragma once
 
+#include "../config.hpp"
 #include "../compat.hpp"  // ACCEL_HAS_LINEAR_ROUTING
 
 // Outside the #if: every LibTorch has ATen (and the per-header check then precompiles it, tests/CMakeLists.txt).
@@ -74,11 +75,7 @@ struct layer {
   /// The dimension of the weight that is split across the group.
   [[nodiscard]] std::int64_t weight_dimension() const noexcept { return kind == split::rows_of_input ? 1 : 0; }
   /// Whether `parameter` is one of this layer's split parameters (the weight; a column-parallel layer's bias).
-  [[nodiscard]] bool splits(const at::Tensor& parameter) const noexcept {
-    const auto* impl = parameter.unsafeGetTensorImpl();
-    return impl == weight.unsafeGetTensorImpl() ||
-           (kind == split::columns_of_output && bias.defined() && impl == bias.unsafeGetTensorImpl());
-  }
+  [[nodiscard]] ACCEL_DECL bool splits(const at::Tensor& parameter) const noexcept;
 };
 
 /// The "tp" group as the autograd functions use it: an in-place all-reduce over the group, a flat all-gather and a
@@ -97,9 +94,7 @@ struct region {
 inline std::int64_t handle_of(region& group) {
   return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&group));
 }
-inline region& region_of(torch::autograd::AutogradContext* ctx) {
-  return *reinterpret_cast<region*>(static_cast<std::intptr_t>(ctx->saved_data["region"].toInt()));
-}
+ACCEL_DECL region& region_of(torch::autograd::AutogradContext* ctx);
 
 /// `x` with `dimension` first, contiguous: the group's parts along it are then the flat segments the collectives
 /// take.
@@ -110,67 +105,27 @@ inline at::Tensor put_back(const at::Tensor& x, std::int64_t dimension) {
   return dimension == 0 ? x : x.movedim(0, dimension).contiguous();
 }
 /// Every rank's `x` side by side along `dimension`, in rank order.
-inline at::Tensor all_gather_along(region& group, const at::Tensor& x, std::int64_t dimension) {
-  auto input = leading(x, dimension);
-  auto sizes = input.sizes().vec();
-  sizes[0] *= group.size;
-  auto output = at::empty(sizes, input.options());
-  group.all_gather(output, input);
-  return put_back(output, dimension);
-}
+ACCEL_DECL at::Tensor all_gather_along(region& group, const at::Tensor& x, std::int64_t dimension);
 /// This rank's part along `dimension` of the sum of every rank's `x` (the size there divides by the group's).
-inline at::Tensor reduce_scatter_along(region& group, const at::Tensor& x, std::int64_t dimension) {
-  auto input = leading(x, dimension);
-  auto sizes = input.sizes().vec();
-  sizes[0] /= group.size;
-  auto output = at::empty(sizes, input.options());
-  group.reduce_scatter(output, input);
-  return put_back(output, dimension);
-}
+ACCEL_DECL at::Tensor reduce_scatter_along(region& group, const at::Tensor& x, std::int64_t dimension);
 
 /// The activations of a sequence-parallel region are cut along `dimension` into the group's parts: `x` must have
 /// it, and (`whole`: `x` holds the whole sequence) a size the group divides. `what` names the layer for the refusal.
-inline void check_sequence(const region& group, const at::Tensor& x, std::int64_t dimension, bool whole,
-                           const std::string& what) {
-  const auto shape = c10::str(x.sizes());
-  if (x.dim() <= dimension)
-    throw std::invalid_argument("accel::tensor_parallel: " + what + " splits the sequence along dimension " +
-                                std::to_string(dimension) + ", which its activation " + shape +
-                                " lacks; set the style's sequence_dim to the sequence's dimension");
-  if (whole && x.size(dimension) % group.size != 0)
-    throw std::invalid_argument("accel::tensor_parallel: " + what + " cuts the sequence (dimension " +
-                                std::to_string(dimension) + " of " + shape + ", " + std::to_string(x.size(dimension)) +
-                                " long) into tp = " + std::to_string(group.size) +
-                                " parts, which do not divide it; use a sequence length that tp divides (pad the "
-                                "batches), or leave sequence parallelism off");
-}
+ACCEL_DECL void check_sequence(const region& group, const at::Tensor& x, std::int64_t dimension, bool whole,
+                               const std::string& what);
 
 /// The input of a column-parallel layer: the same on every rank forward; its gradient, a partial sum on each rank,
 /// all-reduced in backward (Megatron's `copy_to_tensor_model_parallel_region`, DTensor's Replicate input).
 struct copy_to_region : torch::autograd::Function<copy_to_region> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, region& group) {
-    ctx->saved_data["region"] = handle_of(group);
-    return x.clone();  // an output of its own: autograd then needs no view bookkeeping
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto& group = region_of(ctx);
-    auto summed = grads[0].contiguous().clone();
-    group.all_reduce(summed, reduction::sum);
-    ++group.counts.backward_all_reduces;
-    return {summed, at::Tensor()};
-  }
+  ACCEL_DECL static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, region& group);
+  ACCEL_DECL static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                            torch::autograd::variable_list grads);
 };
 
 /// The output of a row-parallel layer: each rank's partial product all-reduced forward; the gradient, the same on
 /// every rank, passed through in backward (Megatron's `reduce_from_tensor_model_parallel_region`).
 struct reduce_from_region : torch::autograd::Function<reduce_from_region> {
-  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& partial, region& group) {
-    auto summed = partial.contiguous().clone();
-    group.all_reduce(summed, reduction::sum);
-    ++group.counts.forward_all_reduces;
-    return summed;
-  }
+  ACCEL_DECL static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& partial, region& group);
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grads) {
     return {grads[0], at::Tensor()};
@@ -181,57 +136,30 @@ struct reduce_from_region : torch::autograd::Function<reduce_from_region> {
 /// (every rank's shard, whole); its gradient, a partial sum of the whole sequence on each rank, reduce-scattered in
 /// backward (Megatron's `gather_from_sequence_parallel_region`, DTensor's Shard(1) input made Replicate).
 struct gather_from_sequence : torch::autograd::Function<gather_from_sequence> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& shard, std::int64_t dimension,
-                            region& group) {
-    ctx->saved_data["region"] = handle_of(group);
-    ctx->saved_data["dimension"] = dimension;
-    ++group.counts.forward_all_gathers;
-    return all_gather_along(group, shard, dimension);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto& group = region_of(ctx);
-    ++group.counts.backward_reduce_scatters;
-    return {reduce_scatter_along(group, grads[0], ctx->saved_data["dimension"].toInt()), at::Tensor(), at::Tensor()};
-  }
+  ACCEL_DECL static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& shard,
+                                       std::int64_t dimension, region& group);
+  ACCEL_DECL static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                            torch::autograd::variable_list grads);
 };
 
 /// The output of a sequence-parallel row-parallel layer (or vocabulary-parallel embedding): each rank's partial
 /// product of the whole sequence summed and cut along the sequence, each rank keeping its shard (reduce-scatter);
 /// the gradient, each rank's shard, all-gathered in backward (Megatron's `reduce_scatter_to_sequence_parallel_region`).
 struct reduce_scatter_to_sequence : torch::autograd::Function<reduce_scatter_to_sequence> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& partial, std::int64_t dimension,
-                            region& group) {
-    ctx->saved_data["region"] = handle_of(group);
-    ctx->saved_data["dimension"] = dimension;
-    ++group.counts.forward_reduce_scatters;
-    return reduce_scatter_along(group, partial, dimension);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto& group = region_of(ctx);
-    ++group.counts.backward_all_gathers;
-    return {all_gather_along(group, grads[0], ctx->saved_data["dimension"].toInt()), at::Tensor(), at::Tensor()};
-  }
+  ACCEL_DECL static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& partial,
+                                       std::int64_t dimension, region& group);
+  ACCEL_DECL static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                            torch::autograd::variable_list grads);
 };
 
 /// A whole-sequence activation the same on every rank (a position embedding's lookup) cut to this rank's shard,
 /// without communication; the gradient, each rank's shard, all-gathered in backward so that the replicated weight's
 /// gradient is whole on every rank (Megatron's `scatter_to_sequence_parallel_region`).
 struct scatter_to_sequence : torch::autograd::Function<scatter_to_sequence> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& whole, std::int64_t dimension,
-                            region& group) {
-    ctx->saved_data["region"] = handle_of(group);
-    ctx->saved_data["dimension"] = dimension;
-    const auto part = whole.size(dimension) / group.size;
-    return whole.narrow(dimension, group.rank * part, part).clone(at::MemoryFormat::Contiguous);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto& group = region_of(ctx);
-    ++group.counts.backward_all_gathers;
-    return {all_gather_along(group, grads[0], ctx->saved_data["dimension"].toInt()), at::Tensor(), at::Tensor()};
-  }
+  ACCEL_DECL static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& whole,
+                                       std::int64_t dimension, region& group);
+  ACCEL_DECL static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                            torch::autograd::variable_list grads);
 };
 
 /// Megatron's `_VocabParallelCrossEntropy`: the cross-entropy of each row of logits whose vocabulary is split across
@@ -239,30 +167,10 @@ struct scatter_to_sequence : torch::autograd::Function<scatter_to_sequence> {
 /// logit (SUM: only its owner has it) and the sums of exponentials (SUM) all-reduced; backward is local,
 /// softmax minus the target's one-hot, on this rank's columns.
 struct vocab_parallel_cross_entropy : torch::autograd::Function<vocab_parallel_cross_entropy> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
-                            std::int64_t first, region& group) {
-    auto maximum = std::get<0>(logits.max(-1)).contiguous();
-    group.all_reduce(maximum, reduction::max);
-    const auto shifted = logits - maximum.unsqueeze(-1);
-    const auto local = targets - first;
-    const auto outside = local.lt(0).logical_or(local.ge(logits.size(-1)));
-    const auto column = local.masked_fill(outside, 0);
-    auto target_logit = shifted.gather(-1, column.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0).contiguous();
-    group.all_reduce(target_logit, reduction::sum);
-    const auto exponentials = shifted.exp();
-    auto sums = exponentials.sum(-1).contiguous();
-    group.all_reduce(sums, reduction::sum);
-    ctx->save_for_backward({exponentials / sums.unsqueeze(-1), column, outside});
-    return sums.log() - target_logit;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto &softmax = saved[0], &column = saved[1], &outside = saved[2];
-    const auto owned = outside.logical_not().to(softmax.scalar_type()).unsqueeze(-1);
-    auto grad = softmax.scatter_add(-1, column.unsqueeze(-1), -owned);
-    return {grad * grads[0].unsqueeze(-1), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
+  ACCEL_DECL static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                                       const at::Tensor& targets, std::int64_t first, region& group);
+  ACCEL_DECL static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                            torch::autograd::variable_list grads);
 };
 
 /// `Function::apply`, with GCC 13's false positive inside LibTorch silenced (as fp8's linear.hpp does).
@@ -290,99 +198,44 @@ struct sequence_cut {
 class layer_router : public routing::linear_router {
  public:
   /// `group`: the tp group's collectives, rank and size (its counts start at 0).
-  explicit layer_router(region group)
-      : group_(std::move(group)),
-        column_product_{routing::product_split::dimension::output_features, amax_over_group()},
-        row_product_{routing::product_split::dimension::input_features, amax_over_group()} {}
+  ACCEL_DECL explicit layer_router(region group);
   // Its products' reductions point at its group: it stays where it was made (tensor_parallel's, on the heap).
   layer_router(const layer_router&) = delete;
   layer_router& operator=(const layer_router&) = delete;
 
-  [[nodiscard]] std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand, bool transposed,
-                                                const at::Tensor* bias,
-                                                const routing::product_split* /*split*/) const override {
-    for (const auto& split_layer : layers_)
-      if (split_layer.kind != split::vocabulary && routing::is_weight(operand, split_layer.weight, transposed))
-        return compute(input, split_layer, bias);
-    return std::nullopt;
-  }
-  [[nodiscard]] std::optional<at::Tensor> route_embedding(const at::Tensor& weight,
-                                                          const at::Tensor& indices) const override {
-    for (const auto& split_layer : layers_)
-      if (split_layer.kind == split::vocabulary && routing::is_weight(weight, split_layer.weight, false))
-        return embed(indices, split_layer);
-    for (const auto& cut : sequence_cuts_)
-      if (routing::is_weight(weight, cut.weight, false)) return embed_shard(indices, cut);
-    return std::nullopt;
-  }
+  [[nodiscard]] ACCEL_DECL std::optional<at::Tensor> route(const at::Tensor& input, const at::Tensor& operand,
+                                                           bool transposed, const at::Tensor* bias,
+                                                           const routing::product_split* /*split*/) const override;
+  [[nodiscard]] ACCEL_DECL std::optional<at::Tensor> route_embedding(const at::Tensor& weight,
+                                                                     const at::Tensor& indices) const override;
 
   void add(layer split_layer) { layers_.push_back(std::move(split_layer)); }
   /// Cuts the output of the Embedding whose table `cut.weight` is along the sequence (sequence_parallel).
   void add(sequence_cut cut) { sequence_cuts_.push_back(std::move(cut)); }
   [[nodiscard]] const std::deque<layer>& layers() const noexcept { return layers_; }
   /// The split layer `parameter` is a split parameter of, or none (replicated).
-  [[nodiscard]] const layer* split_of(const at::Tensor& parameter) const noexcept {
-    for (const auto& split_layer : layers_)
-      if (split_layer.splits(parameter)) return &split_layer;
-    return nullptr;
-  }
+  [[nodiscard]] ACCEL_DECL const layer* split_of(const at::Tensor& parameter) const noexcept;
   [[nodiscard]] const tensor_parallel_counts& counts() const noexcept { return group_.counts; }
   /// The group, for the parallel cross-entropy.
   [[nodiscard]] region& group() const noexcept { return group_; }
   /// The sum over the group of `gradient`, the gradient of a replicated parameter that saw this rank's sequence
   /// shard only (a sequence_parallel norm's weight): what a parameter's gradient hook returns.
-  [[nodiscard]] at::Tensor summed_gradient(const at::Tensor& gradient) const {
-    auto summed = gradient.contiguous().clone();
-    group_.all_reduce(summed, reduction::sum);
-    ++group_.counts.gradient_all_reduces;
-    return summed;
-  }
+  [[nodiscard]] ACCEL_DECL at::Tensor summed_gradient(const at::Tensor& gradient) const;
 
  private:
   /// The local product of a split layer, computed by an outer router where one lists its weight (fp8), else plainly.
-  at::Tensor compute(const at::Tensor& input, const layer& split_layer, const at::Tensor* bias) const {
-    const auto& sequence = split_layer.sequence_dim;
-    if (split_layer.kind == split::columns_of_output) {
-      if (sequence) check_sequence(group_, input, *sequence, false, "\"" + split_layer.name + "\"");
-      const auto whole = sequence ? apply_function<gather_from_sequence>(group_, input, *sequence)
-                                  : apply_function<copy_to_region>(group_, input);
-      return routing::linear_outside(*this, whole, split_layer.weight, bias, column_product_);
-    }
-    auto out = reduced(routing::linear_outside(*this, input, split_layer.weight, nullptr, row_product_), split_layer);
-    // Once, after the sum, in the output's type: the partial products' (bfloat16 under autocast), as a whole
-    // layer's addmm gives; a float32 bias would promote the output.
-    return bias != nullptr ? out + bias->to(out.scalar_type()) : out;
-  }
+  ACCEL_DECL at::Tensor compute(const at::Tensor& input, const layer& split_layer, const at::Tensor* bias) const;
   /// A row-parallel layer's (or the vocabulary-parallel embedding's) partial `out` summed over the group: all-reduced,
   /// or with sequence parallelism reduce-scattered along the sequence.
-  at::Tensor reduced(const at::Tensor& out, const layer& split_layer) const {
-    if (!split_layer.sequence_dim) return apply_function<reduce_from_region>(group_, out);
-    check_sequence(group_, out, *split_layer.sequence_dim, true, "\"" + split_layer.name + "\"");
-    return apply_function<reduce_scatter_to_sequence>(group_, out, *split_layer.sequence_dim);
-  }
+  ACCEL_DECL at::Tensor reduced(const at::Tensor& out, const layer& split_layer) const;
   /// Megatron's vocabulary-parallel embedding: the ids outside this rank's rows look up row 0 and are zeroed, then
   /// the ranks' outputs summed (each id's row comes from its owner alone).
-  at::Tensor embed(const at::Tensor& indices, const layer& split_layer) const {
-    const auto local = indices - split_layer.first;
-    const auto outside = local.lt(0).logical_or(local.ge(split_layer.weight.size(0)));
-    const auto rows = at::embedding(split_layer.weight, local.masked_fill(outside, 0));
-    return reduced(rows.masked_fill(outside.unsqueeze(-1), 0), split_layer);
-  }
+  ACCEL_DECL at::Tensor embed(const at::Tensor& indices, const layer& split_layer) const;
   /// A sequence_parallel Embedding: the whole lookup (the same on every rank), this rank's shard of it kept.
-  at::Tensor embed_shard(const at::Tensor& indices, const sequence_cut& cut) const {
-    const auto whole = at::embedding(cut.weight, indices);
-    check_sequence(group_, whole, cut.dimension, true, "\"" + cut.name + "\"");
-    return apply_function<scatter_to_sequence>(group_, whole, cut.dimension);
-  }
+  ACCEL_DECL at::Tensor embed_shard(const at::Tensor& indices, const sequence_cut& cut) const;
 
   /// The group's in-place max of an amax (fp8's scales of split operands), counted.
-  std::function<void(at::Tensor&)> amax_over_group() {
-    return [this](at::Tensor& amax) {
-      auto flat = amax.view({-1});  // a scalar amax as a tensor of one element: the collective's shape
-      group_.all_reduce(flat, reduction::max);
-      ++group_.counts.amax_all_reduces;
-    };
-  }
+  ACCEL_DECL std::function<void(at::Tensor&)> amax_over_group();
 
   mutable region group_;                   // the autograd functions count into it
   routing::product_split column_product_;  // a column-parallel layer's local product: the output features split
@@ -395,3 +248,7 @@ class layer_router : public routing::linear_router {
 }  // namespace accel
 
 #endif  // ACCEL_HAS_LINEAR_ROUTING
+
+#if ACCEL_HEADER_ONLY
+#include "impl/layers.ipp"
+#endif

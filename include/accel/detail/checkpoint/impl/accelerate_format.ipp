@@ -5,6 +5,8 @@
 
 #include "../accelerate_format.hpp"
 
+#include <random>
+
 namespace accel::detail {
 
 bool is_accelerate_checkpoint(const std::filesystem::path& directory) {

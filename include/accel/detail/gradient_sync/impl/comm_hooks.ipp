@@ -5,6 +5,8 @@
 
 #include "../comm_hooks.hpp"
 
+#include <random>
+
 namespace accel::detail {
 
 bucket_contents cast_bucket(const bucket_contents& bucket, at::ScalarType dtype) {
@@ -23,6 +25,14 @@ bucket_contents cast_bucket(const bucket_contents& bucket, at::ScalarType dtype)
   return cast;
 }
 
+struct legacy_random_state::engine : std::mt19937 {
+  using std::mt19937::mt19937;
+};
+
+legacy_random_state::legacy_random_state(std::uint32_t seed) : engine_(std::make_unique<engine>(seed)) {}
+
+legacy_random_state::~legacy_random_state() = default;
+
 std::uint32_t legacy_random_state::randint(std::uint64_t high) {
   if (high == 0 || high > (std::uint64_t{1} << 32))
     throw std::invalid_argument("accel: legacy_random_state::randint takes a bound in [1, 2^32], not " +
@@ -32,7 +42,7 @@ std::uint32_t legacy_random_state::randint(std::uint64_t high) {
   auto mask = largest;  // the smallest 2^k - 1 at or above it
   for (int shift = 1; shift < 32; shift *= 2) mask |= mask >> shift;
   std::uint32_t value = 0;
-  do value = static_cast<std::uint32_t>(engine_()) & mask;
+  do value = static_cast<std::uint32_t>((*engine_)()) & mask;
   while (value > largest);
   return value;
 }
