@@ -1178,7 +1178,7 @@ def case_redteam_listen_address():
             stopped([node0])
 
 
-def case_redteam_descriptor_flood():
+def case_redteam_emfile():
     # Connections held open by the hundred under a low descriptor limit: accept() failed with EMFILE while poll()
     # said the port was ready, and node 0's launcher spun a core. Its CPU time over 3 s is now a small part of it.
     heartbeat_port = free_port()
