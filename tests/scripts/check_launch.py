@@ -1496,6 +1496,21 @@ def case_launch_config_file_errors():
 # accel env and accel test
 
 
+def case_cli_merge_weights_flags():
+    # Issue 56, item 14: Accelerate's --unsafe_serialization and --remove_checkpoint_dir were refused with the usage
+    # line alone; they are taken (accel-selftest then reads the checkpoint: here none, or no accel-selftest), and a
+    # flag refused is named.
+    result = run_accel("merge-weights", "--unsafe_serialization", "--remove-checkpoint-dir", "no-checkpoint", "out")
+    check(result.returncode != 2 and "usage" not in result.stderr and "option" not in result.stderr,
+          "accel merge-weights refused Accelerate's flags")
+    check("no checkpoint at no-checkpoint" in result.stderr or "accel-selftest" in result.stderr,
+          "accel merge-weights did not hand the flags to accel-selftest")
+    for flag, why in (("--safe_serialization", "unknown option '--safe_serialization'"),
+                      ("--unsafe_serialization=yes", "--unsafe_serialization takes no value")):
+        result = run_accel("merge-weights", flag, "checkpoint", "out")
+        check(result.returncode == 2 and why in result.stderr, f"{flag} was not refused by name")
+
+
 def case_cli_env():
     path, _ = write_config("--mixed_precision", "bf16")
     result = run_accel("env", env_changes={"ACCEL_CONFIG_FILE": path, "ACCELERATE_MIXED_PRECISION": "bf16"})
