@@ -1,6 +1,7 @@
 // accel-selftest: the LibTorch half of the `accel` tool, built from the installed headers like a user's program.
 //   accel-selftest env    LibTorch's facts for `accel env`, one "name: value" line each
-//   accel-selftest merge-weights CHECKPOINT OUT   `accel merge-weights`: accel::merge_weights
+//   accel-selftest merge-weights CHECKPOINT OUT [--unsafe_serialization] [--remove_checkpoint_dir]
+//                         `accel merge-weights` (which checked the command line): accel::merge_weights
 //   accel-selftest test   `accel test`'s checks, in every process of a job under `accel launch`; the main process
 //                         reports each check and ends with "accel works on this machine"
 #include <accel/accelerator.hpp>
@@ -19,7 +20,9 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -137,12 +140,29 @@ int run_checks() {
   return 0;
 }
 
+// `accel merge-weights`' flags, as accel passes them on after the two directories.
+std::optional<accel::merge_weights_options> merge_flags(const std::vector<std::string>& flags) {
+  accel::merge_weights_options options;
+  for (const std::string& flag : flags) {
+    if (flag == "--unsafe_serialization")
+      options.safe_serialization = false;
+    else if (flag == "--remove_checkpoint_dir")
+      options.remove_checkpoint_dir = true;
+    else
+      return std::nullopt;
+  }
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "merge-weights" && argc == 4) try {
-      for (const auto& file : accel::merge_weights(argv[2], argv[3])) std::printf("wrote %s\n", file.c_str());
+  const auto merge_options = merge_flags({argv + std::min(argc, 4), argv + argc});
+  if (mode == "merge-weights" && argc >= 4 && merge_options) try {
+      for (const auto& file : accel::merge_weights(argv[2], argv[3], *merge_options))
+        std::printf("wrote %s\n", file.c_str());
+      if (merge_options->remove_checkpoint_dir) std::printf("removed %s\n", argv[2]);
       return 0;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "accel merge-weights: error: %s\n", e.what());
@@ -156,7 +176,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::fprintf(stderr,
-               "usage: accel-selftest env|test|merge-weights CHECKPOINT OUT (run by 'accel env', 'accel test' and "
-               "'accel merge-weights')\n");
+               "usage: accel-selftest env|test|merge-weights CHECKPOINT OUT [FLAGS] (run by 'accel env', 'accel test' "
+               "and 'accel merge-weights')\n");
   return 2;
 }

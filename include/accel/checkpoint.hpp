@@ -22,13 +22,27 @@
 
 namespace accel {
 
+/// `merge_weights`' choices, those of Accelerate's `merge_fsdp_weights(checkpoint_dir, output_path,
+/// safe_serialization, remove_checkpoint_dir)` and of its `merge-weights` command's flags.
+struct merge_weights_options {
+  /// The weights as safetensors (`model.safetensors`); false (`--unsafe_serialization`): PyTorch's pickled
+  /// `pytorch_model.bin`, a dict of tensors that `torch.load` reads (whole in memory while it is written).
+  bool safe_serialization = true;
+  /// Remove the checkpoint directory once every file is written (`--remove_checkpoint_dir`). Refused, before anything
+  /// is written, when `out` is inside it.
+  bool remove_checkpoint_dir = false;
+};
+
 /// Writes the full weights of the checkpoint in `checkpoint` into the directory `out` (made if need be):
-/// `model.safetensors`, and `model_{i}.safetensors` for each further model, as a full checkpoint names them. From a
-/// sharded checkpoint (`state_dict_type::sharded`) they are assembled from every process's shard files; a full
-/// checkpoint's are read and written again. Every file read is checked against the checkpoint's manifest first.
-/// Returns the files written. `accel merge-weights CHECKPOINT OUT` runs it (Accelerate's `merge-weights`).
+/// `model.safetensors`, and `model_{i}.safetensors` for each further model, as a full checkpoint names them
+/// (`pytorch_model.bin`, `pytorch_model_{i}.bin` without `safe_serialization`). From a sharded checkpoint
+/// (`state_dict_type::sharded`) they are assembled from every process's shard files; a full checkpoint's are read and
+/// written again. Every file read is checked against the checkpoint's manifest first. Returns the files written.
+/// `accel merge-weights [--unsafe_serialization] [--remove_checkpoint_dir] CHECKPOINT OUT` runs it (Accelerate's
+/// `merge-weights`).
 ACCEL_DECL std::vector<std::filesystem::path> merge_weights(const std::filesystem::path& checkpoint,
-                                                            const std::filesystem::path& out);
+                                                            const std::filesystem::path& out,
+                                                            const merge_weights_options& options = {});
 
 }  // namespace accel
 

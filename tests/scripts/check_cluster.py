@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -205,6 +206,32 @@ def check_skipped_unprivileged(work):
               f"not root, {os.path.basename(command[0])} exited with {result.returncode}: {result.stdout}")
 
 
+def check_checkout_under_tmp(accel, work):
+    """A checkout under /tmp (a fresh clone, often) runs on the machines: the harness copied into one, with the tool
+    built there, runs it on 2 machines, whose /tmp is still their own (a host file beside the checkout unseen)."""
+    checkout = tempfile.mkdtemp(prefix="accel-checkout-", dir="/tmp")
+    beside = checkout + "-beside"
+    try:
+        os.makedirs(os.path.join(checkout, "tests", "scripts"))
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.py"),
+                    os.path.join(checkout, "tests", "scripts"))
+        tool = os.path.join(checkout, "build", "tools", "accel")
+        os.makedirs(os.path.dirname(tool))
+        shutil.copy(accel, tool)
+        open(beside, "w").close()
+        # Run from elsewhere, the tool named inside a shell command: only the harness's own checkout keeps it visible.
+        script = f"{tool} --version && test ! -e {beside} && echo private"
+        result = subprocess.run([sys.executable, os.path.join(checkout, "tests", "scripts", "cluster.py"),
+                                 "--machines", "2", "--timeout", "60", "--", "sh", "-c", script],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=work)
+        check(result.returncode == 0 and result.stdout.count("private") == 2,
+              f"a checkout under /tmp ({checkout}): the harness exited with {result.returncode}:\n{result.stdout}")
+    finally:
+        shutil.rmtree(checkout, ignore_errors=True)
+        if os.path.exists(beside):
+            os.remove(beside)
+
+
 def case_harness(accel, program, work):
     disk = os.path.join(work, "disk")
     with harness.Cluster(3, disk, rate=8_000_000, lifetime=300) as cluster:
@@ -221,10 +248,11 @@ def case_harness(accel, program, work):
               os.readlink(f"/proc/{pid}/ns/net") in namespaces]
     check(not inside, f"processes left in the machines' network namespaces: {inside}")
     check_harness_killed(work)
+    check_checkout_under_tmp(accel, work)
     check_stale_swept()
     check_skipped_unprivileged(work)
     return (f"3 machines alone on their network and disks, 1 MB across an 8 Mbit/s link in {seconds:.2f} s, a link cut "
-            f"and restored, nothing left behind")
+            f"and restored, nothing left behind, a checkout under /tmp run")
 
 
 def train_across_machines(accel, program, work, policy, flags=()):

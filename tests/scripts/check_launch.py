@@ -6,8 +6,12 @@ usage: check_launch.py ACCEL LAUNCH_PROBE CASE
 Each `def case_NAME()` below is one CTest test, launcher.NAME (tests/CMakeLists.txt reads the names
 from this file). Python standard library only.
 """
+import hashlib
+import hmac
 import os
 import re
+import resource
+import secrets
 import select
 import signal
 import socket
@@ -21,6 +25,7 @@ from checks import CheckFailed, check
 ACCEL = ""
 PROBE = ""
 WORK = ""  # a fresh temporary directory per run
+CONFIG_HOME = ""  # the launchers' XDG_CONFIG_HOME, also fresh: where each finds the user's job secret
 
 
 def clean_environment(changes=None):
@@ -29,6 +34,8 @@ def clean_environment(changes=None):
     for name in ("OMP_NUM_THREADS", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"):
         env.pop(name, None)
     env["ACCEL_CONFIG_FILE"] = ""  # no config file unless a case writes one
+    env.pop("ACCEL_JOB_SECRET", None)  # the launchers of a case share the job secret of CONFIG_HOME unless it sets one
+    env["XDG_CONFIG_HOME"] = CONFIG_HOME
     env.update(changes or {})
     return env
 
@@ -196,13 +203,21 @@ def case_process_group():
     check_all_gone({**{f"rank {r}": p for r, p in workers.items()}, **{f"child of rank {r}": p for r, p in children.items()}})
 
 
-def start_launcher(command):
-    """Starts COMMAND (an accel launch) with its stderr on a pipe, to be signalled by the caller."""
+def start_launcher(command, env_changes=None, descriptors=None):
+    """Starts COMMAND (an accel launch) with its stderr on a pipe, to be signalled by the caller; with `descriptors`,
+    under that limit of open files."""
     print("$", " ".join(command), flush=True)
-    # The launcher must see the signals' default dispositions, even where this script was started with SIGINT
-    # ignored (a background job of a non-interactive shell).
-    restore = lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)]
-    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=WORK, preexec_fn=restore)
+
+    def prepare():
+        # The launcher must see the signals' default dispositions, even where this script was started with SIGINT
+        # ignored (a background job of a non-interactive shell).
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, signal.SIG_DFL)
+        if descriptors:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
+
+    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=WORK, preexec_fn=prepare,
+                            env=clean_environment(env_changes))
 
 
 def launch_and_signal(args, signals, probe_mode="sleep"):
@@ -456,6 +471,65 @@ def free_port():
         return s.getsockname()[1]
 
 
+# The launchers' handshake and sealed lines (tools/accel_cli/heartbeat_link.hpp), for a node this script plays.
+JOB_SECRET = "the-secret-of-this-test-job-0123456789"
+
+
+def keyed(secret, purpose, challenge, nonce, words=""):
+    message = f"accel launch {purpose}\n{challenge}\n{nonce}\n{words}"
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+class PlayedNode:
+    """A launcher of the job played by this script: it connects to node 0's heartbeat port, answers its challenge
+    with `words` ("hello NODE NPROC" or "join ID NPROC") proved with `secret`, checks node 0's proof, then sends and
+    receives sealed lines. `refused` is node 0's reason when it refused the node."""
+
+    def __init__(self, port, words, secret=JOB_SECRET, timeout=5):
+        self.socket = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.pending, self.sent, self.received = b"", 0, 0
+        first = self.raw_line()
+        check(first.startswith("challenge "), f"node 0 did not send a challenge first: {first!r}")
+        challenge, nonce = first.removeprefix("challenge "), secrets.token_hex(16)
+        self.send_raw(f"{words} {nonce} {keyed(secret, 'node', challenge, nonce, words)}")
+        answer = self.raw_line()
+        self.refused = answer.removeprefix("refused ") if answer.startswith("refused ") else None
+        if self.refused is None:
+            check(answer == f"welcome {keyed(secret, 'node 0', challenge, nonce)}",
+                  f"node 0's welcome does not prove that it holds the job's secret: {answer!r}")
+        self.key = keyed(secret, "connection", challenge, nonce)
+
+    def raw_line(self):
+        while b"\n" not in self.pending:
+            chunk = self.socket.recv(4096)
+            check(chunk, f"node 0 closed the connection; it had sent {self.pending!r}")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def send_raw(self, line):
+        self.socket.sendall(line.encode() + b"\n")
+
+    def seal(self, direction, number, text):
+        return hmac.new(self.key.encode(), f"{direction} {number}\n{text}".encode(), hashlib.sha256).hexdigest()
+
+    def send(self, text):
+        self.send_raw(f"{text} {self.seal('to node 0', self.sent, text)}")
+        self.sent += 1
+
+    def receive(self):
+        """Node 0's next line but its heartbeats, its seal checked."""
+        while True:
+            text, seal = self.raw_line().rsplit(" ", 1)
+            check(seal == self.seal("from node 0", self.received, text), f"a line of node 0's is not sealed: {text!r}")
+            self.received += 1
+            if text != "beat":
+                return text
+
+    def close(self):
+        self.socket.close()
+
+
 def node_command(nnodes, node, master_port, heartbeat_port, flags, program):
     """`accel launch` of node `node` of `nnodes`, 2 workers running `program`."""
     return [ACCEL, "launch", "--nnodes", str(nnodes), "--node_rank", str(node), "--master_addr", "127.0.0.1",
@@ -463,16 +537,16 @@ def node_command(nnodes, node, master_port, heartbeat_port, flags, program):
             *flags, *program]
 
 
-def start_nodes(programs, heartbeat=HEARTBEAT):
+def start_nodes(programs, heartbeat=HEARTBEAT, heartbeat_port=None, env_changes=None):
     """Starts one launcher per program, node i running programs[i] on 2 workers; returns the launchers."""
-    master_port, heartbeat_port = free_port(), free_port()
-    return [start_launcher(node_command(len(programs), node, master_port, heartbeat_port, heartbeat, program))
-            for node, program in enumerate(programs)]
+    master_port, heartbeat_port = free_port(), heartbeat_port or free_port()
+    return [start_launcher(node_command(len(programs), node, master_port, heartbeat_port, heartbeat, program),
+                           env_changes) for node, program in enumerate(programs)]
 
 
-def sleeping_nodes(count, heartbeat=HEARTBEAT):
+def sleeping_nodes(count, heartbeat=HEARTBEAT, heartbeat_port=None, env_changes=None):
     """`count` nodes of 2 sleeping workers, all started; returns the launchers and the workers' pids by rank."""
-    launchers = start_nodes([[PROBE, "sleep", WORK]] * count, heartbeat)
+    launchers = start_nodes([[PROBE, "sleep", WORK]] * count, heartbeat, heartbeat_port, env_changes)
     start = time.monotonic()
     while not all(os.path.exists(os.path.join(WORK, f"pid.{rank}")) for rank in range(2 * count)):
         check(time.monotonic() - start < 20, "the workers did not start within 20 s")
@@ -669,6 +743,19 @@ def case_restart_nodes_main_node_fails():
     restart_nodes_together(1)
 
 
+def stderr_until(launcher, needle, seconds=20):
+    """What `launcher` has written to its stderr once it wrote `needle` (a failed check after `seconds`)."""
+    err = ""
+    deadline = time.monotonic() + seconds
+    while needle not in err:
+        check(time.monotonic() < deadline, f"the launcher did not write {needle!r} within {seconds} s: {err!r}")
+        check(launcher.poll() is None or select.select([launcher.stderr.fileno()], [], [], 0)[0],
+              f"the launcher ended with {launcher.returncode} before writing {needle!r}: {err!r}")
+        if select.select([launcher.stderr.fileno()], [], [], 0.1)[0]:
+            err += os.read(launcher.stderr.fileno(), 4096).decode(errors="replace")
+    return err
+
+
 def case_restart_nodes_hello_after_failure():
     # Node 0's workers fail before node 1's launcher has said hello (on a loaded machine a launcher's hello can come
     # after the other node's failure; node 1 is this script here, saying it once node 0 has reported the failure):
@@ -676,27 +763,16 @@ def case_restart_nodes_hello_after_failure():
     heartbeat_port = free_port()
     node0 = start_launcher(node_command(2, 0, free_port(), heartbeat_port,
                                         ["--heartbeat_interval", "0.2", "--heartbeat_timeout", "10",
-                                         "--restart_delay", "0", "--max_restarts", "1"], [PROBE, "exit", "3"]))
+                                         "--restart_delay", "0", "--max_restarts", "1"], [PROBE, "exit", "3"]),
+                           env_changes={"ACCEL_JOB_SECRET": JOB_SECRET})
     try:
-        err = ""
-        deadline = time.monotonic() + 20
-        while "exited with code 3" not in err:
-            check(time.monotonic() < deadline, f"node 0 reported no failure within 20 s: {err!r}")
-            if select.select([node0.stderr.fileno()], [], [], 0.1)[0]:
-                err += os.read(node0.stderr.fileno(), 4096).decode(errors="replace")
-        with socket.create_connection(("127.0.0.1", heartbeat_port), timeout=5) as node1:
-            node1.sendall(b"hello 1 2\n")
-            received = b""
-            deadline = time.monotonic() + 5
-            while b"\nrestart 0 " not in received and time.monotonic() < deadline:
-                try:
-                    received += node1.recv(4096)
-                except socket.timeout:
-                    break
-        lines = received.decode(errors="replace").splitlines()
-        check(lines[:1] == ["welcome"], f"node 0 did not welcome node 1: {lines}")
-        check(any(re.fullmatch(r"restart 0 on node 0, worker rank [01] \(pid \d+\) exited with code 3", line)
-                  for line in lines), f"node 0 did not send the late node the order to restart attempt 0: {lines}")
+        stderr_until(node0, "exited with code 3")
+        node1 = PlayedNode(heartbeat_port, "hello 1 2")
+        check(node1.refused is None, f"node 0 refused node 1: {node1.refused}")
+        order = node1.receive()
+        check(re.fullmatch(r"restart 0 on node 0, worker rank [01] \(pid \d+\) exited with code 3", order),
+              f"node 0 did not send the late node the order to restart attempt 0: {order!r}")
+        node1.close()
     finally:
         cleanup([node0])
 
@@ -888,6 +964,299 @@ def case_usage_elastic():
                       "--rdzv_endpoint HOST:PORT")
     check_usage_error(["--nproc_per_node", "1", "--rdzv_endpoint", ":29400", PROBE], "--rdzv_endpoint", "HOST:PORT")
     check_usage_error(["--nproc_per_node", "1", "--rdzv_conf", "timeout=3", PROBE], "last_call_timeout=S")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Issue 56: the launchers' port against strangers (CTest: redteam.launcher.NAME for case_redteam_NAME). Each case
+# fails on the launcher before it: a stranger's line ended a job, ordered a restart, joined an elastic job or reached
+# the terminal raw; a flood spun node 0; a rendezvous that never answered was waited for forever; node 0 interrupted
+# left node 1's workers running.
+
+
+def stranger(port, data, seconds=1.0):
+    """Connects to 127.0.0.1:`port` as a process that does not hold the job's secret, sends `data`, and returns what
+    it received within `seconds` (or until closed)."""
+    received = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+        connection.sendall(data)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if not select.select([connection], [], [], max(deadline - time.monotonic(), 0))[0]:
+                break
+            chunk = connection.recv(4096)
+            if not chunk:
+                break
+            received += chunk
+    return received.decode(errors="replace")
+
+
+def still_running(launchers, pids, seconds):
+    """After `seconds`, every launcher runs and every worker is alive, their pids unchanged (none restarted)."""
+    time.sleep(seconds)
+    for node, launcher in enumerate(launchers):
+        check(launcher.poll() is None, f"node {node}'s launcher ended with {launcher.returncode}")
+    check(all(alive(pid) for pid in pids.values()), f"a worker ended: {pids}")
+    check(pids_written("pid", pids) == pids, "a worker was started again")
+
+
+def stopped(launchers):
+    """Ends the launchers (SIGKILL) and returns their stderr."""
+    errs = []
+    for launcher in launchers:
+        launcher.kill()
+        errs.append(launcher.communicate()[1])
+    print("--- stderr of each launcher\n" + "\n---\n".join(errs), flush=True)
+    return errs
+
+
+def connects(host, port):
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        return True
+    except ConnectionRefusedError:
+        return False
+
+
+def wait_listening(launcher, port, seconds=10):
+    """Waits until `launcher` (node 0) listens on 127.0.0.1:`port`."""
+    deadline = time.monotonic() + seconds
+    while not connects("127.0.0.1", port):
+        check(time.monotonic() < deadline and launcher.poll() is None, f"node 0 did not listen within {seconds} s")
+        time.sleep(0.05)
+
+
+def case_redteam_stranger_hello():
+    # One line from a process without the job's secret ended a 2-node job on both nodes (it took node 1's place).
+    heartbeat_port = free_port()
+    launchers, pids = sleeping_nodes(2, heartbeat_port=heartbeat_port)
+    try:
+        got = stranger(heartbeat_port, b"hello 1 1\n")
+        check(got.startswith("challenge ") and "\nrefused " in got and "welcome" not in got,
+              f"the stranger was not refused: {got!r}")
+        still_running(launchers, pids, 2.5 * HEARTBEAT_TIMEOUT)
+    finally:
+        errs = stopped(launchers)
+    check("refused a connection to the heartbeat port from 127.0.0.1: it did not say hello as a launcher of the job"
+          in errs[0], "node 0 did not say it refused the stranger")
+
+
+def case_redteam_forged_failure():
+    # A stranger's "failed" made node 0 order a restart under --max_restarts (its workers stopped and started again).
+    heartbeat_port = free_port()
+    launchers, pids = sleeping_nodes(2, [*HEARTBEAT, "--max_restarts", "1"], heartbeat_port=heartbeat_port)
+    try:
+        forged = f"hello 1 2\nfailed 0 3 {int(time.time() * 1e6)} on node 1, forged\n".encode()
+        got = stranger(heartbeat_port, forged)
+        check("refused " in got and "welcome" not in got, f"the stranger was not refused: {got!r}")
+        still_running(launchers, pids, 2.5 * HEARTBEAT_TIMEOUT)
+    finally:
+        errs = stopped(launchers)
+    check(all("forged" not in err and "restarting" not in err for err in errs), "a launcher acted on the forgery")
+
+
+def case_redteam_elastic_join():
+    # Knowing the --rdzv_id was enough to join an elastic job: the stranger was admitted and given the store's port
+    # and a rank ("go 0 PORT 2 1 ..."), and the host's workers started with it in the job.
+    port = free_port()
+    host = start_launcher([ACCEL, "launch", *elastic_flags("2:2", port), PROBE, "sleep", WORK])
+    try:
+        time.sleep(0.5)
+        got = stranger(port, b"join job7 2\n", seconds=2)
+        check("refused " in got and "welcome" not in got and "\ngo " not in got, f"the stranger joined: {got!r}")
+        time.sleep(1)
+        check(host.poll() is None and not os.path.exists(os.path.join(WORK, "pid.0")),
+              "the host started its workers: the job formed with the stranger")
+    finally:
+        stopped([host])
+
+
+def case_redteam_duplicate_hello():
+    # A second hello for node 1 (here from a process that holds the job's secret) replaced the connected node 1,
+    # whose connection node 0 closed; it is refused instead, and the job runs on.
+    heartbeat_port = free_port()
+    secret = {"ACCEL_JOB_SECRET": JOB_SECRET}
+    launchers, pids = sleeping_nodes(2, heartbeat_port=heartbeat_port, env_changes=secret)
+    try:
+        time.sleep(1)  # node 1's launcher has said hello (it tries every 0.2 s from its start)
+        second = PlayedNode(heartbeat_port, "hello 1 2")
+        check(second.refused is not None and second.refused.startswith("node 1 is connected already, from 127.0.0.1"),
+              f"the second hello for node 1 was not refused: {second.refused!r}")
+        second.close()
+        still_running(launchers, pids, 2.5 * HEARTBEAT_TIMEOUT)
+    finally:
+        errs = stopped(launchers)
+    check("node 1 is connected already" in errs[0], "node 0 did not say why it refused the second hello")
+
+
+def case_redteam_wrong_secret():
+    # A launcher with another secret is refused, and says why (both sides name ACCEL_JOB_SECRET), never the secret.
+    heartbeat_port = free_port()
+    node0 = start_launcher(node_command(2, 0, free_port(), heartbeat_port, HEARTBEAT, [PROBE, "sleep", WORK]),
+                           env_changes={"ACCEL_JOB_SECRET": JOB_SECRET})
+    try:
+        node1 = start_launcher(node_command(2, 1, free_port(), heartbeat_port, HEARTBEAT, [PROBE, "sleep", WORK]),
+                               env_changes={"ACCEL_JOB_SECRET": "another-secret-0123456789"})
+        code, err, _ = ended(node1, "node 1")
+        check(code == 1 and "refused this node: this node does not hold the job's secret: give every node's "
+                            "launcher the same ACCEL_JOB_SECRET" in err, f"node 1 with another secret: {code}")
+    finally:
+        errs = stopped([node0])
+    for text in (errs[0], err):
+        check("ACCEL_JOB_SECRET" in text and JOB_SECRET not in text and "another-secret" not in text,
+              f"a launcher did not name ACCEL_JOB_SECRET, or printed a secret: {text!r}")
+    check("it does not hold the job's secret" in errs[0], "node 0 did not say why it refused node 1")
+
+
+def case_redteam_escapes():
+    # A stranger's line reached the operator's terminal raw (ANSI escapes: colours, a new window title, a cleared
+    # screen); and a node's failure text is printed with its control characters escaped.
+    heartbeat_port = free_port()
+    node0 = start_launcher(node_command(2, 0, free_port(), heartbeat_port,
+                                        ["--heartbeat_interval", "0.2", "--heartbeat_timeout", "10",
+                                         "--restart_delay", "0", "--max_restarts", "1"], [PROBE, "sleep", WORK]),
+                           env_changes={"ACCEL_JOB_SECRET": JOB_SECRET})
+    err = ""
+    try:
+        wait_listening(node0, heartbeat_port)
+        stranger(heartbeat_port, b"hello 7 1 \x1b[2J\x1b]0;owned\x07\n")
+        stranger(heartbeat_port, b"\x1b[31mred\n")
+        node1 = PlayedNode(heartbeat_port, "hello 1 2")
+        node1.send(f"failed 0 3 {int(time.time() * 1e6)} worker rank 2 \x1b[31mred\x1b]0;title\x07 \u009b1m")
+        check(node1.receive().startswith("restart 0 on node 1, worker rank 2 \\x1b[31mred"),
+              "node 0 did not order the restart naming the failure, escaped")
+        err = stderr_until(node0, "stopping this node's", seconds=10)
+        node1.close()
+    finally:
+        err += stopped([node0])[0]
+    check("\x1b" not in err and "\x07" not in err and "\u009b" not in err,
+          f"a control character reached the launcher's stderr: {err!r}")
+    check("on node 1, worker rank 2 \\x1b[31mred\\x1b]0;title\\x07 \\x9b1m" in err,
+          "the failure was not printed with its control characters escaped")
+
+
+def case_redteam_secret_not_shown():
+    # ACCEL_JOB_SECRET reaches neither the workers' environment nor `accel env`'s report; without it, the user's
+    # secret file is made readable by its owner alone.
+    shown = os.path.join(WORK, "shown")
+    code, _, err, _ = launch("--nnodes", "2", "--node_rank", "1", "--master_addr", "127.0.0.1", "--heartbeat_timeout",
+                             "0", "--nproc_per_node", "1", "sh", "-c", f'echo "${{ACCEL_JOB_SECRET-unset}}" > {shown}',
+                             env_changes={"ACCEL_JOB_SECRET": JOB_SECRET})
+    check(code == 0, f"the launcher exited with {code}")
+    launchers, _ = sleeping_nodes(2, env_changes={"ACCEL_JOB_SECRET": JOB_SECRET})
+    errs = stopped(launchers)
+    with open(shown) as f:
+        check(f.read().strip() == "unset", "the worker saw ACCEL_JOB_SECRET")
+    result = run_accel("env", env_changes={"ACCEL_JOB_SECRET": JOB_SECRET})
+    check(JOB_SECRET not in result.stdout + result.stderr + err + "".join(errs), "the secret was printed")
+    check("ACCEL_JOB_SECRET=(set, 38 characters, not shown)" in result.stdout, "accel env does not say it is set")
+    launchers, _ = sleeping_nodes(2)
+    stopped(launchers)
+    path = os.path.join(CONFIG_HOME, "accel", "job_secret")
+    check(os.stat(path).st_mode & 0o777 == 0o600, f"{path} is readable by others: {oct(os.stat(path).st_mode)}")
+    code, _, err, _ = launch("--nnodes", "2", "--node_rank", "1", "--master_addr", "127.0.0.1", "--nproc_per_node",
+                             "1", PROBE, "exit", "0", env_changes={"ACCEL_JOB_SECRET": "short"})
+    check(code == 2 and "ACCEL_JOB_SECRET holds 5 characters: give at least 16" in err,
+          f"a short ACCEL_JOB_SECRET was not refused: {code}")
+    os.chmod(path, 0o644)
+    code, _, err, _ = launch("--nnodes", "2", "--node_rank", "1", "--master_addr", "127.0.0.1", "--nproc_per_node",
+                             "1", PROBE, "exit", "0")
+    check(code == 2 and "no one else can read or write (chmod 600" in err, f"a readable secret file was used: {code}")
+
+
+def case_redteam_listen_address():
+    # Node 0 listened on every interface; now on --master_addr's address only (127.0.0.1 here: 127.0.0.2, another
+    # address of this machine, is refused), or on every interface when asked.
+    for flags, reachable in (([], False), (["--heartbeat_all_interfaces"], True)):
+        heartbeat_port = free_port()
+        node0 = start_launcher(node_command(2, 0, free_port(), heartbeat_port, [*HEARTBEAT, *flags],
+                                            [PROBE, "sleep", WORK]))
+        try:
+            wait_listening(node0, heartbeat_port)
+            connected = connects("127.0.0.2", heartbeat_port)
+            check(connected == reachable, f"{flags}: the heartbeat port at 127.0.0.2 connected: {connected}")
+        finally:
+            stopped([node0])
+
+
+def case_redteam_emfile():
+    # Connections held open by the hundred under a low descriptor limit: accept() failed with EMFILE while poll()
+    # said the port was ready, and node 0's launcher spun a core. Its CPU time over 3 s is now a small part of it.
+    heartbeat_port = free_port()
+    node0 = start_launcher(node_command(2, 0, free_port(), heartbeat_port,
+                                        ["--heartbeat_interval", "1", "--heartbeat_timeout", "30"],
+                                        [PROBE, "sleep", WORK]), descriptors=24)
+    connections = []
+    try:
+        while not os.path.exists(os.path.join(WORK, "pid.1")):
+            check(node0.poll() is None, f"node 0 ended with {node0.returncode}")
+            time.sleep(0.05)
+        for _ in range(60):  # within the port's backlog (64), which the launcher before this fix never emptied
+            connections.append(socket.create_connection(("127.0.0.1", heartbeat_port), timeout=5))
+        time.sleep(0.5)
+        with open(f"/proc/{node0.pid}/stat") as f:
+            before = sum(int(field) for field in f.read().rsplit(")", 1)[1].split()[11:13])
+        time.sleep(3)
+        with open(f"/proc/{node0.pid}/stat") as f:
+            after = sum(int(field) for field in f.read().rsplit(")", 1)[1].split()[11:13])
+        seconds = (after - before) / os.sysconf("SC_CLK_TCK")
+        print(f"node 0's launcher used {seconds:.2f} s of CPU in 3 s under the flood", flush=True)
+        check(seconds < 0.3, f"node 0's launcher used {seconds:.2f} s of CPU in 3 s: it spins")
+        check(node0.poll() is None, f"node 0 ended with {node0.returncode}")
+    finally:
+        for connection in connections:
+            connection.close()
+        err = stopped([node0])[0]
+    check("no file descriptor left (ulimit -n 24)" in err, "node 0 did not say it ran out of descriptors")
+
+
+def case_redteam_join_timeout():
+    # An elastic launcher whose --rdzv_endpoint does not resolve, or answers without ever speaking, waited forever
+    # without a word; it says what it waits for and gives up after --rdzv_conf join_timeout, as torchrun does. A host
+    # that does not gather MIN nodes within it gives up too.
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (its backlog), never speaks
+    cases = [("no-such-host.invalid", "cannot resolve no-such-host.invalid"),
+             ("127.0.0.1", "what answers there did not complete an accel launcher's handshake")]
+    try:
+        for host, why in cases:
+            endpoint = f"{host}:{silent.getsockname()[1]}"
+            flags = ["--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "job7",
+                     "--nproc_per_node", "1", "--heartbeat_interval", "0.2", "--heartbeat_timeout", "0.5",
+                     "--rdzv_conf", "join_timeout=1.5"]
+            code, _, err, seconds = launch(*flags, PROBE, "exit", "0", timeout=20)
+            check(code == 1 and seconds < 10, f"{host}: exit code {code} after {seconds:.1f} s")
+            for needle in (f"joining the rendezvous 'job7' at {endpoint}; waiting up to 1.5 s",
+                           f"the rendezvous 'job7' at {endpoint} was not reached within 1.5 s (--rdzv_conf "
+                           "join_timeout): ", why):
+                check(needle in err, f"{host}: the launcher did not say {needle!r}")
+    finally:
+        silent.close()
+    port = free_port()
+    code, _, err, seconds = launch(*elastic_flags("2:2", port, ["--rdzv_conf", "join_timeout=1,last_call_timeout=0.3"]),
+                                   PROBE, "exit", "0", timeout=20)
+    check(code == 1 and seconds < 10 and f"the rendezvous 'job7' at 127.0.0.1:{port} gathered 1 of the 2 nodes of "
+                                         f"--nnodes 2:2 within 1.0 s (--rdzv_conf join_timeout)" in err,
+          f"the host that gathered too few nodes: exit code {code} after {seconds:.1f} s")
+
+
+def case_redteam_interrupted_node():
+    # SIGINT to one node's launcher (node 0, then node 1) before the workers communicate: the other node took its
+    # goodbye for the job's end and its workers ran on alone; the job now ends on every node.
+    for interrupted in (0, 1):
+        for name in os.listdir(WORK):
+            os.remove(os.path.join(WORK, name))
+        launchers, pids = sleeping_nodes(2)
+        try:
+            launchers[interrupted].send_signal(signal.SIGINT)
+            code, _, _ = ended(launchers[interrupted], f"node {interrupted}")
+            check(code == 128 + signal.SIGINT, f"node {interrupted} exited with {code}")
+            other = 1 - interrupted
+            check_lost(launchers[other], f"node {other}",
+                       [f"node {interrupted} (ranks {2 * interrupted}, {2 * interrupted + 1}",
+                        "its launcher left the job with exit code 130 (signal 2, Interrupt, stopped it)",
+                        f"terminating this node's 2 running workers (ranks {2 * other}, {2 * other + 1})"],
+                       {rank: pids[rank] for rank in (2 * other, 2 * other + 1)}, at_least=0, at_most=5)
+        finally:
+            cleanup(launchers)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -1127,6 +1496,21 @@ def case_launch_config_file_errors():
 # accel env and accel test
 
 
+def case_cli_merge_weights_flags():
+    # Issue 56, item 14: Accelerate's --unsafe_serialization and --remove_checkpoint_dir were refused with the usage
+    # line alone; they are taken (accel-selftest then reads the checkpoint: here none, or no accel-selftest), and a
+    # flag refused is named.
+    result = run_accel("merge-weights", "--unsafe_serialization", "--remove-checkpoint-dir", "no-checkpoint", "out")
+    check(result.returncode != 2 and "usage" not in result.stderr and "option" not in result.stderr,
+          "accel merge-weights refused Accelerate's flags")
+    check("no checkpoint at no-checkpoint" in result.stderr or "accel-selftest" in result.stderr,
+          "accel merge-weights did not hand the flags to accel-selftest")
+    for flag, why in (("--safe_serialization", "unknown option '--safe_serialization'"),
+                      ("--unsafe_serialization=yes", "--unsafe_serialization takes no value")):
+        result = run_accel("merge-weights", flag, "checkpoint", "out")
+        check(result.returncode == 2 and why in result.stderr, f"{flag} was not refused by name")
+
+
 def case_cli_env():
     path, _ = write_config("--mixed_precision", "bf16")
     result = run_accel("env", env_changes={"ACCEL_CONFIG_FILE": path, "ACCELERATE_MIXED_PRECISION": "bf16"})
@@ -1163,7 +1547,9 @@ def main():
     case = globals().get("case_" + name)
     if case is None:
         sys.exit(f"unknown case {name!r}")
-    with tempfile.TemporaryDirectory(prefix="accel-launch-") as WORK:
+    global CONFIG_HOME
+    with tempfile.TemporaryDirectory(prefix="accel-launch-") as WORK, \
+            tempfile.TemporaryDirectory(prefix="accel-launch-config-") as CONFIG_HOME:
         try:
             case()
         except CheckFailed as failure:

@@ -3,7 +3,9 @@
 # checkpoint and trains the same M; both end equal. cpp_to_python: the reverse, accel saving Accelerate's files. Each
 # both with the model in model.safetensors and in pytorch_model.bin (safe_serialization off).
 # merge_weights: 2 processes save a sharded checkpoint under zero2, accel merge-weights merges it, and Accelerate's
-# load_checkpoint_in_model loads the result into the Python model, whose outputs equal accel's.
+# load_checkpoint_in_model loads the result into the Python model, whose outputs equal accel's; merged again with
+# Accelerate's --unsafe_serialization and --remove_checkpoint_dir: pytorch_model.bin, loaded the same, the checkpoint
+# removed.
 set(dir ${WORK_DIR})
 set(n 7)
 set(m 5)
@@ -18,7 +20,9 @@ if(DIRECTION STREQUAL "python_to_cpp")
 elseif(DIRECTION STREQUAL "merge_weights")
   set(steps "${PYTHON}|${SCRIPT}|data|${dir}|${n}|${m}"
             "${LAUNCHER}|launch|--nproc_per_node|2|--master_port|0|${TOOL}|sharded|${dir}|${n}"
-            "${LAUNCHER}|merge-weights|${dir}/sharded|${dir}/merged" "${PYTHON}|${SCRIPT}|merged|${dir}")
+            "${LAUNCHER}|merge-weights|${dir}/sharded|${dir}/merged" "${PYTHON}|${SCRIPT}|merged|${dir}"
+            "${LAUNCHER}|merge-weights|--unsafe_serialization|--remove-checkpoint-dir|${dir}/sharded|${dir}/merged_bin"
+            "${PYTHON}|${SCRIPT}|merged|${dir}|merged_bin")
 else()
   set(steps "${PYTHON}|${SCRIPT}|data|${dir}|${n}|${m}" "${TOOL}|train|${dir}|${n}|${m}"
             "${PYTHON}|${SCRIPT}|python-continue|${dir}|${n}|${m}|accel_checkpoint"

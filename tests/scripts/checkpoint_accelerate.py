@@ -112,17 +112,23 @@ def compare(directory, a_name, b_name):
           f"within {worst:.2e} relative")
 
 
-def merged(directory):
+def merged(directory, name="merged"):
+    """Loads what `accel merge-weights` wrote in DIRECTORY/NAME: model.safetensors, or with `--unsafe_serialization`
+    (NAME merged_bin, also with `--remove_checkpoint_dir`) pytorch_model.bin alone, the checkpoint removed."""
+    if name == "merged_bin":
+        files = sorted(os.listdir(os.path.join(directory, name)))
+        assert files == ["pytorch_model.bin"], f"--unsafe_serialization wrote {files}, not pytorch_model.bin alone"
+        assert not os.path.exists(os.path.join(directory, "sharded")), "--remove_checkpoint_dir left the checkpoint"
     net = model()
     before = [p.detach().clone() for p in net.parameters()]
-    load_checkpoint_in_model(net, os.path.join(directory, "merged"))
+    load_checkpoint_in_model(net, os.path.join(directory, name))
     assert all(not torch.equal(b, p) for b, p in zip(before, net.parameters())), "nothing was loaded"
     with torch.no_grad():
         y = net(load_file(os.path.join(directory, "data.safetensors"))["x"][0])
     expected = load_file(os.path.join(directory, "accel_outputs.safetensors"))["y"]
     difference = ((y - expected).abs().max() / expected.abs().max()).item()
     assert difference <= 1e-6, f"outputs differ by {difference} relative: {y} and {expected}"
-    print(f"accel merge-weights' model.safetensors loaded by load_checkpoint_in_model: outputs within {difference:.1e}")
+    print(f"accel merge-weights' {name} loaded by load_checkpoint_in_model: outputs within {difference:.1e}")
 
 
 if __name__ == "__main__":
@@ -136,6 +142,6 @@ if __name__ == "__main__":
     elif command == "compare":
         compare(args[0], args[1], args[2])
     elif command == "merged":
-        merged(args[0])
+        merged(*args)
     else:
         sys.exit(f"unknown command {command}")

@@ -15,8 +15,12 @@ Each machine is a network namespace of its own with one interface, eth0, address
 the others through a bridge in a namespace of the harness ("the switch"); there is no default route, so nothing
 leaves the host, and the host's own interfaces (its loopback included) are out of reach. Each machine has its own
 mount namespace, in which a tmpfs of its own is mounted on DIR (the same path on every machine, a disk none of the
-others sees) and another on /tmp, and its own host name (machine0, machine1, ...). With RATE (bits per second, with
-k/m/g: "100m"), each link is limited to it in both directions (tc's tbf). Every command gets GLOO_SOCKET_IFNAME=eth0.
+others sees) and another on /tmp, and its own host name (machine0, machine1, ...). What the machines run lives on
+the host, possibly under /tmp (a fresh clone often is): the host's directories under /tmp that hold the checkout
+(this script's), the working directory, this Python and, from the command line, the paths the command names stay
+visible at the same paths inside each machine's /tmp (bind mounts of the host's), the rest of it private. With RATE
+(bits per second, with k/m/g: "100m"), each link is limited to it in both directions (tc's tbf). Every command gets
+GLOO_SOCKET_IFNAME=eth0.
 
 Nothing outlives the harness: the namespaces belong to processes the harness started (none is named in
 /run/netns), which the kernel kills when the harness dies (PR_SET_PDEATHSIG, set by setpriv), SIGKILL included;
@@ -27,6 +31,7 @@ Python standard library only; needs root, iproute2 (ip, tc) and util-linux (unsh
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -38,6 +43,7 @@ import time
 SKIP = 77  # CTest's SKIP_RETURN_CODE for the cluster tests
 INTERFACE = "eth0"
 MARKER = "ACCEL_CLUSTER"
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # tests/scripts/cluster.py
 
 
 class ClusterUnavailable(Exception):
@@ -168,14 +174,18 @@ class Machine:
 class Cluster:
     """`with Cluster(2, disk) as cluster:` makes the machines; leaving the block removes them and their processes."""
 
-    def __init__(self, machines=2, disk=None, rate=None, lifetime=3600):
+    def __init__(self, machines=2, disk=None, rate=None, lifetime=3600, keep=()):
+        """`keep`: host paths the machines' commands need besides the checkout, the working directory and this
+        Python (kept_under_tmp)."""
         if not 1 <= machines <= 200:
             raise ValueError(f"{machines} machines: give 1 to 200")
         self.count, self.rate, self.lifetime = machines, rate, lifetime
         self.disk = os.path.abspath(disk) if disk else None
+        self.kept = kept_under_tmp([CHECKOUT, os.getcwd(), sys.prefix, os.path.dirname(sys.executable), *keep])
         self.owner = f"{os.getpid()}.{start_time(os.getpid())}"
         self.holders, self.processes, self.machines = [], [], []
         self.switch = None
+        self.staging = None  # an empty host directory where each machine builds its /tmp before moving it there
 
     def __enter__(self):
         check_host(self.rate)
@@ -183,6 +193,7 @@ class Cluster:
         if self.disk:
             os.makedirs(self.disk, exist_ok=True)
         try:
+            self.staging = tempfile.mkdtemp(prefix="accel-cluster-tmp-")
             self.switch = self._holder(["unshare", "--net"], "")
             self._on_switch(["ip", "link", "add", "br0", "type", "bridge"])
             self._on_switch(["ip", "link", "set", "br0", "up"])
@@ -215,11 +226,24 @@ class Cluster:
     def _on_switch(self, command):
         run_checked(["nsenter", "--target", str(self.switch.pid), "--net", "--", *command])
 
+    def _private_tmp(self):
+        """The shell commands that give a machine a /tmp of its own in which the kept host paths stay visible: a tmpfs
+        mounted on the (empty) staging directory, the kept paths bound into it while the host's /tmp is still in
+        view, then the whole moved onto /tmp."""
+        staging = shlex.quote(self.staging)
+        commands = [f"mount -t tmpfs -o size=64m,mode=1777 accel-cluster-tmp {staging}"]
+        for path in self.kept:
+            inside = shlex.quote(os.path.join(self.staging, os.path.relpath(path, os.path.realpath("/tmp"))))
+            commands += [f"mkdir -p {inside}", f"mount --bind {shlex.quote(path)} {inside}"]
+        commands.append(f"mount --move {staging} /tmp")
+        return " && ".join(commands) + " &&"
+
     def _machine(self, index):
-        mounts = "mount -t tmpfs -o size=64m,mode=1777 accel-cluster-tmp /tmp &&"
+        mounts = self._private_tmp()
         if self.disk:
             # Made again inside: a disk under /tmp is hidden by the machine's own /tmp.
-            mounts += f" mkdir -p '{self.disk}' && mount -t tmpfs -o size=512m accel-cluster-disk '{self.disk}' &&"
+            disk = shlex.quote(self.disk)
+            mounts += f" mkdir -p {disk} && mount -t tmpfs -o size=512m accel-cluster-disk {disk} &&"
         holder = self._holder(["unshare", "--net", "--mount", "--uts", "--propagation", "private"],
                               f"{mounts} hostname machine{index} &&")
         machine = Machine(self, index, holder)
@@ -292,6 +316,26 @@ class Cluster:
             except (subprocess.TimeoutExpired, ValueError):
                 pass
         self.holders, self.processes = [], []
+        if self.staging:
+            try:
+                os.rmdir(self.staging)  # empty on the host: the machines' mounts on it were theirs alone
+            except OSError:
+                pass
+            self.staging = None
+
+
+def kept_under_tmp(paths):
+    """The host directories under /tmp that must stay visible in the machines (those of `paths`, a file's directory
+    for a file), none inside another; paths elsewhere are visible anyway."""
+    tmp = os.path.realpath("/tmp")
+    found = set()
+    for path in paths:
+        path = os.path.realpath(path)
+        if os.path.isfile(path):
+            path = os.path.dirname(path)
+        if path.startswith(tmp + os.sep) and os.path.isdir(path):  # /tmp itself: each machine has its own
+            found.add(path)
+    return sorted(path for path in found if not any(path.startswith(other + os.sep) for other in found))
 
 
 def kill_group(pid):
@@ -361,7 +405,8 @@ def main():
         parser.error("give the command to run on every machine after --")
     disk = args.disk or tempfile.mkdtemp(prefix="accel-cluster-disk-")
     try:
-        with Cluster(args.machines, disk, args.rate, lifetime=int(args.timeout) + 60) as cluster:
+        named = [word for word in command if os.path.exists(word)]  # the program, its files: on the host
+        with Cluster(args.machines, disk, args.rate, lifetime=int(args.timeout) + 60, keep=named) as cluster:
             codes = run_everywhere(cluster, command, args.timeout)
     except ClusterUnavailable as e:
         print(f"cluster.py: SKIPPED: {e}", flush=True)

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "accel/config_file.hpp"
+#include "job_secret.hpp"
 #include "selftest_program.hpp"
 
 extern char** environ;
@@ -199,7 +200,12 @@ void print_environment() {
   std::vector<std::string> set;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string_view variable(*entry);
-    if (steers_accel(variable.substr(0, variable.find('=')))) set.emplace_back(variable);
+    const std::string_view name = variable.substr(0, variable.find('='));
+    if (name == job_secret_variable)  // shown by its length alone: this output is meant to be pasted into reports
+      set.emplace_back(std::string(name) + "=(set, " + std::to_string(variable.size() - name.size() - 1) +
+                       " characters, not shown)");
+    else if (steers_accel(name))
+      set.emplace_back(variable);
   }
   std::sort(set.begin(), set.end());
   print_fact("environment", set.empty() ? "none of the variables accel, its launchers, LibTorch, Gloo or NCCL read"

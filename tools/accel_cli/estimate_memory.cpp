@@ -22,6 +22,10 @@
 namespace accel::cli {
 namespace {
 
+// The longest --shard_units pattern, and tensor name it is matched against: std::regex compiles and matches by
+// recursion, a level per character, so longer text could overflow the stack. Real names are under 200 characters.
+constexpr std::size_t longest_shard_units_text = 1024;
+
 struct estimate_request {
   std::string model;
   std::vector<int> processes{1, 2, 4, 8};
@@ -69,6 +73,10 @@ void apply_option(estimate_request& request, const std::vector<std::string>& arg
       if (p != "no" && p != "bf16" && p != "fp16")
         throw usage_error("--mixed_precision takes no, bf16 and fp16 (comma-separated), not '" + p + "'");
   } else if (option.name == "shard_units") {
+    if (value.size() > longest_shard_units_text)
+      throw usage_error("--shard_units is " + std::to_string(value.size()) + " characters long; at most " +
+                        std::to_string(longest_shard_units_text) +
+                        " are taken (std::regex recurses once per character): give a shorter pattern");
     try {
       std::regex{value};
     } catch (const std::regex_error& e) {
@@ -118,12 +126,18 @@ accel::tensor_extent extent_of(const safetensors::detail::header_parser::entry& 
 }
 
 /// Numbers shard units by the text `pattern` matches at the start of tensor names (the same text, the same unit).
+/// A name longer than longest_shard_units_text is refused: std::regex_search recurses once per character, and a
+/// hostile file's 300,000-character name overflowed the stack (a SIGSEGV, issue 56).
 class unit_namer {
  public:
   explicit unit_namer(const std::optional<std::string>& pattern) {
     if (pattern) pattern_ = std::regex(*pattern);
   }
-  int operator()(const std::string& tensor) {
+  int operator()(const std::string& tensor, const std::string& where) {
+    if (pattern_ && tensor.size() > longest_shard_units_text)
+      throw usage_error(where + " has a name of " + std::to_string(tensor.size()) + " characters; --shard_units " +
+                        "matches names of at most " + std::to_string(longest_shard_units_text) +
+                        " (a longer one is not a model's): check the file");
     std::smatch found;
     if (!pattern_ || !std::regex_search(tensor, found, *pattern_, std::regex_constants::match_continuous) ||
         found.length(0) == 0)
@@ -147,7 +161,7 @@ std::vector<accel::tensor_extent> read_extents(const estimate_request& request) 
   for (const auto& file : files)
     for (const auto& [name, entry] : safetensors::detail::read_header(file).entries) {
       extents.push_back(extent_of(entry, file.string() + ": tensor " + name));
-      extents.back().shard_unit = unit_of(name);
+      extents.back().shard_unit = unit_of(name, file.string() + ": a tensor");
       if (first_name.empty()) first_name = name;
     }
   if (request.shard_units && unit_of.count() == 0)

@@ -1,12 +1,18 @@
 // The keep-alive between the launchers of a job of several nodes.
 //
-// Design. Node 0's launcher listens on --heartbeat_port (default: --master_port + 1); every other node's launcher
-// connects to it (again every 0.2 s until it answers) and says "hello NODE NPROC", answered by "welcome". Both ends
-// then send "beat" every --heartbeat_interval seconds, and each takes the other for lost when it has heard nothing from
-// it for --heartbeat_timeout seconds (its machine or its link is down: no connection is closed), or when the
-// connection ends without "bye" (its launcher was killed). A star, not a mesh: node 0 watches every node, every
-// node watches node 0, and node 0 tells the others which node it lost ("lost MESSAGE"), so that the loss of node 2
-// stops node 1 too. A launcher whose job has ended says "bye CODE" first, and is no longer watched.
+// Design. Node 0's launcher listens on --heartbeat_port (default: --master_port + 1) at --master_addr (every interface
+// with --heartbeat_all_interfaces); every other node's launcher connects to it (again every 0.2 s until it answers).
+// Nothing a connection says is acted on before it has proved that its launcher holds the job's secret
+// (ACCEL_JOB_SECRET, job_secret.hpp): node 0 sends "challenge NONCE", the other answers "hello NODE NPROC NONCE
+// PROOF", node 0 checks the proof and answers "welcome PROOF", which the other checks; from then on every line is
+// sealed with a key of the connection (heartbeat_link.hpp). A connection that fails is refused ("refused WHY") and
+// closed, and so is a second hello for a node that is connected already. Both ends then send "beat" every
+// --heartbeat_interval seconds, and each takes the other for lost when it has heard nothing from it for
+// --heartbeat_timeout seconds (its machine or its link is down: no connection is closed), or when the connection ends
+// without "bye" (its launcher was killed). A star, not a mesh: node 0 watches every node, every node watches node 0,
+// and node 0 tells the others which node it lost ("lost MESSAGE"), so that the loss of node 2 stops node 1 too. A
+// launcher whose job has ended says "bye CODE" first: with 0 it is no longer watched; with another code (a worker
+// failed, the launcher was interrupted) its job is over and so is everyone's: the others stop their workers.
 // Lines of text over TCP, read and written without blocking inside the supervisor's poll() loop: no thread, since
 // the launcher forks its workers, which a second thread would make unsafe.
 // A node is watched from the moment its launcher has connected: if one vanishes before, the workers waiting for it
@@ -30,34 +36,38 @@
 // has not connected when its attempt has ended on this node counts as lost after --heartbeat_timeout.
 //
 // Elastic membership (--rdzv_backend c10d, --nnodes MIN:MAX), on the same protocol: node 0 is the launcher that can
-// listen on the rendezvous endpoint. The others say "join ID NPROC" instead of "hello" (answered "welcome", or
-// "refused WHY" for another ID or NPROC) and wait, beating; node 0 starts attempt 0 when MAX nodes have joined, or
-// MIN once no other has joined within the last call, numbering the nodes in the order they joined: "go A PORT NNODES
-// RANK WHAT" (the static job's "go" has the same form). A node lost is then a failure of the attempt, no longer a
-// reason to end the job: the next attempt, after the restart delay, has the nodes joined then (the survivors, and
-// any that joined since, up to MAX), if at least MIN; node 0 lost still ends the job.
+// listen on the rendezvous endpoint. The others say "join ID NPROC NONCE PROOF" instead of "hello" (answered
+// "welcome", or "refused WHY" for another ID or NPROC) and wait, beating; node 0 starts attempt 0 when MAX nodes have
+// joined, or MIN once no other has joined within the last call, numbering the nodes in the order they joined: "go A
+// PORT NNODES RANK WHAT" (the static job's "go" has the same form). A node lost is then a failure of the attempt, no
+// longer a reason to end the job: the next attempt, after the restart delay, has the nodes joined then (the
+// survivors, and any that joined since, up to MAX), if at least MIN; node 0 lost still ends the job. Within
+// --rdzv_conf join_timeout (600 s, torchrun's default) a launcher must have reached the rendezvous, and the
+// rendezvous must have gathered MIN nodes; otherwise the launcher says what it waited for and exits with 1.
 #include "heartbeat.hpp"
 
 #include <accel/detail/support/worker_variables.hpp>
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
-#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <set>
 #include <stdexcept>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "heartbeat_link.hpp"
+#include "job_secret.hpp"
 
 namespace accel::cli {
 namespace {
@@ -65,17 +75,14 @@ namespace {
 using steady_clock = std::chrono::steady_clock;
 using system_clock = std::chrono::system_clock;
 
-// A longer line is not the keep-alive's: the connection is dropped.
-constexpr std::size_t longest_keepalive_line = 4096;
-
-std::string clock_time(system_clock::time_point time) {
-  const std::time_t seconds = system_clock::to_time_t(time);
-  std::tm utc{};
-  gmtime_r(&seconds, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%H:%M:%S UTC", &utc);
-  return text;
-}
+// Connections to node 0 that have not proved themselves yet: more, and the oldest is closed (a flood of connections
+// cannot take every descriptor, nor keep a launcher of the job out for long).
+constexpr std::size_t most_unproved_connections = 32;
+// Refusals named on the terminal; those beyond are counted only.
+constexpr int most_refusals_shown = 10;
+// After accept() failed for want of memory or descriptors, the heartbeat port is not waited on for this long (it
+// would be ready again at once: the launcher would spin).
+constexpr std::chrono::milliseconds accept_pause{100};
 
 std::string seconds_text(steady_clock::duration duration) {
   char text[32];
@@ -99,85 +106,15 @@ std::string advice(const heartbeat_options& options) {
          seconds_text(options.timeout) + " without a heartbeat (--heartbeat_timeout)";
 }
 
-std::string address_of(const sockaddr_storage& address) {
-  char text[INET6_ADDRSTRLEN] = "?";
-  if (address.ss_family == AF_INET) {
-    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(address).sin_addr, text, sizeof text);
-  } else if (address.ss_family == AF_INET6) {
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(address).sin6_addr, text, sizeof text);
-  }
-  std::string_view shown = text;
-  if (shown.starts_with("::ffff:")) shown.remove_prefix(7);  // an IPv4 peer of a dual-stack socket
-  return std::string(shown);
-}
+// How the launchers of one job come to hold the same secret, for the refusals.
+constexpr const char* same_secret_advice =
+    "give every node's launcher the same ACCEL_JOB_SECRET (without it, each uses ~/.config/accel/job_secret, the "
+    "same only where the machines share the home directory)";
 
-// One connection to another node's launcher.
-struct peer_link {
-  int fd = -1;
-  int node = -1;  // the node at the other end (on node 0: -1 until it has said hello)
-  int nproc = 0;
-  std::string address;   // the peer's, for messages
-  std::string pending;   // what followed the last '\n' read
-  std::string reported;  // on node 0: the loss this node found and reported ("lost MESSAGE")
-  steady_clock::time_point last_heard = steady_clock::now();
-  system_clock::time_point last_heard_clock = system_clock::now();
-  bool said_bye = false;
-  std::string left;     // with restarts agreed across nodes: how its launcher left before the job was over
-  bool joined = false;  // an elastic job's launcher that joined the rendezvous (node: its rank in the attempt, or -1)
-
-  void heard() {
-    last_heard = steady_clock::now();
-    last_heard_clock = system_clock::now();
-  }
-
-  // A full socket buffer drops the line: a peer that does not read is judged by its own silence.
-  void send_line(const std::string& line) const {
-    const std::string data = line + "\n";
-    [[maybe_unused]] const ssize_t sent = send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  }
-
-  // The complete lines that arrived; `ended` when the connection is over (closed, reset, or not the keep-alive's).
-  std::vector<std::string> read_lines(bool& ended) {
-    char buffer[4096];
-    for (;;) {
-      const ssize_t n = recv(fd, buffer, sizeof buffer, MSG_DONTWAIT);
-      if (n > 0) {
-        pending.append(buffer, static_cast<std::size_t>(n));
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else {
-        ended = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
-        break;
-      }
-    }
-    std::vector<std::string> lines;
-    std::size_t start = 0;
-    for (std::size_t end; (end = pending.find('\n', start)) != std::string::npos; start = end + 1)
-      lines.push_back(pending.substr(start, end - start));
-    pending.erase(0, start);
-    if (pending.size() > longest_keepalive_line) ended = true;
-    if (!lines.empty()) heard();
-    return lines;
-  }
-
-  // Why the peer is lost, or nothing while it is not: silent beyond `timeout`, or gone without a goodbye.
-  std::optional<std::string> why_lost(bool ended, std::chrono::milliseconds timeout) const {
-    if (!left.empty()) return left;
-    if (said_bye) return std::nullopt;
-    if (ended) {
-      return "its launcher's connection ended at " + clock_time(system_clock::now()) +
-             " without a goodbye (the launcher was killed)";
-    }
-    if (!heartbeat_stale(last_heard, steady_clock::now(), timeout)) return std::nullopt;
-    return "its launcher has not been heard for " + seconds_text(steady_clock::now() - last_heard) + ", since " +
-           clock_time(last_heard_clock) + " (its machine is down, its network link is cut, or its launcher is stopped)";
-  }
-
-  void close_link() {
-    if (fd >= 0) close(fd);
-    fd = -1;
-  }
-};
+// Why a proved connection's line is not taken: it does not bear the connection's seal.
+constexpr const char* unsealed_line =
+    "a line on its connection did not bear the seal of the job's secret (it was altered on the way, or written by "
+    "another process), so the connection was dropped";
 
 std::string words_after(const std::string& line, std::string_view first_word) {
   return line.starts_with(first_word) ? line.substr(first_word.size()) : std::string();
@@ -231,54 +168,22 @@ std::string left_early(const std::string& bye) {
          ") before the nodes had agreed that it was over (it was stopped by a signal, or it was lost itself)";
 }
 
-// A listening socket on `host`:`port` (an elastic job's rendezvous endpoint), or -1 when `host` is not this machine's
-// address or another launcher here listens there already: this launcher then joins the one that does.
-int listen_at(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return -1;
-  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  const bool listening = fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 && listen(fd, 64) == 0;
-  freeaddrinfo(found);
-  if (listening) return fd;
-  if (fd >= 0) close(fd);
-  return -1;
-}
-
-// A listening socket on `port`, for IPv6 and IPv4 where the host has IPv6, else IPv4 alone.
-int listen_on(int port) {
-  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  sockaddr_storage address{};
-  socklen_t length = 0;
-  if (fd >= 0) {
-    const int no = 0;
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &no, sizeof no);
-    auto& ipv6 = reinterpret_cast<sockaddr_in6&>(address);
-    ipv6.sin6_family = AF_INET6;
-    ipv6.sin6_addr = in6addr_any;
-    ipv6.sin6_port = htons(static_cast<std::uint16_t>(port));
-    length = sizeof ipv6;
-  } else {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    auto& ipv4 = reinterpret_cast<sockaddr_in&>(address);
-    ipv4.sin_family = AF_INET;
-    ipv4.sin_addr.s_addr = htonl(INADDR_ANY);
-    ipv4.sin_port = htons(static_cast<std::uint16_t>(port));
-    length = sizeof ipv4;
-  }
-  const int yes = 1;  // a job started again at once finds the port of the last one still in TIME_WAIT
-  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  if (fd < 0 || bind(fd, reinterpret_cast<const sockaddr*>(&address), length) != 0 || listen(fd, 64) != 0) {
-    const int error = errno;
-    if (fd >= 0) close(fd);
-    throw std::runtime_error("cannot listen for the other nodes' heartbeats on port " + std::to_string(port) + ": " +
-                             std::strerror(error) +
-                             "; give a free port with --heartbeat_port (the same on every node), or turn the "
-                             "heartbeat off with --heartbeat_timeout 0");
-  }
-  return fd;
+// What a launcher's goodbye ("bye CODE") means for one that hears it: nothing when its job ended well, or when the
+// nodes had agreed that the job was over (`job_over`); otherwise why the job cannot go on here (peer_link::left). A
+// job that failed or was stopped on one node is over on every node, whose workers would otherwise run on alone.
+std::string goodbye_meaning(const std::string& bye, bool restarts_agreed, bool job_over) {
+  if (job_over) return "";
+  if (restarts_agreed) return left_early(bye);
+  int code = 1;
+  if (std::sscanf(bye.c_str(), "bye %d", &code) != 1) code = 1;
+  if (code == 0) return "";
+  const int signal_number = code - 128;
+  const std::string how =
+      signal_number > 0 && signal_number < NSIG
+          ? "signal " + std::to_string(signal_number) + ", " + strsignal(signal_number) + ", stopped it"
+          : "a worker failed, or the launcher could not go on";
+  return "its launcher left the job with exit code " + std::to_string(code) + " (" + how +
+         ") before the job was over here: a job that failed or was stopped on one node ends on every node";
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -286,13 +191,15 @@ int listen_on(int port) {
 
 class main_node_heartbeat final : public peer_watch {
  public:
-  main_node_heartbeat(const heartbeat_options& options, int listener) : options_(options), listener_(listener) {
+  main_node_heartbeat(const heartbeat_options& options, std::vector<int> listeners)
+      : options_(options), listeners_(std::move(listeners)), spare_(open("/dev/null", O_RDONLY | O_CLOEXEC)) {
     for (int node = 0; node < options.nnodes && !options.elastic; ++node) members_.insert(node);
   }
 
   ~main_node_heartbeat() override {
     for (peer_link& link : links_) link.close_link();
-    close(listener_);
+    for (const int listener : listeners_) close(listener);
+    if (spare_ >= 0) close(spare_);
   }
 
   main_node_heartbeat(const main_node_heartbeat&) = delete;
@@ -300,7 +207,9 @@ class main_node_heartbeat final : public peer_watch {
 
   void add_fds(std::vector<pollfd>& fds) const override {
     if (finished_) return;
-    fds.push_back({listener_, POLLIN, 0});
+    if (steady_clock::now() >= accept_paused_until_) {
+      for (const int listener : listeners_) fds.push_back({listener, POLLIN, 0});
+    }
     for (const peer_link& link : links_) fds.push_back({link.fd, POLLIN, 0});
   }
 
@@ -313,6 +222,8 @@ class main_node_heartbeat final : public peer_watch {
     if (go_at_) wake = std::min(wake, *go_at_);
     if (last_call_at_) wake = std::min(wake, *last_call_at_);
     if (ended_at_) wake = std::min(wake, *ended_at_ + options_.timeout);
+    if (forming_ && !job_over_) wake = std::min(wake, join_deadline_);
+    if (steady_clock::now() < accept_paused_until_) wake = std::min(wake, accept_paused_until_);
     return wake;
   }
 
@@ -339,11 +250,13 @@ class main_node_heartbeat final : public peer_watch {
     accept_all();
     std::optional<std::string> lost;
     for (peer_link& link : links_) {
-      bool ended = false;
-      for (const std::string& line : link.read_lines(ended)) on_line(link, line);
-      if (link.node < 0 || lost) {
+      const bool ended = read_link(link);
+      if (link.fd < 0) continue;  // refused
+      if (!link.proved() || link.node < 0 || lost) {
+        // A connection that never proved itself, or an elastic job's launcher waiting for an attempt (closed when
+        // silent), or any after a loss was found.
         if (ended || (link.node < 0 && heartbeat_stale(link.last_heard, steady_clock::now(), options_.timeout)))
-          link.close_link();  // not a launcher of this job, or one that never said hello
+          link.close_link();
         continue;
       }
       if (!link.reported.empty()) {
@@ -365,7 +278,7 @@ class main_node_heartbeat final : public peer_watch {
     std::erase_if(links_, [](const peer_link& link) { return link.fd < 0; });
     if (!lost) lost = never_joined();
     if (lost) return report(*lost);
-    if (forming_) form_if_ready();
+    if (forming_ && !job_over_) form_if_ready();
     go_if_due();
     beat_if_due();
     return std::nullopt;
@@ -373,7 +286,7 @@ class main_node_heartbeat final : public peer_watch {
 
   void finish(int exit_code) override {
     for (peer_link& link : links_) {
-      link.send_line("bye " + std::to_string(exit_code));
+      if (link.proved()) link.send_line("bye " + std::to_string(exit_code));
       link.close_link();
     }
     links_.clear();
@@ -381,46 +294,158 @@ class main_node_heartbeat final : public peer_watch {
   }
 
  private:
+  // ---- connections and their handshake (heartbeat_link.hpp)
+
+  // Reads what `link` sent and acts on it: its handshake, then its sealed lines. Returns whether it ended.
+  bool read_link(peer_link& link) {
+    bool ended = false;
+    for (const std::string& line : link.read_lines(ended)) {
+      if (link.fd < 0) break;
+      if (!link.proved()) {
+        on_handshake(link, line);
+        continue;
+      }
+      const std::optional<std::string> text = link.open(line);
+      if (!text) {
+        link.left = unsealed_line;
+        return true;
+      }
+      on_line(link, *text);
+    }
+    return ended;
+  }
+
   void accept_all() {
-    for (;;) {
-      sockaddr_storage address{};
-      socklen_t length = sizeof address;
-      const int fd = accept4(listener_, reinterpret_cast<sockaddr*>(&address), &length, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) return;
-      peer_link link;
-      link.fd = fd;
-      link.address = address_of(address);
-      links_.push_back(std::move(link));
+    if (steady_clock::now() < accept_paused_until_) return;
+    for (const int listener : listeners_) {
+      for (;;) {
+        sockaddr_storage address{};
+        socklen_t length = sizeof address;
+        const int fd = accept4(listener, reinterpret_cast<sockaddr*>(&address), &length, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd >= 0) {
+          challenge(fd, address_of(address));
+          continue;
+        }
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if ((errno == EMFILE || errno == ENFILE) && shed_connection(listener)) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) accept_paused_until_ = steady_clock::now() + accept_pause;
+        break;
+      }
     }
   }
 
+  // Out of descriptors, a pending connection would keep the port ready and the launcher spinning: the spare
+  // descriptor is let go to accept it and close it at once (as nginx and libuv do), then taken again.
+  bool shed_connection(int listener) {
+    if (spare_ < 0) return false;
+    close(spare_);
+    const int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) close(fd);
+    spare_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (!said_out_of_descriptors_) {
+      said_out_of_descriptors_ = true;
+      rlimit limit{};
+      getrlimit(RLIMIT_NOFILE, &limit);
+      std::fprintf(stderr,
+                   "accel launch: node 0's launcher has no file descriptor left (ulimit -n %llu): connections to its "
+                   "heartbeat port are closed at once until some are free\n",
+                   static_cast<unsigned long long>(limit.rlim_cur));
+    }
+    return fd >= 0;
+  }
+
+  // A new connection: nothing it says counts before it answers this connection's challenge.
+  void challenge(int fd, std::string address) {
+    if (static_cast<std::size_t>(std::count_if(links_.begin(), links_.end(), [](const peer_link& link) {
+          return link.fd >= 0 && !link.proved();
+        })) >= most_unproved_connections) {
+      std::find_if(links_.begin(), links_.end(), [](const peer_link& link) {
+        return link.fd >= 0 && !link.proved();
+      })->close_link();
+    }
+    peer_link link;
+    link.fd = fd;
+    link.address = std::move(address);
+    link.from_main_node = true;
+    link.challenge = random_hex(16);
+    link.send_line("challenge " + link.challenge);
+    links_.push_back(std::move(link));
+  }
+
+  // "hello NODE NPROC NONCE PROOF" or "join ID NPROC NONCE PROOF", the proof checked before anything else.
+  void on_handshake(peer_link& link, const std::string& line) {
+    std::vector<std::string> words;
+    for (std::size_t start = 0; start <= line.size() && words.size() <= 5;) {
+      const std::size_t space = std::min(line.find(' ', start), line.size());
+      words.push_back(line.substr(start, space - start));
+      start = space + 1;
+    }
+    if (words.size() != 5 || (words[0] != "hello" && words[0] != "join"))
+      return refuse(link, "this is the heartbeat port of an accel launch job: say hello with the job's secret first",
+                    "it did not say hello as a launcher of the job");
+    const std::string said = words[0] + " " + words[1] + " " + words[2];
+    if (!same_secret_text(words[4], node_proof(options_.secret, link.challenge, words[3], said)))
+      return refuse(link, std::string("this node does not hold the job's secret: ") + same_secret_advice,
+                    std::string("it does not hold the job's secret (if it is a launcher of this job: ") +
+                        same_secret_advice + ")");
+    if (words[0] == "join") return on_join(link, words[1], words[2], words[3]);
+    on_hello(link, words[1], words[2], words[3]);
+  }
+
+  void on_hello(peer_link& link, const std::string& node_text, const std::string& nproc_text,
+                const std::string& nonce) {
+    if (options_.elastic) {
+      return refuse(link,
+                    "it is a launcher of a static job (--node_rank), this one is elastic: give every node the same "
+                    "--nnodes, --rdzv_backend c10d and --rdzv_endpoint",
+                    "a launcher of a static job (--node_rank) said hello to this elastic job");
+    }
+    const int node = std::atoi(node_text.c_str()), nproc = std::atoi(nproc_text.c_str());
+    if (node < 1 || node >= options_.nnodes || nproc < 1) {
+      const std::string why = "node " + printable(node_text) + " is not one of this job's nodes 1 to " +
+                              std::to_string(options_.nnodes - 1) + " (--nnodes " + std::to_string(options_.nnodes) +
+                              ", --node_rank): give every node the same --nnodes";
+      return refuse(link, why, why);
+    }
+    if (const auto connected = std::find_if(
+            links_.begin(), links_.end(), [&](const peer_link& other) { return other.fd >= 0 && other.node == node; });
+        connected != links_.end()) {
+      const std::string why = "node " + std::to_string(node) + " is connected already, from " + connected->address +
+                              ": a second launcher with --node_rank " + std::to_string(node) +
+                              " (give each node its own --node_rank)";
+      return refuse(link, why, why);
+    }
+    welcome(link, nonce);
+    link.node = node;
+    link.nproc = nproc;
+    // A node that says hello after the attempt's restart was ordered missed the order: without it, its workers
+    // would wait for the failed one's forever, and node 0 for its "ended" (seen on a loaded machine).
+    if (first_failure_ && !job_over_) link.send_line(restart_order());
+  }
+
+  // The connection proved itself: node 0 proves itself in turn, and the connection's lines are sealed from now on.
+  void welcome(peer_link& link, const std::string& nonce) {
+    link.send_line("welcome " + main_node_proof(options_.secret, link.challenge, nonce));
+    link.key = connection_key(options_.secret, link.challenge, nonce);
+    link.heard();
+  }
+
+  // Tells the other end why (its launcher prints it) and closes; the first refusals are named here too, never with
+  // what the connection sent.
+  void refuse(peer_link& link, const std::string& why, const std::string& shown) {
+    link.send_line("refused " + why);
+    link.close_link();
+    if (++refusals_ > most_refusals_shown) return;
+    std::fprintf(stderr, "accel launch: refused a connection to the heartbeat port from %s: %s%s\n",
+                 link.address.c_str(), shown.c_str(),
+                 refusals_ == most_refusals_shown ? " (further refusals are not shown)" : "");
+  }
+
+  // A proved connection's line.
   void on_line(peer_link& link, const std::string& line) {
-    if (const std::string join = words_after(line, "join "); options_.elastic && !link.joined && !join.empty()) {
-      on_join(link, join);
-    } else if (options_.elastic && line.starts_with("hello ")) {
-      link.send_line(
-          "refused it is a launcher of a static job (--node_rank), this one is elastic: give every node "
-          "the same --nnodes, --rdzv_backend c10d and --rdzv_endpoint");
-      link.close_link();
-    } else if (const std::string hello = words_after(line, "hello "); link.node < 0 && !hello.empty()) {
-      int node = -1, nproc = 0;
-      if (std::sscanf(hello.c_str(), "%d %d", &node, &nproc) != 2 || node < 1 || node >= options_.nnodes || nproc < 1) {
-        std::fprintf(stderr, "accel launch: ignoring a heartbeat from %s that is not of this job's nodes ('%s')\n",
-                     link.address.c_str(), line.c_str());
-        return;
-      }
-      for (peer_link& other : links_) {
-        if (other.node == node) other.close_link();  // an earlier launcher of the same node
-      }
-      link.node = node;
-      link.nproc = nproc;
-      link.send_line("welcome");
-      // A node that says hello after the attempt's restart was ordered missed the order: without it, its workers
-      // would wait for the failed one's forever, and node 0 for its "ended" (seen on a loaded machine).
-      if (first_failure_ && !job_over_) link.send_line(restart_order());
-    } else if (line.starts_with("bye")) {
-      if (coordinates_restarts() && !job_over_)
-        link.left = left_early(line);
+    if (line.starts_with("bye")) {
+      if (const std::string left = goodbye_meaning(line, coordinates_restarts(), job_over_); !left.empty())
+        link.left = left;
       else
         link.said_bye = true;
     } else if (line.starts_with("lost ") && link.node > 0) {
@@ -516,21 +541,23 @@ class main_node_heartbeat final : public peer_watch {
 
   // ---- elastic membership (--nnodes MIN:MAX)
 
-  void on_join(peer_link& link, const std::string& words) {
-    char id[256] = "";
-    int nproc = 0;
-    if (std::sscanf(words.c_str(), "%255s %d", id, &nproc) != 2 || id != options_.rdzv_id ||
-        nproc != options_.nproc_per_node) {
-      link.send_line("refused it joined with '" + words + "', this rendezvous is '" + options_.rdzv_id + " " +
-                     std::to_string(options_.nproc_per_node) +
-                     "' (--rdzv_id, --nproc_per_node): give every node "
-                     "the same values");
-      link.close_link();
-      return;
+  void on_join(peer_link& link, const std::string& id, const std::string& nproc_text, const std::string& nonce) {
+    if (!options_.elastic) {
+      return refuse(link,
+                    "it is a launcher of an elastic job (--rdzv_backend c10d), this one is static: give every node "
+                    "the same --nnodes and --rdzv_backend",
+                    "a launcher of an elastic job (--rdzv_backend c10d) joined this static job");
     }
+    if (id != options_.rdzv_id || nproc_text != std::to_string(options_.nproc_per_node)) {
+      const std::string why = "it joined with '" + printable(id) + " " + printable(nproc_text) +
+                              "', this rendezvous is '" + options_.rdzv_id + " " +
+                              std::to_string(options_.nproc_per_node) +
+                              "' (--rdzv_id, --nproc_per_node): give every node the same values";
+      return refuse(link, why, why);
+    }
+    welcome(link, nonce);
     link.joined = true;
-    link.nproc = nproc;
-    link.send_line("welcome");
+    link.nproc = options_.nproc_per_node;
   }
 
   int joined_count() const {
@@ -556,6 +583,15 @@ class main_node_heartbeat final : public peer_watch {
   void form_if_ready() {
     const int available = 1 + joined_count();
     if (available < options_.nnodes) {
+      if (available < options_.min_nnodes && steady_clock::now() >= join_deadline_) {
+        return end_job(1, "the rendezvous '" + options_.rdzv_id + "' at " + options_.master_addr + ":" +
+                              std::to_string(options_.port) + " gathered " + std::to_string(available) + " of the " +
+                              std::to_string(options_.min_nnodes) + " nodes of --nnodes " +
+                              std::to_string(options_.min_nnodes) + ":" + std::to_string(options_.nnodes) + " within " +
+                              seconds_text(options_.join_timeout) +
+                              " (--rdzv_conf join_timeout): start the other nodes' launchers with the same "
+                              "--rdzv_endpoint, --rdzv_id and job secret, or give a longer join_timeout");
+      }
       if (available < options_.min_nnodes) return last_call_at_.reset();
       if (!last_call_at_) last_call_at_ = steady_clock::now() + options_.last_call;
       if (steady_clock::now() < *last_call_at_) return;
@@ -616,7 +652,12 @@ class main_node_heartbeat final : public peer_watch {
   }
 
   heartbeat_options options_;
-  int listener_;
+  std::vector<int> listeners_;
+  int spare_;  // a descriptor kept to be let go when there is no other (shed_connection)
+  steady_clock::time_point accept_paused_until_{};
+  bool said_out_of_descriptors_ = false;
+  int refusals_ = 0;
+  steady_clock::time_point join_deadline_ = steady_clock::now() + options_.join_timeout;
   std::vector<peer_link> links_;
   steady_clock::time_point next_beat_ = steady_clock::now();
   bool finished_ = false;
@@ -640,7 +681,14 @@ class main_node_heartbeat final : public peer_watch {
 
 class other_node_heartbeat final : public peer_watch {
  public:
-  explicit other_node_heartbeat(const heartbeat_options& options) : options_(options) {}
+  explicit other_node_heartbeat(const heartbeat_options& options) : options_(options) {
+    if (options_.elastic) {
+      std::fprintf(stderr,
+                   "accel launch: joining the rendezvous '%s' at %s; waiting up to %s for it (--rdzv_conf "
+                   "join_timeout)\n",
+                   options_.rdzv_id.c_str(), endpoint().c_str(), seconds_text(options_.join_timeout).c_str());
+    }
+  }
 
   ~other_node_heartbeat() override { link_.close_link(); }
 
@@ -653,8 +701,9 @@ class other_node_heartbeat final : public peer_watch {
 
   steady_clock::time_point next_wakeup() const override {
     if (finished_) return steady_clock::time_point::max();
-    const steady_clock::time_point unwelcome =
+    steady_clock::time_point unwelcome =
         ended_at_ && !welcomed_ ? *ended_at_ + options_.timeout : steady_clock::time_point::max();
+    if (options_.elastic && !welcomed_) unwelcome = std::min(unwelcome, join_deadline_);
     if (!connected_) return std::min(link_.fd >= 0 ? connect_deadline_ : next_attempt_, unwelcome);
     return std::min({next_beat_, link_.last_heard + options_.timeout, unwelcome});
   }
@@ -680,33 +729,96 @@ class other_node_heartbeat final : public peer_watch {
 
   std::optional<std::string> on_wakeup() override {
     if (finished_) return std::nullopt;
-    if (ended_at_ && !welcomed_ && steady_clock::now() >= *ended_at_ + options_.timeout) {
+    if (std::optional<std::string> unreached = never_reached()) {
       finished_ = true;
-      return main_node() + " is lost: its launcher was never reached at " + options_.master_addr + " port " +
-             std::to_string(options_.port) + advice(options_);
+      link_.close_link();
+      return unreached;
     }
     if (!connected_ && !advance_connection()) return std::nullopt;
     bool ended = false;
-    const std::vector<std::string> lines = link_.read_lines(ended);
-    if (const auto refused = std::find_if(lines.begin(), lines.end(),
-                                          [](const std::string& line) { return line.starts_with("refused "); });
-        refused != lines.end()) {
-      finished_ = true;
-      return "the rendezvous at " + options_.master_addr + ":" + std::to_string(options_.port) +
-             " refused this node: " + refused->substr(8);
-    }
-    if (!welcomed_ && std::find(lines.begin(), lines.end(), "welcome") == lines.end()) {
-      // Not node 0's launcher yet (what accepted the connection may be something else): watched once welcomed.
-      if (ended || heartbeat_stale(link_.last_heard, steady_clock::now(), options_.timeout)) retry_later();
-      return std::nullopt;
+    std::vector<std::string> lines;
+    for (const std::string& line : link_.read_lines(ended)) {
+      if (!welcomed_) {
+        if (std::optional<std::string> refused = on_handshake(line)) {
+          finished_ = true;
+          link_.close_link();
+          return refused;
+        }
+      } else if (std::optional<std::string> text = link_.open(line)) {
+        lines.push_back(*std::move(text));
+      } else {
+        link_.left = unsealed_line;
+        break;
+      }
     }
     if (!welcomed_) {
-      welcomed_ = true;
-      for (const std::string& line : std::exchange(outbox_, {})) link_.send_line(line);
+      // Not node 0's launcher yet (what accepted the connection may be something else): watched once welcomed.
+      if (ended || heartbeat_stale(link_.last_heard, steady_clock::now(), options_.timeout)) {
+        problem_ = "what answers there did not complete an accel launcher's handshake";
+        retry_later();
+      }
+      return std::nullopt;
     }
+    return on_lines(lines, ended);
+  }
+
+  void finish(int exit_code) override {
+    if (welcomed_ && link_.fd >= 0) link_.send_line("bye " + std::to_string(exit_code));
+    link_.close_link();
+    finished_ = true;
+  }
+
+ private:
+  std::string endpoint() const { return options_.master_addr + ":" + std::to_string(options_.port); }
+
+  // Node 0 never reached: after this node's attempt ended (a static job), or within the join timeout (an elastic
+  // job's first rendezvous), saying what was tried.
+  std::optional<std::string> never_reached() const {
+    const steady_clock::time_point now = steady_clock::now();
+    if (ended_at_ && !welcomed_ && now >= *ended_at_ + options_.timeout) {
+      return main_node() + " is lost: its launcher was never reached at " + options_.master_addr + " port " +
+             std::to_string(options_.port) + advice(options_);
+    }
+    if (!options_.elastic || welcomed_ || now < join_deadline_) return std::nullopt;
+    return "the rendezvous '" + options_.rdzv_id + "' at " + endpoint() + " was not reached within " +
+           seconds_text(options_.join_timeout) + " (--rdzv_conf join_timeout): " +
+           (problem_.empty() ? std::string("its launcher did not answer") : problem_) +
+           "; start the launcher of the node at --rdzv_endpoint, check the address and that this machine reaches "
+           "it, or give a longer join_timeout";
+  }
+
+  // Node 0's lines before the welcome: its challenge (answered with this node's hello and proof), its welcome (its
+  // proof checked), or its refusal. Returns why this launcher cannot go on, if it cannot.
+  std::optional<std::string> on_handshake(const std::string& line) {
+    if (const std::string challenge = words_after(line, "challenge "); !challenge.empty() && link_.challenge.empty()) {
+      link_.challenge = challenge;
+      nonce_ = random_hex(16);
+      const std::string words =
+          (options_.elastic ? "join " + options_.rdzv_id : "hello " + std::to_string(options_.node_rank)) + " " +
+          std::to_string(options_.nproc_per_node);
+      link_.send_line(words + " " + nonce_ + " " + node_proof(options_.secret, challenge, nonce_, words));
+    } else if (const std::string refused = words_after(line, "refused "); !refused.empty()) {
+      return (options_.elastic ? "the rendezvous at " + endpoint() : main_node() + "'s launcher at " + endpoint()) +
+             " refused this node: " + printable(refused);
+    } else if (const std::string proof = words_after(line, "welcome "); !proof.empty() && !link_.challenge.empty()) {
+      if (!same_secret_text(proof, main_node_proof(options_.secret, link_.challenge, nonce_)))
+        return "the launcher at " + endpoint() +
+               " answered as node 0 but does not hold this job's secret: " + same_secret_advice;
+      link_.key = connection_key(options_.secret, link_.challenge, nonce_);
+      link_.heard();
+      welcomed_ = true;
+      for (const std::string& waiting : std::exchange(outbox_, {})) link_.send_line(waiting);
+    }
+    return std::nullopt;
+  }
+
+  // Node 0's sealed lines: its goodbye, a loss it found, the attempts' orders; then whether node 0 is lost.
+  std::optional<std::string> on_lines(const std::vector<std::string>& lines, bool ended) {
     for (const std::string& line : lines) {
-      if (line.starts_with("bye") && coordinates_restarts() && !job_over_) link_.left = left_early(line);
-      if (line.starts_with("bye")) link_.said_bye = true;
+      if (line.starts_with("bye")) {
+        link_.left = goodbye_meaning(line, coordinates_restarts(), job_over_);
+        link_.said_bye = true;
+      }
       if (const std::string lost = words_after(line, "lost "); !lost.empty() && !link_.said_bye) {
         finished_ = true;
         return lost + advice(options_);
@@ -729,13 +841,6 @@ class other_node_heartbeat final : public peer_watch {
     return std::nullopt;
   }
 
-  void finish(int exit_code) override {
-    if (connected_ && link_.fd >= 0) link_.send_line("bye " + std::to_string(exit_code));
-    link_.close_link();
-    finished_ = true;
-  }
-
- private:
   void retry_later() {
     link_.close_link();
     link_ = peer_link{};
@@ -743,7 +848,8 @@ class other_node_heartbeat final : public peer_watch {
     next_attempt_ = steady_clock::now() + std::min(options_.interval, connect_retry);
   }
 
-  // Connects to node 0's launcher, one attempt at a time; returns whether the connection is made.
+  // Connects to node 0's launcher, one attempt at a time; returns whether the connection is made (node 0 speaks
+  // first: its challenge).
   bool advance_connection() {
     const steady_clock::time_point now = steady_clock::now();
     if (link_.fd < 0) {
@@ -754,20 +860,21 @@ class other_node_heartbeat final : public peer_watch {
     }
     pollfd writable{link_.fd, POLLOUT, 0};
     if (poll(&writable, 1, 0) <= 0) {
-      if (now >= connect_deadline_) link_.close_link();  // try again, a fresh attempt
+      if (now >= connect_deadline_) {
+        link_.close_link();  // try again, a fresh attempt
+        problem_ = "connections to it time out (nothing answers at that address)";
+      }
       return false;
     }
     int error = 0;
     socklen_t length = sizeof error;
     if (getsockopt(link_.fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0 || error != 0) {
       link_.close_link();  // node 0's launcher is not listening yet
+      problem_ = std::string("connecting to it: ") + std::strerror(error);
       return false;
     }
     connected_ = true;
     link_.heard();
-    link_.send_line(options_.elastic ? "join " + options_.rdzv_id + " " + std::to_string(options_.nproc_per_node)
-                                     : "hello " + std::to_string(options_.node_rank) + " " +
-                                           std::to_string(options_.nproc_per_node));
     next_beat_ = now + options_.interval;
     return true;
   }
@@ -777,13 +884,22 @@ class other_node_heartbeat final : public peer_watch {
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* found = nullptr;
-    if (getaddrinfo(options_.master_addr.c_str(), std::to_string(options_.port).c_str(), &hints, &found) != 0) return;
+    if (const int error =
+            getaddrinfo(options_.master_addr.c_str(), std::to_string(options_.port).c_str(), &hints, &found);
+        error != 0) {
+      const std::string problem = "cannot resolve " + options_.master_addr + " (" + gai_strerror(error) + ")";
+      if (options_.elastic && problem != problem_)
+        std::fprintf(stderr, "accel launch: %s; trying again until the join timeout\n", problem.c_str());
+      problem_ = problem;
+      return;
+    }
     const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd >= 0 && (connect(fd, found->ai_addr, found->ai_addrlen) == 0 || errno == EINPROGRESS)) {
       link_.fd = fd;
       connect_deadline_ = steady_clock::now() + options_.timeout;
-    } else if (fd >= 0) {
-      close(fd);
+    } else {
+      problem_ = std::string("connecting to it: ") + std::strerror(errno);
+      if (fd >= 0) close(fd);
     }
     freeaddrinfo(found);
   }
@@ -837,7 +953,10 @@ class other_node_heartbeat final : public peer_watch {
   heartbeat_options options_;
   peer_link link_;
   bool connected_ = false;  // a connection is made
-  bool welcomed_ = false;   // node 0's launcher answered the hello: from then on, node 0 is watched
+  bool welcomed_ = false;   // node 0's launcher proved itself: from then on, node 0 is watched
+  std::string nonce_;       // this node's, for the handshake on this connection
+  std::string problem_;     // why node 0 was not reached at the last try, for the join timeout's message
+  steady_clock::time_point join_deadline_ = steady_clock::now() + options_.join_timeout;
   bool finished_ = false;
   // Restarts agreed across the nodes: the attempt running, node 0's order to stop it, what node 0 decided after it.
   int attempt_ = 0;
@@ -855,11 +974,17 @@ class other_node_heartbeat final : public peer_watch {
 
 std::unique_ptr<peer_watch> make_heartbeat(const heartbeat_options& options) {
   if (options.elastic) {
-    if (const int listener = listen_at(options.master_addr, options.port); listener >= 0)
-      return std::make_unique<main_node_heartbeat>(options, listener);
+    if (const int listener = listen_at(options.master_addr, options.port); listener >= 0) {
+      if (!options.all_interfaces) return std::make_unique<main_node_heartbeat>(options, std::vector<int>{listener});
+      close(listener);  // this launcher hosts the rendezvous: now on every interface
+      return std::make_unique<main_node_heartbeat>(options, listen_for_nodes(options.master_addr, options.port, true));
+    }
     return std::make_unique<other_node_heartbeat>(options);
   }
-  if (options.node_rank == 0) return std::make_unique<main_node_heartbeat>(options, listen_on(options.port));
+  if (options.node_rank == 0) {
+    return std::make_unique<main_node_heartbeat>(
+        options, listen_for_nodes(options.master_addr, options.port, options.all_interfaces));
+  }
   return std::make_unique<other_node_heartbeat>(options);
 }
 

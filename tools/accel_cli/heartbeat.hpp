@@ -17,6 +17,8 @@ struct heartbeat_options {
   int nproc_per_node = 1;
   std::string master_addr;                   // node 0's host name or address: the other launchers connect to it
   int port = 0;                              // where node 0's launcher listens
+  bool all_interfaces = false;               // node 0 listens on every interface, not only at master_addr
+  std::string secret;                        // the job's (load_job_secret()): never sent, never printed
   std::chrono::milliseconds interval{5000};  // between two heartbeats
   std::chrono::milliseconds timeout{15000};  // a node silent this long is lost
   // Above 0: the nodes restart the job together, node 0 deciding (heartbeat.cpp), up to this many times.
@@ -29,10 +31,14 @@ struct heartbeat_options {
   int min_nnodes = 1;
   std::string rdzv_id;
   std::chrono::milliseconds last_call{30000};  // waiting for more than min_nnodes at the first attempt
+  // The first rendezvous: a launcher that has not reached the host within it, or a host that has not gathered
+  // min_nnodes, gives up (torchrun's join_timeout).
+  std::chrono::milliseconds join_timeout{600000};
 };
 
-// Node 0's launcher listens on `port` (throws std::runtime_error naming the port and the fix when it cannot); every
-// other node's launcher connects to it. The watch is then given to supervise_job (supervision_options::peers). In an
+// Node 0's launcher listens on `port` at master_addr (throws std::runtime_error naming the port and the fix when it
+// cannot); every other node's launcher connects to it and proves that it holds `secret` before anything it says
+// counts. The watch is then given to supervise_job (supervision_options::peers). In an
 // elastic job, node 0 is the launcher that can listen on master_addr:port (the rendezvous endpoint), as torchrun's
 // c10d rendezvous host is the one whose address the endpoint names.
 std::unique_ptr<peer_watch> make_heartbeat(const heartbeat_options& options);

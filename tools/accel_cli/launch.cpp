@@ -47,6 +47,7 @@
 #include "accel/detail/support/worker_variables.hpp"
 #include "arguments.hpp"
 #include "heartbeat.hpp"
+#include "job_secret.hpp"
 #include "supervisor.hpp"
 
 namespace accel::cli {
@@ -86,7 +87,8 @@ std::chrono::milliseconds parse_seconds(const option_token& option, const std::s
 }
 
 bool is_switch(const option_token& option) {
-  return option.name == "prefix_output" || option.name == "help" || option.name == "h";
+  return option.name == "prefix_output" || option.name == "heartbeat_all_interfaces" || option.name == "help" ||
+         option.name == "h";
 }
 
 // The settings the workers read rather than the launcher: checked as the config file's, passed on as variables.
@@ -113,6 +115,26 @@ void apply_nnodes(launch_options& options, const option_token& option, const std
   }
 }
 
+// --rdzv_conf KEY=S[,KEY=S]: torchrun's rendezvous settings that accel's rendezvous has.
+void apply_rendezvous_settings(launch_options& options, const option_token& option, const std::string& value) {
+  std::size_t start = 0;
+  do {
+    const std::size_t comma = value.find(',', start);
+    const std::string setting = value.substr(start, comma == std::string::npos ? comma : comma - start);
+    start = comma == std::string::npos ? value.size() + 1 : comma + 1;
+    const std::size_t equals = setting.find('=');
+    const std::string key = setting.substr(0, equals);
+    if (equals == std::string::npos || (key != "last_call_timeout" && key != "join_timeout"))
+      throw usage_error(option.spelling +
+                        " takes last_call_timeout=S (seconds to wait for more nodes than the fewest) and "
+                        "join_timeout=S (seconds to reach the rendezvous and gather the fewest, default 600), "
+                        "comma-separated, not '" +
+                        setting + "'");
+    (key == "join_timeout" ? options.join_timeout : options.last_call) =
+        parse_seconds(option, setting.substr(equals + 1));
+  } while (start <= value.size());
+}
+
 // torchrun's rendezvous flags: the c10d backend only (a launcher hosts it), or static (none).
 void apply_rendezvous_option(launch_options& options, const option_token& option, const std::string& value) {
   if (option.name == "rdzv_backend") {
@@ -134,15 +156,11 @@ void apply_rendezvous_option(launch_options& options, const option_token& option
                         "node), not '" +
                         value + "'");
   } else if (option.name == "rdzv_id") {
+    if (value.empty() || std::any_of(value.begin(), value.end(), [](char c) { return c <= ' ' || c == 0x7f; }))
+      throw usage_error(option.spelling + " must be a name without spaces or control characters, not '" + value + "'");
     options.rdzv_id = value;
   } else if (option.name == "rdzv_conf") {
-    const std::string key = "last_call_timeout=";
-    if (!value.starts_with(key))
-      throw usage_error(option.spelling +
-                        " takes last_call_timeout=S (seconds to wait for more nodes than the "
-                        "fewest), not '" +
-                        value + "'");
-    options.last_call = parse_seconds(option, value.substr(key.size()));
+    apply_rendezvous_settings(options, option, value);
   } else {
     throw usage_error("unknown option '" + option.spelling + "'; 'accel launch --help' lists the options");
   }
@@ -153,7 +171,9 @@ void apply_option(launch_options& options, const given_option& given) {
   const option_token& option = given.token;
   const std::string& value = given.value;
   if (is_switch(option)) {
-    (option.name == "prefix_output" ? options.prefix_output : options.show_help) = true;
+    (option.name == "prefix_output"              ? options.prefix_output
+     : option.name == "heartbeat_all_interfaces" ? options.heartbeat_all_interfaces
+                                                 : options.show_help) = true;
   } else if (is_run_setting(option)) {
     try {
       set_config_value(options.run, option.name, value, option.spelling);
@@ -488,7 +508,14 @@ constexpr const char* launch_usage_text =
     "                      waiting for the collective timeout (default 15; 0 turns the keep-alive off)\n"
     "  --heartbeat_interval S  seconds between two heartbeats (default 5, at most half the timeout)\n"
     "  --heartbeat_port P  the TCP port on node 0 where the launchers' heartbeats meet (default\n"
-    "                      --master_port + 1; the same on every node)\n"
+    "                      --master_port + 1; the same on every node). Node 0 listens there at\n"
+    "                      --master_addr only, and acts on nothing a connection says before it proved\n"
+    "                      that its launcher holds the job's secret: ACCEL_JOB_SECRET (at least 16\n"
+    "                      characters, the same on every node; never printed, nor passed to the\n"
+    "                      workers), or without it ~/.config/accel/job_secret (made on first use,\n"
+    "                      readable by you alone: the same on machines that share your home directory)\n"
+    "  --heartbeat_all_interfaces  node 0 listens on every interface instead of --master_addr's (when\n"
+    "                      the others reach it by an address it does not have, behind NAT)\n"
     "  --nnodes MIN:MAX, --rdzv_backend c10d, --rdzv_endpoint HOST:PORT, --rdzv_id ID\n"
     "                      an elastic job (torchrun's flags): the launcher at HOST (which can listen on\n"
     "                      PORT, default 29400) hosts the rendezvous and is node 0; every other launcher\n"
@@ -498,7 +525,10 @@ constexpr const char* launch_usage_text =
     "                      the attempt; with --max_restarts the job goes on with the others (WORLD_SIZE\n"
     "                      and RANK renumbered) while MIN remain; a node that joins later is admitted at\n"
     "                      the next restart. Workers also get TORCHELASTIC_RUN_ID=ID\n"
-    "  --rdzv_conf last_call_timeout=S  seconds to wait for more than MIN nodes (default 30)\n"
+    "  --rdzv_conf last_call_timeout=S,join_timeout=S\n"
+    "                      seconds to wait for more than MIN nodes (default 30), and for this launcher to\n"
+    "                      reach the rendezvous and the rendezvous to gather MIN nodes (default 600,\n"
+    "                      torchrun's): past it the launcher says what it waited for and exits with 1\n"
     "  --mixed_precision M no, bf16, fp16 or fp8: sets ACCELERATE_MIXED_PRECISION for the workers\n"
     "  --gradient_accumulation_steps N  sets ACCELERATE_GRADIENT_ACCUMULATION_STEPS for the workers\n"
     "  --parallelism_config_dp_replicate_size N, --parallelism_config_dp_shard_size N,\n"
@@ -546,13 +576,17 @@ int run_launch(const launch_options& options) {
   supervision.max_restarts = options.max_restarts;
   supervision.restart_delay = options.restart_delay;
   std::unique_ptr<peer_watch> heartbeat;  // with restarts, node 0's decides when each attempt starts
-  if ((options.nnodes > 1 || options.elastic) && options.heartbeat_timeout.count() > 0) {
+  const bool keep_alive = (options.nnodes > 1 || options.elastic) && options.heartbeat_timeout.count() > 0;
+  if (!keep_alive) unsetenv(job_secret_variable);  // the workers never inherit it (load_job_secret removes it too)
+  if (keep_alive) {
     heartbeat = make_heartbeat(
         {.nnodes = options.nnodes,
          .node_rank = options.node_rank,
          .nproc_per_node = options.nproc_per_node,
          .master_addr = options.elastic ? options.rdzv_host : options.master_addr,
          .port = options.elastic ? options.rdzv_port : options.heartbeat_port.value_or(options.master_port + 1),
+         .all_interfaces = options.heartbeat_all_interfaces,
+         .secret = load_job_secret(),
          .interval = options.heartbeat_interval,
          .timeout = options.heartbeat_timeout,
          .max_restarts = options.max_restarts,
@@ -560,7 +594,8 @@ int run_launch(const launch_options& options) {
          .elastic = options.elastic,
          .min_nnodes = options.min_nnodes.value_or(options.nnodes),
          .rdzv_id = options.rdzv_id,
-         .last_call = options.last_call});
+         .last_call = options.last_call,
+         .join_timeout = options.join_timeout});
     supervision.peers = heartbeat.get();
   }
   const auto workers = [&](int restart_count, const std::optional<attempt_verdict>& agreed) {

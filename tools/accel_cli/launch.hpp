@@ -29,6 +29,7 @@ struct launch_options {
   std::optional<int> heartbeat_port;
   std::chrono::milliseconds heartbeat_interval{5000};
   std::chrono::milliseconds heartbeat_timeout{15000};
+  bool heartbeat_all_interfaces = false;  // node 0 listens on every interface, not only at master_addr
   // Elastic membership (torchrun's --rdzv_backend c10d with --nnodes MIN:MAX): the launcher at rdzv_host:rdzv_port
   // hosts the rendezvous and is node 0; the others join it and get their node ranks from it, attempt by attempt.
   bool elastic = false;
@@ -36,8 +37,9 @@ struct launch_options {
   std::string rdzv_host;
   int rdzv_port = 29400;  // torchrun's default
   std::string rdzv_id = "none";
-  std::chrono::milliseconds last_call{30000};  // --rdzv_conf last_call_timeout: waiting for more than MIN nodes
-  std::optional<int> job_processes;            // the config file's num_processes: the whole job, over every node
+  std::chrono::milliseconds last_call{30000};      // --rdzv_conf last_call_timeout: waiting for more than MIN nodes
+  std::chrono::milliseconds join_timeout{600000};  // --rdzv_conf join_timeout: the first rendezvous, at most
+  std::optional<int> job_processes;                // the config file's num_processes: the whole job, over every node
   config_values run;  // mixed_precision, gradient_accumulation_steps, the mesh sizes: passed on to the workers
   std::optional<mesh_sizes> mesh;  // the sizes in force (flags, file, environment), validated, when any is set
   std::optional<std::filesystem::path> config_file;  // the config file read, if any (passed on to the workers)

@@ -1,4 +1,4 @@
-// `accel merge-weights CHECKPOINT OUT`: the full weights of a checkpoint, written as model.safetensors.
+// `accel merge-weights [flags] CHECKPOINT OUT`: the full weights of a checkpoint, written as model.safetensors.
 #pragma once
 
 #include <string>
@@ -13,6 +13,6 @@ int merge_weights_main(const std::vector<std::string>& args);
 inline constexpr command merge_weights_command{
     "merge-weights",
     "write a checkpoint's full weights (a sharded one's assembled from every process's files) as model.safetensors",
-    "accel merge-weights CHECKPOINT OUT", merge_weights_main};
+    "accel merge-weights [--unsafe_serialization] [--remove_checkpoint_dir] CHECKPOINT OUT", merge_weights_main};
 
 }  // namespace accel::cli
