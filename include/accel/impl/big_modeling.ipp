@@ -47,12 +47,15 @@ void install_meta_factories() {
 void add_stored(stored_tensors& out, const std::filesystem::path& file) {
   const auto header = safetensors::detail::read_header(file);
   const auto size = std::filesystem::file_size(file);
+  safetensors::detail::check_ranges(header.entries, size - header.data_begin, file.string());
   for (const auto& [name, entry] : header.entries) {
     const auto type = safetensors::detail::scalar_type_of(entry.dtype);
     if (!type)
       throw checkpoint_error("accel: " + file.string() + ": " + name + " has the unknown dtype " + entry.dtype);
-    const auto bytes = c10::multiply_integers(entry.shape) * static_cast<std::int64_t>(c10::elementSize(*type));
-    if (entry.offsets.size() != 2 || entry.offsets[1] - entry.offsets[0] != bytes ||
+    std::int64_t bytes = 0;
+    if (__builtin_mul_overflow(safetensors::detail::element_count(entry.shape, name, file.string()),
+                               static_cast<std::int64_t>(c10::elementSize(*type)), &bytes) ||
+        entry.offsets.size() != 2 || entry.offsets[1] - entry.offsets[0] != bytes ||
         header.data_begin + static_cast<std::uint64_t>(entry.offsets[1]) > size)
       throw checkpoint_error("accel: " + file.string() + " is corrupt: " + name +
                              "'s bytes do not match its shape or lie outside the file");

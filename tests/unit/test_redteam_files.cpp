@@ -1,0 +1,200 @@
+// Issue 56's hostile and mistaken input (tests redteam.*): files that overlap, nest, overflow or claim more than they
+// hold, a second model offloaded into a folder still in use, a device-map key that names nothing, a mesh whose product
+// wraps, an MLflow URI or server out of bounds, a fused layer tp cannot split. Each is refused with an error naming the
+// problem (and its limit), never a crash, a wrong model or memory held for it.
+#include "accel_headers.hpp"
+#include <catch2/catch.hpp>
+#include <caffe2/serialize/inline_container.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <accel/detail/tracking/http.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "offload_model.hpp"
+#include "support.hpp"
+
+namespace {
+
+using accel::map_device;
+using accel_test::OffloadLM;
+using Catch::Contains;
+using namespace std::string_literals;
+
+OffloadLM small_model(std::uint64_t seed) {
+  torch::manual_seed(seed);
+  OffloadLM model(20, 8, 16, 2);
+  model->eval();
+  return model;
+}
+
+torch::Tensor logits_of(OffloadLM& model) {
+  torch::NoGradGuard no_grad;
+  return model->forward(torch::arange(0, 12, torch::kLong).remainder(20).view({2, 6}));
+}
+
+/// A safetensors file of `header` (JSON) and `data` bytes.
+void write_raw(const std::filesystem::path& path, const std::string& header, const std::string& data) {
+  std::ofstream out(path, std::ios::binary);
+  const std::uint64_t length = header.size();
+  out.write(reinterpret_cast<const char*>(&length), sizeof length);
+  out << header << data;
+}
+
+std::string two_floats(const char* first, const char* second) {
+  return std::string("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":") + first +
+         "},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":" + second + "}}";
+}
+
+/// A torch.save archive whose data.pkl is `pickle`.
+std::string torch_save_archive(const std::string& pickle) {
+  std::string bytes;
+  caffe2::serialize::PyTorchStreamWriter archive([&bytes](const void* data, std::size_t size) {
+    bytes.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  archive.writeRecord("byteorder", "little", 6);
+  archive.writeRecord("data.pkl", pickle.data(), pickle.size());
+  archive.writeEndOfFile();
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors_overlap", "[redteam56]") {
+  // Python's safetensors: the byte ranges, in offset order, follow each other from 0 and cover the data exactly.
+  const auto dir = accel_test::scratch_directory("redteam-overlap");
+  const std::string data(16, '\0');
+  write_raw(dir / "overlap.safetensors", two_floats("[0,8]", "[0,8]"), data);
+  CHECK_THROWS_WITH(accel::safetensors::load(dir / "overlap.safetensors"),
+                    Contains("invalid offset for tensor b: its bytes begin at 0 of the data, where the tensor before "
+                             "it ends at 8"));
+  write_raw(dir / "gap.safetensors", two_floats("[0,8]", "[12,20]"), std::string(20, '\0'));
+  CHECK_THROWS_WITH(accel::safetensors::load(dir / "gap.safetensors"), Contains("invalid offset for tensor b"));
+  write_raw(dir / "trailing.safetensors", two_floats("[0,8]", "[8,16]"), std::string(24, '\0'));
+  CHECK_THROWS_WITH(accel::safetensors::load(dir / "trailing.safetensors"),
+                    Contains("its tensors' bytes end at 16 of the data, which has 24"));
+  write_raw(dir / "reversed.safetensors", two_floats("[8,16]", "[0,8]"), data);  // another order: valid
+  CHECK(accel::safetensors::load(dir / "reversed.safetensors").size() == 2);
+
+  // A checkpoint whose second block points at the first block's bytes: load_checkpoint_and_dispatch refuses it.
+  auto model = small_model(3);
+  accel::save_model(*model, dir / "checkpoint");
+  const auto path = dir / "checkpoint" / "model.safetensors";
+  auto header = accel::safetensors::detail::read_header(path);
+  std::string text = "{";
+  std::string moved;
+  for (const auto& [name, entry] : header.entries) {
+    auto offsets = entry.offsets;
+    if (name == "blocks.1.up.weight") {
+      for (const auto& [other, first] : header.entries)
+        if (other == "blocks.0.up.weight") offsets = first.offsets;
+      moved = name;
+    }
+    std::string shape;
+    for (const auto d : entry.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    text += "\"" + name + "\":{\"dtype\":\"" + entry.dtype + "\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+            std::to_string(offsets[0]) + "," + std::to_string(offsets[1]) + "]},";
+  }
+  text.back() = '}';
+  REQUIRE(moved == "blocks.1.up.weight");
+  std::ifstream in(path, std::ios::binary);
+  const std::string whole(std::istreambuf_iterator<char>(in), {});
+  write_raw(path, text, whole.substr(header.data_begin));
+  OffloadLM empty{nullptr};
+  {
+    accel::init_empty_weights scope;
+    empty = OffloadLM(20, 8, 16, 2);
+  }
+  CHECK_THROWS_WITH(accel::load_checkpoint_and_dispatch(*empty, path, {.map = {{"", map_device::cpu()}}}),
+                    Contains("invalid offset for tensor"));
+}
+
+TEST_CASE("safetensors_nested_index", "[redteam56]") {
+  // An index nested a million levels deep in its metadata: refused at the depth limit, not a recursion that
+  // overflows the stack. One reader for every index (the weight map's text scan is gone).
+  const auto dir = accel_test::scratch_directory("redteam-nested-index");
+  auto model = small_model(4);
+  accel::save_model(*model, dir, 2048);  // several parts: an index
+  const auto index = dir / "model.safetensors.index.json";
+  REQUIRE(std::filesystem::exists(index));
+  std::ifstream in(index);
+  std::string text(std::istreambuf_iterator<char>(in), {});
+  const auto metadata = text.find("{\"total_size\"");
+  REQUIRE(metadata != std::string::npos);
+  text.replace(metadata, 1, "{\"deep\": " + std::string(1000000, '[') + std::string(1000000, ']') + ", ");
+  std::ofstream(index, std::ios::trunc) << text;
+  OffloadLM empty{nullptr};
+  {
+    accel::init_empty_weights scope;
+    empty = OffloadLM(20, 8, 16, 2);
+  }
+  CHECK_THROWS_AS(accel::load_checkpoint_and_dispatch(*empty, index, {.map = {{"", map_device::cpu()}}}),
+                  accel::checkpoint_error);
+  CHECK_THROWS_WITH(accel::load_model(*model, dir), Contains("values nest more than 128 levels deep"));
+  // A \u escape without its four hex digits names the file, not std::stoul.
+  std::ofstream(index, std::ios::trunc) << "{\"weight_map\": {\"a\\uzzzz\": \"model.safetensors\"}}";
+  CHECK_THROWS_WITH(accel::load_model(*model, dir),
+                    Contains(index.string()) && Contains("a \\u escape is not followed by 4 hexadecimal digits"));
+}
+
+TEST_CASE("safetensors_header_limit", "[redteam56]") {
+  // A header that claims 1 GiB is refused before it is read (Python's safetensors refuses headers over 100 MB); a
+  // shape whose element count passes 64 bits is refused naming the tensor, not read as a small count.
+  const auto dir = accel_test::scratch_directory("redteam-header-limit");
+  const auto path = dir / "huge-header.safetensors";
+  {
+    std::ofstream out(path, std::ios::binary);
+    const std::uint64_t length = std::uint64_t{1} << 30;
+    out.write(reinterpret_cast<const char*>(&length), sizeof length);
+  }
+  std::filesystem::resize_file(path, (std::uint64_t{1} << 30) + 64);  // sparse: no disk
+  CHECK_THROWS_WITH(accel::safetensors::detail::read_header(path),
+                    Contains("its header claims 1073741824 bytes, more than the 100000000 a header may have"));
+  OffloadLM empty{nullptr};
+  {
+    accel::init_empty_weights scope;
+    empty = OffloadLM(20, 8, 16, 2);
+  }
+  CHECK_THROWS_WITH(accel::load_checkpoint_and_dispatch(*empty, path, {.map = {{"", map_device::cpu()}}}),
+                    Contains("more than the 100000000 a header may have"));
+  std::filesystem::remove(path);
+  write_raw(dir / "overflow.safetensors",
+            R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,0]}})", "");
+  CHECK_THROWS_WITH(accel::safetensors::load(dir / "overflow.safetensors"),
+                    Contains("tensor w has a shape of more elements than 64 bits count"));
+}
+
+TEST_CASE("pickle_nested", "[redteam56]") {
+  // A torch.save pickle of a list nested a million deep (PyTorch's torch.load reads it): refused at the depth limit,
+  // not freed by a recursion that overflows the stack. A list that contains itself is refused too.
+  const auto deep = "\x80\x02"s + std::string(1000000, ']') + std::string(999999, 'a') + ".";
+  CHECK_THROWS_WITH(accel::detail::read_torch_save(torch_save_archive(deep), "deep.bin"),
+                    Contains("nests lists, dicts and tuples more than 256 levels deep"));
+  const auto shallow = "\x80\x02]]]aa."s;
+  CHECK(accel::detail::read_torch_save(torch_save_archive(shallow), "shallow.bin").isList());
+  const auto cycle = "\x80\x02]q\x00h\x00"s + "a.";  // L = []; L.append(L), through the memo
+  CHECK_THROWS_WITH(accel::detail::read_torch_save(torch_save_archive(cycle), "cycle.bin"),
+                    Contains("changes a list or dict after placing it in another"));
+
+  // Through load_state of an Accelerate checkpoint: its optimizer.bin replaced by the deep pickle.
+  const auto dir = accel_test::scratch_directory("redteam-pickle");
+  accel::accelerator<> acc{{.cpu = true}};
+  torch::nn::Linear net(2, 1);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto prepared = acc.prepare(net, sgd);
+  acc.save_state(dir / "ckpt", {.files = accel::file_set::accelerate});
+  std::ofstream(dir / "ckpt" / "optimizer.bin", std::ios::binary | std::ios::trunc) << torch_save_archive(deep);
+  CHECK_THROWS_WITH(acc.load_state(dir / "ckpt"), Contains("more than 256 levels deep"));
+}
