@@ -72,6 +72,25 @@ std::string torch_save_archive(const std::string& pickle) {
 
 }  // namespace
 
+TEST_CASE("disk_offload_same_folder", "[redteam56]") {
+  // Two models offloaded into one folder: the second would replace the file the first reads, and the first would
+  // compute with its weights. Refused while the first is dispatched; allowed once its handle is gone.
+  const auto dir = accel_test::scratch_directory("redteam-offload-folder");
+  auto first = small_model(1), second = small_model(2);
+  const auto first_expected = logits_of(first), second_expected = logits_of(second);
+  {
+    const auto first_dispatched = accel::disk_offload(*first, dir);
+    CHECK_THROWS_WITH(accel::disk_offload(*second, dir),
+                      Contains("offload.safetensors holds the disk weights of another dispatched model that is still "
+                               "alive") &&
+                          Contains("give each model an offload folder of its own"));
+    CHECK(torch::equal(logits_of(first), first_expected));
+    CHECK(!second->head->module()->weight.is_meta());  // the refused dispatch changed nothing
+  }
+  const auto second_dispatched = accel::disk_offload(*second, dir);
+  CHECK(torch::equal(logits_of(second), second_expected));
+}
+
 TEST_CASE("safetensors_overlap", "[redteam56]") {
   // Python's safetensors: the byte ranges, in offset order, follow each other from 0 and cover the data exactly.
   const auto dir = accel_test::scratch_directory("redteam-overlap");
@@ -197,4 +216,14 @@ TEST_CASE("pickle_nested", "[redteam56]") {
   acc.save_state(dir / "ckpt", {.files = accel::file_set::accelerate});
   std::ofstream(dir / "ckpt" / "optimizer.bin", std::ios::binary | std::ios::trunc) << torch_save_archive(deep);
   CHECK_THROWS_WITH(acc.load_state(dir / "ckpt"), Contains("more than 256 levels deep"));
+}
+
+TEST_CASE("device_map_unknown_key", "[redteam56]") {
+  // "blokc1" names no module: Accelerate warns; accel refuses it, naming it, before anything is placed.
+  auto model = small_model(5);
+  CHECK_THROWS_WITH(accel::dispatch_model(*model, {{"", map_device::cpu()}, {"blokc1", map_device::cpu()}}),
+                    Contains("the device map's key \"blokc1\" names no module, parameter or buffer of the model") &&
+                        Contains("its top-level modules are embed, blocks, head"));
+  CHECK_NOTHROW(
+      (void)accel::dispatch_model(*model, {{"blocks.0.up.weight", map_device::cpu()}, {"", map_device::cpu()}}));
 }
