@@ -227,3 +227,72 @@ TEST_CASE("device_map_unknown_key", "[redteam56]") {
   CHECK_NOTHROW(
       (void)accel::dispatch_model(*model, {{"blocks.0.up.weight", map_device::cpu()}, {"", map_device::cpu()}}));
 }
+
+TEST_CASE("mesh_total_overflow", "[redteam56]") {
+  // 641 x 6700417 = 2^32 + 1: an int's product wraps to 1, which took it for a mesh of one process.
+  const accel::mesh_sizes wraps{.dp_replicate = 641, .dp_shard = 6700417};
+  CHECK(wraps.total() == 4294967297LL);
+  CHECK_THROWS_WITH(accel::validate_mesh(wraps, 1), Contains("spans 4294967297 processes"));
+  const accel::mesh_sizes past_64_bits{.dp_replicate = 1 << 30, .dp_shard = 1 << 30, .cp = 1 << 30, .tp = 1 << 30};
+  CHECK_THROWS_AS(accel::validate_mesh(past_64_bits, 8), accel::mesh_error);
+}
+
+TEST_CASE("mlflow_port", "[redteam56]") {
+  // Port 99999 would be truncated to 16 bits by the resolver (34463): refused, naming the range.
+  CHECK_THROWS_WITH(accel::detail::parse_http_uri("http://127.0.0.1:99999", "MLFLOW_TRACKING_URI"),
+                    Contains("its port 99999 is not one of 1 to 65535"));
+  CHECK_THROWS_WITH(accel::detail::parse_http_uri("http://127.0.0.1:0", "MLFLOW_TRACKING_URI"),
+                    Contains("is not one of 1 to 65535"));
+  CHECK(accel::detail::parse_http_uri("http://127.0.0.1:65535", "uri").port == "65535");
+}
+
+TEST_CASE("mlflow_response_cap", "[redteam56]") {
+  // A server that announces a huge body, or streams one without a length: the client stops at its limit instead of
+  // holding what it is sent (1 GiB here would be 1 GiB of resident memory).
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof address;
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), size) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &size);
+  std::atomic<std::int64_t> sent_unbounded{0};
+  std::thread server([&] {
+    for (const char* head : {"HTTP/1.1 200 OK\r\nContent-Length: 2000000000\r\n\r\n", "HTTP/1.1 200 OK\r\n\r\n"}) {
+      const int client = ::accept(listener, nullptr, nullptr);
+      std::string request(4096, '\0');
+      (void)::recv(client, request.data(), request.size(), 0);
+      std::int64_t sent = ::send(client, head, std::strlen(head), MSG_NOSIGNAL);
+      const std::string chunk(1 << 20, 'x');
+      while (sent < (std::int64_t{1} << 30)) {
+        const auto n = ::send(client, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+        if (n <= 0) break;
+        sent += n;
+      }
+      if (head[17] == '\r') sent_unbounded = sent;  // the second: a body ended by the close
+      ::close(client);
+    }
+  });
+  const accel::detail::http_endpoint endpoint{
+      .host = "127.0.0.1", .port = std::to_string(ntohs(address.sin_port)), .base_path = ""};
+  const auto request = accel::detail::http_request_text(endpoint, "GET", "/");
+  const accel::detail::http_timeouts timeouts{std::chrono::seconds(5), std::chrono::seconds(60)};
+  CHECK_THROWS_WITH(accel::detail::http_exchange(endpoint, request, timeouts),
+                    Contains("announces a body of 2000000000 bytes, more than the 16777216 a response may have"));
+  CHECK_THROWS_WITH(accel::detail::http_exchange(endpoint, request, timeouts),
+                    Contains("response passes 16777216 bytes"));
+  server.join();
+  ::close(listener);
+  CHECK(sent_unbounded < (std::int64_t{64} << 20));  // it stopped reading near its limit, not at 1 GiB
+}
+
+TEST_CASE("fused_parts_message", "[redteam56]") {
+  // 6 output features in 2 fused parts of 3: tp = 2 divides 6, but not the parts of 3, which is what is split.
+  auto weight = torch::zeros({6, 4});
+  CHECK_THROWS_WITH(accel::detail::tp::keep_slice("qkv", weight, 0, 0, 2, "output features", 2),
+                    "accel::parallelize_module: \"qkv\" has 6 output features in 2 fused parts of 3, which tp = 2 does "
+                    "not divide; choose a tp size that divides each part, or leave the layer whole");
+  CHECK_THROWS_WITH(accel::detail::tp::keep_slice("fc", weight, 0, 0, 4, "output features"),
+                    Contains("\"fc\" has 6 output features, which tp = 4 does not divide"));
+}
