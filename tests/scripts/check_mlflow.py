@@ -182,19 +182,21 @@ class FlakyMlflow(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):
-        with FlakyMlflow.lock:
-            FlakyMlflow.failures -= 1
-            if FlakyMlflow.failures >= 0:
+        server = type(self)  # this class or a subclass's own counters (SlowMlflow)
+        with server.lock:
+            server.failures -= 1
+            if server.failures >= 0:
                 return self.answer(503, {"error_code": "TEMPORARILY_UNAVAILABLE"})
         self.answer(404, {"error_code": "RESOURCE_DOES_NOT_EXIST"})  # get-by-name: no such experiment yet
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with FlakyMlflow.lock:
-            FlakyMlflow.failures -= 1
-            if FlakyMlflow.failures >= 0:
+        server = type(self)
+        with server.lock:
+            server.failures -= 1
+            if server.failures >= 0:
                 return self.answer(503, {"error_code": "TEMPORARILY_UNAVAILABLE"})
-            FlakyMlflow.received.append((self.path, body))
+            server.received.append((self.path, body))
         replies = {"/api/2.0/mlflow/experiments/create": {"experiment_id": "7"},
                    "/api/2.0/mlflow/runs/create": {"run": {"info": {"run_id": "r1", "experiment_id": "7"}}}}
         self.answer(200, replies.get(self.path, {}))
