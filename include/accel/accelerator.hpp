@@ -621,7 +621,7 @@ class accelerator {
     static_assert(detail::is_complete<set>,
                   "accel::accelerator's init_trackers, log and get_tracker need #include <accel/tracking.hpp>");
     if (!trackers_) {
-      trackers_ = std::make_shared<set>(options_.log_with, options_.project);
+      trackers_ = std::make_shared<set>(options_.log_with, options_.project, options_.mlflow);
       finish_trackers_ = [](detail::tracker_set& made) { static_cast<set&>(made).finish(); };
     }
     return *trackers_;

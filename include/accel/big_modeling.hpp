@@ -23,6 +23,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <torch/cuda.h>
 #include <torch/library.h>
 #include <torch/nn/module.h>
@@ -90,7 +91,8 @@ ACCEL_DECL void add_stored(stored_tensors& out, const std::filesystem::path& fil
 /// it names), or a directory holding either.
 ACCEL_DECL stored_tensors locate_checkpoint(const std::filesystem::path& where);
 
-/// Ranged reads (pread) of stored tensors, each file opened once and kept open while the reader lives.
+/// Ranged reads (pread) of stored tensors, each file opened once and kept open while the reader lives, under a shared
+/// lock (flock) that tells a dispatch about to replace the file that a live model still reads it.
 class tensor_reader {
  public:
   tensor_reader() = default;
@@ -102,6 +104,8 @@ class tensor_reader {
 
   /// A new CPU tensor holding `stored`'s bytes.
   ACCEL_DECL at::Tensor read(const stored_tensor& stored);
+  /// Opens `file` now (its lock taken), so that what is read later is this file even if another is renamed over it.
+  void keep_open(const std::filesystem::path& file) { (void)descriptor(file); }
   [[nodiscard]] std::int64_t bytes_read() const noexcept { return bytes_read_; }
 
  private:
@@ -124,7 +128,8 @@ struct brought_in {
 /// execution device, after it they go back to what they hold at rest.
 class offload_hooks final : public unit_hooks {
  public:
-  explicit offload_hooks(std::vector<std::vector<brought_in>> units) : units_(std::move(units)) {}
+  /// Opens the files of the tensors it brings in at once: they are read from these files, held for the hooks' life.
+  ACCEL_DECL explicit offload_hooks(std::vector<std::vector<brought_in>> units);
 
   ACCEL_DECL void before_unit_forward(std::size_t unit) override;
   void after_unit_forward(std::size_t unit, bool) override {
@@ -161,6 +166,10 @@ ACCEL_DECL map_device device_for(const device_map& map, const std::string& name,
 ACCEL_DECL std::optional<std::size_t> innermost_unit(const std::vector<std::pair<std::string, shard_unit_base*>>& units,
                                                      const std::string& name);
 
+/// Throws unless every key of `map` names a module, parameter or buffer of `model` (or is "", the whole model): a key
+/// that names nothing (a typo) would place nothing, silently (Accelerate warns; accel refuses, naming it).
+ACCEL_DECL void check_map_keys(const torch::nn::Module& model, const device_map& map, const std::string& caller);
+
 /// Every parameter and buffer of `model` once, with its device and its innermost unit. A tied parameter (the same
 /// tensor under a second name) is placed by its first name; should its other name lie in another unit while it is
 /// mapped to disk, that unit's forward would find it gone: refused, naming both.
@@ -185,7 +194,11 @@ struct weight_sources {
 ACCEL_DECL void check_placement(const std::vector<placed_tensor>& placed, const weight_sources& sources,
                                 c10::Device execution, const std::string& caller);
 
-/// Writes the disk-mapped tensors that have no file yet to `folder`/offload.safetensors and returns where they lie.
+/// Throws unless `file` is free to be replaced: no live dispatched model reads it (it holds the file's shared lock).
+ACCEL_DECL void check_not_in_use(const std::filesystem::path& file, const std::string& caller);
+
+/// Writes the disk-mapped tensors that have no file yet to `folder`/offload.safetensors and returns where they lie;
+/// refused while another live dispatch reads that file (`check_not_in_use`): it would compute with these weights.
 ACCEL_DECL stored_tensors write_offloaded(const std::vector<placed_tensor>& placed, const weight_sources& sources,
                                           const std::filesystem::path& folder, const std::string& caller);
 
@@ -251,7 +264,8 @@ class [[nodiscard]] dispatched_model {
 /// offload_index)`).
 struct dispatch_options {
   /// Where the weights of disk-mapped modules are written (`offload.safetensors`) before they are let go
-  /// (Accelerate's `offload_dir`). Not needed with `offload_weights`.
+  /// (Accelerate's `offload_dir`). Not needed with `offload_weights`. One folder per live model: a dispatch into
+  /// a folder whose file another live dispatched model reads is refused.
   std::filesystem::path offload_folder{};
   /// A safetensors checkpoint (a file, Hugging Face's `model.safetensors.index.json`, or a directory holding either)
   /// that already holds the disk-mapped weights: they are read from there and nothing is written (Accelerate's
@@ -304,7 +318,8 @@ ACCEL_DECL dispatched_model cpu_offload(torch::nn::Module& model, c10::Device ex
 
 /// Writes every weight to `offload_dir`/offload.safetensors, lets it go, and reads each unit's back for its forward
 /// only, on `execution_device` (Accelerate's `disk_offload`). Every parameter must be in a unit (`accel::shard_unit`);
-/// buffers stay in memory.
+/// buffers stay in memory. One folder per live model: while the returned handle lives, another dispatch into
+/// `offload_dir` is refused (it would replace the file this model reads).
 ACCEL_DECL dispatched_model disk_offload(torch::nn::Module& model, const std::filesystem::path& offload_dir,
                                          c10::Device execution_device = c10::kCPU);
 

@@ -18,8 +18,10 @@
 #include <array>
 #include <charconv>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,8 +53,15 @@ struct mesh_sizes {
   int cp = 1;            // context parallel
   int tp = 1;            // tensor parallel
 
-  /// The number of processes the mesh spans: Accelerate's `total_size`.
-  [[nodiscard]] constexpr int total() const noexcept { return dp_replicate * dp_shard * cp * tp; }
+  /// The number of processes the mesh spans: Accelerate's `total_size`, in 64 bits (sizes of up to 2^31 each would
+  /// wrap an int's product, 641 x 6700417 to 1); a product past 64 bits saturates at the largest value, which no
+  /// job's number of processes equals.
+  [[nodiscard]] constexpr std::int64_t total() const noexcept {
+    std::int64_t product = 1;
+    for (const int size : {dp_replicate, dp_shard, cp, tp})
+      if (__builtin_mul_overflow(product, size, &product)) return std::numeric_limits<std::int64_t>::max();
+    return product;
+  }
   friend constexpr bool operator==(const mesh_sizes&, const mesh_sizes&) = default;
 };
 

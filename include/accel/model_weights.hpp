@@ -49,9 +49,6 @@ ACCEL_DECL void copy_weights(torch::nn::Module& module, const std::map<std::stri
 
 ACCEL_DECL std::string shard_name(std::size_t index, std::size_t count);
 
-/// The weight map of `model.safetensors.index.json` (only the part this library writes and reads).
-ACCEL_DECL std::map<std::string, std::string> read_weight_map(const std::filesystem::path& index);
-
 }  // namespace detail
 
 namespace detail {

@@ -18,18 +18,24 @@ namespace detail {
 
 ACCEL_DECL module_tensor described_tensor(const std::string& name, const torch::Tensor& tensor);
 
-/// `seen` maps each parameter's storage object to the full name it was first met under: a later name of the same
-/// tensor is a tie.
+/// The full names each tensor and module instance was first met under: a later name of the same tensor is a tie (a
+/// buffer's only counts once), of the same module a registration shared with the first.
+struct first_names {
+  std::unordered_map<const c10::TensorImpl*, std::string> tensors;
+  std::unordered_map<const torch::nn::Module*, std::string> modules;
+};
+
 ACCEL_DECL module_tree describe_module(const torch::nn::Module& module, const std::string& name,
-                                       const std::string& full_name,
-                                       std::unordered_map<const c10::TensorImpl*, std::string>& seen);
+                                       const std::string& full_name, first_names& seen);
 
 }  // namespace detail
 
 /// The module tree of `module` for `infer_auto_device_map`: each module's class name is `Module::name()` (LibTorch's
-/// type name, e.g. "torch::nn::LinearImpl", or the name a module gave its Module constructor), which is what
-/// `no_split_module_classes` names. Bytes are each tensor's own dtype; give `device_map_options::dtype_size` (e.g.
-/// `c10::elementSize(torch::kBFloat16)`) to plan for weights loaded as another dtype.
+/// type name, e.g. "torch::nn::LinearImpl", or the name a module gave its Module constructor; an `accel::shard_unit`'s
+/// is its wrapped module's), which is what `no_split_module_classes` names. A tensor or module met again under
+/// another name is marked so (`module_tensor::tied_to`, `module_tree::shared_with`), and counts once. Bytes are each
+/// tensor's own dtype; give `device_map_options::dtype_size` (e.g. `c10::elementSize(torch::kBFloat16)`) to plan for
+/// weights loaded as another dtype.
 ACCEL_DECL module_tree describe_module(const torch::nn::Module& module);
 
 }  // namespace accel

@@ -238,6 +238,20 @@ struct parallelism_options {
 /// The experiment trackers built into accel (see accel/tracking.hpp), for `options::log_with`.
 enum class tracker { csv, json_lines, tensorboard, mlflow };
 
+/// How long the MLflow tracker (`log_with = {tracker::mlflow}`) waits for its server: MLflow's client's own bounds by
+/// default, so that a slow server gets every value. MLflow's variables MLFLOW_HTTP_REQUEST_TIMEOUT (seconds) and
+/// MLFLOW_HTTP_REQUEST_MAX_RETRIES, where set, take precedence (docs/trackers.md).
+struct mlflow_options {
+  /// From sending a request to the end of its answer (MLflow's 120 s).
+  std::chrono::milliseconds request_timeout = std::chrono::seconds(120);
+  /// Once training has ended, a request the server does not take is given up after this many retries (MLflow's 7);
+  /// while training runs, requests are retried as long as it does.
+  int max_retries = 7;
+  /// The longest `end_training` waits for the requests still queued, in all; none: as long as the server takes them
+  /// within their retries.
+  std::optional<std::chrono::milliseconds> finish_timeout = std::nullopt;
+};
+
 /// Plain aggregate, so that `accel::accelerator<> acc{{.cpu = true}};` reads as configuration.
 struct options {
   /// Run on the CPU even when CUDA is available (Accelerate's `cpu=True`).
@@ -298,6 +312,8 @@ struct options {
   bool step_scheduler_with_optimizer = true;
   /// The trackers `init_trackers` starts on the main process (Accelerate's `log_with`); empty: none.
   std::vector<tracker> log_with = {};
+  /// The MLflow tracker's bounds, for `log_with = {tracker::mlflow}`.
+  mlflow_options mlflow = {};
   /// The device mesh of N-D parallelism given in the program (Accelerate's `parallelism_config`); each size left
   /// unset comes from the environment (`accel launch --parallelism_config_*`, PARALLELISM_CONFIG_*_SIZE).
   parallelism_options parallelism_config = {};

@@ -142,8 +142,13 @@ ACCEL_DECL std::string profile_table_text(const std::vector<std::vector<std::str
 /// with `group_by_input_shape`, which needs `record_shapes`), in the order the names first occur. An event's self time
 /// is its duration less that of the events nested in it on its thread; `[memory]` events are no rows of their own:
 /// their bytes count for the events they occur in. A device's kernels are rows of their own, their times their own.
-[[nodiscard]] ACCEL_DECL profile_averages key_averages(const std::vector<profile_event>& events,
-                                                       bool group_by_input_shape = false);
+/// A function object: argument-dependent lookup finds no object, so a program's own `key_averages(events)` called
+/// unqualified with accel's events stays its own (and unambiguous).
+struct key_averages_function {
+  [[nodiscard]] ACCEL_DECL profile_averages operator()(const std::vector<profile_event>& events,
+                                                       bool group_by_input_shape = false) const;
+};
+inline constexpr key_averages_function key_averages{};
 
 }  // namespace accel
 

@@ -517,7 +517,8 @@ inline std::int64_t input_batches_per_batch(const shard_options& o) noexcept {
 }
 
 /// Accelerate's `split_between_processes`: contiguous parts, the first `size % P` one element longer; with
-/// padding, every part as long as the longest, completed with its last element.
+/// padding, every part as long as the longest, completed with the input's last element (5 items on 4 processes:
+/// [0, 1], [2, 4], [3, 4], [4, 4]).
 ACCEL_DECL std::pair<std::int64_t, std::int64_t> part_bounds(std::int64_t size, int process, int processes);
 
 template <class T>
@@ -526,7 +527,8 @@ std::vector<T> split_between_processes(const std::vector<T>& data, int process, 
   std::vector<T> part(data.begin() + start, data.begin() + stop);
   const auto longest = (static_cast<std::int64_t>(data.size()) + processes - 1) / processes;
   if (pad && !data.empty())
-    while (static_cast<std::int64_t>(part.size()) < longest) part.push_back(part.empty() ? data.back() : part.back());
+    part.resize(static_cast<std::size_t>(std::max<std::int64_t>(longest, static_cast<std::int64_t>(part.size()))),
+                data.back());
   return part;
 }
 

@@ -99,7 +99,10 @@ class shard_unit_impl
  public:
   using wrapped_type = Wrapped;
 
-  explicit shard_unit_impl(Wrapped module) : module_(std::move(module)) {
+  /// The unit is named as the module it wraps (`Module::name()`), so that `no_split_module_classes` and messages
+  /// name the user's class, not this wrapper's.
+  explicit shard_unit_impl(Wrapped module)
+      : torch::nn::Module(detail::module_pointer(module)->name()), module_(std::move(module)) {
     auto& wrapped = *detail::module_pointer(module_);
     for (auto& item : wrapped.named_parameters(/*recurse=*/false))
       register_parameter(item.key(), item.value(), item.value().requires_grad());

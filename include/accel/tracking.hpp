@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <charconv>
@@ -233,19 +234,25 @@ struct mlflow_settings {
   bool nested_run = false;
   /// The run's description (the `mlflow.note.content` tag).
   std::string description;
-  std::chrono::milliseconds connect_timeout{2000};
-  /// From sending a request to the end of its answer.
-  std::chrono::milliseconds response_timeout{5000};
-  /// The longest `end_training` waits for queued requests to reach the server.
-  std::chrono::milliseconds finish_timeout{10000};
+  std::chrono::milliseconds connect_timeout{10000};
+  /// From sending a request to the end of its answer (MLFLOW_HTTP_REQUEST_TIMEOUT, in seconds; MLflow's 120 s).
+  std::chrono::milliseconds response_timeout = std::chrono::seconds(120);
+  /// Once training has ended, a request the server does not take is given up after this many retries
+  /// (MLFLOW_HTTP_REQUEST_MAX_RETRIES; MLflow's 7); while training runs, requests are retried as long as it does.
+  int max_retries = 7;
+  /// The longest `end_training` waits for queued requests, in all; none: as long as the server takes each within
+  /// its retries.
+  std::optional<std::chrono::milliseconds> finish_timeout{};
   /// Retries wait 0.1 s, doubling up to this.
   std::chrono::milliseconds max_backoff{2000};
   /// Requests waiting for the server at most; beyond it new metric batches are dropped (params and the final
   /// status are always kept).
   std::size_t queue_capacity = 10000;
 
-  /// The settings with MLflow's environment variables read over `experiment`.
-  ACCEL_DECL static mlflow_settings from_environment(std::string experiment);
+  /// The settings with MLflow's environment variables read over `experiment` and `bounds` (the accelerator's
+  /// `options::mlflow`): MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, MLFLOW_RUN_NAME, MLFLOW_RUN_ID, MLFLOW_TAGS,
+  /// MLFLOW_NESTED_RUN, MLFLOW_HTTP_REQUEST_TIMEOUT and MLFLOW_HTTP_REQUEST_MAX_RETRIES.
+  ACCEL_DECL static mlflow_settings from_environment(std::string experiment, const mlflow_options& bounds = {});
 };
 
 /// Accelerate's MLflowTracker: a run of an MLflow experiment on a tracking server, through MLflow's REST API.
@@ -268,7 +275,8 @@ class mlflow_tracker final : public general_tracker {
   /// Queues the metrics (a batch per 1000); returns at once.
   ACCEL_DECL void log(const std::vector<metric>& metrics, std::int64_t step) override;
 
-  /// Ends the run (status FINISHED), waiting at most `finish_timeout` for the queued requests.
+  /// Ends the run (status FINISHED), waiting for the queued requests (each within its retries, all within
+  /// `finish_timeout` when set); what was not sent is said in one warning.
   ACCEL_DECL void finish() override;
 
   /// The run's id once the server has created it; "" before (or when it never answered).
@@ -302,7 +310,8 @@ class blank_tracker final : public general_tracker {
 /// destructor).
 class tracker_set {
  public:
-  ACCEL_DECL tracker_set(std::vector<tracker> log_with, const project_options& project);
+  ACCEL_DECL tracker_set(std::vector<tracker> log_with, const project_options& project,
+                         const mlflow_options& mlflow = {});
   tracker_set(const tracker_set&) = delete;
   tracker_set& operator=(const tracker_set&) = delete;
   ACCEL_DECL ~tracker_set();
@@ -329,11 +338,12 @@ class tracker_set {
  private:
   ACCEL_DECL static void check(const std::string& project_name, const hyperparameters& config);
   [[nodiscard]] ACCEL_DECL std::filesystem::path make_run_directory(const std::string& project_name) const;
-  ACCEL_DECL static std::shared_ptr<general_tracker> make(tracker kind, const std::filesystem::path& directory,
-                                                          const std::string& project_name);
+  [[nodiscard]] ACCEL_DECL std::shared_ptr<general_tracker> make(tracker kind, const std::filesystem::path& directory,
+                                                                 const std::string& project_name) const;
   ACCEL_DECL static void write_config(const std::filesystem::path& file, const hyperparameters& config);
 
   std::vector<tracker> log_with_;
+  mlflow_options mlflow_;
   std::filesystem::path root_;
   std::vector<std::shared_ptr<general_tracker>> active_;
   std::vector<std::shared_ptr<general_tracker>> finished_;

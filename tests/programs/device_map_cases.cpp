@@ -1,8 +1,9 @@
 // Reads module trees and memory settings from stdin (the format check_device_map.py writes) and prints
-// accel::infer_auto_device_map's map for each, or its refusal, for the script to compare with Accelerate's.
-//   case ID / strategy NAME / memory DEVICE:BYTES ... / nosplit CLASS ... / dtype BYTES|- /
-//   module DEPTH NAME|- CLASS / param NAME ELEMENTS ELEMENT_SIZE FLOATING TIED_TO|- /
-//   buffer NAME ELEMENTS ELEMENT_SIZE FLOATING / end
+// accel::infer_auto_device_map's map for each, or its refusal, for the script to compare with Accelerate's; or, for
+// a case that says `report sizes`, accel::compute_module_sizes (a line per name, in order) and get_max_layer_size.
+//   case ID / strategy NAME / memory DEVICE:BYTES ... / nosplit CLASS ... / dtype BYTES|- / report sizes /
+//   module DEPTH NAME|- CLASS SHARED_WITH|- / param NAME ELEMENTS ELEMENT_SIZE FLOATING TIED_TO|- /
+//   buffer NAME ELEMENTS ELEMENT_SIZE FLOATING TIED_TO|- / end
 #include <accel/device_map.hpp>
 
 #include <iostream>
@@ -26,15 +27,12 @@ accel::map_device device_named(const std::string& name) {
   return accel::map_device::gpu(std::stoi(name));
 }
 
-accel::module_tensor tensor_from(std::istringstream& words, bool parameter) {
+accel::module_tensor tensor_from(std::istringstream& words) {
   accel::module_tensor tensor;
   int floating = 1;
-  words >> tensor.name >> tensor.elements >> tensor.element_size >> floating;
+  words >> tensor.name >> tensor.elements >> tensor.element_size >> floating >> tensor.tied_to;
   tensor.floating_point = floating != 0;
-  if (parameter) {
-    words >> tensor.tied_to;
-    if (tensor.tied_to == "-") tensor.tied_to.clear();
-  }
+  if (tensor.tied_to == "-") tensor.tied_to.clear();
   return tensor;
 }
 
@@ -49,6 +47,7 @@ struct parsed_case {
   std::string id;
   accel::module_tree model;
   accel::device_map_options options;
+  bool report_sizes = false;
   int depth = -1;
 };
 
@@ -64,18 +63,32 @@ void read_line(parsed_case& current, const std::string& line) {
   }
   for (std::string name; key == "nosplit" && words >> name;) current.options.no_split_module_classes.push_back(name);
   if (key == "dtype" && (words >> key, key != "-")) current.options.dtype_size = std::stoll(key);
+  if (key == "report") current.report_sizes = true;
   if (key == "module") {
     words >> current.depth;
-    std::string name, class_name;
-    words >> name >> class_name;
+    std::string name, class_name, shared_with;
+    words >> name >> class_name >> shared_with;
+    accel::module_tree module{.name = name, .class_name = class_name, .shared_with = shared_with};
+    if (module.shared_with == "-") module.shared_with.clear();
     if (current.depth == 0) {
-      current.model = {.class_name = class_name};
+      module.name.clear();
+      current.model = module;
     } else {
-      last_at(current.model, current.depth - 1).children.push_back({.name = name, .class_name = class_name});
+      last_at(current.model, current.depth - 1).children.push_back(module);
     }
   }
-  if (key == "param") last_at(current.model, current.depth).parameters.push_back(tensor_from(words, true));
-  if (key == "buffer") last_at(current.model, current.depth).buffers.push_back(tensor_from(words, false));
+  if (key == "param") last_at(current.model, current.depth).parameters.push_back(tensor_from(words));
+  if (key == "buffer") last_at(current.model, current.depth).buffers.push_back(tensor_from(words));
+}
+
+void print_sizes(const parsed_case& measured) {
+  std::cout << "case " << measured.id << "\n";
+  const auto sizes = accel::compute_module_sizes(measured.model, measured.options.dtype_size);
+  for (const auto& [name, bytes] : sizes.entries()) std::cout << (name.empty() ? "-" : name) << " " << bytes << "\n";
+  const auto largest = accel::get_max_layer_size(measured.model, sizes, measured.options.no_split_module_classes);
+  std::cout << "@largest " << largest.bytes;
+  for (const auto& name : largest.names) std::cout << " " << name;
+  std::cout << "\n";
 }
 
 void print_plan(const parsed_case& planned) {
@@ -94,7 +107,10 @@ int main() {
   parsed_case current;
   for (std::string line; std::getline(std::cin, line);) {
     if (line == "end") {
-      print_plan(current);
+      if (current.report_sizes)
+        print_sizes(current);
+      else
+        print_plan(current);
       current = {};
       continue;
     }

@@ -6,6 +6,8 @@
 //             end_training took, as JSON.
 //   outage    logs steps 0-9, prints "down?" and waits for a line on standard input (the script stops the server),
 //             logs 10-19, prints "up?" and waits (it restarts it), logs 20-29, ends, prints "run_id ID".
+//   slow      options::log_with = {tracker::mlflow} with the default bounds (MLflow's variables may set them): a
+//             param and 30 steps logged at once, then end_training; prints how long end_training took, as JSON.
 // The explicit trackers (failing, outage) have bounds short enough for a test; ACCEL_MLFLOW_FINISH_MS sets
 // end_training's.
 #include <accel/tracking.hpp>
@@ -82,6 +84,16 @@ void failing() {
             << std::endl;
 }
 
+void slow(const char* project_dir) {
+  accel::accelerator<> acc(
+      {.cpu = true, .project = {.project_dir = project_dir}, .log_with = {accel::tracker::mlflow}});
+  acc.init_trackers("slow", {{"lr", 0.1}});
+  for (int step = 0; step < 30; ++step) acc.log({{"loss", 1.0 / (step + 1)}}, step);
+  const auto start = std::chrono::steady_clock::now();
+  acc.end_training();
+  std::cout << "{\"end_training\": " << seconds_since(start) << "}" << std::endl;
+}
+
 void outage() {
   auto tracker = std::make_shared<accel::mlflow_tracker>(test_settings("outage"));
   accel::accelerator<> acc({.cpu = true});
@@ -108,8 +120,10 @@ int run(int argc, char** argv) {
     failing();
   } else if (mode == "outage") {
     outage();
+  } else if (mode == "slow") {
+    slow(argv[2]);
   } else {
-    std::fprintf(stderr, "usage: mlflow_training readback|failing|outage PROJECT_DIR\n");
+    std::fprintf(stderr, "usage: mlflow_training readback|failing|outage|slow PROJECT_DIR\n");
     return 2;
   }
   return 0;

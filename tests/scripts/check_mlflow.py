@@ -11,6 +11,10 @@ Modes (one CTest test each, interop.mlflow.*):
             every request is retried until it goes through, each metric arrives once, the outage is one warning.
   outage    the server is stopped after step 9 and started again (same store, same port) after step 19: every
             metric, those logged while it was down included, reaches it.
+  slow      a stand-in server that takes 0.5 s to answer each request: with the tracker's defaults (options::log_with,
+            no bounds given) every metric arrives and the run ends FINISHED, however long end_training waits; then,
+            answering in 3 s with MLFLOW_HTTP_REQUEST_TIMEOUT=1 and MLFLOW_HTTP_REQUEST_MAX_RETRIES=1, end_training
+            gives up within seconds, saying in one line what was not sent.
 
 Usage: check_mlflow.py MODE MLFLOW_TRAINING WORK_DIR   (with the build's .venv Python, which has mlflow)
 """
@@ -131,7 +135,7 @@ def failure(program, work_dir, port, what):
     times = json.loads(result.stdout.strip().splitlines()[-1])
     warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING:accel.tracking")]
     outage = [line for line in warnings if "is not answering" in line]
-    gave_up = [line for line in warnings if "gave up after 2000 ms" in line]
+    gave_up = [line for line in warnings if "MLflow: gave up" in line and "not sent" in line]
     check(len(outage) == 1, f"expected the outage once among the warnings, got: {warnings}")
     check(len(gave_up) == 1 and len(warnings) == 2, f"expected one line on what was given up, got: {warnings}")
     check(times["slowest_log"] < 0.05, f"a log call took {times['slowest_log']} s")
@@ -164,10 +168,12 @@ def hanging(program, work_dir):
 
 
 class FlakyMlflow(BaseHTTPRequestHandler):
-    """MLflow's REST API for one run, in memory, after answering 503 to the first `failures` requests."""
-    failures, received, lock = 4, [], threading.Lock()
+    """MLflow's REST API for one run, in memory, after answering 503 to the first `failures` requests, each answer
+    `delay` seconds late."""
+    failures, received, lock, delay = 4, [], threading.Lock(), 0.0
 
     def answer(self, status, body):
+        time.sleep(self.delay)
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -176,19 +182,21 @@ class FlakyMlflow(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):
-        with FlakyMlflow.lock:
-            FlakyMlflow.failures -= 1
-            if FlakyMlflow.failures >= 0:
+        server = type(self)  # this class or a subclass's own counters (SlowMlflow)
+        with server.lock:
+            server.failures -= 1
+            if server.failures >= 0:
                 return self.answer(503, {"error_code": "TEMPORARILY_UNAVAILABLE"})
         self.answer(404, {"error_code": "RESOURCE_DOES_NOT_EXIST"})  # get-by-name: no such experiment yet
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with FlakyMlflow.lock:
-            FlakyMlflow.failures -= 1
-            if FlakyMlflow.failures >= 0:
+        server = type(self)
+        with server.lock:
+            server.failures -= 1
+            if server.failures >= 0:
                 return self.answer(503, {"error_code": "TEMPORARILY_UNAVAILABLE"})
-            FlakyMlflow.received.append((self.path, body))
+            server.received.append((self.path, body))
         replies = {"/api/2.0/mlflow/experiments/create": {"experiment_id": "7"},
                    "/api/2.0/mlflow/runs/create": {"run": {"info": {"run_id": "r1", "experiment_id": "7"}}}}
         self.answer(200, replies.get(self.path, {}))
@@ -215,6 +223,41 @@ def errors(program, work_dir):
     check(FlakyMlflow.received[-1][1]["status"] == "FINISHED", "the run was not ended FINISHED")
     print(f"after 4 answers of 503: {len(FlakyMlflow.received)} requests, each once and in order, 20 metric points; "
           f"warning: {warnings[0]!r}")
+
+
+class SlowMlflow(FlakyMlflow):
+    failures, received, lock, delay = 0, [], threading.Lock(), 0.5
+
+
+def slow(program, work_dir):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowMlflow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    result = run_program(program, "slow", work_dir, {"MLFLOW_TRACKING_URI": uri})
+    check(result.returncode == 0, f"training failed:\n{result.stdout}\n{result.stderr}")
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING:accel.tracking")]
+    check(not warnings, f"a slow server is no failure: {warnings}")
+    batches = [body for path, body in SlowMlflow.received if path.endswith("log-batch")]
+    points = [(m["step"], m["value"]) for body in batches for m in body.get("metrics", [])]
+    check(points == [(s, 1.0 / (s + 1)) for s in range(30)], f"metrics {points}")
+    check(SlowMlflow.received[-1][1].get("status") == "FINISHED", "the run was not ended FINISHED")
+    took = json.loads(result.stdout.strip().splitlines()[-1])["end_training"]
+    print(f"a server answering in 0.5 s: {len(SlowMlflow.received)} requests, all 30 metric points, FINISHED; "
+          f"end_training waited {took:.1f} s")
+
+    SlowMlflow.delay = 3.0
+    env = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_HTTP_REQUEST_TIMEOUT": "1", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"}
+    result = run_program(program, "slow", work_dir, env)
+    server.shutdown()
+    check(result.returncode == 0, f"training failed:\n{result.stdout}\n{result.stderr}")
+    took = json.loads(result.stdout.strip().splitlines()[-1])["end_training"]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING:accel.tracking")]
+    gave_up = [line for line in warnings if "MLflow: gave up" in line]
+    check(len(gave_up) == 1 and "1 retries" in gave_up[0] and "30 metric values (steps 0 to 29)" in gave_up[0]
+          and "final status" in gave_up[0], f"expected one line on what was not sent: {warnings}")
+    check(took < 10, f"end_training took {took} s with 1 s a request and 1 retry")
+    print(f"answering in 3 s, MLFLOW_HTTP_REQUEST_TIMEOUT=1 and _MAX_RETRIES=1: end_training gave up in {took:.1f} s: "
+          f"{gave_up[0]!r}")
 
 
 def outage(program, work_dir):
@@ -253,7 +296,9 @@ def main():
     mode, program, work_dir = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
     shutil.rmtree(work_dir, ignore_errors=True)
     os.makedirs(work_dir)
-    {"readback": readback, "refused": refused, "hanging": hanging, "errors": errors, "outage": outage}[mode](program, work_dir)
+    modes = {"readback": readback, "refused": refused, "hanging": hanging, "errors": errors, "outage": outage,
+             "slow": slow}
+    modes[mode](program, work_dir)
 
 
 if __name__ == "__main__":

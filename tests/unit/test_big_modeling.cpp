@@ -234,6 +234,26 @@ TEST_CASE("dispatch_model, disk_offload and cpu_offload of a model in memory: bi
   }
 }
 
+TEST_CASE("no_split_module_classes names a unit by its wrapped module's class, and a class no module has is refused",
+          "[bigmodel_offload]") {
+  // Each block is accel::shard_unit(OffloadBlock(...)), whose module is named "OffloadBlock": the unit takes that name,
+  // so a plan keeps every block whole on one device, as Accelerate's "OffloadBlock" would (the unit's own type name,
+  // accel::shard_unit_impl<...>, matched nothing and the blocks were split).
+  const auto model = empty_model();
+  CHECK(model->units[0]->name() == "OffloadBlock");
+  const auto tree = accel::describe_module(*model);
+  const accel::device_map_options options{.max_memory = {{map_device::cpu(), 9000}},
+                                          .no_split_module_classes = {"OffloadBlock"}};
+  const auto map = accel::infer_auto_device_map(tree, options);
+  for (const auto& [name, device] : map)
+    CHECK((name.rfind("blocks.", 0) != 0 || name.find('.', 7) == std::string::npos));  // a block whole, or none
+  CHECK(map != accel::infer_auto_device_map(tree, {.max_memory = options.max_memory}));
+  CHECK_THROWS_WITH(
+      accel::infer_auto_device_map(tree, {.max_memory = options.max_memory, .no_split_module_classes = {"Block"}}),
+      Catch::Contains("no_split_module_classes names \"Block\", the class of no module of the model") &&
+          Catch::Contains("OffloadBlock"));
+}
+
 TEST_CASE("dispatch refusals name the problem and the fix, before anything changes", "[bigmodel_offload]") {
   using Catch::Matchers::Contains;
   const auto dir = accel_test::scratch_directory("offload_refusals");

@@ -4,8 +4,27 @@
 #include <accel/device_map.hpp>
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
+
+// A program's own helpers named as accel's: called unqualified with accel's module_tree, they must be the ones
+// chosen, not ambiguous with accel's through argument-dependent lookup. This file would not compile if they were.
+namespace port {
+std::int64_t compute_module_sizes(const accel::module_tree& model) {
+  return static_cast<std::int64_t>(model.children.size());
+}
+std::int64_t infer_auto_device_map(const accel::module_tree& model, const accel::device_map_options&) {
+  return static_cast<std::int64_t>(model.children.size());
+}
+std::int64_t children_twice(const accel::module_tree& model) {
+  return compute_module_sizes(model) + infer_auto_device_map(model, {});
+}
+}  // namespace port
 
 namespace {
 
@@ -192,9 +211,6 @@ TEST_CASE("a plan that needs disk is refused when offloading to disk is not allo
 }
 
 TEST_CASE("bad limits and ties are refused with the fix", "[device_map]") {
-  CHECK(refusal({}) ==
-        "accel: device map: max_memory is empty; give the bytes each device may hold, e.g. {{gpu(0), 10 << 30}, "
-        "{cpu(), 64 << 30}} (accel does not probe free memory for a plan)");
   CHECK(refusal({.max_memory = {{map_device::cpu(), -1}}}) ==
         "accel: device map: max_memory of cpu is -1 bytes; give 0 or more (0: the device holds nothing)");
   CHECK(refusal({.max_memory = {{map_device::gpu(-1), 10}}}) ==
@@ -205,5 +221,95 @@ TEST_CASE("bad limits and ties are refused with the fix", "[device_map]") {
         "accel: device map: parameter head.weight is tied to embedding.weight, which the model does not have before "
         "it; name the first parameter of the tie");
   CHECK_THROWS_WITH(accel::get_balanced_memory(tiny_lm(), {{map_device::gpu(1), 9}, {map_device::gpu(2), 9}}, {}, true),
-                    Catch::Contains("give GPU 0 a limit, or use balanced"));
+                    Catch::Contains("has no GPU 0; give GPU 0 a limit (0 keeps it empty), or use balanced"));
+  // A class that no module has would split nothing apart: a typo, or a name other than Module::name() gives.
+  CHECK(refusal({.max_memory = {{map_device::cpu(), 10000}}, .no_split_module_classes = {"Blokc"}}) ==
+        "accel: device map: no_split_module_classes names \"Blokc\", the class of no module of the model, so it would "
+        "split nothing apart; its classes are TinyLM, Embedding, ModuleList, Block, Linear, Sequential, GELU, "
+        "LayerNorm (a module's Module::name(); an accel::shard_unit's is its wrapped module's)");
+  CHECK_THROWS_WITH(accel::get_balanced_memory(tiny_lm(), three_gpus, {"Blokc"}), Catch::Contains("\"Blokc\""));
+}
+
+TEST_CASE("balanced_low_0 with GPU 0 given nothing keeps it at 0 and plans on the others, as Accelerate",
+          "[device_map]") {
+  // Accelerate 1.15: the GPUs with memory are 1 and 2 (n = 2), so each but the last gets 2688 / (n - 1) + 520, and
+  // GPU 0 keeps min(2688 - GPUs 1 to n - 1, 0) = 0.
+  const accel::memory_limits zero_first{
+      {map_device::gpu(0), 0}, {map_device::gpu(1), 3000}, {map_device::gpu(2), 3000}, {map_device::gpu(3), 3000}};
+  CHECK(
+      accel::get_balanced_memory(tiny_lm(), zero_first, {"Block"}, true) ==
+      accel::memory_limits{
+          {map_device::gpu(0), 0}, {map_device::gpu(1), 1864}, {map_device::gpu(2), 1864}, {map_device::gpu(3), 3000}});
+  const auto map = plan({.max_memory = zero_first,
+                         .no_split_module_classes = {"Block"},
+                         .strategy = accel::device_map_strategy::balanced_low_0});
+  for (const auto& [name, device] : map) CHECK(device != "0");
+  CHECK(map.at("embed") == "1");
+}
+
+TEST_CASE("a buffer registered in several modules counts once, a module registered under several names is one entry",
+          "[device_map]") {
+  // A rotary table (64 float32: 256 bytes) registered in every block counts once, at its first name (Accelerate's
+  // named_buffers): the model is 2688 + 256 bytes, not 2688 + 6 x 256.
+  auto rotary = tiny_lm();
+  for (std::size_t i = 0; i < 6; ++i)
+    rotary.children[1].children[i].buffers.push_back(
+        {.name = "inv_freq", .elements = 64, .tied_to = i == 0 ? "" : "blocks.0.inv_freq"});
+  const auto sizes = accel::compute_module_sizes(rotary);
+  CHECK(sizes.total() == 2688 + 256);
+  CHECK(sizes.of("blocks.0") == 416 + 256);
+  CHECK(sizes.of("blocks.1") == 416);
+  CHECK_FALSE(sizes.contains("blocks.1.inv_freq"));
+  // ALBERT-style: one Block registered four times in a ModuleList is listed once (Accelerate's named_children), its
+  // tensors counted at their first names; its other names are no entries of the map.
+  accel::module_tree shared{.class_name = "Shared"};
+  auto block = tiny_lm(1).children[1].children[0];
+  shared.children.push_back({.name = "layers", .class_name = "ModuleList"});
+  for (int i = 0; i < 4; ++i) {
+    auto again = block;
+    again.name = std::to_string(i);
+    if (i > 0) again.shared_with = "layers.0";
+    shared.children[0].children.push_back(again);
+  }
+  for (int i = 1; i < 4; ++i) {  // the repeats' tensors are the first's: tied to their names under layers.0
+    auto& again = shared.children[0].children[static_cast<std::size_t>(i)];
+    for (auto& p : again.children[0].parameters) p.tied_to = "layers.0.attn." + p.name;
+    for (auto& layer : again.children[1].children)
+      for (auto& p : layer.parameters) p.tied_to = "layers.0.mlp." + layer.name + "." + p.name;
+    for (auto& p : again.children[2].parameters) p.tied_to = "layers.0.norm." + p.name;
+  }
+  CHECK(accel::compute_module_sizes(shared).total() == 416);
+  CHECK(plan({.max_memory = {{map_device::gpu(0), 300}, {map_device::cpu(), 10000}}}, shared) ==
+        std::map<std::string, std::string>{{"layers.0.attn", "0"}, {"layers.0.mlp", "cpu"}, {"layers.0.norm", "cpu"}});
+}
+
+TEST_CASE("compute_module_sizes and get_max_layer_size are Accelerate's, the sizes the plans use", "[device_map]") {
+  const auto sizes = accel::compute_module_sizes(tiny_lm());
+  CHECK(sizes.total() == 2688);
+  CHECK(sizes.of("blocks.0") == 416);
+  CHECK(sizes.of("blocks.0.mlp.1") == 0);  // a GELU: nothing of its own, as Accelerate's defaultdict
+  CHECK(sizes.entries().front() == std::pair<std::string, std::int64_t>{"", 2688});
+  CHECK(sizes.entries()[1] == std::pair<std::string, std::int64_t>{"embed", 160});
+  CHECK(accel::compute_module_sizes(tiny_lm(), 2).total() == 2688 / 2);
+  const auto largest = accel::get_max_layer_size(tiny_lm(), sizes, {"Block"});
+  CHECK(largest.bytes == 416);
+  CHECK(largest.names ==
+        std::vector<std::string>{"blocks.0", "blocks.1", "blocks.2", "blocks.3", "blocks.4", "blocks.5"});
+  CHECK(accel::get_max_layer_size(tiny_lm(), sizes, {}).bytes == 160);  // the embedding, split down to layers
+}
+
+TEST_CASE("an empty max_memory plans with what the machine has free, as Accelerate's get_max_memory", "[device_map]") {
+  const auto limits = accel::get_max_memory();
+  REQUIRE(limits.contains(map_device::cpu()));
+  // MemAvailable lies between the free pages and all of memory.
+  const auto page = ::sysconf(_SC_PAGESIZE);
+  CHECK(limits.at(map_device::cpu()) >= ::sysconf(_SC_AVPHYS_PAGES) * page / 2);
+  CHECK(limits.at(map_device::cpu()) <= ::sysconf(_SC_PHYS_PAGES) * page);
+  CHECK(plan({}) == std::map<std::string, std::string>{{"", limits.contains(map_device::gpu(0)) ? "0" : "cpu"}});
+  CHECK(plan({.strategy = accel::device_map_strategy::automatic}).size() >= 1);
+}
+
+TEST_CASE("a program's own compute_module_sizes and infer_auto_device_map are its own (accel's are function objects)",
+          "[device_map]") {
+  CHECK(port::children_twice(tiny_lm()) == 8);
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fp8_tower.hpp"
@@ -347,6 +348,28 @@ TEST_CASE("fp8 delayed scaling: TransformerEngine's amax history rules", "[fp8]"
     CHECK_THROWS_WITH(f::amax_history({.amax_history_len = 0}, torch::kCPU),
                       Catch::Contains("options.fp8.amax_history_len must be at least 1"));
     CHECK_THROWS_WITH(f::amax_history({.margin = -1}, torch::kCPU), Catch::Contains("options.fp8.margin"));
+  }
+}
+
+// fp8.delayed_scaling.tiny_amax (a CTest test of its own): an amax positive but below largest / float32's max gave an
+// infinite scale, and the next cast turned every zero into NaN.
+TEST_CASE("fp8 delayed scaling: a tiny positive amax gives float32's largest scale, as TransformerEngine",
+          "[.fp8_tiny_amax]") {
+  namespace f = accel::detail::fp8;
+  for (const auto& [format, largest] :
+       {std::pair{torch::kFloat8_e4m3fn, 448.0}, std::pair{torch::kFloat8_e5m2, 57344.0}}) {
+    f::amax_history h({.amax_history_len = 2}, torch::kCPU);
+    h.add(largest);
+    f::amax_history::record(h.slot(0), torch::tensor(1e-38f));  // 448 / 1e-38 = 4.5e40: past float32
+    h.update();
+    const auto scale = h.scales()[0];
+    CHECK(scale.item<float>() == std::numeric_limits<float>::max());
+    const auto cast = f::cast(torch::tensor({0.0f, 1e-38f, -1e-38f}), scale, format);
+    CHECK_FALSE(torch::isnan(cast.to(torch::kFloat)).any().item<bool>());
+    CHECK(cast.to(torch::kFloat)[0].item<float>() == 0.0f);
+    f::amax_history::record(h.slot(0), torch::tensor(2.0f));  // an ordinary amax afterwards: the ordinary scale
+    h.update();
+    CHECK(h.scales()[0].item<float>() == static_cast<float>(largest / 2));
   }
 }
 

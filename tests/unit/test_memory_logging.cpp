@@ -486,3 +486,44 @@ TEST_CASE("describe_module: names, Module::name() classes, bytes, ties and buffe
                                  {"blocks", accel::map_device::gpu(0)},
                                  {"steps", accel::map_device::gpu(1)}});
 }
+
+namespace {
+/// A rotary table registered in both blocks (as Llama's inv_freq), one layer registered twice in a list (ALBERT's
+/// sharing) and a block in a shard unit whose module is named "Block".
+struct SharingImpl : torch::nn::Module {
+  SharingImpl() : torch::nn::Module("Sharing") {
+    const auto table = torch::ones({16});
+    auto shared = torch::nn::Linear(4, 4);
+    layers = register_module("layers", torch::nn::ModuleList());
+    layers->push_back(shared);
+    layers->push_back(shared);
+    for (int i = 0; i < 2; ++i) {
+      auto block = std::make_shared<torch::nn::Module>("Block");
+      block->register_module("attn", torch::nn::Linear(4, 4));
+      block->register_buffer("inv_freq", table);
+      register_module("block" + std::to_string(i), accel::shard_unit(block));
+    }
+  }
+  torch::nn::ModuleList layers{nullptr};
+};
+TORCH_MODULE(Sharing);
+}  // namespace
+
+TEST_CASE("describe_module: a buffer in several modules counts once, a module under several names is listed once",
+          "[.bigmodel_device_map]") {
+  const auto tree = accel::describe_module(*Sharing());
+  REQUIRE(tree.children.size() == 3);
+  const auto& layers = tree.children[0];
+  CHECK(layers.children[1].shared_with == "layers.0");
+  CHECK(layers.children[1].parameters[0].tied_to == "layers.0.weight");
+  CHECK(tree.children[2].class_name == "Block");  // the unit's, its module's name
+  CHECK(tree.children[2].buffers[0].tied_to == "block0.inv_freq");
+  // 80 (the shared layer, once) + 2 x 80 (the blocks' Linear layers) + 64 (the table, once), as Accelerate counts.
+  const auto sizes = accel::compute_module_sizes(tree);
+  CHECK(sizes.total() == 80 + 160 + 64);
+  CHECK_FALSE(sizes.contains("layers.1"));
+  const auto map = accel::infer_auto_device_map(
+      tree, {.max_memory = {{accel::map_device::gpu(0), 200}, {accel::map_device::cpu(), 1000}},
+             .no_split_module_classes = {"Block"}});
+  for (const auto& [name, device] : map) CHECK(name.rfind("layers.1", 0) != 0);
+}

@@ -20,6 +20,14 @@
 
 #include "support.hpp"
 
+// A program's own helper named as one of accel's: called unqualified with accel's events, it must be the one chosen,
+// not ambiguous with accel::key_averages through argument-dependent lookup (a port broke so; issue 56). This file
+// would not compile if it were.
+namespace port {
+int key_averages(const std::vector<accel::profile_event>& events) { return static_cast<int>(events.size()); }
+int rows_of(const std::vector<accel::profile_event>& events) { return key_averages(events); }
+}  // namespace port
+
 namespace {
 
 using namespace accel_test;
@@ -483,4 +491,11 @@ TEST_CASE("profiles LibTorch cannot run are refused, one runs at a time, an erro
   CHECK(profiler_enabled());
   again.finish();
   CHECK_FALSE(profiler_enabled());
+}
+
+TEST_CASE("a program's own key_averages(events) is its own: accel's is a function object, which ADL does not find",
+          "[profile]") {
+  const std::vector<accel::profile_event> events(3);
+  CHECK(port::rows_of(events) == 3);
+  CHECK(accel::key_averages(events).size() == 1);  // accel's, named: the three unnamed events in one row
 }

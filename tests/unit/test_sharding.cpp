@@ -275,6 +275,11 @@ TEST_CASE("G3 split_between_processes", "[shard]") {
   std::map<std::string, std::vector<std::int64_t>> dict{{"a", iota(1, 9)}};
   CHECK(accel::detail::split_between_processes(dict, 0, 2, false).at("a") == iota(1, 5));
   CHECK(accel::detail::split_between_processes(dict, 1, 2, false).at("a") == iota(5, 9));
+  // Padding repeats the input's last element, as Accelerate (`result += [inputs[-1]] * ...`): 5 items on 4 processes.
+  const std::vector<std::vector<std::int64_t>> padded_parts{{0, 1}, {2, 4}, {3, 4}, {4, 4}};
+  for (int r = 0; r < 4; ++r) CHECK(accel::detail::split_between_processes(iota(0, 5), r, 4, true) == padded_parts[r]);
+  CHECK(accel::detail::split_between_processes(iota(0, 2), 3, 4, true) == std::vector<std::int64_t>{1});
+  CHECK(torch::equal(accel::detail::split_between_processes(torch::arange(5), 1, 4, true), torch::tensor({2, 4})));
   auto rows = torch::arange(8).reshape({2, 4});
   CHECK(torch::equal(accel::detail::split_between_processes(rows, 1, 2, false), rows.narrow(0, 1, 1)));
   CHECK(acc.split_between_processes(iota(0, 3)) == iota(0, 3));  // one process: everything

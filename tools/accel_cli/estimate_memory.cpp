@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <new>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -105,8 +106,14 @@ estimate_request parse_request(const std::vector<std::string>& args) {
   return request;
 }
 
+/// The most bytes a model may have for the estimate: its formulas multiply the model's bytes by a few and stay within
+/// 64 bits below this.
+constexpr std::int64_t max_model_bytes = std::int64_t{1} << 50;
+
 // Bytes per element of a safetensors dtype, and whether an optimizer trains such a tensor (floating point).
-accel::tensor_extent extent_of(const safetensors::detail::header_parser::entry& entry, const std::string& where) {
+accel::tensor_extent extent_of(const safetensors::detail::header_parser::entry& entry, const std::string& file,
+                               const std::string& name) {
+  const auto where = file + ": tensor " + name;
   static const std::map<std::string, std::pair<int, bool>> dtypes = {
       {"F64", {8, true}},      {"F32", {4, true}},      {"F16", {2, true}},  {"BF16", {2, true}},
       {"F8_E4M3", {1, false}}, {"F8_E5M2", {1, false}}, {"I64", {8, false}}, {"I32", {4, false}},
@@ -116,8 +123,10 @@ accel::tensor_extent extent_of(const safetensors::detail::header_parser::entry& 
     throw std::runtime_error(where + " has the dtype " + entry.dtype +
                              ", which the estimate does not know (it knows F64, F32, F16, BF16, F8_E4M3, F8_E5M2, "
                              "I64, I32, I16, I8, U8 and BOOL)");
-  std::int64_t elements = 1;
-  for (auto d : entry.shape) elements *= d;
+  const auto elements = safetensors::detail::element_count(entry.shape, name, file);
+  if (elements > max_model_bytes / found->second.first)
+    throw std::runtime_error(where + " has " + std::to_string(elements) + " elements, more bytes than the estimate " +
+                             "counts (2^50, a pebibyte); the header is corrupt or hostile");
   const bool floating = entry.dtype.starts_with("F") || entry.dtype == "BF16";
   return {.elements = elements,
           .element_size = found->second.first,
@@ -151,6 +160,20 @@ class unit_namer {
   std::map<std::string, int> units_;
 };
 
+/// The header of `file`: an error that would not say which file (an allocation that failed, a number out of range)
+/// is given its name.
+safetensors::detail::file_header header_of(const std::filesystem::path& file) {
+  try {
+    return safetensors::detail::read_header(file);
+  } catch (const checkpoint_error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error(file.string() + ": its header does not fit in memory (a corrupt or hostile length?)");
+  } catch (const std::exception& e) {
+    throw std::runtime_error(file.string() + ": its header cannot be read (" + e.what() + ")");
+  }
+}
+
 std::vector<accel::tensor_extent> read_extents(const estimate_request& request) {
   const std::filesystem::path model = request.model;
   std::vector<std::filesystem::path> files{model};
@@ -158,10 +181,15 @@ std::vector<accel::tensor_extent> read_extents(const estimate_request& request) 
   std::vector<accel::tensor_extent> extents;
   unit_namer unit_of(request.shard_units);
   std::string first_name;
+  std::int64_t model_bytes = 0;
   for (const auto& file : files)
-    for (const auto& [name, entry] : safetensors::detail::read_header(file).entries) {
-      extents.push_back(extent_of(entry, file.string() + ": tensor " + name));
+    for (const auto& [name, entry] : header_of(file).entries) {
+      extents.push_back(extent_of(entry, file.string(), name));
       extents.back().shard_unit = unit_of(name, file.string() + ": a tensor");
+      model_bytes += extents.back().elements * extents.back().element_size;
+      if (model_bytes > max_model_bytes)
+        throw std::runtime_error(file.string() + ": with tensor " + name + " the model passes 2^50 bytes (a " +
+                                 "pebibyte), more than the estimate counts; a header is corrupt or hostile");
       if (first_name.empty()) first_name = name;
     }
   if (request.shard_units && unit_of.count() == 0)

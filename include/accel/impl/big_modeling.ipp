@@ -47,12 +47,15 @@ void install_meta_factories() {
 void add_stored(stored_tensors& out, const std::filesystem::path& file) {
   const auto header = safetensors::detail::read_header(file);
   const auto size = std::filesystem::file_size(file);
+  safetensors::detail::check_ranges(header.entries, size - header.data_begin, file.string());
   for (const auto& [name, entry] : header.entries) {
     const auto type = safetensors::detail::scalar_type_of(entry.dtype);
     if (!type)
       throw checkpoint_error("accel: " + file.string() + ": " + name + " has the unknown dtype " + entry.dtype);
-    const auto bytes = c10::multiply_integers(entry.shape) * static_cast<std::int64_t>(c10::elementSize(*type));
-    if (entry.offsets.size() != 2 || entry.offsets[1] - entry.offsets[0] != bytes ||
+    std::int64_t bytes = 0;
+    if (__builtin_mul_overflow(safetensors::detail::element_count(entry.shape, name, file.string()),
+                               static_cast<std::int64_t>(c10::elementSize(*type)), &bytes) ||
+        entry.offsets.size() != 2 || entry.offsets[1] - entry.offsets[0] != bytes ||
         header.data_begin + static_cast<std::uint64_t>(entry.offsets[1]) > size)
       throw checkpoint_error("accel: " + file.string() + " is corrupt: " + name +
                              "'s bytes do not match its shape or lie outside the file");
@@ -106,7 +109,14 @@ int tensor_reader::descriptor(const std::filesystem::path& file) {
   if (found != files_.end()) return found->second;
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw checkpoint_error("accel: cannot open " + file.string() + " for reading (missing file?)");
+  (void)::flock(fd, LOCK_SH | LOCK_NB);  // fails only while a dispatch checks the file: it then sees no reader
   return files_.emplace(file, fd).first->second;
+}
+
+offload_hooks::offload_hooks(std::vector<std::vector<brought_in>> units) : units_(std::move(units)) {
+  for (const auto& unit : units_)
+    for (const auto& slot : unit)
+      if (slot.stored) reader_.keep_open(slot.stored->file);
 }
 
 void offload_hooks::before_unit_forward(std::size_t unit) {
@@ -146,7 +156,24 @@ std::optional<std::size_t> innermost_unit(const std::vector<std::pair<std::strin
   return found;
 }
 
+void check_map_keys(const torch::nn::Module& model, const device_map& map, const std::string& caller) {
+  std::set<std::string> names{""};
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) names.insert(item.key());
+  for (const auto& item : model.named_parameters()) names.insert(item.key());
+  for (const auto& item : model.named_buffers()) names.insert(item.key());
+  for (const auto& [key, device] : map) {
+    if (names.count(key)) continue;
+    std::string top;
+    for (const auto& child : model.named_children()) top += (top.empty() ? "" : ", ") + child.key();
+    throw device_map_error(caller + ": the device map's key \"" + key +
+                           "\" names no module, parameter or buffer of the model (a typo?); fix or remove it "
+                           "(its top-level modules are " +
+                           (top.empty() ? "none" : top) + ")");
+  }
+}
+
 std::vector<placed_tensor> place(torch::nn::Module& model, const device_map& map, const std::string& caller) {
+  check_map_keys(model, map, caller);
   const auto units = units_of(model);
   std::vector<placed_tensor> placed;
   std::map<const c10::TensorImpl*, std::size_t> seen;
@@ -219,6 +246,18 @@ void check_placement(const std::vector<placed_tensor>& placed, const weight_sour
   }
 }
 
+void check_not_in_use(const std::filesystem::path& file, const std::string& caller) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // no file yet
+  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  ::close(fd);
+  if (!free)
+    throw std::invalid_argument(caller + ": " + file.string() +
+                                " holds the disk weights of another dispatched model that is still alive (in this "
+                                "process or another), which would compute with this one's instead; give each model "
+                                "an offload folder of its own, or let the other's accel::dispatched_model go first");
+}
+
 stored_tensors write_offloaded(const std::vector<placed_tensor>& placed, const weight_sources& sources,
                                const std::filesystem::path& folder, const std::string& caller) {
   safetensors::tensor_list pending;
@@ -231,6 +270,7 @@ stored_tensors write_offloaded(const std::vector<placed_tensor>& placed, const w
                                 " is mapped to disk; give .offload_folder (where its weights are written) or "
                                 ".offload_weights (a safetensors checkpoint that holds them)");
   std::filesystem::create_directories(folder);
+  check_not_in_use(folder / "offload.safetensors", caller);
   safetensors::save(folder / "offload.safetensors", pending);
   return locate_checkpoint(folder / "offload.safetensors");
 }

@@ -5,19 +5,37 @@
 
 #include "../device_map.hpp"
 
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <fstream>
+
 namespace accel {
 
 std::string map_device::str() const {
   return type == kind::gpu ? std::to_string(index) : type == kind::cpu ? "cpu" : "disk";
 }
+
+std::int64_t module_sizes::of(const std::string& name) const {
+  const auto found = index_.find(name);
+  return found == index_.end() ? 0 : entries_[found->second].second;
+}
+
+void module_sizes::add_tensor(const std::string& full_name, std::int64_t bytes) {
+  std::string prefix;
+  for (std::size_t start = 0;;) {
+    const auto [found, inserted] = index_.emplace(prefix, entries_.size());
+    if (inserted) entries_.emplace_back(prefix, 0);
+    entries_[found->second].second += bytes;
+    if (prefix == full_name) break;
+    const auto dot = full_name.find('.', start);
+    prefix = full_name.substr(0, dot);
+    start = dot == std::string::npos ? full_name.size() : dot + 1;
+  }
+}
 }  // namespace accel
 
 namespace accel::detail::device_planning {
-
-std::int64_t model_sizes::of(const std::string& name) const {
-  const auto found = bytes.find(name);
-  return found == bytes.end() ? 0 : found->second;
-}
 
 std::int64_t tensor_bytes(const module_tensor& tensor, std::optional<std::int64_t> dtype_size) {
   if (tensor.elements < 0 || tensor.element_size <= 0)
@@ -28,18 +46,6 @@ std::int64_t tensor_bytes(const module_tensor& tensor, std::optional<std::int64_
   return tensor.elements * (converted ? std::min(*dtype_size, tensor.element_size) : tensor.element_size);
 }
 
-void add_tensor(model_sizes& sizes, const std::string& full_name, std::int64_t bytes) {
-  std::string prefix;
-  for (std::size_t start = 0;;) {
-    if (sizes.bytes.emplace(prefix, 0).second) sizes.order.push_back(prefix);
-    sizes.bytes[prefix] += bytes;
-    if (prefix == full_name) break;
-    const auto dot = full_name.find('.', start);
-    prefix = full_name.substr(0, dot);
-    start = dot == std::string::npos ? full_name.size() : dot + 1;
-  }
-}
-
 model_sizes measure(const module_tree& root, std::optional<std::int64_t> dtype_size) {
   model_sizes sizes;
   std::map<std::string, std::vector<std::string>> ties;  // first name -> the later names of the same tensor
@@ -48,17 +54,18 @@ model_sizes measure(const module_tree& root, std::optional<std::int64_t> dtype_s
     for (const auto& p : module.parameters) {
       const auto full = joined(name, p.name);
       if (p.tied_to.empty()) {
-        add_tensor(sizes, full, tensor_bytes(p, dtype_size));
+        sizes.add_tensor(full, tensor_bytes(p, dtype_size));
       } else {
         ties[p.tied_to].push_back(full);
       }
     }
   });
   visit_modules(root, "", [&](const module_tree& module, const std::string& name) {
-    for (const auto& b : module.buffers) add_tensor(sizes, joined(name, b.name), tensor_bytes(b, dtype_size));
+    for (const auto& b : module.buffers)  // a buffer met before (a shared table) counts once, and ties nothing
+      if (b.tied_to.empty()) sizes.add_tensor(joined(name, b.name), tensor_bytes(b, dtype_size));
   });
   for (auto& [first, others] : ties) {
-    if (!sizes.bytes.contains(first))
+    if (!sizes.contains(first))
       throw device_map_error("accel: device map: parameter " + others.front() + " is tied to " + first +
                              ", which the model does not have before it; name the first parameter of the tie");
     others.push_back(first);
@@ -69,36 +76,53 @@ model_sizes measure(const module_tree& root, std::optional<std::int64_t> dtype_s
   return sizes;
 }
 
+std::vector<item> children_of(const module_tree& module, const std::string& full_name) {
+  std::vector<item> children;
+  std::vector<std::string> instances;  // each child's first registration: the instance it is
+  for (const auto& c : module.children) {
+    auto name = joined(full_name, c.name);
+    auto instance = c.shared_with.empty() ? name : c.shared_with;
+    if (contains(instances, instance)) continue;
+    instances.push_back(std::move(instance));
+    children.push_back({std::move(name), &c});
+  }
+  return children;
+}
+
 std::vector<item> split_items(const item& split) {
   std::vector<item> parts;
   for (const auto& p : split.module->parameters) parts.push_back({joined(split.name, p.name), nullptr});
-  for (const auto& c : split.module->children) parts.push_back({joined(split.name, c.name), &c});
+  const auto children = children_of(*split.module, split.name);
+  parts.insert(parts.end(), children.begin(), children.end());
   return parts;
+}
+
+std::vector<item> top_level_items(const module_tree& model) {
+  auto items = split_items({"", &model});
+  for (const auto& b : model.buffers) items.push_back({b.name, nullptr});
+  return items;
 }
 
 bool splittable(const item& entry, const std::vector<std::string>& no_split) {
   return entry.module != nullptr && !entry.module->children.empty() && !contains(no_split, entry.module->class_name);
 }
 
-std::pair<std::int64_t, std::vector<std::string>> largest_layer(std::vector<item> items, const model_sizes& sizes,
-                                                                const std::vector<std::string>& no_split) {
-  std::int64_t largest = 0;
-  std::vector<std::string> names;
+layer_size largest_layer(std::vector<item> items, const module_sizes& sizes, const std::vector<std::string>& no_split) {
+  layer_size largest;
   while (!items.empty()) {
     const item entry = items.front();
     items.erase(items.begin());
     if (entry.module == nullptr || entry.module->children.empty() || contains(no_split, entry.module->class_name)) {
       const auto size = sizes.of(entry.name);
-      if (size > largest) names.clear();
-      if (size >= largest) names.push_back(entry.name);
-      largest = std::max(largest, size);
+      if (size > largest.bytes) largest.names.clear();
+      if (size >= largest.bytes) largest.names.push_back(entry.name);
+      largest.bytes = std::max(largest.bytes, size);
       continue;
     }
-    std::vector<item> children;
-    for (const auto& c : entry.module->children) children.push_back({joined(entry.name, c.name), &c});
+    const auto children = children_of(*entry.module, entry.name);
     items.insert(items.begin(), children.begin(), children.end());
   }
-  return {largest, names};
+  return largest;
 }
 
 std::vector<item> modules_only(const std::vector<item>& items) {
@@ -134,7 +158,9 @@ tied_size size_with_ties(const std::string& name, const std::vector<std::string>
 
 std::int64_t balance_margin(const model_sizes& sizes, const std::vector<std::string>& no_split) {
   std::map<std::string, std::int64_t> first_of_class;
-  for (const auto& name : sizes.order) {
+  std::vector<std::string> order;
+  for (const auto& entry : sizes.entries()) order.push_back(entry.first);
+  for (const auto& name : order) {
     const auto module = sizes.modules.find(name);
     if (name.empty() || module == sizes.modules.end()) continue;
     const auto& class_name = module->second->class_name;
@@ -152,9 +178,9 @@ std::int64_t balance_margin(const model_sizes& sizes, const std::vector<std::str
       if (!n.empty() && !children.contains(n)) leaves.push_back(n);
     return leaves;
   };
-  const auto tensors = leaves_of(sizes.order);
+  const auto tensors = leaves_of(order);
   std::vector<std::string> modules;
-  std::copy_if(sizes.order.begin(), sizes.order.end(), std::back_inserter(modules),
+  std::copy_if(order.begin(), order.end(), std::back_inserter(modules),
                [&](const std::string& n) { return !contains(tensors, n); });
   const auto innermost = leaves_of(modules);
   std::int64_t sum = 0;
@@ -165,10 +191,6 @@ std::int64_t balance_margin(const model_sizes& sizes, const std::vector<std::str
 }
 
 void check_limits(const memory_limits& limits) {
-  if (limits.empty())
-    throw device_map_error(
-        "accel: device map: max_memory is empty; give the bytes each device may hold, e.g. {{gpu(0), 10 << 30}, "
-        "{cpu(), 64 << 30}} (accel does not probe free memory for a plan)");
   for (const auto& [device, bytes] : limits) {
     if (device.type == map_device::kind::gpu && device.index < 0)
       throw device_map_error("accel: device map: GPU " + device.str() + " in max_memory; GPU indices start at 0");
@@ -176,6 +198,53 @@ void check_limits(const memory_limits& limits) {
       throw device_map_error("accel: device map: max_memory of " + device.str() + " is " + std::to_string(bytes) +
                              " bytes; give 0 or more (0: the device holds nothing)");
   }
+}
+
+void check_no_split_classes(const module_tree& model, const std::vector<std::string>& no_split) {
+  std::vector<std::string> classes;
+  visit_modules(model, "", [&](const module_tree& module, const std::string&) {
+    if (!contains(classes, module.class_name)) classes.push_back(module.class_name);
+  });
+  for (const auto& name : no_split) {
+    if (contains(classes, name)) continue;
+    std::string known;
+    for (const auto& c : classes) known += (known.empty() ? "" : ", ") + c;
+    throw device_map_error("accel: device map: no_split_module_classes names \"" + name +
+                           "\", the class of no module of the model, so it would split nothing apart; its classes "
+                           "are " +
+                           known +
+                           " (a module's Module::name(); an accel::shard_unit's is its wrapped "
+                           "module's)");
+  }
+}
+
+std::int64_t available_cpu_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);)
+    if (line.starts_with("MemAvailable:")) return std::stoll(line.substr(13)) * 1024;  // "MemAvailable: N kB"
+  return static_cast<std::int64_t>(::sysconf(_SC_AVPHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+}
+
+std::vector<std::int64_t> free_cuda_memory() {
+  using count_function = int (*)(int*);
+  using set_function = int (*)(int);
+  using info_function = int (*)(std::size_t*, std::size_t*);
+  const auto device_count = reinterpret_cast<count_function>(::dlsym(RTLD_DEFAULT, "cudaGetDeviceCount"));
+  const auto get_device = reinterpret_cast<count_function>(::dlsym(RTLD_DEFAULT, "cudaGetDevice"));
+  const auto set_device = reinterpret_cast<set_function>(::dlsym(RTLD_DEFAULT, "cudaSetDevice"));
+  const auto memory_info = reinterpret_cast<info_function>(::dlsym(RTLD_DEFAULT, "cudaMemGetInfo"));
+  std::vector<std::int64_t> free;
+  int count = 0, current = 0;
+  if (!device_count || !get_device || !set_device || !memory_info || device_count(&count) != 0 ||
+      get_device(&current) != 0)
+    return free;
+  for (int i = 0; i < count; ++i) {
+    std::size_t bytes = 0, total = 0;
+    if (set_device(i) != 0 || memory_info(&bytes, &total) != 0) break;  // a device that fails ends the list
+    free.push_back(static_cast<std::int64_t>(bytes));
+  }
+  set_device(current);
+  return free;
 }
 
 void clean(device_map& map, const std::string& module_name) {
@@ -209,10 +278,8 @@ planner::planner(const module_tree& model, const memory_limits& limits, const de
   for (const auto& entry : limits)
     if (entry.first.type != map_device::kind::disk) devices_.push_back(entry.first);
   devices_.push_back(map_device::disk());
-  for (const auto& p : model.parameters) pending_.push_back({p.name, nullptr});
-  for (const auto& c : model.children) pending_.push_back({c.name, &c});
-  for (const auto& b : model.buffers) pending_.push_back({b.name, nullptr});
-  std::tie(largest_, largest_names_) = largest_layer(pending_, sizes_, no_split_);
+  pending_ = top_level_items(model);
+  largest_ = largest_layer(pending_, sizes_, no_split_);
 }
 
 device_map planner::plan() {
@@ -228,17 +295,17 @@ bool planner::keeps_room(const map_device& device) const {
 void planner::step() {
   const item entry = pending_.front();
   pending_.erase(pending_.begin());
-  std::erase_if(largest_names_,
+  std::erase_if(largest_.names,
                 [&](const std::string& n) { return n == entry.name || n.rfind(entry.name + ".", 0) == 0; });
-  if (largest_names_.empty()) refresh_largest();
+  if (largest_.names.empty()) refresh_largest();
   const auto tied = outside_ties(entry.name, sizes_);
   const map_device device = devices_[current_];
   std::optional<std::int64_t> limit;
   std::int64_t reserved = 0;
   if (device.type != map_device::kind::disk) limit = limits_.at(device);
   if (keeps_room(device)) {
-    *limit -= largest_;
-    reserved = largest_;
+    *limit -= largest_.bytes;
+    reserved = largest_.bytes;
   }
   const auto with_ties = size_with_ties(entry.name, tied, sizes_, pending_);
   if (!limit || used_[device] + with_ties.bytes <= *limit) return place(entry, with_ties, device);
@@ -278,21 +345,19 @@ bool planner::split_a_tie(const item& entry, const tied_size& with_ties) {
   return false;
 }
 
-void planner::refresh_largest() {
-  std::tie(largest_, largest_names_) = largest_layer(modules_only(pending_), sizes_, no_split_);
-}
+void planner::refresh_largest() { largest_ = largest_layer(modules_only(pending_), sizes_, no_split_); }
 
 void planner::refuse(const item& entry) const {
   const std::string what =
       entry.module == nullptr ? "tensor " + entry.name : "module " + entry.name + " (" + entry.module->class_name + ")";
   const bool no_split = entry.module != nullptr && contains(no_split_, entry.module->class_name);
   const auto size = std::to_string(sizes_.of(entry.name));
-  const auto with_room = std::to_string(sizes_.of(entry.name) + largest_);
+  const auto with_room = std::to_string(sizes_.of(entry.name) + largest_.bytes);
   throw device_map_error(
       "accel: device map: " + what + " of " + size +
       " bytes fits on no device left in max_memory and offload_to_disk is false (GPU 0 and the "
       "CPU keep room for the largest layer left, " +
-      std::to_string(largest_) + " bytes, beside what they hold); raise max_memory so that a device has " + size +
+      std::to_string(largest_.bytes) + " bytes, beside what they hold); raise max_memory so that a device has " + size +
       " bytes free (GPU 0 or the CPU: " + with_room + ")" +
       (no_split ? ", take " + entry.module->class_name + " out of no_split_module_classes so that it can be split"
                 : "") +
@@ -302,49 +367,85 @@ void planner::refuse(const item& entry) const {
 
 namespace accel {
 
-memory_limits get_balanced_memory(const module_tree& model, memory_limits max_memory,
-                                  const std::vector<std::string>& no_split_module_classes, bool low_zero,
-                                  std::optional<std::int64_t> dtype_size) {
+module_sizes compute_module_sizes_function::operator()(const module_tree& model,
+                                                       std::optional<std::int64_t> dtype_size) const {
+  return detail::device_planning::measure(model, dtype_size);
+}
+
+layer_size get_max_layer_size_function::operator()(const module_tree& model, const module_sizes& sizes,
+                                                   const std::vector<std::string>& no_split_module_classes) const {
   namespace planning = detail::device_planning;
-  planning::check_limits(max_memory);
-  std::vector<int> gpus;
-  for (const auto& [device, bytes] : max_memory)
-    if (device.type == map_device::kind::gpu && bytes > 0) gpus.push_back(device.index);
-  if (gpus.size() <= 1) return max_memory;
-  const auto sizes = planning::measure(model, dtype_size);
-  const auto share_of = static_cast<std::int64_t>(gpus.size()) - (low_zero ? 1 : 0);
-  const auto per_gpu = sizes.total() / share_of + planning::balance_margin(sizes, no_split_module_classes);
-  const bool gpu0_low = low_zero && gpus.front() == 0;
-  if (low_zero && !gpu0_low)
-    throw device_map_error(
-        "accel: device map: balanced_low_0 keeps GPU 0 low, but max_memory gives it nothing; give "
-        "GPU 0 a limit, or use balanced");
-  for (std::size_t i = 0; i + 1 < gpus.size(); ++i) {
-    auto& limit = max_memory[map_device::gpu(gpus[i])];
-    limit = std::min(gpu0_low && gpus[i] == 0 ? limit : per_gpu, limit);
-  }
-  if (!low_zero) return max_memory;
+  return planning::largest_layer(planning::top_level_items(model), sizes, no_split_module_classes);
+}
+
+memory_limits get_max_memory() {
+  namespace planning = detail::device_planning;
+  memory_limits limits;
+  const auto gpus = planning::free_cuda_memory();
+  for (std::size_t i = 0; i < gpus.size(); ++i) limits[map_device::gpu(static_cast<int>(i))] = gpus[i];
+  limits[map_device::cpu()] = planning::available_cpu_memory();
+  return limits;
+}
+
+namespace detail::device_planning {
+
+void keep_gpu0_low(memory_limits& limits, std::size_t gpus, std::int64_t total) {
   std::int64_t others = 0;
-  for (int i = 1; i < static_cast<int>(gpus.size()); ++i) {
-    const auto found = max_memory.find(map_device::gpu(i));
-    if (found == max_memory.end())
-      throw device_map_error("accel: device map: balanced_low_0 counts GPUs 1 to " + std::to_string(gpus.size() - 1) +
+  for (int i = 1; i < static_cast<int>(gpus); ++i) {
+    const auto found = limits.find(map_device::gpu(i));
+    if (found == limits.end())
+      throw device_map_error("accel: device map: balanced_low_0 counts GPUs 1 to " + std::to_string(gpus - 1) +
                              " (as Accelerate), but max_memory has no GPU " + std::to_string(i) +
                              "; number the GPUs from 0 without gaps");
     others += found->second;
   }
-  auto& zero = max_memory[map_device::gpu(0)];
-  zero = std::min(std::max<std::int64_t>(0, sizes.total() - others), zero);
+  auto& zero = limits.at(map_device::gpu(0));
+  zero = std::min(std::max<std::int64_t>(0, total - others), zero);
+}
+}  // namespace detail::device_planning
+
+memory_limits get_balanced_memory_function::operator()(const module_tree& model, memory_limits max_memory,
+                                                       const std::vector<std::string>& no_split_module_classes,
+                                                       bool low_zero, std::optional<std::int64_t> dtype_size) const {
+  namespace planning = detail::device_planning;
+  const bool measured = max_memory.empty();
+  if (measured) max_memory = get_max_memory();
+  planning::check_limits(max_memory);
+  planning::check_no_split_classes(model, no_split_module_classes);
+  std::vector<int> gpus;  // those with memory, by index
+  for (const auto& [device, bytes] : max_memory)
+    if (device.type == map_device::kind::gpu && bytes > 0) gpus.push_back(device.index);
+  if (gpus.size() == 1 && measured) {  // Accelerate keeps 10% of a single GPU it measured for buffers
+    auto& only = max_memory.begin()->second;
+    only = static_cast<std::int64_t>(static_cast<double>(only) * 0.9);
+  }
+  if (gpus.size() <= 1) return max_memory;
+  if (low_zero && !max_memory.contains(map_device::gpu(0)))
+    throw device_map_error(
+        "accel: device map: balanced_low_0 keeps GPU 0 low, but max_memory has no GPU 0; give GPU 0 a limit (0 "
+        "keeps it empty), or use balanced");
+  const auto sizes = planning::measure(model, dtype_size);
+  const auto share_of = static_cast<std::int64_t>(gpus.size()) - (low_zero ? 1 : 0);
+  const auto per_gpu = sizes.total() / share_of + planning::balance_margin(sizes, no_split_module_classes);
+  for (std::size_t i = 0; i + 1 < gpus.size(); ++i) {
+    auto& limit = max_memory[map_device::gpu(gpus[i])];
+    limit = std::min(low_zero && gpus[i] == 0 ? limit : per_gpu, limit);
+  }
+  if (low_zero) planning::keep_gpu0_low(max_memory, gpus.size(), sizes.total());
   return max_memory;
 }
 
-device_map infer_auto_device_map(const module_tree& model, const device_map_options& options) {
+device_map infer_auto_device_map_function::operator()(const module_tree& model,
+                                                      const device_map_options& options) const {
   namespace planning = detail::device_planning;
   planning::check_limits(options.max_memory);
+  planning::check_no_split_classes(model, options.no_split_module_classes);
   auto limits = options.max_memory;
   if (options.strategy != device_map_strategy::sequential)
     limits = get_balanced_memory(model, limits, options.no_split_module_classes,
                                  options.strategy == device_map_strategy::balanced_low_0, options.dtype_size);
+  else if (limits.empty())
+    limits = get_max_memory();
   auto map = planning::planner(model, limits, options).plan();
   if (options.clean_result) planning::clean(map, "");
   return map;

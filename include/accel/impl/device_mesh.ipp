@@ -63,10 +63,10 @@ mesh_sizes validate_mesh(mesh_sizes sizes, int num_processes) {
     return sizes;
   }
   if (sizes.total() != num_processes) {
-    const int others = sizes.dp_shard * sizes.cp * sizes.tp;
+    const auto others = mesh_sizes{.dp_shard = sizes.dp_shard, .cp = sizes.cp, .tp = sizes.tp}.total();
     std::string fix = "make their product equal the number of processes";
     auto suggested = sizes;
-    suggested.dp_replicate = num_processes / others;
+    suggested.dp_replicate = static_cast<int>(num_processes / others);
     if (num_processes % others == 0 && !detail::parallel_beside_pure_replication(suggested))
       fix += " (here dp_replicate = " + std::to_string(num_processes) +
              " / (dp_shard x cp x tp) = " + std::to_string(num_processes / others) + ")";

@@ -47,28 +47,6 @@ std::string shard_name(std::size_t index, std::size_t count) {
   return name;
 }
 
-std::map<std::string, std::string> read_weight_map(const std::filesystem::path& index) {
-  const auto text = safetensors::detail::read_file(index);
-  const auto map_start = text.find("\"weight_map\"");
-  if (map_start == std::string::npos)
-    throw checkpoint_error("accel: " + index.string() + " has no \"weight_map\": not a safetensors index");
-  std::map<std::string, std::string> map;
-  auto pos = text.find('{', map_start);
-  const auto end = text.find('}', pos);
-  while (pos != std::string::npos && pos < end) {
-    const auto k1 = text.find('"', pos + 1);
-    if (k1 == std::string::npos || k1 > end) break;
-    const auto k2 = text.find('"', k1 + 1);
-    const auto v1 = text.find('"', k2 + 1);
-    const auto v2 = text.find('"', v1 + 1);
-    if (k2 == std::string::npos || v1 == std::string::npos || v2 == std::string::npos || v2 > end)
-      throw checkpoint_error("accel: " + index.string() + " is corrupt: its weight map cannot be read");
-    map[text.substr(k1 + 1, k2 - k1 - 1)] = text.substr(v1 + 1, v2 - v1 - 1);
-    pos = v2 + 1;
-  }
-  return map;
-}
-
 written_file save_tensors(const safetensors::tensor_list& tensors, const std::filesystem::path& path,
                           bool safe_serialization) {
   if (safe_serialization) return safetensors::save(path, tensors);
@@ -141,7 +119,7 @@ void load_model(torch::nn::Module& module, const std::filesystem::path& where) {
     const auto index = where / "model.safetensors.index.json";
     if (std::filesystem::exists(index)) {
       std::set<std::string> files;
-      for (const auto& [name, file] : detail::read_weight_map(index)) files.insert(file);
+      for (const auto& [name, file] : safetensors::detail::read_weight_map(index)) files.insert(file);
       for (const auto& file : files)
         for (auto& entry : safetensors::load(where / file)) loaded.push_back(std::move(entry));
     } else {

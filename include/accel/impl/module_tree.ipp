@@ -15,18 +15,21 @@ module_tensor described_tensor(const std::string& name, const torch::Tensor& ten
 }
 
 module_tree describe_module(const torch::nn::Module& module, const std::string& name, const std::string& full_name,
-                            std::unordered_map<const c10::TensorImpl*, std::string>& seen) {
+                            first_names& seen) {
   module_tree tree{.name = name, .class_name = module.name()};
-  for (const auto& p : module.named_parameters(/*recurse=*/false)) {
-    if (!p.value().defined()) continue;
-    const auto full = full_name.empty() ? p.key() : full_name + "." + p.key();
-    auto tensor = described_tensor(p.key(), p.value());
-    const auto [first, inserted] = seen.emplace(p.value().unsafeGetTensorImpl(), full);
+  if (const auto [first, inserted] = seen.modules.emplace(&module, full_name); !inserted)
+    tree.shared_with = first->second;
+  const auto described = [&](const std::string& key, const torch::Tensor& value) {
+    auto tensor = described_tensor(key, value);
+    const auto full = full_name.empty() ? key : full_name + "." + key;
+    const auto [first, inserted] = seen.tensors.emplace(value.unsafeGetTensorImpl(), full);
     if (!inserted) tensor.tied_to = first->second;
-    tree.parameters.push_back(std::move(tensor));
-  }
+    return tensor;
+  };
+  for (const auto& p : module.named_parameters(/*recurse=*/false))
+    if (p.value().defined()) tree.parameters.push_back(described(p.key(), p.value()));
   for (const auto& b : module.named_buffers(/*recurse=*/false))
-    if (b.value().defined()) tree.buffers.push_back(described_tensor(b.key(), b.value()));
+    if (b.value().defined()) tree.buffers.push_back(described(b.key(), b.value()));
   for (const auto& child : module.named_children())
     tree.children.push_back(describe_module(*child.value(), child.key(),
                                             full_name.empty() ? child.key() : full_name + "." + child.key(), seen));
@@ -37,7 +40,7 @@ module_tree describe_module(const torch::nn::Module& module, const std::string& 
 namespace accel {
 
 module_tree describe_module(const torch::nn::Module& module) {
-  std::unordered_map<const c10::TensorImpl*, std::string> seen;
+  detail::first_names seen;
   return detail::describe_module(module, "", "", seen);
 }
 

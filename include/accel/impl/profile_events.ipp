@@ -120,7 +120,8 @@ std::string profile_table_text(const std::vector<std::vector<std::string>>& cell
 
 namespace accel {
 
-profile_averages key_averages(const std::vector<profile_event>& events, bool group_by_input_shape) {
+profile_averages key_averages_function::operator()(const std::vector<profile_event>& events,
+                                                   bool group_by_input_shape) const {
   const auto totals = detail::nested_totals(events);
   std::vector<profile_event_average> rows;
   std::map<std::pair<std::string, std::vector<std::vector<std::int64_t>>>, std::size_t> row_of;

@@ -76,12 +76,11 @@ tensor_list parse(std::string_view file, const std::string& where, std::map<std:
     throw checkpoint_error("accel: " + where + " is truncated: shorter than the 8-byte header length");
   std::uint64_t length = 0;
   std::memcpy(&length, file.data(), sizeof length);
-  if (length > file.size() - 8)
-    throw checkpoint_error("accel: " + where + " is truncated or corrupt: its header claims " + std::to_string(length) +
-                           " bytes, the file has " + std::to_string(file.size() - 8) + " after the length");
+  detail::check_header_length(length, file.size(), where);
   std::vector<std::pair<std::string, detail::header_parser::entry>> entries;
   std::map<std::string, std::string> meta;
   detail::header_parser(std::string(file.data() + 8, length), where).parse(entries, meta);
+  detail::check_ranges(entries, file.size() - 8 - length, where);
   const auto data_begin = 8 + length;
   const auto data_size = static_cast<std::int64_t>(file.size() - data_begin);
   tensor_list out;
@@ -94,9 +93,10 @@ tensor_list parse(std::string_view file, const std::string& where, std::map<std:
     if (e.offsets.size() != 2 || e.offsets[0] > e.offsets[1] || e.offsets[1] > data_size)
       throw checkpoint_error("accel: " + where + " is truncated or corrupt: tensor " + name +
                              "'s bytes lie outside the file's data");
-    std::int64_t numel = 1;
-    for (auto d : e.shape) numel *= d;
-    if (numel * static_cast<std::int64_t>(c10::elementSize(*type)) != e.offsets[1] - e.offsets[0])
+    const auto numel = detail::element_count(e.shape, name, where);
+    std::int64_t bytes = 0;
+    if (__builtin_mul_overflow(numel, static_cast<std::int64_t>(c10::elementSize(*type)), &bytes) ||
+        bytes != e.offsets[1] - e.offsets[0])
       throw checkpoint_error("accel: " + where + " is corrupt: tensor " + name + "'s shape does not match its " +
                              std::to_string(e.offsets[1] - e.offsets[0]) + " bytes");
     auto tensor = at::empty(e.shape, at::TensorOptions().dtype(*type));

@@ -58,10 +58,15 @@ std::int64_t keep_slice(const std::string& name, at::Tensor& parameter, std::int
     throw std::invalid_argument("accel::parallelize_module: \"" + name + "\" has " + std::to_string(full) + " " + what +
                                 ", which colwise_parallel{.fused = " + std::to_string(fused) +
                                 "} cannot cut into equal parts; fused counts the parts side by side in its output");
-  if ((full / fused) % size != 0)
+  if ((full / fused) % size != 0 && fused == 1)
     throw std::invalid_argument("accel::parallelize_module: \"" + name + "\" has " + std::to_string(full) + " " + what +
                                 ", which tp = " + std::to_string(size) +
                                 " does not divide; choose a tp size that divides them, or leave the layer whole");
+  if ((full / fused) % size != 0)  // each fused part is split: it is the part that tp must divide
+    throw std::invalid_argument("accel::parallelize_module: \"" + name + "\" has " + std::to_string(full) + " " + what +
+                                " in " + std::to_string(fused) + " fused parts of " + std::to_string(full / fused) +
+                                ", which tp = " + std::to_string(size) +
+                                " does not divide; choose a tp size that divides each part, or leave the layer whole");
   at::NoGradGuard no_grad;
   parameter.set_data(slice_of(parameter, dimension, fused, index, size));
   return index * full / size;

@@ -123,9 +123,12 @@ tensorboard_tracker::tensorboard_tracker(const std::filesystem::path& run_direct
   file_.write(detail::tfrecord(detail::file_version_event(now)));
 }
 
-mlflow_settings mlflow_settings::from_environment(std::string experiment) {
+mlflow_settings mlflow_settings::from_environment(std::string experiment, const mlflow_options& bounds) {
   mlflow_settings settings;
   settings.experiment_name = std::move(experiment);
+  settings.response_timeout = bounds.request_timeout;
+  settings.max_retries = bounds.max_retries;
+  settings.finish_timeout = bounds.finish_timeout;
   const auto read = [](const char* name, std::string& into) {
     if (const char* value = std::getenv(name); value != nullptr && *value != '\0') into = value;
   };
@@ -139,6 +142,16 @@ mlflow_settings mlflow_settings::from_environment(std::string experiment) {
   text.clear();
   read("MLFLOW_NESTED_RUN", text);
   if (!text.empty()) settings.nested_run = detail::parse_python_bool(text, "MLFLOW_NESTED_RUN");
+  text.clear();
+  read("MLFLOW_HTTP_REQUEST_TIMEOUT", text);
+  if (!text.empty())
+    settings.response_timeout =
+        std::chrono::seconds(detail::parse_whole_number(text, "MLFLOW_HTTP_REQUEST_TIMEOUT", 1, 24 * 3600));
+  text.clear();
+  read("MLFLOW_HTTP_REQUEST_MAX_RETRIES", text);
+  if (!text.empty())
+    settings.max_retries =
+        static_cast<int>(detail::parse_whole_number(text, "MLFLOW_HTTP_REQUEST_MAX_RETRIES", 0, 1000));
   return settings;
 }
 
@@ -161,7 +174,10 @@ void mlflow_tracker::store_init_configuration(const hyperparameters& config) {
     const auto end = std::min(params.size(), i + detail::mlflow_max_params_per_batch);
     const detail::mlflow_pairs batch(params.begin() + static_cast<std::ptrdiff_t>(i),
                                      params.begin() + static_cast<std::ptrdiff_t>(end));
-    sender_.submit({"/api/2.0/mlflow/runs/log-batch", detail::mlflow_log_batch_fields({}, batch, {}), true});
+    sender_.submit({.path = "/api/2.0/mlflow/runs/log-batch",
+                    .fields = detail::mlflow_log_batch_fields({}, batch, {}),
+                    .essential = true,
+                    .params = batch.size()});
   }
 }
 
@@ -188,8 +204,9 @@ void mlflow_tracker::log(const std::vector<metric>& metrics, std::int64_t step) 
 }
 
 void mlflow_tracker::finish() {
-  sender_.finish(detail::mlflow_request{"/api/2.0/mlflow/runs/update",
-                                        detail::mlflow_update_fields("FINISHED", detail::unix_millis()), true});
+  sender_.finish(detail::mlflow_request{.path = "/api/2.0/mlflow/runs/update",
+                                        .fields = detail::mlflow_update_fields("FINISHED", detail::unix_millis()),
+                                        .essential = true});
 }
 
 std::string mlflow_tracker::param_text(const hyperparameter::value_type& value) {
@@ -209,7 +226,14 @@ std::string mlflow_tracker::param_text(const hyperparameter::value_type& value) 
 }
 
 void mlflow_tracker::submit_metrics(std::vector<detail::mlflow_metric> batch) {
-  sender_.submit({"/api/2.0/mlflow/runs/log-batch", detail::mlflow_log_batch_fields(batch, {}, {}), false});
+  const auto [first, last] =
+      std::minmax_element(batch.begin(), batch.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  sender_.submit({.path = "/api/2.0/mlflow/runs/log-batch",
+                  .fields = detail::mlflow_log_batch_fields(batch, {}, {}),
+                  .essential = false,
+                  .metrics = batch.size(),
+                  .first_step = first->step,
+                  .last_step = last->step});
 }
 
 detail::mlflow_sender_config mlflow_tracker::sender_config(const mlflow_settings& settings) {
@@ -228,6 +252,7 @@ detail::mlflow_sender_config mlflow_tracker::sender_config(const mlflow_settings
       .timeouts = {settings.connect_timeout, settings.response_timeout},
       .queue_capacity = settings.queue_capacity,
       .max_backoff = settings.max_backoff,
+      .max_retries = settings.max_retries,
       .finish_timeout = settings.finish_timeout};
   if (!settings.description.empty()) config.tags.emplace_back("mlflow.note.content", settings.description);
   config.tags.emplace_back("mlflow.source.type", "LOCAL");
@@ -238,8 +263,10 @@ detail::mlflow_sender_config mlflow_tracker::sender_config(const mlflow_settings
 
 namespace accel::detail {
 
-tracker_set::tracker_set(std::vector<tracker> log_with, const project_options& project)
-    : log_with_(std::move(log_with)), root_(project.logging_dir.empty() ? project.project_dir : project.logging_dir) {}
+tracker_set::tracker_set(std::vector<tracker> log_with, const project_options& project, const mlflow_options& mlflow)
+    : log_with_(std::move(log_with)),
+      mlflow_(mlflow),
+      root_(project.logging_dir.empty() ? project.project_dir : project.logging_dir) {}
 
 tracker_set::~tracker_set() {
   try {
@@ -330,7 +357,7 @@ std::filesystem::path tracker_set::make_run_directory(const std::string& project
 }
 
 std::shared_ptr<general_tracker> tracker_set::make(tracker kind, const std::filesystem::path& directory,
-                                                   const std::string& project_name) {
+                                                   const std::string& project_name) const {
   switch (kind) {
     case tracker::csv:
       return std::make_shared<csv_tracker>(directory);
@@ -339,7 +366,7 @@ std::shared_ptr<general_tracker> tracker_set::make(tracker kind, const std::file
     case tracker::tensorboard:
       return std::make_shared<tensorboard_tracker>(directory);
     case tracker::mlflow:
-      return std::make_shared<mlflow_tracker>(mlflow_settings::from_environment(project_name));
+      return std::make_shared<mlflow_tracker>(mlflow_settings::from_environment(project_name, mlflow_));
   }
   throw std::invalid_argument("accel::init_trackers: options::log_with holds an unknown tracker");
 }

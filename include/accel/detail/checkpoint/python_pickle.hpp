@@ -13,10 +13,12 @@
 #include <ATen/core/ivalue.h>
 #include <caffe2/serialize/inline_container.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <sstream>
+#include <unordered_map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,7 +31,13 @@ namespace accel::detail {
 /// The dtype of a `torch.FloatStorage`-style class name (what `torch.save` names a tensor's storage by).
 ACCEL_DECL at::ScalarType storage_dtype(const std::string& name, const std::string& file);
 
-/// One run of the pickle machine over `data.pkl` of a `torch.save` archive.
+/// How deep the lists, dicts and tuples of a `torch.save` file may nest: deeper is refused (a checkpoint's state
+/// dicts nest a few levels; a hostile file nested a million deep would exhaust the stack when its value is freed).
+inline constexpr std::size_t max_pickle_depth = 256;
+
+/// One run of the pickle machine over `data.pkl` of a `torch.save` archive. A container may not change once it is
+/// inside another (torch.save fills each before placing it), so that each one's depth is final when it is placed,
+/// and no value contains itself.
 class torch_save_unpickler {
  public:
   ACCEL_DECL torch_save_unpickler(caffe2::serialize::PyTorchStreamReader& archive, std::string file);
@@ -48,10 +56,17 @@ class torch_save_unpickler {
   ACCEL_DECL c10::IValue pop();
   /// The values above the last MARK, removed.
   ACCEL_DECL std::vector<c10::IValue> pop_to_mark();
-  void push_tuple(std::vector<c10::IValue> items) { stack_.emplace_back(c10::ivalue::Tuple::create(std::move(items))); }
+  void push_tuple(std::vector<c10::IValue> items) {
+    c10::IValue tuple(c10::ivalue::Tuple::create(items));
+    contain(tuple, items);
+    stack_.push_back(std::move(tuple));
+  }
   ACCEL_DECL void push_tuple_of(std::size_t n);
   ACCEL_DECL void set_items(std::vector<c10::IValue> items);
   ACCEL_DECL void append(std::vector<c10::IValue> items);
+  /// Records that `container` (a list, dict or tuple) now holds `items`: each item sealed, the container's depth
+  /// counted; refused for a sealed container or one past `max_pickle_depth`.
+  ACCEL_DECL void contain(const c10::IValue& container, const std::vector<c10::IValue>& items);
 
   /// The opcodes that start containers; false for another.
   ACCEL_DECL bool container_step(unsigned char op);
@@ -85,6 +100,14 @@ class torch_save_unpickler {
   std::vector<std::size_t> marks_;
   std::map<std::size_t, c10::IValue> memo_;
   std::map<std::string, at::Tensor> storages_;
+  /// Each container that holds something, kept alive here (its address then names only it): its depth, and whether
+  /// it is inside another.
+  struct container_state {
+    c10::IValue value;
+    std::size_t depth = 1;
+    bool sealed = false;
+  };
+  std::unordered_map<const void*, container_state> containers_;
 };
 
 /// The inverse: a value as `torch.save` writes it, in the pickle opcodes above and no class but those PyTorch's

@@ -13,6 +13,7 @@
 #if ACCEL_HAS_FLOAT8
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -26,7 +27,8 @@ namespace accel::detail::fp8 {
 /// - a cast uses its column's scale as it is (1 at first) and records the tensor's amax in row 0 (the largest of
 ///   the amaxes since the last update: several forwards of an accumulation window, or evaluation passes, share it);
 /// - `update` takes each column's amax (the largest of its history, or row 0 with `most_recent`), sets the scale
-///   to (largest float8 value / amax) / 2^margin where that amax is positive and finite (else the scale stays), then
+///   to (largest float8 value / amax) / 2^margin where that amax is positive and finite (else the scale stays; an
+///   infinite result is float32's largest value), then
 ///   rolls the history by one row towards 0 (row 0 goes to the end) and zeroes row 0, so that an amax counts in the
 ///   next `length` updates and then drops out of the window.
 class amax_history {

@@ -1,7 +1,8 @@
 /// \file
 /// A small HTTP/1.1 client on POSIX sockets, for trackers that talk to a server (MLflow's REST API): plain http://
 /// only, one request per connection (`Connection: close`), every step bounded by a timeout. Responses with a
-/// Content-Length body, a chunked body, or a body ended by the connection's close are read.
+/// Content-Length body, a chunked body, or a body ended by the connection's close are read, up to
+/// `max_http_response_bytes`.
 // IWYU pragma: private, include <accel/tracking.hpp>
 #pragma once
 
@@ -15,6 +16,7 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -42,6 +44,10 @@ struct http_endpoint {
 
 /// Parses an http:// URI; anything else is a clear error naming `what` (the variable or option that gave it).
 ACCEL_DECL http_endpoint parse_http_uri(std::string_view uri, std::string_view what);
+
+/// The most bytes of a response read (MLflow's answers are a few kilobytes): a server announcing or sending more is
+/// an error, never memory held for it.
+inline constexpr std::size_t max_http_response_bytes = 16 << 20;
 
 /// A complete response: the status code and the body (de-chunked).
 struct http_response {

@@ -80,6 +80,11 @@ ACCEL_DECL mlflow_pairs parse_flat_json_object(std::string_view text, std::strin
 /// Python's `str_to_bool` (Accelerate's reading of MLFLOW_NESTED_RUN): y/yes/t/true/on/1 or n/no/f/false/off/0.
 ACCEL_DECL bool parse_python_bool(std::string text, std::string_view what);
 
+/// A whole number from `low` to `high` (MLflow's integer variables, as its `int(value)` reads them). Throws
+/// `std::invalid_argument` naming `what` and the range.
+ACCEL_DECL std::int64_t parse_whole_number(std::string_view text, std::string_view what, std::int64_t low,
+                                           std::int64_t high);
+
 /// Milliseconds since the Unix epoch, MLflow's timestamps.
 ACCEL_DECL std::int64_t unix_millis();
 

@@ -34,16 +34,29 @@ struct mlflow_sender_config {
   http_timeouts timeouts;
   std::size_t queue_capacity = 10000;
   std::chrono::milliseconds max_backoff{2000};
-  std::chrono::milliseconds finish_timeout{10000};
+  /// Once training has ended, a request is given up after this many retries (each attempt bounded by `timeouts`);
+  /// before, requests are retried as long as training runs.
+  int max_retries = 7;
+  /// The longest `finish` waits in all; none: as long as the server takes the requests within their retries.
+  std::optional<std::chrono::milliseconds> finish_timeout{};
 };
 
 /// One request about the run: its REST path and its body after `"run_id"`. `essential` requests (params, tags, the
-/// final status) are queued even when the queue is full; metric batches are dropped then.
+/// final status) are queued even when the queue is full; metric batches are dropped then. What it carries (its
+/// metric values and their steps, its params) is what a warning says was not sent.
 struct mlflow_request {
   std::string path;
   std::string fields;
   bool essential = false;
+  std::size_t metrics = 0;
+  std::int64_t first_step = 0;
+  std::int64_t last_step = 0;
+  std::size_t params = 0;
 };
+
+/// What `requests` carry, in words: "75 metric values (steps 21 to 95), 8 params, the run's final status (the run
+/// stays RUNNING)"; without `run_created`, the run itself first.
+ACCEL_DECL std::string describe_unsent(const std::deque<mlflow_request>& requests, bool run_created);
 
 class mlflow_sender {
  public:
@@ -57,8 +70,9 @@ class mlflow_sender {
   /// Queues `request`, never blocking on the network; false when it was dropped (the queue is full).
   ACCEL_DECL bool submit(mlflow_request request);
 
-  /// Queues `last` (the run's final status), then waits at most `finish_timeout` for everything to be sent; what
-  /// is still queued then is given up, with a warning. Idempotent.
+  /// Queues `last` (the run's final status), then waits for everything to be sent: each request given up after
+  /// `max_retries` retries, everything after `finish_timeout` when there is one; what was not sent is said in one
+  /// warning. Idempotent.
   ACCEL_DECL void finish(std::optional<mlflow_request> last);
 
   /// The run's id once created (or resumed), else "".
@@ -88,8 +102,13 @@ class mlflow_sender {
   ACCEL_DECL bool server_failed(const http_response& response);
   /// Warns once per outage: the first failure, not each retry.
   ACCEL_DECL void unreachable(const std::string& why);
-  void recovered() { failing_ = false; }  // under mutex_ or on the sender thread only
-  [[nodiscard]] bool past_deadline() const { return closed_ && http_clock::now() >= deadline_; }
+  void recovered() {  // under mutex_
+    failing_ = false;
+    failures_since_finish_ = 0;
+  }
+  [[nodiscard]] bool past_deadline() const { return closed_ && deadline_ && http_clock::now() >= *deadline_; }
+  /// After a failed attempt: whether finishing has given up (`max_retries` retries of one request since it began).
+  ACCEL_DECL bool give_up_after_failure();
 
   mlflow_sender_config config_;
   std::function<void(const std::string&)> warn_;
@@ -100,8 +119,10 @@ class mlflow_sender {
   std::size_t dropped_ = 0;
   bool closed_ = false;
   bool failing_ = false;
-  http_clock::time_point deadline_{};
-  std::thread thread_;  // last: started once everything it reads exists
+  std::optional<http_clock::time_point> deadline_{};
+  int failures_since_finish_ = 0;  // of the request at the head, once closed
+  std::string last_failure_;       // the last reason a request failed, for the warning at the end
+  std::thread thread_;             // last: started once everything it reads exists
 };
 
 }  // namespace accel::detail

@@ -68,14 +68,32 @@ void torch_save_unpickler::push_tuple_of(std::size_t n) {
   push_tuple(std::move(items));
 }
 
+void torch_save_unpickler::contain(const c10::IValue& container, const std::vector<c10::IValue>& items) {
+  auto& held = containers_[container.internalToPointer()];
+  held.value = container;
+  for (const auto& item : items) {
+    if (!item.isList() && !item.isGenericDict() && !item.isTuple()) continue;
+    auto& inner = containers_[item.internalToPointer()];
+    inner.value = item;
+    inner.sealed = true;
+    held.depth = std::max(held.depth, inner.depth + 1);
+  }
+  if (held.sealed) fail("changes a list or dict after placing it in another (torch.save never does; a cycle?)");
+  if (held.depth > max_pickle_depth)
+    fail("nests lists, dicts and tuples more than " + std::to_string(max_pickle_depth) +
+         " levels deep (the limit of what is read)");
+}
+
 void torch_save_unpickler::set_items(std::vector<c10::IValue> items) {
   if (items.size() % 2 != 0 || stack_.empty() || !stack_.back().isGenericDict()) fail("sets items of no dict");
+  contain(stack_.back(), items);
   auto dict = stack_.back().toGenericDict();
   for (std::size_t i = 0; i < items.size(); i += 2) dict.insert_or_assign(items[i], items[i + 1]);
 }
 
 void torch_save_unpickler::append(std::vector<c10::IValue> items) {
   if (stack_.empty() || !stack_.back().isList()) fail("appends to no list");
+  contain(stack_.back(), items);
   auto list = stack_.back().toList();
   for (auto& item : items) list.push_back(std::move(item));
 }

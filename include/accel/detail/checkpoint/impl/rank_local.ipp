@@ -55,13 +55,14 @@ std::size_t ranged_reader::open(const std::string& name) {
   std::uint64_t length = 0;
   if (saved.size < 8 || !manifest_.opened()->read_range(name, 0, 8, file.head.data())) throw whole_file_problem(name);
   std::memcpy(&length, file.head.data(), sizeof length);
-  if (length > saved.size - 8) throw whole_file_problem(name);
+  if (length > saved.size - 8 || length > safetensors::detail::max_header_bytes) throw whole_file_problem(name);
   file.head.resize(8 + length);
   if (!manifest_.opened()->read_range(name, 8, length, file.head.data() + 8)) throw whole_file_problem(name);
   std::vector<std::pair<std::string, safetensors::detail::header_parser::entry>> entries;
   std::map<std::string, std::string> metadata;
   try {
     safetensors::detail::header_parser(file.head.substr(8), (directory_ / name).string()).parse(entries, metadata);
+    safetensors::detail::check_ranges(entries, saved.size - 8 - length, (directory_ / name).string());
   } catch (const checkpoint_error&) {
     throw whole_file_problem(name, true);
   }
@@ -352,7 +353,7 @@ std::pair<std::filesystem::path, std::vector<std::string>> model_files_of(const 
   const auto index = where / "model.safetensors.index.json";
   if (!std::filesystem::exists(index)) return {where, {"model.safetensors"}};
   std::set<std::string> files;
-  for (const auto& [tensor, file] : read_weight_map(index)) files.insert(file);
+  for (const auto& [tensor, file] : safetensors::detail::read_weight_map(index)) files.insert(file);
   return {where, std::vector<std::string>(files.begin(), files.end())};
 }
 

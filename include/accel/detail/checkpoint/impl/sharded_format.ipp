@@ -100,14 +100,13 @@ safetensors::detail::file_header read_checkpoint_header(const std::filesystem::p
   std::uint64_t length = 0;
   if (size < 8 || !manifest.opened()->read_range(name, 0, sizeof length, &length))
     throw checkpoint_error("accel: " + where + " is truncated: shorter than the 8-byte header length");
-  if (length > size - 8)
-    throw checkpoint_error("accel: " + where + " is truncated or corrupt: its header claims " + std::to_string(length) +
-                           " bytes, the file has " + std::to_string(size - 8));
+  safetensors::detail::check_header_length(length, size, where);
   std::string text(length, '\0');
   if (!manifest.opened()->read_range(name, 8, length, text.data()))
     throw checkpoint_error("accel: cannot read the header of " + where);
   safetensors::detail::file_header header;
   safetensors::detail::header_parser(std::move(text), where).parse(header.entries, header.metadata);
+  safetensors::detail::check_ranges(header.entries, size - 8 - length, where);
   header.data_begin = 8 + length;
   return header;
 }

@@ -5,6 +5,8 @@
 
 #include "../delayed_scaling.hpp"
 
+#include <limits>
+
 #if ACCEL_HAS_FLOAT8
 
 namespace accel::detail::fp8 {
@@ -29,6 +31,9 @@ void amax_history::update() {
   auto computed = at::div(largest_, amax) / std::ldexp(1.0, margin_);
   computed = at::where(amax > 0, computed, scale_);
   computed = at::where(at::isfinite(amax), computed, scale_);
+  // An amax positive but tiny (below largest / float32's max: 1.3e-36 for e4m3) gives an infinite scale, which
+  // turns every zero it multiplies into NaN: float32's largest finite value instead, as TransformerEngine does.
+  computed = at::where(at::isinf(computed), at::full_like(computed, std::numeric_limits<float>::max()), computed);
   scale_.copy_(computed);
   history_.copy_(at::roll(history_, {-1}, {0}));
   history_[0].zero_();

@@ -30,6 +30,10 @@ http_endpoint parse_http_uri(std::string_view uri, std::string_view what) {
   if (endpoint.host.empty()) throw bad("it names no host");
   if (endpoint.port.empty() || endpoint.port.find_first_not_of("0123456789") != std::string::npos)
     throw bad("its port is not a number");
+  int port = 0;
+  const auto [end, error] = std::from_chars(endpoint.port.data(), endpoint.port.data() + endpoint.port.size(), port);
+  if (error != std::errc() || port < 1 || port > 65535)
+    throw bad("its port " + endpoint.port + " is not one of 1 to 65535 (a TCP port)");
   return endpoint;
 }
 
@@ -97,6 +101,9 @@ std::optional<http_response> parse_http_response(std::string_view raw, bool clos
     std::size_t length = 0;
     if (std::from_chars(length_text.data(), length_text.data() + length_text.size(), length).ec != std::errc())
       throw http_error("malformed Content-Length \"" + std::string(length_text) + "\"");
+    if (length > max_http_response_bytes)
+      throw http_error("the server announces a body of " + std::string(length_text) + " bytes, more than the " +
+                       std::to_string(max_http_response_bytes) + " a response may have");
     if (body.size() < length) {
       if (closed) throw http_error("the server closed the connection before the whole HTTP body");
       return std::nullopt;
@@ -199,6 +206,9 @@ http_response http_exchange(const http_endpoint& endpoint, std::string_view requ
     if (got < 0) throw http_error(std::string("recv: ") + std::strerror(errno));
     raw.append(buffer, static_cast<std::size_t>(got));
     if (auto response = parse_http_response(raw, got == 0)) return std::move(*response);
+    if (raw.size() > max_http_response_bytes)  // a chunked or unbounded body: never held past the limit
+      throw http_error("the server's response passes " + std::to_string(max_http_response_bytes) +
+                       " bytes, more than a response may have");
   }
 }
 

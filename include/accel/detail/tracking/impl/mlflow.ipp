@@ -141,6 +141,17 @@ bool parse_python_bool(std::string text, std::string_view what) {
   throw std::invalid_argument("accel: " + std::string(what) + " is \"" + text + "\"; write true or false (or 1, 0)");
 }
 
+std::int64_t parse_whole_number(std::string_view text, std::string_view what, std::int64_t low, std::int64_t high) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < low || value > high)
+    throw std::invalid_argument("accel: " + std::string(what) + " is \"" + std::string(text) +
+                                "\"; give a whole number from " + std::to_string(low) + " to " + std::to_string(high));
+  return value;
+}
+
 std::int64_t unix_millis() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();

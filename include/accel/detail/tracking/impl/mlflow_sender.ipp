@@ -23,20 +23,46 @@ bool mlflow_sender::submit(mlflow_request request) {
   return true;
 }
 
+std::string describe_unsent(const std::deque<mlflow_request>& requests, bool run_created) {
+  std::size_t metrics = 0, params = 0;
+  std::optional<std::pair<std::int64_t, std::int64_t>> steps;
+  bool final_status = false;
+  for (const auto& request : requests) {
+    metrics += request.metrics;
+    params += request.params;
+    final_status = final_status || request.path.ends_with("/runs/update");
+    if (request.metrics > 0)
+      steps = steps ? std::pair(std::min(steps->first, request.first_step), std::max(steps->second, request.last_step))
+                    : std::pair(request.first_step, request.last_step);
+  }
+  std::string text;
+  if (metrics > 0)
+    text += std::to_string(metrics) + " metric values (steps " + std::to_string(steps->first) + " to " +
+            std::to_string(steps->second) + ")";
+  if (params > 0) text += (text.empty() ? "" : ", ") + std::to_string(params) + " params";
+  if (final_status) text += (text.empty() ? "" : ", ") + std::string("the run's final status");
+  if (text.empty()) text = std::to_string(requests.size()) + " requests";
+  return run_created ? text + (final_status ? " (the run stays RUNNING)" : "") : "the run itself, and " + text;
+}
+
 void mlflow_sender::finish(std::optional<mlflow_request> last) {
   {
     std::lock_guard lock(mutex_);
     if (closed_) return;
     if (last) queue_.push_back(std::move(*last));
     closed_ = true;
-    deadline_ = http_clock::now() + config_.finish_timeout;
+    if (config_.finish_timeout) deadline_ = http_clock::now() + *config_.finish_timeout;
     wake_.notify_all();
   }
   thread_.join();
-  if (!queue_.empty() || !run_id_)
-    warn_("MLflow: gave up after " + std::to_string(config_.finish_timeout.count()) +
-          " ms at the end of training: " + std::to_string(queue_.size()) + " requests were not sent (the server at " +
-          config_.endpoint.host + ":" + config_.endpoint.port + " did not take them)");
+  if (!queue_.empty() || !run_id_) {
+    const auto server = " to the server at " + config_.endpoint.host + ":" + config_.endpoint.port;
+    const auto why = past_deadline() ? "after " + std::to_string(config_.finish_timeout->count()) +
+                                           " ms at the end of training (finish_timeout)"
+                                     : "at the end of training, after " + std::to_string(config_.max_retries) +
+                                           " retries of a request (" + last_failure_ + ")";
+    warn_("MLflow: gave up " + why + "; not sent" + server + ": " + describe_unsent(queue_, run_id_.has_value()));
+  }
   if (dropped_ > 0) warn_("MLflow: " + std::to_string(dropped_) + " metric batches were dropped (queue full)");
 }
 
@@ -64,11 +90,17 @@ void mlflow_sender::run() {
       backoff = std::chrono::milliseconds(100);
       continue;
     }
+    if (give_up_after_failure()) return;
     std::unique_lock lock(mutex_);
-    const auto until = std::min(http_clock::now() + backoff, closed_ ? deadline_ : http_clock::time_point::max());
+    const auto until = std::min(http_clock::now() + backoff, deadline_.value_or(http_clock::time_point::max()));
     wake_.wait_until(lock, until, [&] { return past_deadline(); });
     backoff = std::min(backoff * 2, config_.max_backoff);
   }
+}
+
+bool mlflow_sender::give_up_after_failure() {
+  std::lock_guard lock(mutex_);
+  return closed_ && ++failures_since_finish_ > config_.max_retries;
 }
 
 bool mlflow_sender::attempt(const std::optional<mlflow_request>& next) {
@@ -148,8 +180,8 @@ http_response mlflow_sender::send(std::string_view method, const std::string& pa
   auto timeouts = config_.timeouts;
   {
     std::lock_guard lock(mutex_);
-    if (closed_) {  // while finishing, no request outlives the deadline
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - http_clock::now());
+    if (closed_ && deadline_) {  // while finishing, no request outlives the deadline
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline_ - http_clock::now());
       const auto bounded = std::max(left, std::chrono::milliseconds(1));
       timeouts = {std::min(timeouts.connect, bounded), std::min(timeouts.response, bounded)};
     }
@@ -163,6 +195,10 @@ bool mlflow_sender::server_failed(const http_response& response) {
 }
 
 void mlflow_sender::unreachable(const std::string& why) {
+  {
+    std::lock_guard lock(mutex_);
+    last_failure_ = why;
+  }
   if (std::exchange(failing_, true)) return;
   warn_("MLflow tracking server at " + config_.endpoint.host + ":" + config_.endpoint.port + " is not answering (" +
         why + "); training goes on, requests are queued and retried");
