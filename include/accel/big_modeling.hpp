@@ -288,8 +288,14 @@ ACCEL_DECL dispatched_model attached(torch::nn::Module& model, device_map map, s
 /// otherwise this throws naming it and the fix, before anything changes. On a GPU machine, CPU entries in a unit are
 /// moved to the execution device for their forward as well; inputs are not moved (give each unit its inputs on its
 /// device). Buffers stay in memory (on the execution device for CPU and disk entries).
-ACCEL_DECL dispatched_model dispatch_model(torch::nn::Module& model, device_map map,
-                                           const dispatch_options& options = {});
+// The dispatching functions are function objects, as device_map.hpp's planners: argument-dependent lookup finds no
+// object, so a program's own function of one of these names, called unqualified with accel's types, stays its own.
+
+struct dispatch_model_function {
+  ACCEL_DECL dispatched_model operator()(torch::nn::Module& model, device_map map,
+                                         const dispatch_options& options = {}) const;
+};
+inline constexpr dispatch_model_function dispatch_model{};
 
 /// Options of `load_checkpoint_and_dispatch`.
 struct checkpoint_dispatch_options {
@@ -307,21 +313,29 @@ struct checkpoint_dispatch_options {
 /// shape and dtype, and nothing else (checked from the headers before anything is read). Tensors in memory are read
 /// in (ranged reads of their bytes); disk entries stay in the checkpoint's own files, as Accelerate offloads from a
 /// safetensors checkpoint, so nothing is written (no offload folder is needed).
-ACCEL_DECL dispatched_model load_checkpoint_and_dispatch(torch::nn::Module& model,
-                                                         const std::filesystem::path& checkpoint,
-                                                         const checkpoint_dispatch_options& options);
+struct load_checkpoint_and_dispatch_function {
+  ACCEL_DECL dispatched_model operator()(torch::nn::Module& model, const std::filesystem::path& checkpoint,
+                                         const checkpoint_dispatch_options& options) const;
+};
+inline constexpr load_checkpoint_and_dispatch_function load_checkpoint_and_dispatch{};
 
 /// Keeps every weight in CPU memory and runs each unit on `execution_device` (Accelerate's `cpu_offload`): on a GPU,
 /// each unit's weights are moved there for its forward and let go after it, so that the GPU holds one unit's weights
 /// at a time (every parameter must then be in a unit). On the CPU the weights simply stay where they are.
-ACCEL_DECL dispatched_model cpu_offload(torch::nn::Module& model, c10::Device execution_device = c10::kCPU);
+struct cpu_offload_function {
+  ACCEL_DECL dispatched_model operator()(torch::nn::Module& model, c10::Device execution_device = c10::kCPU) const;
+};
+inline constexpr cpu_offload_function cpu_offload{};
 
 /// Writes every weight to `offload_dir`/offload.safetensors, lets it go, and reads each unit's back for its forward
 /// only, on `execution_device` (Accelerate's `disk_offload`). Every parameter must be in a unit (`accel::shard_unit`);
 /// buffers stay in memory. One folder per live model: while the returned handle lives, another dispatch into
 /// `offload_dir` is refused (it would replace the file this model reads).
-ACCEL_DECL dispatched_model disk_offload(torch::nn::Module& model, const std::filesystem::path& offload_dir,
-                                         c10::Device execution_device = c10::kCPU);
+struct disk_offload_function {
+  ACCEL_DECL dispatched_model operator()(torch::nn::Module& model, const std::filesystem::path& offload_dir,
+                                         c10::Device execution_device = c10::kCPU) const;
+};
+inline constexpr disk_offload_function disk_offload{};
 
 }  // namespace accel
 

@@ -16,6 +16,17 @@
 #include "offload_model.hpp"
 #include "support.hpp"
 
+// A program's own helpers named as accel's dispatching functions: called unqualified with accel's types, they must be
+// the ones chosen, not ambiguous with accel's through argument-dependent lookup (issue 56: a port broke so with
+// key_averages). This file would not compile if accel's were functions.
+namespace port {
+int dispatch_model(torch::nn::Module&, const accel::device_map& map) { return static_cast<int>(map.size()); }
+int disk_offload(torch::nn::Module&, const accel::device_map& map) { return 10 + static_cast<int>(map.size()); }
+int dispatch_both(torch::nn::Module& model, const accel::device_map& map) {
+  return dispatch_model(model, map) + disk_offload(model, map);
+}
+}  // namespace port
+
 namespace {
 
 using accel::map_device;
@@ -409,4 +420,13 @@ TEST_CASE("GPU placement: GPU, CPU and disk entries run on GPU 0, bit for bit wi
     const auto from_disk = accel::disk_offload(*on_disk, dir / "disk", gpu);
     CHECK(torch::equal(on_disk->forward(tokens().to(gpu)), expected));
   }
+}
+
+TEST_CASE(
+    "a program's own dispatch_model(model, map) is its own: accel's dispatching functions are not found by "
+    "argument-dependent lookup",
+    "[big_modeling]") {
+  torch::nn::Linear layer(2, 2);
+  const accel::device_map map{{"", accel::map_device::cpu()}};
+  CHECK(port::dispatch_both(*layer, map) == 12);
 }

@@ -354,7 +354,8 @@ dispatched_model attached(torch::nn::Module& model, device_map map, std::shared_
 
 namespace accel {
 
-dispatched_model dispatch_model(torch::nn::Module& model, device_map map, const dispatch_options& options) {
+dispatched_model dispatch_model_function::operator()(torch::nn::Module& model, device_map map,
+                                                     const dispatch_options& options) const {
   using namespace detail::big_modeling;
   const std::string caller = "accel::dispatch_model";
   const auto placed = place(model, map, caller);
@@ -373,8 +374,9 @@ dispatched_model dispatch_model(torch::nn::Module& model, device_map map, const 
   return attached(model, std::move(map), std::move(hooks));
 }
 
-dispatched_model load_checkpoint_and_dispatch(torch::nn::Module& model, const std::filesystem::path& checkpoint,
-                                              const checkpoint_dispatch_options& options) {
+dispatched_model load_checkpoint_and_dispatch_function::operator()(torch::nn::Module& model,
+                                                                   const std::filesystem::path& checkpoint,
+                                                                   const checkpoint_dispatch_options& options) const {
   using namespace detail::big_modeling;
   const std::string caller = "accel::load_checkpoint_and_dispatch";
   auto map = options.map.empty() ? infer_auto_device_map(describe_module(model), options.planning) : options.map;
@@ -391,12 +393,12 @@ dispatched_model load_checkpoint_and_dispatch(torch::nn::Module& model, const st
   return attached(model, std::move(map), std::move(hooks));
 }
 
-dispatched_model cpu_offload(torch::nn::Module& model, c10::Device execution_device) {
+dispatched_model cpu_offload_function::operator()(torch::nn::Module& model, c10::Device execution_device) const {
   return dispatch_model(model, {{"", map_device::cpu()}}, {.execution_device = execution_device});
 }
 
-dispatched_model disk_offload(torch::nn::Module& model, const std::filesystem::path& offload_dir,
-                              c10::Device execution_device) {
+dispatched_model disk_offload_function::operator()(torch::nn::Module& model, const std::filesystem::path& offload_dir,
+                                                   c10::Device execution_device) const {
   return dispatch_model(model, {{"", map_device::disk()}},
                         {.offload_folder = offload_dir, .execution_device = execution_device});
 }
