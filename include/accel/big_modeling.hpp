@@ -23,7 +23,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <torch/cuda.h>
 #include <torch/library.h>
 #include <torch/nn/module.h>

@@ -5,6 +5,8 @@
 
 #include "../big_modeling.hpp"
 
+#include <sys/file.h>
+
 namespace accel::detail::big_modeling {
 
 bool mentions_tensor(const c10::TypePtr& type) {
