@@ -6,9 +6,9 @@
 
 #include <torch/torch.h>
 
-#include <cmath>
 #include <cstdint>
-#include <limits>
+
+#include <accel/context_parallel.hpp>
 
 // Causal multi-head self-attention: each position attends to itself and to the positions before it.
 struct SelfAttentionImpl : torch::nn::Module {
@@ -26,12 +26,11 @@ struct SelfAttentionImpl : torch::nn::Module {
     const auto width = projected.size(-1) / 3, local_heads = width / (dim / heads);
     // Queries, keys and values of every head: [3, batch, heads, time, dim / heads].
     const auto qkv_heads = projected.view({batch, time, 3, local_heads, dim / heads}).permute({2, 0, 3, 1, 4});
-    const auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];
-    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dim / heads));
-    const auto future = torch::ones({time, time}, x.options().dtype(torch::kBool)).triu(1);
-    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
-    const auto mixed = torch::matmul(scores.softmax(-1), v);          // [batch, heads, time, dim / heads]
-    return out(mixed.transpose(1, 2).reshape({batch, time, width}));  // heads side by side again
+    // Scores divided by sqrt(dim / heads), the future masked, softmax, values weighted: LibTorch's operations, or
+    // under context parallelism (accel::maybe_context_parallel) ring attention over the whole sequence.
+    const auto mixed = accel::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2],
+                                                           {.is_causal = true});  // [batch, heads, time, dim / heads]
+    return out(mixed.transpose(1, 2).reshape({batch, time, width}));              // heads side by side again
   }
 
   int64_t heads;
@@ -75,7 +74,11 @@ struct CharTransformerImpl : torch::nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& tokens) {  // [batch, time] -> logits [batch, time, vocabulary]
-    const auto positions = torch::arange(tokens.size(1), tokens.options());
+    return forward(tokens, torch::arange(tokens.size(1), tokens.options()));
+  }
+  // `positions` [time]: the tokens' places in their sequences (under context parallelism, this process's part of
+  // them, cut as the tokens are).
+  torch::Tensor forward(const torch::Tensor& tokens, const torch::Tensor& positions) {
     auto x = token_embedding(tokens) + position_embedding(positions);
     for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
     return head(norm(x));

@@ -22,6 +22,10 @@
 #   scripts/bench.sh mesh     hybrid_sharded on the 2 x 2 mesh against FSDP2's HSDP, 4 Gloo processes, and
 #                             tensor_parallel on tp 2 and dp 2 x tp 2 against DTensor's parallelize_module
 #                             (bench/mesh_compare.py)
+#   scripts/bench.sh cp       context parallelism at cp = 1, 2 and 4 on Gloo (both rotations): tokens per second and
+#                             peak activation bytes per process of one causal attention (1k to 16k tokens) and of
+#                             char_lm's model, and how much of the ring's exchanges the computation hides
+#                             (bench/cp_compare.py)
 #   scripts/bench.sh load     loading a 1 GB checkpoint into a 4-process fully_sharded model (its sharded and its full
 #                             format) against DCP's load into FSDP2: time and peak resident set (bench/load_compare.py)
 #   scripts/bench.sh comm_hooks   bytes sent and time per step with each gradient communication hook (none, fp16, bf16,
@@ -90,6 +94,9 @@ fi
 if [[ $which == all || $which == mesh ]]; then
   "$venv_python" "$root/bench/mesh_compare.py" "$build/tools/accel" "$build/bench/bench_mesh_step" "$venv_python" \
     "${ROUNDS:-5}"
+fi
+if [[ $which == all || $which == cp ]]; then
+  "$venv_python" "$root/bench/cp_compare.py" "$build/tools/accel" "$build/bench/bench_cp_step" "${ROUNDS:-3}"
 fi
 if [[ $which == all || $which == load ]]; then
   "$venv_python" "$root/bench/load_compare.py" "$build/tools/accel" "$build/bench/bench_checkpoint_load" \

@@ -13,6 +13,7 @@
 #include "hybrid_sharded.hpp"
 #include "tensor_parallel.hpp"
 #include "fully_sharded_tensor_parallel.hpp"
+#include "context_parallel.hpp"
 #include "shard_unit.hpp"
 #include "construct_sharded.hpp"
 #include "accumulation.hpp"

@@ -57,6 +57,8 @@ struct config_values {
   /// The `parallelism_config:` block's sizes (Accelerate's ParallelismConfig), in the order of
   /// `detail::mesh_size_variables`: dp_replicate, dp_shard, cp, tp.
   std::array<std::optional<int>, 4> parallelism_config;
+  /// The block's parallelism_config_cp_comm_strategy: allgather or alltoall (accel::cp_comm_strategy).
+  std::optional<std::string> cp_comm_strategy;
 };
 
 /// Whether `values` sets any size of the `parallelism_config:` block.
@@ -110,6 +112,12 @@ ACCEL_DECL void set_distributed_type(config_values& values, std::string_view tex
 
 ACCEL_DECL void set_main_process_ip(config_values& values, std::string_view text);
 
+ACCEL_DECL void set_cp_comm_strategy(config_values& values, std::string_view text);
+
+/// The block's key of context parallelism's rotation, and the variable it becomes in the workers' environment.
+inline constexpr std::string_view cp_comm_strategy_key = "parallelism_config_cp_comm_strategy";
+inline constexpr std::string_view cp_comm_strategy_variable = "PARALLELISM_CONFIG_CP_COMM_STRATEGY";
+
 inline constexpr config_key config_keys[] = {
     {"mixed_precision", "no, bf16, fp16 or fp8", set_mixed_precision,
      [](const config_values& v) { return v.mixed_precision; }},
@@ -136,6 +144,8 @@ inline constexpr config_key config_keys[] = {
      set_parallelism_size<2>, get_parallelism_size<2>},
     {mesh_size_variables[3].config_key, "a whole number from 1 to 65536 (1: no tensor parallelism)",
      set_parallelism_size<3>, get_parallelism_size<3>},
+    {cp_comm_strategy_key, "allgather or alltoall (how context parallelism passes keys and values)",
+     set_cp_comm_strategy, [](const config_values& v) { return v.cp_comm_strategy; }},
 };
 
 ACCEL_DECL std::string config_key_names();

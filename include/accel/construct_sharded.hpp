@@ -77,7 +77,8 @@ template <class Accelerator, class Build>
                 "accel::construct_sharded builds a model for accel::fully_sharded (its shard units sliced as they are "
                 "built); this accelerator's parallel policy does not prepare such a model: build the model whole");
   detail::check_same_generator(acc);
-  detail::slicing_construction construction(acc.process_index(), acc.num_processes(), std::move(unit_init));
+  const auto [index, count] = acc.parallel().construction_slice();  // hybrid sharding: the dp_shard group's
+  detail::slicing_construction construction(index, count, std::move(unit_init));
   return std::forward<Build>(build)();
 }
 

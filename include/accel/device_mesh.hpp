@@ -198,6 +198,11 @@ class mesh_layout {
 /// is false.
 ACCEL_DECL std::optional<mesh_layout> parallelism_config_from_environment(int num_processes);
 
+/// Context parallelism's rotation (accel/context_parallel.hpp): `given` where the program sets it, else
+/// PARALLELISM_CONFIG_CP_COMM_STRATEGY ("allgather" or "alltoall", as Accelerate reads it; `accel launch
+/// --parallelism_config_cp_comm_strategy` sets it), else all-gather. Throws `accel::mesh_error` naming another value.
+[[nodiscard]] ACCEL_DECL cp_comm_strategy configured_cp_comm_strategy(const parallelism_options& given);
+
 /// The mesh of Accelerate's `Accelerator(parallelism_config=...)` for a job of `num_processes`: each size the program
 /// `given` sets, each other from its PARALLELISM_CONFIG_*_SIZE (as Accelerate reads its unset fields); where the
 /// program sets none, the environment's (`parallelism_config_from_environment`). Validated (`validate_mesh`).

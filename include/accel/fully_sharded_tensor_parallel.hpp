@@ -56,7 +56,9 @@ struct sharded_beside_tp : tensor_parallel_beside<fully_sharded<Backend>> {
                                   ": options::sharding.state_dict = sharded writes each process's flat shards, which "
                                   "here are shards of tp slices; leave it at state_dict_type::full (whole weights, "
                                   "which load under any mesh or on one process)");
-    auto& shard_group = mesh.group("dp_shard");
+    // With cp, the shards span dp_shard x cp (PyTorch's FSDP on the flattened dp_shard_cp): the cp peers, which read
+    // other tokens, hold other shards and average their gradients too.
+    auto& shard_group = mesh.group(mesh.layout().sizes().cp > 1 ? "dp_shard_cp" : "dp_shard");
     this->narrow_to(shard_group);
     if (replicas == shard_replicas::across_dp_replicate) this->replicate_gradients_across(mesh.group("dp_replicate"));
     this->gather_units_on(detail::separate_group_of(shard_group, "accel/fsdp_tp/unit_gathers"));

@@ -29,8 +29,8 @@ namespace accel {
 namespace detail {
 
 /// `mesh` (the job's `ParallelismConfig`, none when nothing configures one) checked for hybrid sharding on
-/// `num_processes`: dp_replicate and dp_shard both above 1, no tp or cp. Throws `accel::mesh_error` naming the sizes
-/// and the fix.
+/// `num_processes`: dp_replicate and dp_shard both above 1, no tp (cp beside: the shards span dp_shard x cp). Throws
+/// `accel::mesh_error` naming the sizes and the fix.
 ACCEL_DECL const mesh_layout& hybrid_sharding_mesh(const std::optional<mesh_layout>& mesh, int num_processes);
 
 /// A group of the same processes as `group`, its collectives ordered apart from `group`'s (the shard units gather
@@ -65,15 +65,12 @@ struct hybrid_sharded : fully_sharded<Backend> {
       throw std::invalid_argument(
           "accel::hybrid_sharded: options::sharding.state_dict = sharded writes one file per process's shards, "
           "which hybrid sharding replicates; leave it at state_dict_type::full (a full checkpoint loads on any mesh)");
-    auto& shard_group = mesh_.group("dp_shard");
+    // With cp, the shards span dp_shard x cp (PyTorch's FSDP on the flattened dp_shard_cp).
+    auto& shard_group = mesh_.group(mesh_.layout().sizes().cp > 1 ? "dp_shard_cp" : "dp_shard");
     this->narrow_to(shard_group);
     this->replicate_gradients_across(mesh_.group("dp_replicate"));
     this->gather_units_on(detail::separate_group_of(shard_group, "accel/hsdp/unit_gathers"));
   }
-
-  /// Not yet: its prepare broadcasts the whole model across the job (the replicas), which a model built by
-  /// accel::construct_sharded does not hold; construct_sharded refuses it at compile time.
-  static constexpr bool takes_constructed_slices = false;
 
   [[nodiscard]] static std::string name() { return "hybrid_sharded<" + std::string(Backend::name) + ">"; }
   /// FSDP with `HYBRID_SHARD` in Accelerate.
@@ -91,11 +88,14 @@ struct hybrid_sharded : fully_sharded<Backend> {
   [[nodiscard]] const device_mesh<communicator_type>& mesh() const noexcept { return mesh_; }
 
   /// Checks that every process of the job prepared the same model and gives all of them process 0's (the shard
-  /// group's broadcast alone would leave the replicas apart), then prepares it as `fully_sharded`.
+  /// group's broadcast alone would leave the replicas apart), then prepares it as `fully_sharded`. What
+  /// construct_sharded built sliced is not broadcast: every process built the same initialisation and kept its
+  /// dp_shard slice, the same in every replica.
   void prepare_model(torch::nn::Module& module) {
     detail::check_same_module(module, *world_);
-    detail::broadcast_module_state(module, *world_);
-    base::prepare_model(module);
+    this->prepare_model_after(module, [&](const std::function<bool(const at::Tensor&)>& built_sliced) {
+      detail::broadcast_module_state(module, *world_, 0, built_sliced);
+    });
   }
 
  private:

@@ -224,6 +224,10 @@ struct join_options {
   std::optional<bool> even_batches = std::nullopt;
 };
 
+/// How context parallelism passes keys and values around the "cp" group (accel/context_parallel.hpp): all of them
+/// gathered at once (PyTorch's default), or one part to the next process per step (its "alltoall" rotation).
+enum class cp_comm_strategy { allgather, alltoall };
+
 /// The device mesh given in the program (Accelerate's `ParallelismConfig(dp_replicate_size=..., dp_shard_size=...,
 /// tp_size=..., cp_size=...)`, passed as `Accelerator(parallelism_config=...)`): a size set here is the mesh's; an
 /// unset one is read from its PARALLELISM_CONFIG_*_SIZE, as Accelerate reads its unset fields. Nothing set: the
@@ -233,6 +237,9 @@ struct parallelism_options {
   std::optional<int> dp_shard_size = std::nullopt;
   std::optional<int> tp_size = std::nullopt;
   std::optional<int> cp_size = std::nullopt;
+  /// How context parallelism's ring passes keys and values (Accelerate's `cp_comm_strategy`); unset:
+  /// PARALLELISM_CONFIG_CP_COMM_STRATEGY, else all-gather.
+  std::optional<accel::cp_comm_strategy> cp_comm_strategy = std::nullopt;
 };
 
 /// The experiment trackers built into accel (see accel/tracking.hpp), for `options::log_with`.

@@ -258,16 +258,20 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
   /// Between steps each process holds only its slices of the parameters.
   static constexpr bool keeps_parameter_slices = true;
   /// A model built by `accel::construct_sharded` (its shard units holding this process's slices only, over the
-  /// processes of `communicator()`) is prepared from those slices.
+  /// processes of the group it shards over: `construction_slice()`) is prepared from those slices.
   static constexpr bool takes_constructed_slices = true;
+
+  /// Which slice of each unit's parameters `accel::construct_sharded` keeps on this process: its index in the group
+  /// the policy shards over, and that group's size.
+  [[nodiscard]] std::pair<int, int> construction_slice() const noexcept {
+    return {base::process_index(), base::num_processes()};
+  }
 
   /// As the other sharded policies, and finds the model's shard units first: their gradient buckets stay within
   /// the unit. The parameters of units built by construct_sharded are not broadcast: their slices are this
   /// process's already (the same initialisation on every process, which construct_sharded checked).
   void prepare_model(torch::nn::Module& module) {
-    find_units(module);
-    base::prepare_model(module, unit_group_of(),
-                        [this](const at::Tensor& p) { return constructed_.contains(p.unsafeGetTensorImpl()); });
+    prepare_model_after(module, [](const std::function<bool(const at::Tensor&)>&) {});
   }
   /// At prepare, before `prepare_model`: the precision policy's encoding (none: every parameter in its own type).
   /// The shards of the optimizers prepared from now on gather the parameters it encodes that way for each forward
@@ -357,6 +361,17 @@ struct fully_sharded : detail::sharded_optimizer<Backend, detail::gradient_layou
   /// What the units gather on when the policy's group is not the job's (hybrid sharding): a group of the same
   /// processes as `communicator()`'s, kept for the process's life. None: the job's separate group.
   void gather_units_on(gather_communicator& gathers) noexcept { unit_gathers_ = &gathers; }
+  /// `prepare_model`, with `before_sharding(built_sliced)` run once the units are found and before anything is
+  /// sharded: hybrid sharding's broadcast across the replicas, which skips what construct_sharded built sliced.
+  template <class BeforeSharding>
+  void prepare_model_after(torch::nn::Module& module, BeforeSharding&& before_sharding) {
+    find_units(module);
+    const std::function<bool(const at::Tensor&)> built_sliced = [this](const at::Tensor& p) {
+      return constructed_.contains(p.unsafeGetTensorImpl());
+    };
+    std::forward<BeforeSharding>(before_sharding)(built_sliced);
+    base::prepare_model(module, unit_group_of(), built_sliced);
+  }
 
  private:
   /// The shards of the optimizers that list any of `module`'s parameters, in the order they were prepared (the

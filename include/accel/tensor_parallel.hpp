@@ -402,9 +402,10 @@ template <class Backend>
 struct tensor_parallel : detail::tp::tensor_parallel_beside<data_parallel<Backend>> {
   explicit tensor_parallel(const options& opts)
       : detail::tp::tensor_parallel_beside<data_parallel<Backend>>(opts, "accel::tensor_parallel") {
+    // Gradients are averaged over every process that reads other tokens: the data-parallel ranks and the cp peers.
     const auto& mesh = this->mesh();
-    this->narrow_to(mesh.layout().has("dp")
-                        ? mesh.group("dp")
+    this->narrow_to(mesh.layout().has("dp_cp")
+                        ? mesh.group("dp_cp")
                         : detail::mesh_group(this->world(), "dp", std::vector<int>{this->world().rank()}));
   }
 

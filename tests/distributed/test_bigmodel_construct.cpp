@@ -86,8 +86,8 @@ construction_bytes expected_bytes(tower& net, int rank, int world) {
   return expected;
 }
 
-template <class Model, class Optimizer>
-void train(accel::accelerator<accel::fp32, zero3>& acc, Model& model, Optimizer& opt, int steps) {
+template <class Accelerator, class Model, class Optimizer>
+void train(Accelerator& acc, Model& model, Optimizer& opt, int steps) {
   torch::manual_seed(40 + acc.process_index());
   for (int step = 0; step < steps; ++step) {
     acc.backward(model(torch::randn({6, 13})).pow(2).mean());
@@ -200,4 +200,37 @@ TEST_CASE(
                       Catch::Contains("process 1's random generator differs from process 0's") &&
                           Catch::Contains("accel::set_seed(seed), without device_specific"));
   }
+}
+
+TEST_CASE(
+    "construct_sharded under hybrid_sharded (dp_replicate 2 x dp_shard 2): each unit keeps this process's dp_shard "
+    "slice, the same in both replicas; the prepared parameters are bit for bit those of the model built whole, "
+    "before and after 3 AdamW steps",
+    "[bigmodel_construct_hybrid]") {
+  accel::count_cpu_memory();
+  accel::accelerator<accel::fp32, accel::hybrid_sharded<accel::gloo>> acc;
+  const auto [index, count] = acc.parallel().construction_slice();
+  CHECK(count == acc.parallel().mesh().layout().size("dp_shard"));
+  CHECK(index == acc.parallel().mesh().local_rank("dp_shard"));
+  accel::set_seed(21);
+  tower whole(units);
+  accel::set_seed(21);
+  accel::reset_peak_memory_stats(cpu);
+  const auto before = accel::memory_stats(cpu).allocated;
+  tower sliced = accel::construct_sharded(acc, [] { return tower(units); });
+  const auto held = accel::memory_stats(cpu).allocated - before;
+  const auto expected = expected_bytes(sliced, index, count);
+  CHECK(held >= expected.held);
+  CHECK(held <= expected.held + 8 * (acc.num_processes() + 1));  // and the generators' digests, for a moment
+  torch::optim::AdamW whole_adamw(whole->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW sliced_adamw(sliced->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [whole_model, whole_opt] = acc.prepare(whole, whole_adamw);
+  auto [sliced_model, sliced_opt] = acc.prepare(sliced, sliced_adamw);
+  check_same_parameters(whole, sliced);
+  train(acc, whole_model, whole_opt, 3);
+  train(acc, sliced_model, sliced_opt, 3);
+  check_same_parameters(whole, sliced);
+  const auto full_whole = acc.get_state_dict(whole_model), full_sliced = acc.get_state_dict(sliced_model);
+  REQUIRE(full_whole.size() == full_sliced.size());
+  for (std::size_t i = 0; i < full_whole.size(); ++i) CHECK(torch::equal(full_whole[i].second, full_sliced[i].second));
 }

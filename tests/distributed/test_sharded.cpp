@@ -1412,7 +1412,8 @@ TEST_CASE("hybrid_sharded refuses a mesh without dp_replicate and dp_shard, nami
                  Contains("with dp_replicate=1 use accel::fully_sharded"));
   CHECK_THAT(refusal(accel::mesh_layout({.dp_replicate = 4}, 4)),
              Contains("dp_replicate=4, dp_shard=1") && Contains("with dp_shard=1 accel::data_parallel"));
-  CHECK_THAT(refusal(accel::mesh_layout({.dp_shard = 2, .tp = 2}, 4)), Contains("has tp or cp"));
+  CHECK_THAT(refusal(accel::mesh_layout({.dp_shard = 2, .tp = 2}, 4)),
+             Contains("has tp") && Contains("hybrid_sharded_tensor_parallel"));
   const std::optional<accel::mesh_layout> two_by_two(accel::mesh_layout({.dp_replicate = 2, .dp_shard = 2}, 4));
   CHECK(&hybrid_sharding_mesh(two_by_two, 4) == &*two_by_two);
   CHECK_THROWS_WITH(hsdp(accel::options{.sharding = {.state_dict = accel::state_dict_type::sharded}}),

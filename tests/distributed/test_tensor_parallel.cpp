@@ -461,8 +461,8 @@ TEST_CASE("tensor_parallel refuses what it cannot split, naming the fix", "[tp][
   }
   CHECK_THROWS_WITH(accel::detail::tp::tensor_parallel_mesh(std::nullopt, 2),
                     Contains("no tp dimension") && Contains("--parallelism_config_tp_size T"));
-  CHECK_THROWS_WITH(accel::detail::tp::tensor_parallel_mesh(accel::mesh_layout({.cp = 2, .tp = 2}, 4), 4),
-                    Contains("has cp above 1"));
+  const std::optional<accel::mesh_layout> cp_beside(accel::mesh_layout({.cp = 2, .tp = 2}, 4));
+  CHECK(&accel::detail::tp::tensor_parallel_mesh(cp_beside, 4) == &*cp_beside);  // context parallelism beside
 }
 
 TEST_CASE(

@@ -226,19 +226,40 @@ TEST_CASE("the config file refuses a size outside its block, another key inside 
         "Accelerate writes it: a line 'parallelism_config:', then '  parallelism_config_tp_size: N'");
   CHECK(config_refusal("parallelism_config:\n  mixed_precision: bf16\n") ==
         "c.yaml:2: 'mixed_precision' is indented under 'parallelism_config:', which holds only "
-        "parallelism_config_dp_replicate_size, parallelism_config_dp_shard_size, parallelism_config_cp_size and "
-        "parallelism_config_tp_size; write it at the start of its line");
+        "parallelism_config_dp_replicate_size, parallelism_config_dp_shard_size, parallelism_config_cp_size, "
+        "parallelism_config_tp_size and parallelism_config_cp_comm_strategy; write it at the start of its line");
   CHECK(config_refusal("parallelism_config:\n  parallelism_config_tp_size: 0\n") ==
         "c.yaml:2: parallelism_config_tp_size must be a whole number from 1 to 65536 (1: no tensor parallelism), "
         "not '0'");
-  CHECK(config_refusal("parallelism_config:\n  parallelism_config_cp_comm_strategy: allgather\n")
-            .starts_with("c.yaml:2: unknown key 'parallelism_config_cp_comm_strategy'; the keys are "));
+  CHECK(config_refusal("parallelism_config:\n  parallelism_config_cp_comm_strategy: ring\n") ==
+        "c.yaml:2: parallelism_config_cp_comm_strategy must be allgather or alltoall (how context parallelism passes "
+        "keys and values), not 'ring'");
+  CHECK(config_refusal("parallelism_config:\n  parallelism_config_cp_comm_strategy: alltoall\n") == "accepted");
+  CHECK(config_refusal("parallelism_config:\n  parallelism_config_cp_backend: torch\n")
+            .starts_with("c.yaml:2: unknown key 'parallelism_config_cp_backend'; the keys are "));
   CHECK(config_refusal("num_processes: 4\nparallelism_config:\n  parallelism_config_tp_size: 3\n") ==
         "c.yaml: the parallelism_config block with num_processes 4: accel: mesh dp_replicate=1, dp_shard=1, cp=1, "
         "tp=3 spans 3 processes (Accelerate's total_size) but the job has 4; make their product equal the number of "
         "processes, or start 3 processes");
   CHECK(config_refusal("parallelism_config: {}\nnum_processes: 2\n") == "accepted");              // an empty block
   CHECK(config_refusal("parallelism_config:\n  parallelism_config_tp_size: 2\n") == "accepted");  // sized at launch
+}
+
+TEST_CASE("context parallelism's rotation: the program's, else PARALLELISM_CONFIG_CP_COMM_STRATEGY, else all-gather",
+          "[mesh]") {
+  using accel::cp_comm_strategy;
+  scoped_variable unset{"PARALLELISM_CONFIG_CP_COMM_STRATEGY", nullptr};
+  CHECK(accel::configured_cp_comm_strategy({}) == cp_comm_strategy::allgather);
+  {
+    scoped_variable set{"PARALLELISM_CONFIG_CP_COMM_STRATEGY", "alltoall"};
+    CHECK(accel::configured_cp_comm_strategy({}) == cp_comm_strategy::alltoall);
+    CHECK(accel::configured_cp_comm_strategy({.cp_comm_strategy = cp_comm_strategy::allgather}) ==
+          cp_comm_strategy::allgather);
+  }
+  scoped_variable wrong{"PARALLELISM_CONFIG_CP_COMM_STRATEGY", "ring"};
+  CHECK_THROWS_WITH(accel::configured_cp_comm_strategy({}),
+                    "accel: PARALLELISM_CONFIG_CP_COMM_STRATEGY is \"ring\"; context parallelism's rotations are "
+                    "\"allgather\" (the default) and \"alltoall\"");
 }
 
 TEST_CASE("a worker's variables: torchrun's for its place in the job, one definition for both launchers", "[mesh]") {

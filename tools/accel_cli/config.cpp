@@ -39,6 +39,8 @@ const char* config_usage() {
          "  --parallelism_config_cp_size N, --parallelism_config_tp_size N\n"
          "                                   the device mesh (Accelerate's parallelism_config block): sizes that\n"
          "                                   multiply to num_processes\n"
+         "  --parallelism_config_cp_comm_strategy S\n"
+         "                                   allgather or alltoall: how context parallelism passes keys and values\n"
          "  -h, --help                       show this help\n"
          "\n"
          "example:\n"

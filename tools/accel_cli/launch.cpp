@@ -288,6 +288,8 @@ void apply_config_file(launch_options& options, const std::vector<given_option>&
   for (std::size_t i = 0; i < detail::mesh_size_variables.size(); ++i)
     if (!environment_has(std::string(detail::mesh_size_variables[i].variable).c_str()))
       options.run.parallelism_config[i] = values.parallelism_config[i];
+  if (!environment_has(std::string(detail::cp_comm_strategy_variable).c_str()))
+    options.run.cp_comm_strategy = values.cp_comm_strategy;
 }
 
 // The mesh the workers will build, checked against the job's size before any worker starts: the sizes of
@@ -413,6 +415,8 @@ void append_run_settings(std::vector<std::pair<std::string, std::string>>& varia
     variables.emplace_back("ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
                            std::to_string(*options.run.gradient_accumulation_steps));
   }
+  if (options.run.cp_comm_strategy)
+    variables.emplace_back(detail::cp_comm_strategy_variable, *options.run.cp_comm_strategy);
   if (options.config_file) variables.emplace_back("ACCEL_CONFIG_FILE", options.config_file->string());
   if (options.mesh) {  // every size, as accelerate launch sets them, and the flag its Accelerator reads
     variables.emplace_back(detail::use_parallelism_config_variable, "true");
@@ -536,6 +540,8 @@ constexpr const char* launch_usage_text =
     "                      the device mesh (Accelerate's ParallelismConfig): checked against the job\n"
     "                      (the sizes must multiply to K*N) before any worker starts, then set as\n"
     "                      PARALLELISM_CONFIG_*_SIZE (all four) and ACCELERATE_USE_PARALLELISM_CONFIG=true\n"
+    "  --parallelism_config_cp_comm_strategy S  allgather (default) or alltoall: how context parallelism\n"
+    "                      passes keys and values; sets PARALLELISM_CONFIG_CP_COMM_STRATEGY\n"
     "  --config_file F     the config file to read (default: $ACCEL_CONFIG_FILE, or\n"
     "                      ~/.config/accel/default_config.yaml if it exists; see 'accel config')\n"
     "  -h, --help          show this help\n"

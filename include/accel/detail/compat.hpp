@@ -57,6 +57,11 @@
 /// detail/support/linear_routing.hpp: fp8 and tensor parallelism). LibTorch 1.13 has no such key; checked on 2.13.
 #define ACCEL_HAS_LINEAR_ROUTING (ACCEL_TORCH_VERSION >= 204)
 
+/// Whether this LibTorch has its fused CPU attention that returns the log-sum-exp and takes a mask
+/// (`_scaled_dot_product_flash_attention_for_cpu` and its backward, which takes the whole output and log-sum-exp):
+/// context parallelism's local attention on the CPU. 1.13 has none (accel's float32 math instead); checked on 2.13.
+#define ACCEL_HAS_CPU_FLASH_ATTENTION (ACCEL_TORCH_VERSION >= 205)
+
 namespace accel::detail::compat {
 
 /// The owning handle of a leaf's gradient accumulator node: `std::shared_ptr<Node>` in 1.13,

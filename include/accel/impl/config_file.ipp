@@ -30,8 +30,13 @@ int config_number(std::string_view text, int low, int high) {
 }
 
 bool is_parallelism_key(std::string_view key) {
-  return std::any_of(mesh_size_variables.begin(), mesh_size_variables.end(),
-                     [&](const auto& entry) { return entry.config_key == key; });
+  return key == cp_comm_strategy_key || std::any_of(mesh_size_variables.begin(), mesh_size_variables.end(),
+                                                    [&](const auto& entry) { return entry.config_key == key; });
+}
+
+void set_cp_comm_strategy(config_values& values, std::string_view text) {
+  if (text != "allgather" && text != "alltoall") throw config_error("");
+  values.cp_comm_strategy = std::string(text);
 }
 
 void set_mixed_precision(config_values& values, std::string_view text) {
@@ -102,12 +107,13 @@ bool places_block(config_block& block, std::string_view line, std::string_view k
                        " belongs in the parallelism_config block, indented under it as Accelerate writes it: a line "
                        "'parallelism_config:', then '  " +
                        excerpt(key) + ": N'");
-  // Accelerate's other block keys (cp_comm_strategy, ...) are left to set_config_value: unknown here.
+  // Accelerate's other block keys (cp_backend, ...) are left to set_config_value: unknown here.
   if (!block_key && block == config_block::parallelism && !key.starts_with("parallelism_config_"))
     throw config_error(where + ": '" + excerpt(key) +
                        "' is indented under 'parallelism_config:', which holds only parallelism_config_dp_replicate_"
-                       "size, parallelism_config_dp_shard_size, parallelism_config_cp_size and "
-                       "parallelism_config_tp_size; write it at the start of its line");
+                       "size, parallelism_config_dp_shard_size, parallelism_config_cp_size, "
+                       "parallelism_config_tp_size and parallelism_config_cp_comm_strategy; write it at the start "
+                       "of its line");
   return false;
 }
 }  // namespace accel::detail

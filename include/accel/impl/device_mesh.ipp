@@ -5,6 +5,8 @@
 
 #include "../device_mesh.hpp"
 
+#include <cstdlib>
+
 namespace accel::detail {
 
 std::string describe(const mesh_sizes& sizes) {
@@ -192,6 +194,16 @@ std::optional<mesh_layout> configured_mesh(const parallelism_options& given, int
   for (const auto& entry : entries)
     if (const auto& size = given.*entry.given) sizes.*entry.size = *size;
   return mesh_layout(sizes, num_processes);
+}
+
+cp_comm_strategy configured_cp_comm_strategy(const parallelism_options& given) {
+  if (given.cp_comm_strategy) return *given.cp_comm_strategy;
+  const char* set = std::getenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY");
+  const std::string_view value = set == nullptr ? "" : set;
+  if (value.empty() || value == "allgather") return cp_comm_strategy::allgather;
+  if (value == "alltoall") return cp_comm_strategy::alltoall;
+  throw mesh_error("accel: PARALLELISM_CONFIG_CP_COMM_STRATEGY is \"" + std::string(value) +
+                   "\"; context parallelism's rotations are \"allgather\" (the default) and \"alltoall\"");
 }
 
 }  // namespace accel

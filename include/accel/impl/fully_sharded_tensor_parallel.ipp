@@ -13,9 +13,9 @@ void check_sharded_beside_tp(const mesh_layout& mesh, std::string_view policy_na
   const bool hybrid = replicas == shard_replicas::across_dp_replicate;
   const std::string policy = std::string(policy_name) + ": ";
   const auto& sizes = mesh.sizes();
-  if (sizes.dp_shard < 2)
+  if (sizes.dp_shard * sizes.cp < 2)
     throw mesh_error(policy + "the mesh " + describe(sizes) +
-                     " has no dp_shard dimension to shard over (dp_shard must be above 1): start it with accel "
+                     " has no dp_shard or cp dimension to shard over (one must be above 1): start it with accel "
                      "launch --parallelism_config_dp_shard_size D --parallelism_config_tp_size T (D x T = the "
                      "processes, times dp_replicate); without dp_shard use accel::tensor_parallel");
   if (!hybrid && sizes.dp_replicate > 1)

@@ -16,9 +16,10 @@ const mesh_layout& hybrid_sharding_mesh(const std::optional<mesh_layout>& mesh, 
                      "--parallelism_config_dp_shard_size S, or set PARALLELISM_CONFIG_DP_REPLICATE_SIZE and "
                      "PARALLELISM_CONFIG_DP_SHARD_SIZE");
   const auto& sizes = mesh->sizes();
-  if (sizes.tp > 1 || sizes.cp > 1)
+  if (sizes.tp > 1)
     throw mesh_error(policy + "the mesh " + describe(sizes) +
-                     " has tp or cp; hybrid sharding spans dp_replicate x dp_shard only: set tp and cp to 1");
+                     " has tp; hybrid sharding spans dp_replicate x dp_shard (x cp): set tp to 1, or use "
+                     "accel::hybrid_sharded_tensor_parallel");
   if (sizes.dp_replicate < 2 || sizes.dp_shard < 2)
     throw mesh_error(policy + "the mesh " + describe(sizes) +
                      " lacks a dimension: hybrid sharding shards within dp_shard and replicates across "

@@ -18,9 +18,6 @@ const mesh_layout& tensor_parallel_mesh(const std::optional<mesh_layout>& mesh, 
                      " processes: start it with accel launch --parallelism_config_tp_size T (and, for data "
                      "parallelism beside, --parallelism_config_dp_shard_size D, D x T = the processes), or set "
                      "PARALLELISM_CONFIG_TP_SIZE; with tp = 1 use accel::data_parallel");
-  if (mesh->sizes().cp > 1)
-    throw mesh_error(policy + "the mesh " + describe(mesh->sizes()) +
-                     " has cp above 1; context parallelism is not built: set cp to 1");
   return *mesh;
 }
 

@@ -76,6 +76,10 @@ class gloo_communicator {
   /// buffer of its own and copy it out, two passes over it.
   [[nodiscard]] ACCEL_DECL work all_gather_into(at::Tensor& output, at::Tensor& input);
 
+  /// Starts one step of a ring: `send` (contiguous) to rank `to`, and `receive` (contiguous) from rank `from`, which
+  /// holds the data once `wait()` returns (context parallelism's rotation of keys and values).
+  [[nodiscard]] ACCEL_DECL work exchange(at::Tensor& send, int to, at::Tensor& receive, int from);
+
   ACCEL_DECL void barrier();
 
  private:

@@ -118,6 +118,15 @@ gloo_communicator::work gloo_communicator::reduce_scatter_into(at::Tensor& outpu
   });
 }
 
+gloo_communicator::work gloo_communicator::exchange(at::Tensor& send, int to, at::Tensor& receive, int from) {
+  std::vector<at::Tensor> outgoing{send};
+  std::vector<at::Tensor> incoming{receive};
+  auto sent = group_->process_group->send(outgoing, to, /*tag=*/0);
+  auto received = group_->process_group->recv(incoming, from, /*tag=*/0);
+  return gloo_internals::work_of(std::move(received), env_.rank, "exchange",
+                                 [sent, rank = env_.rank] { gloo_internals::wait_for(*sent, "exchange", rank); });
+}
+
 void gloo_communicator::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions broadcast_options;
