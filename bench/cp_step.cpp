@@ -94,8 +94,8 @@ int overlap(cp_accelerator& acc, std::int64_t length, int steps, int warmup) {
   };
   const auto forward = [&](accel::detail::cp::ring* ring) {
     at::NoGradGuard no_grad;
-    (void)accel::detail::cp::ring_attention::apply(
-        q, k, v, {ring, split, accel::cp_comm_strategy::alltoall, 1.0 / std::sqrt(32.0)}, rule);
+    const accel::detail::cp::attention_plan plan{ring, split, accel::cp_comm_strategy::alltoall, 1.0 / std::sqrt(32.0)};
+    (void)accel::detail::cp::ring_attention::apply(q, k, v, plan, rule);
   };
   const auto total = measure(steps, warmup, [&] { forward(group); }).first;
   const auto compute = measure(steps, warmup, [&] { forward(&alone); }).first;

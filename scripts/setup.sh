@@ -70,7 +70,10 @@ if "$venv/bin/python" -m pip install --quiet --disable-pip-version-check uv; the
       default-timeout | timeout) export UV_HTTP_TIMEOUT=${value%.*} ;;
     esac
   done < <("$venv/bin/python" -m pip config list 2>/dev/null)
-  "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" "${uv_args[@]}" -r "$root/requirements.txt"
+  if ! "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" "${uv_args[@]}" -r "$root/requirements.txt"; then
+    echo "setup: uv could not install requirements.txt (above); pip installs it"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt"
+  fi
 else
   echo "setup: uv could not be installed; pip installs requirements.txt"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt"

@@ -8,7 +8,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "char_transformer.hpp"
+#include "char_transformer_training.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -280,38 +280,13 @@ void check_within_1e5(const StateDict& got, const std::vector<torch::Tensor>& ex
   CHECK(i == expected.size());
 }
 
-/// char_lm's transformer (examples/char_transformer.hpp), small: vocabulary 24, context 16, dim 16, 4 heads, 2
-/// blocks, no dropout; its optimizer; character batch `i` (ids and the next ids, [4, 16]); 50 steps.
-CharTransformer small_transformer() { return CharTransformer(24, 16, 16, 4, 2, 0.0); }
-torch::optim::SGDOptions transformer_sgd() { return torch::optim::SGDOptions(0.1).momentum(0.9); }
-std::pair<torch::Tensor, torch::Tensor> characters(int i) {
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(5000 + i);
-  return {torch::randint(24, {4, 16}, generator), torch::randint(24, {4, 16}, generator)};
-}
-constexpr int training_steps = 50;
-
-/// The transformer trained in one process on whole sequences, each step on the `dp` ranks' batches together: the
-/// reference.
-std::vector<torch::Tensor> train_alone(int dp) {
-  torch::manual_seed(6);
-  auto net = small_transformer();
-  torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
-  for (int step = 0; step < training_steps; ++step) {
-    std::vector<torch::Tensor> xs, ys;
-    for (int r = 0; r < dp; ++r) {
-      auto [x, y] = characters(step * dp + r);
-      xs.push_back(x);
-      ys.push_back(y);
-    }
-    optimizer.zero_grad();
-    torch::nn::functional::cross_entropy(net->forward(torch::cat(xs)).reshape({-1, 24}), torch::cat(ys).reshape({-1}))
-        .backward();
-    optimizer.step();
-  }
-  std::vector<torch::Tensor> parameters;
-  for (const auto& p : net->parameters()) parameters.push_back(p.detach().clone());
-  return parameters;
-}
+using accel_test::char_transformer;
+using accel_test::char_transformer_plan;
+using accel_test::characters;
+using accel_test::transformer_sgd;
+using accel_test::transformer_steps;
+/// One process on the `dp` ranks' batches together: the reference.
+std::vector<torch::Tensor> train_alone(int dp) { return accel_test::train_char_transformer_alone(dp); }
 
 TEST_CASE("char_lm's transformer trained 50 steps under context parallelism equals one process, within 1e-5",
           "[cp][cp_training]") {
@@ -319,15 +294,15 @@ TEST_CASE("char_lm's transformer trained 50 steps under context parallelism equa
     cp_accelerator acc(cp_options(rotation));
     const std::int64_t parts = acc.num_processes();
     torch::manual_seed(6);
-    auto net = small_transformer();
+    auto net = char_transformer();
     torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
     std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
-    for (int i = 0; i < training_steps; ++i) batches.push_back(characters(i));
+    for (int i = 0; i < transformer_steps; ++i) batches.push_back(characters(i));
     auto [model, opt, data] = acc.prepare(net, optimizer, batches);
     for (const auto& [x, y] : data) {
-      const auto positions = torch::arange(16);
+      const auto positions = torch::arange(8);
       auto scope = accel::maybe_context_parallel(acc, {x, y, positions}, {1, 1, 0});
-      CHECK(x.size(1) == 16 / parts);
+      CHECK(x.size(1) == 8 / parts);
       const auto before = scope.counts();
       acc.backward(torch::nn::functional::cross_entropy(model(x, positions).reshape({-1, 24}), y.reshape({-1})));
       const auto after = scope.counts();
@@ -346,19 +321,6 @@ TEST_CASE("char_lm's transformer trained 50 steps under context parallelism equa
   }
 }
 
-/// Megatron's split of the transformer (as test_tensor_parallel.cpp's): the token embedding by its vocabulary, each
-/// block's attention (whole heads per rank) and MLP, and the output layer by the vocabulary.
-accel::tensor_parallel_plan transformer_plan() {
-  accel::tensor_parallel_plan plan{{"token_embedding", accel::rowwise_parallel{}}, {"head", accel::colwise_parallel{}}};
-  for (const std::string block : {"blocks.0.", "blocks.1."}) {
-    plan.emplace_back(block + "attention.qkv", accel::colwise_parallel{.fused = 3});
-    plan.emplace_back(block + "attention.out", accel::rowwise_parallel{});
-    plan.emplace_back(block + "mlp.0", accel::colwise_parallel{});
-    plan.emplace_back(block + "mlp.2", accel::rowwise_parallel{});
-  }
-  return plan;
-}
-
 /// The transformer trained 50 steps under `Parallel` on the job's mesh (cp above 1; `split` by the plan for the
 /// tensor-parallel policies), each dp rank on its batches, equal to one process on the dp ranks' batches together
 /// within 1e-5; saved to checkpoint `save` when given.
@@ -371,14 +333,14 @@ void check_beside_cp(const std::string& save = {}) {
   // Process 0's weights everywhere: the others start elsewhere, and prepare (or parallelize_module) brings them to
   // process 0's.
   torch::manual_seed(acc.process_index() == 0 ? 6 : 60 + acc.process_index());
-  auto net = small_transformer();
-  if constexpr (split) accel::parallelize_module(acc, net, transformer_plan());
+  auto net = char_transformer();
+  if constexpr (split) accel::parallelize_module(acc, net, char_transformer_plan());
   torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
-  for (int i = 0; i < training_steps * dp; ++i) batches.push_back(characters(i));
+  for (int i = 0; i < transformer_steps * dp; ++i) batches.push_back(characters(i));
   auto [model, opt, data] = acc.prepare(net, optimizer, batches);
   for (const auto& [x, y] : data) {
-    const auto positions = torch::arange(16);
+    const auto positions = torch::arange(8);
     auto scope = accel::maybe_context_parallel(acc, {x, y, positions}, {1, 1, 0});
     const auto logits = model(x, positions);
     if constexpr (split)
@@ -416,10 +378,10 @@ template <class Accelerator>
 void load_and_save(const std::filesystem::path& from, const std::filesystem::path& to) {
   Accelerator acc;
   torch::manual_seed(99);
-  auto net = small_transformer();
+  auto net = char_transformer();
   torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
-  for (int i = 0; i < training_steps * 2; ++i) batches.push_back(characters(i));
+  for (int i = 0; i < transformer_steps * 2; ++i) batches.push_back(characters(i));
   auto [model, opt, data] = acc.prepare(net, optimizer, batches);
   acc.load_state(from);
   acc.save_state(to);
@@ -427,7 +389,7 @@ void load_and_save(const std::filesystem::path& from, const std::filesystem::pat
 
 /// The momentum buffers an SGD optimizer of the transformer loads from a checkpoint's `optimizer.bin`.
 std::vector<torch::Tensor> momentum_in(const std::filesystem::path& file) {
-  auto net = small_transformer();
+  auto net = char_transformer();
   torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
   torch::serialize::InputArchive archive;
   archive.load_from(file.string());
@@ -453,7 +415,7 @@ TEST_CASE("a checkpoint saved at dp_shard 2 x cp 2 x tp 2 loads at cp = 2 and on
   std::vector<torch::Tensor> weights, weights_again;
   for (auto& [name, tensor] : accel::safetensors::load(saved / "model.safetensors")) weights.push_back(tensor);
   for (auto& [name, tensor] : accel::safetensors::load(again / "model.safetensors")) weights_again.push_back(tensor);
-  REQUIRE(weights.size() == small_transformer()->parameters().size());
+  REQUIRE(weights.size() == char_transformer()->parameters().size());
   REQUIRE(weights_again.size() == weights.size());
   for (std::size_t i = 0; i < weights.size(); ++i) CHECK(torch::equal(weights[i], weights_again[i]));
   const auto momentum = momentum_in(saved / "optimizer.bin");

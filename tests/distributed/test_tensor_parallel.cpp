@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "char_transformer.hpp"
+#include "char_transformer_training.hpp"
 
 namespace {
 
@@ -260,55 +260,11 @@ TEST_CASE("tensor_parallel trains a vocabulary-parallel language model as one pr
 
 namespace {
 
-/// char_lm's transformer (examples/char_transformer.hpp), small: vocabulary 24, context 8, dim 16, 4 heads, 2
-/// blocks, no dropout.
-CharTransformer char_transformer() { return CharTransformer(24, 8, 16, 4, 2, 0.0); }
-
-/// Megatron's split of it: the token embedding by its vocabulary, each block's attention (qkv column-parallel, its
-/// query, key and value parts each split: whole heads per rank; out row-parallel) and MLP, and the output layer.
-accel::tensor_parallel_plan char_transformer_plan() {
-  accel::tensor_parallel_plan plan{{"token_embedding", accel::rowwise_parallel{}}, {"head", accel::colwise_parallel{}}};
-  for (const std::string block : {"blocks.0.", "blocks.1."}) {
-    plan.emplace_back(block + "attention.qkv", accel::colwise_parallel{.fused = 3});
-    plan.emplace_back(block + "attention.out", accel::rowwise_parallel{});
-    plan.emplace_back(block + "mlp.0", accel::colwise_parallel{});
-    plan.emplace_back(block + "mlp.2", accel::rowwise_parallel{});
-  }
-  return plan;
-}
-
-/// SGD with momentum, not AdamW: the key projection's bias has no gradient but rounding noise (softmax ignores what
-/// it adds to every key alike), which AdamW's m / sqrt(v) would blow up to whole steps in either run.
-torch::optim::SGDOptions transformer_sgd() { return torch::optim::SGDOptions(0.1).momentum(0.9); }
-
-/// Character batch `i`: ids and the next ids, [rows, 8].
-std::pair<torch::Tensor, torch::Tensor> characters(int i) {
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(3000 + i);
-  return {torch::randint(24, {rows, 8}, generator), torch::randint(24, {rows, 8}, generator)};
-}
-
-/// char_lm's transformer trained alone, unsplit, each step on the job's whole global batch (the dp ranks' batches
-/// together): the reference of the split runs. Returns its parameters.
-std::vector<torch::Tensor> train_char_transformer_alone(int dp) {
-  torch::manual_seed(6);
-  auto net = char_transformer();
-  torch::optim::SGD optimizer(net->parameters(), transformer_sgd());
-  for (int step = 0; step < steps; ++step) {
-    std::vector<torch::Tensor> xs, ys;
-    for (int r = 0; r < dp; ++r) {
-      auto [x, y] = characters(step * dp + r);
-      xs.push_back(x);
-      ys.push_back(y);
-    }
-    optimizer.zero_grad();
-    torch::nn::functional::cross_entropy(net->forward(torch::cat(xs)).reshape({-1, 24}), torch::cat(ys).reshape({-1}))
-        .backward();
-    optimizer.step();
-  }
-  std::vector<torch::Tensor> parameters;
-  for (const auto& p : net->parameters()) parameters.push_back(p.detach().clone());
-  return parameters;
-}
+using accel_test::char_transformer;
+using accel_test::char_transformer_plan;
+using accel_test::characters;
+using accel_test::train_char_transformer_alone;
+using accel_test::transformer_sgd;
 
 /// char_lm's transformer made as the reference is (process 0's weights: the others start elsewhere, and
 /// parallelize_module must bring them to process 0's), then split by `plan`.
@@ -884,10 +840,10 @@ TEST_CASE(
   using Catch::Matchers::Contains;
   // This job (tp = 2 on 2 processes) has no dp_shard dimension.
   CHECK_THROWS_WITH(fsdp_tp_policy(accel::options{}),
-                    Contains("accel::fully_sharded_tensor_parallel") && Contains("no dp_shard dimension") &&
+                    Contains("accel::fully_sharded_tensor_parallel") && Contains("no dp_shard or cp dimension") &&
                         Contains("--parallelism_config_dp_shard_size D") && Contains("use accel::tensor_parallel"));
   CHECK_THROWS_WITH(hsdp_tp_policy(accel::options{}),
-                    Contains("accel::hybrid_sharded_tensor_parallel") && Contains("no dp_shard dimension"));
+                    Contains("accel::hybrid_sharded_tensor_parallel") && Contains("no dp_shard or cp dimension"));
   using accel::detail::tp::check_sharded_beside_tp, accel::detail::tp::shard_replicas;
   const accel::mesh_layout three_d({.dp_replicate = 2, .dp_shard = 2, .tp = 2}, 8);
   const accel::mesh_layout two_d({.dp_shard = 2, .tp = 2}, 4);

@@ -82,9 +82,9 @@ inline void merge(partial& total, partial part) {
 /// values' gradients [2, ...]. LibTorch's fused CPU kernel where it has one, else float32 math (`delta` =
 /// rowsum(grad_output x output)).
 inline at::Tensor attend_backward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                                  const at::Tensor& allowed, const at::Tensor& grad_output, const at::Tensor& output,
-                                  const at::Tensor& lse, const at::Tensor& delta, double scale,
-                                  at::Tensor& grad_query) {
+                                  const at::Tensor& allowed, const at::Tensor& grad_output,
+                                  [[maybe_unused]] const at::Tensor& output, const at::Tensor& lse,
+                                  const at::Tensor& delta, double scale, at::Tensor& grad_query) {
 #if ACCEL_HAS_CPU_FLASH_ATTENTION
   if (query.is_cpu()) {
     auto [grad_q, grad_k, grad_v] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
