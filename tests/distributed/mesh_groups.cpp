@@ -52,7 +52,12 @@ int print_ranks() {
             << ", " << sizes.cp << ", " << sizes.tp << "], \"data_parallel_rank\": " << acc.data_parallel_rank()
             << ", \"data_parallel_shard_rank\": " << acc.data_parallel_shard_rank()
             << ", \"tensor_parallel_rank\": " << acc.tensor_parallel_rank()
-            << ", \"context_parallel_rank\": " << acc.context_parallel_rank() << "}" << std::endl;
+            << ", \"context_parallel_rank\": " << acc.context_parallel_rank() << ", \"cp_comm_strategy\": \""
+            << (accel::configured_cp_comm_strategy(acc.options().parallelism_config) ==
+                        accel::cp_comm_strategy::alltoall
+                    ? "alltoall"
+                    : "allgather")
+            << "\"}" << std::endl;
   return 0;
 }
 

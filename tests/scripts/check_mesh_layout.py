@@ -10,7 +10,9 @@ mesh.launch.ranks: check_mesh_layout.py --launched ACCEL MESH_GROUPS_PROGRAM sta
 `accel launch` with the sizes as Accelerate's launch flags (one shape as the config file's parallelism_config block),
 and compares each process's accelerator rank queries (data_parallel_rank, data_parallel_shard_rank,
 tensor_parallel_rank, context_parallel_rank) with its local rank along dp_replicate, dp_shard, tp and cp in
-PyTorch's init_device_mesh (0 along a dimension the mesh leaves out, as Accelerate).
+PyTorch's init_device_mesh (0 along a dimension the mesh leaves out, as Accelerate); the config file's
+parallelism_config_cp_comm_strategy reaches each process as the rotation its accelerator configures (all-gather
+otherwise).
 """
 
 import json
@@ -89,9 +91,10 @@ def launch_ranks(accel, program, sizes, through_file):
         config = os.path.join(directory, "config.yaml")
         with open(config, "w") as out:  # Accelerate's layout: the sizes nested under parallelism_config
             out.write("num_processes: 4\n")
-            if through_file:
+            if through_file:  # with context parallelism's rotation, which the workers must get as their variable
                 out.write("parallelism_config:\n" + "".join(
-                    f"  parallelism_config_{name}_size: {size}\n" for name, size in zip(FLAGS, sizes)))
+                    f"  parallelism_config_{name}_size: {size}\n" for name, size in zip(FLAGS, sizes)) +
+                    "  parallelism_config_cp_comm_strategy: alltoall\n")
         flags = [] if through_file else [f"--parallelism_config_{n}_size={s}" for n, s in zip(FLAGS, sizes)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PARALLELISM_CONFIG_")}
         run = subprocess.run([accel, "launch", "--config_file", config, "--master_port", "0", "--prefix_output",
@@ -115,6 +118,7 @@ def check_launched(accel, program):
             groups = expected["ranks"][rank]["groups"]
             want = {query: groups[dim]["local_rank"] if dim in groups else 0 for query, dim in QUERIES.items()}
             want["rank"], want["sizes"] = rank, list(sizes)
+            want["cp_comm_strategy"] = "alltoall" if through_file else "allgather"
             if got.get(rank) != want:
                 wrong.append(f"rank {rank}: PyTorch {want}, accel {got.get(rank)}")
         label = f"dp_replicate={sizes[0]} dp_shard={sizes[1]} cp={sizes[2]} tp={sizes[3]}"
