@@ -20,16 +20,12 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <functional>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
-#include "collectives.hpp"
 #include "detail/config.hpp"
 #include "detail/context_parallel/ring.hpp"
+#include "detail/context_parallel/ring_for.hpp"
 #include "detail/prepared/accelerator_access.hpp"
 #include "device_mesh.hpp"
 #include "options.hpp"
@@ -96,45 +92,6 @@ class context_parallel_scope {
   detail::cp::active_scope* previous_ = nullptr;
   std::vector<restored> restore_;
 };
-
-namespace detail::cp {
-
-/// The ring of this process's "cp" group of `mesh` over the job's communicator `world`, made once per process (the
-/// group is the mesh's, kept for the process's life, so that autograd may reach it after the scope).
-template <class Communicator>
-ring& ring_for(Communicator& world, const mesh_layout& mesh) {
-  auto& group = mesh_group(world, "cp", mesh.group_of("cp", world.rank()));
-  static std::mutex guard;
-  static auto* const made = new std::map<const void*, ring>();
-  std::lock_guard lock(guard);
-  auto [found, fresh] = made->try_emplace(&group);
-  if (fresh) {
-    auto& made_ring = found->second;
-    made_ring.rank = group.rank();
-    made_ring.size = group.size();
-    made_ring.all_gather = [&group](at::Tensor& output, at::Tensor& input) {
-      group.all_gather_into(output, input).wait();
-    };
-    made_ring.reduce_scatter = [&group](at::Tensor& output, at::Tensor& input) {
-      group.reduce_scatter_into(output, input).wait();
-    };
-    made_ring.exchange = [&group](at::Tensor& send, at::Tensor& receive) {
-      const int size = group.size();
-      auto pending = std::make_shared<typename Communicator::work>(
-          group.exchange(send, (group.rank() + 1) % size, receive, (group.rank() + size - 1) % size));
-      return std::function<void()>([pending] { pending->wait(); });
-    };
-  }
-  return found->second;
-}
-
-/// One process is its own cp group: nothing to pass around.
-inline ring& ring_for(const local_communicator&, const mesh_layout&) {
-  static ring alone;
-  return alone;
-}
-
-}  // namespace detail::cp
 
 /// Accelerate's `maybe_context_parallel(buffers, buffer_seq_dims, no_restore_buffers)`: on a mesh with cp above 1,
 /// a scope in which each of `buffers` (the same batch on every process of the cp group, as prepared data is) holds
