@@ -85,7 +85,7 @@ int overlap(cp_accelerator& acc, std::int64_t length, int steps, int warmup) {
   auto q = make(), k = make(), v = make();
   auto scope = accel::maybe_context_parallel(acc, {q, k, v}, {2, 2, 2}, {q, k, v});
   auto* group = accel::detail::cp::current_scope()->group;
-  const accel::detail::cp::mask_rule rule{true, {}, {}, length};
+  const accel::detail::cp::mask_rule rule{true, {}, {}};
   const accel::detail::cp::sequence_split split{group->size, true};
   accel::detail::cp::ring alone = *group;  // the same parts, each passed to itself: the computation alone
   alone.exchange = [](at::Tensor& send, at::Tensor& receive) {

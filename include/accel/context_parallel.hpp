@@ -88,8 +88,8 @@ class context_parallel_scope {
     at::Tensor buffer;
     at::Tensor whole;
   };
-  detail::cp::active_scope scope_;
-  detail::cp::active_scope* previous_ = nullptr;
+  detail::cp::attention_plan scope_;
+  detail::cp::attention_plan* previous_ = nullptr;
   std::vector<restored> restore_;
 };
 

@@ -11,17 +11,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "../detail/support/text.hpp"
+#include "../collectives.hpp"
 
 namespace accel {
 
 namespace detail::cp::attention_internals {
-
-inline std::string shape_of(const at::Tensor& tensor) {
-  std::string text;
-  for (const auto size : tensor.sizes()) append_item(text, std::to_string(size), ", ");
-  return "[" + text + "]";
-}
 
 /// q, k and v as ring attention takes them: 4-D, of one batch, length and head dim; k and v of one shape, their
 /// heads dividing the queries' (repeated to match, as grouped-query attention does).
@@ -29,11 +23,12 @@ inline void check_shapes(const at::Tensor& query, const at::Tensor& key, const a
   const std::string name = "accel::scaled_dot_product_attention: ";
   if (query.dim() != 4 || key.dim() != 4 || value.dim() != 4)
     throw std::invalid_argument(name + "query, key and value must be [batch, heads, length, head dim]; they are " +
-                                shape_of(query) + ", " + shape_of(key) + " and " + shape_of(value));
+                                shape_text(query.sizes()) + ", " + shape_text(key.sizes()) + " and " +
+                                shape_text(value.sizes()));
   if (key.sizes() != value.sizes() || key.size(0) != query.size(0) || key.size(2) != query.size(2) ||
       key.size(3) != query.size(3) || query.size(1) % key.size(1) != 0)
-    throw std::invalid_argument(name + "query " + shape_of(query) + ", key " + shape_of(key) + " and value " +
-                                shape_of(value) +
+    throw std::invalid_argument(name + "query " + shape_text(query.sizes()) + ", key " + shape_text(key.sizes()) +
+                                " and value " + shape_text(value.sizes()) +
                                 " do not match: self-attention over one sequence needs one batch, length and head "
                                 "dim, and key and value of one shape whose heads divide the query's");
   if (!at::isFloatingType(query.scalar_type()) || key.scalar_type() != query.scalar_type() ||
@@ -47,8 +42,9 @@ inline at::Tensor whole_sequence(const at::Tensor& given, std::int64_t length, c
   const auto rows = given.dim() == 1 ? given.unsqueeze(0) : given;
   if (rows.dim() != 2 || rows.size(1) != length)
     throw std::invalid_argument(
-        std::string("accel::scaled_dot_product_attention: attention_mask::") + what + " is " + shape_of(given) +
-        "; it must describe the whole sequence of " + std::to_string(length) + " positions" +
+        std::string("accel::scaled_dot_product_attention: attention_mask::") + what + " is " +
+        shape_text(given.sizes()) + "; it must describe the whole sequence of " + std::to_string(length) +
+        " positions" +
         (inside_scope ? " (under context parallelism too: leave it out of maybe_context_parallel's buffers)" : ""));
   return rows.to(device);
 }
@@ -61,7 +57,7 @@ inline at::Tensor documents_of(const at::Tensor& cumulative, std::int64_t length
     throw std::invalid_argument(
         "accel::scaled_dot_product_attention: attention_mask::cumulative_lengths must rise from 0 to the whole "
         "sequence's length, " +
-        std::to_string(length) + "; it is " + shape_of(cumulative));
+        std::to_string(length) + "; it is " + shape_text(cumulative.sizes()));
   return (at::searchsorted(bounds, at::arange(length, at::TensorOptions().dtype(at::kLong)), false, true) - 1)
       .unsqueeze(0)
       .to(device);
@@ -91,7 +87,7 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
   const auto* scope = current_scope();
   const int parts = scope == nullptr ? 1 : scope->group->size;
   const auto length = query.size(2) * parts;
-  mask_rule rule{mask.is_causal, {}, {}, length};
+  mask_rule rule{mask.is_causal, {}, {}};
   if (mask.key_padding.defined())
     rule.key_padding =
         whole_sequence(mask.key_padding, length, query.device(), "key_padding", scope != nullptr).to(at::kBool);
@@ -110,8 +106,8 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
         "accel::scaled_dot_product_attention: attention_mask::bias under context parallelism: an arbitrary mask or "
         "bias cannot be split along the sequence. Express it as is_causal, key_padding, document_ids or "
         "cumulative_lengths, or compute this attention outside maybe_context_parallel's scope");
-  const attention_plan plan{scope->group, scope->split, scope->rotation,
-                            scale.value_or(1.0 / std::sqrt(static_cast<double>(query.size(3))))};
+  attention_plan plan = *scope;
+  plan.scale = scale.value_or(1.0 / std::sqrt(static_cast<double>(query.size(3))));
   return ring_attention::apply(query, keys, values, plan, rule);
 }
 

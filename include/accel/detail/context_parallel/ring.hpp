@@ -62,14 +62,13 @@ struct sequence_split {
                                             const std::string& what) const;
 };
 
-/// Which query-key pairs attention allows, from the tokens' places in the whole sequence (of `length` tokens):
-/// causal, a key padding mask [batch, length] (true: a real token), document ids [batch or 1, length] (packed
-/// documents: a query attends keys of its own document only). Undefined tensors: not used.
+/// Which query-key pairs attention allows, from the tokens' places in the whole sequence: causal, a key padding
+/// mask [batch, length] (true: a real token), document ids [batch or 1, length] (packed documents: a query attends
+/// keys of its own document only). Undefined tensors: not used.
 struct mask_rule {
   bool causal = false;
   at::Tensor key_padding;
   at::Tensor documents;
-  std::int64_t length = 0;
 
   /// Allowed pairs of queries at `query_positions` and keys at `key_positions` (int64, places in the whole
   /// sequence), broadcastable to [batch, heads, queries, keys]; undefined when every pair is allowed.
@@ -85,13 +84,9 @@ struct attention_plan {
   double scale = 1.0;
 };
 
-/// The context-parallel scope alive on this thread (maybe_context_parallel), if any: its group and split.
-struct active_scope {
-  ring* group = nullptr;
-  sequence_split split;
-  cp_comm_strategy rotation = cp_comm_strategy::allgather;
-};
-ACCEL_DECL active_scope*& current_scope() noexcept;
+/// The plan of the context-parallel scope alive on this thread (maybe_context_parallel), if any: its group, split
+/// and rotation (each call of the attention sets its own scale).
+ACCEL_DECL attention_plan*& current_scope() noexcept;
 
 /// Attention of q, k, v [batch, heads, local length, head dim] under `plan` and `rule`, as one autograd function:
 /// outputs in q's dtype, computed in float32.

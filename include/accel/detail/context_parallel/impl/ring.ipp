@@ -141,8 +141,8 @@ inline ring* ring_of_handle(std::int64_t handle) { return reinterpret_cast<ring*
 
 }  // namespace ring_internals
 
-active_scope*& current_scope() noexcept {
-  thread_local active_scope* scope = nullptr;
+attention_plan*& current_scope() noexcept {
+  thread_local attention_plan* scope = nullptr;
   return scope;
 }
 
@@ -209,7 +209,6 @@ at::Tensor ring_attention::forward(torch::autograd::AutogradContext* ctx, const 
   ctx->saved_data["causal"] = rule.causal;
   ctx->saved_data["key_padding"] = rule.key_padding;
   ctx->saved_data["documents"] = rule.documents;
-  ctx->saved_data["length"] = rule.length;
   return total.output.to(query.scalar_type());
 }
 
@@ -224,7 +223,7 @@ torch::autograd::variable_list ring_attention::backward(torch::autograd::Autogra
       ctx->saved_data["allgather"].toBool() ? cp_comm_strategy::allgather : cp_comm_strategy::alltoall,
       ctx->saved_data["scale"].toDouble()};
   const mask_rule rule{ctx->saved_data["causal"].toBool(), ctx->saved_data["key_padding"].toTensor(),
-                       ctx->saved_data["documents"].toTensor(), ctx->saved_data["length"].toInt()};
+                       ctx->saved_data["documents"].toTensor()};
   auto* group = plan.group;
   const int rank = group == nullptr ? 0 : group->rank;
   const int size = group == nullptr ? 1 : group->size;
