@@ -28,6 +28,9 @@
 #                             (bench/cp_compare.py)
 #   scripts/bench.sh load     loading a 1 GB checkpoint into a 4-process fully_sharded model (its sharded and its full
 #                             format) against DCP's load into FSDP2: time and peak resident set (bench/load_compare.py)
+#   scripts/bench.sh checkpoint   how long a save of a 315 MB training state stops training: save_state waited for
+#                             against an asynchronous one (blocked time, background write, step time while it
+#                             writes), one process (bench/checkpoint_save.cpp)
 #   scripts/bench.sh comm_hooks   bytes sent and time per step with each gradient communication hook (none, fp16, bf16,
 #                             PowerSGD of rank 1 and 4; PowerSGD also with the model in one bucket) at width 1024,
 #                             accel against PyTorch's DDP with the same hook, 2 Gloo processes
@@ -101,6 +104,9 @@ fi
 if [[ $which == all || $which == load ]]; then
   "$venv_python" "$root/bench/load_compare.py" "$build/tools/accel" "$build/bench/bench_checkpoint_load" \
     "$venv_python" "${ROUNDS:-3}"
+fi
+if [[ $which == all || $which == checkpoint ]]; then
+  "$build/bench/bench_checkpoint_save" "${CHECKPOINT_DIR:-$build/bench-checkpoints}" "${ROUNDS:-5}"
 fi
 if [[ $which == all || $which == ddp ]]; then
   "$venv_python" "$root/bench/ddp_compare.py" "$build/tools/accel" "$build/bench/bench_ddp_step" "$venv_python" \

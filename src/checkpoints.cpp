@@ -4,6 +4,7 @@
 #include <accel/detail/checkpoint/impl/accelerate_format.ipp>
 #include <accel/detail/checkpoint/impl/agreement.ipp>
 #include <accel/detail/checkpoint/impl/archives.ipp>
+#include <accel/detail/checkpoint/impl/background.ipp>
 #include <accel/detail/checkpoint/impl/directory.ipp>
 #include <accel/detail/checkpoint/impl/format.ipp>
 #include <accel/detail/checkpoint/impl/manifest.ipp>
@@ -16,6 +17,7 @@
 #include <accel/detail/checkpoint/impl/settings.ipp>
 #include <accel/detail/checkpoint/impl/sharded_format.ipp>
 #include <accel/detail/checkpoint/impl/slot.ipp>
+#include <accel/detail/checkpoint/impl/snapshot.ipp>
 #include <accel/detail/checkpoint/impl/training_state.ipp>
 #include <accel/detail/checkpoint/impl/transaction.ipp>
 #include <accel/detail/checkpoint/impl/writer.ipp>

@@ -250,7 +250,8 @@ class accelerator {
     std::cout << line.str() << std::flush;
   }
 
-  /// Blocks until every process reaches this point.
+  /// Blocks until every process reaches this point, having waited for this process's asynchronous save, if one is in
+  /// flight (its failure raised).
   void wait_for_everyone();
 
   /// `range` with a progress bar (accel/progress.hpp) on the local main process, e.g.
@@ -817,6 +818,7 @@ void accelerator<Precision, Parallel, Accumulation>::clip_grad_value_(const std:
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::wait_for_everyone() {
+  (void)state_.finish_background_save();
   parallel_.wait_for_everyone();
 }
 
@@ -864,6 +866,7 @@ removable_handle accelerator<Precision, Parallel, Accumulation>::register_load_s
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::load_state(std::optional<accel::map_location> where) {
+  (void)state_.finish_background_save();  // the newest checkpoint may be the one being written
   load_state(detail::newest_checkpoint(options_.project, parallel_), where);
 }
 
@@ -914,7 +917,7 @@ void accelerator<Precision, Parallel, Accumulation>::before_pass() {
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::after_batch(const void* range) {
-  if (schedule_.batch_done(range)) save_state();
+  if (schedule_.batch_done(range)) save_state(options_.project.scheduled_save);
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>

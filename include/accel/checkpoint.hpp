@@ -7,6 +7,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "detail/checkpoint/settings.hpp"
 #include "detail/checkpoint/sharded_format.hpp"
 #include "detail/checkpoint/training_state.hpp"
+#include "detail/prepared/accelerator_access.hpp"
 #include "safetensors.hpp"
 
 namespace accel {
@@ -43,6 +45,14 @@ struct merge_weights_options {
 ACCEL_DECL std::vector<std::filesystem::path> merge_weights(const std::filesystem::path& checkpoint,
                                                             const std::filesystem::path& out,
                                                             const merge_weights_options& options = {});
+
+/// Waits until the asynchronous save in flight (`save_options::asynchronous`) is complete on this process: the
+/// directory it wrote; none when no save was in flight. A save that failed (on any process: they agree) raises its
+/// `checkpoint_error` here, on every process that waits. Call it on every process, as the save.
+template <class Accelerator>
+std::optional<std::filesystem::path> wait_for_checkpoint(Accelerator& acc) {
+  return detail::accelerator_access::finish_background_save(acc);
+}
 
 }  // namespace accel
 

@@ -164,6 +164,35 @@ enum class resume {
   latest,
 };
 
+/// Which files `save_state` writes (docs/python.md): accel's own (`accel_state.bin`, LibTorch archives, a manifest),
+/// or Accelerate's (`optimizer.bin`, `scheduler.bin`, `random_states_{i}.pkl`: PyTorch's state_dicts in
+/// `torch.save`'s format), which Accelerate's `load_state` reads. `load_state` reads either, telling them apart by
+/// their files.
+enum class file_set { accel, accelerate };
+
+/// `save_options::if_in_flight`.
+enum class in_flight { wait, skip };
+
+/// `accelerator::save_state`'s options (Accelerate's `save_state` arguments, and `asynchronous`).
+struct save_options {
+  /// The model files as safetensors (`model.safetensors`); false: Accelerate's pickled `pytorch_model.bin` (a dict
+  /// of tensors: `torch.load(path, weights_only=False)` in Python). The sharded format's shards are safetensors.
+  bool safe_serialization = true;
+  /// `file_set::accelerate`: Accelerate's file set, for a Python program's `accelerator.load_state`. Only
+  /// the full format; objects without a PyTorch counterpart accel maps (docs/python.md) are refused.
+  file_set files = file_set::accel;
+  /// Write in the background (PyTorch DCP's `async_save`): `save_state` copies the training state into CPU memory
+  /// (a snapshot, whose buffers are kept for the next save), returns, and a thread writes the checkpoint, with
+  /// every guarantee of a save that blocks (atomic, checksummed, every process or none, pruning after a complete
+  /// save), over a process group of its own. `accel::wait_for_checkpoint(acc)` waits for it; `wait_for_everyone`,
+  /// `end_training`, `load_state`, the next save and the accelerator's destructor do too. A failure is raised on
+  /// every process by the first of those. Only accel's own file set.
+  bool asynchronous = false;
+  /// What an asynchronous save does while the previous one is still being written: wait for it, or skip this save
+  /// (every process alike, with a message).
+  accel::in_flight if_in_flight = in_flight::wait;
+};
+
 /// Where `save_state()` without a path writes (Accelerate's `ProjectConfiguration`): with
 /// `automatic_checkpoint_naming`, `{project_dir}/checkpoints/checkpoint_{i}` for i = 0, 1, ..., keeping at most
 /// `total_limit` of them (the oldest are removed first; 0: keep all). `load_state()` without a path loads the
@@ -179,6 +208,8 @@ struct project_options {
   /// prepared range moves on from it): how much work a failure can cost. Counted over the whole run, a resumed
   /// one included (the count is in the checkpoint).
   std::int64_t save_every_steps = 0;
+  /// How those saves are made: `{.asynchronous = true}` writes them in the background.
+  save_options scheduled_save = {};
   /// The number of the next automatic checkpoint (Accelerate's `ProjectConfiguration.iteration`): when set,
   /// `save_state()` writes `checkpoint_{iteration}` and counts up from there, refusing a directory that exists.
   /// Unset, the next is numbered after the highest `checkpoint_{i}` there is. After `load_state` of `checkpoint_{k}`,
@@ -188,22 +219,6 @@ struct project_options {
   /// the directory on its own disk, instead of the main process alone (Accelerate's `save_on_each_node`): for
   /// machines that share no file system. Every process writes its own `random_states_{rank}.bin` either way.
   bool save_on_each_node = false;
-};
-
-/// `accelerator::save_state`'s options (Accelerate's `save_state` arguments).
-/// Which files `save_state` writes (docs/python.md): accel's own (`accel_state.bin`, LibTorch archives, a manifest),
-/// or Accelerate's (`optimizer.bin`, `scheduler.bin`, `random_states_{i}.pkl`: PyTorch's state_dicts in
-/// `torch.save`'s format), which Accelerate's `load_state` reads. `load_state` reads either, telling them apart by
-/// their files.
-enum class file_set { accel, accelerate };
-
-struct save_options {
-  /// The model files as safetensors (`model.safetensors`); false: Accelerate's pickled `pytorch_model.bin` (a dict
-  /// of tensors: `torch.load(path, weights_only=False)` in Python). The sharded format's shards are safetensors.
-  bool safe_serialization = true;
-  /// `file_set::accelerate`: Accelerate's file set, for a Python program's `accelerator.load_state`. Only
-  /// the full format; objects without a PyTorch counterpart accel maps (docs/python.md) are refused.
-  file_set files = file_set::accel;
 };
 
 /// `accelerator::prepare_model`'s options (Accelerate's `prepare_model` arguments).

@@ -1,10 +1,11 @@
 // For tests/scripts/save_on_each_node.py and check_cluster.py: a job of 2 nodes of 2 Gloo processes (two
 // `accel launch --nnodes 2`, on one machine in two working directories, or on two machines of the namespace cluster,
 // tests/scripts/cluster.py), or the same job on one node of 4 processes.
-//   node_checkpoint [POLICY] save DIR [on_each_node] [sharded]
+//   node_checkpoint [POLICY] save DIR [on_each_node] [sharded] [async]
 //           5 training steps (dropout, AdamW, a scheduler, a shuffled loader), then save_state(DIR), with
 //           options::project.save_on_each_node when `on_each_node` is given, in the sharded format
-//           (state_dict_type::sharded) when `sharded` is.
+//           (state_dict_type::sharded) when `sharded` is, written in the background when `async` is (then waited for
+//           with accel::wait_for_checkpoint).
 //   node_checkpoint [POLICY] resume DIR [sharded]
 //           10 uninterrupted steps, and load_state(DIR) into objects built from another seed followed by 5 steps;
 //           both must end with the same parameters, bit for bit.
@@ -68,19 +69,21 @@ namespace programs::node_checkpoint {
 namespace {
 
 constexpr const char* usage =
-    "usage: node_checkpoint [data_parallel|zero2|fully_sharded|hybrid_sharded] save DIR [on_each_node] [sharded] | ... "
+    "usage: node_checkpoint [data_parallel|zero2|fully_sharded|hybrid_sharded] save DIR [on_each_node] [sharded] "
+    "[async] | ... "
     "resume DIR "
     "[sharded] | ... loaded DIR FILE | ... train FILE | ... paced FILE | ... latest PROJECT_DIR "
     "stop|resume|lose_in_save [on_each_node] | ... long | ... restarts PROJECT_DIR FILE FAILING_ATTEMPTS | "
     "... elastic PROJECT_DIR FILE [FAILING_ATTEMPT [shared]]\n";
 
 template <class Accelerator>
-int save(const std::filesystem::path& directory, const accel::options& options) {
+int save(const std::filesystem::path& directory, const accel::options& options, bool asynchronous) {
   accel_test::resumable_run<Accelerator> first_part(1, 64, options);
   first_part.train(5);
   const int rank = first_part.acc.process_index();
   try {
-    first_part.acc.save_state(directory);
+    first_part.acc.save_state(directory, {.asynchronous = asynchronous});
+    if (asynchronous) (void)accel::wait_for_checkpoint(first_part.acc);
   } catch (const accel::checkpoint_error& e) {
     std::printf("node_checkpoint: rank %d save failed: %s\n", rank, e.what());
     std::fflush(stdout);
@@ -342,10 +345,11 @@ int run_mode(std::string_view mode, const std::vector<std::string>& args) {
   const std::vector<std::string> flags(args.begin() + static_cast<std::ptrdiff_t>(std::min(fixed, args.size())),
                                        args.end());
   const auto given = [&](std::string_view flag) { return std::find(flags.begin(), flags.end(), flag) != flags.end(); };
-  const bool on_each_node = given("on_each_node"), sharded = given("sharded");
+  const bool on_each_node = given("on_each_node"), sharded = given("sharded"), asynchronous = given("async");
   const bool flags_fit = (mode == "save" || mode == "latest" || !on_each_node) &&
-                         (mode == "save" || mode == "resume" || !sharded) &&
-                         flags.size() == static_cast<std::size_t>(on_each_node) + static_cast<std::size_t>(sharded);
+                         (mode == "save" || mode == "resume" || !sharded) && (mode == "save" || !asynchronous) &&
+                         flags.size() == static_cast<std::size_t>(on_each_node) + static_cast<std::size_t>(sharded) +
+                                             static_cast<std::size_t>(asynchronous);
   if (args.size() < fixed || !flags_fit ||
       (with_phase && args[2] != "stop" && args[2] != "resume" && args[2] != "lose_in_save")) {
     std::fputs(usage, stderr);
@@ -355,7 +359,7 @@ int run_mode(std::string_view mode, const std::vector<std::string>& args) {
   accel::options options{
       .cpu = true, .timeout = std::chrono::seconds(60), .project = {.save_on_each_node = on_each_node}};
   if (sharded) options.sharding.state_dict = accel::state_dict_type::sharded;
-  if (mode == "save") return save<accelerator>(args[1], options);
+  if (mode == "save") return save<accelerator>(args[1], options, asynchronous);
   if (mode == "resume") return resume<accelerator>(args[1], options);
   if (mode == "loaded") return loaded<accelerator>(args[1], args[2], options);
   if (mode == "latest") return latest<accelerator>(args[1], args[2], options);

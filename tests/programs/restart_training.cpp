@@ -1,8 +1,9 @@
-// For tests/scripts/restart_after_kill.py: `restart_training PROJECT_DIR OUT_FILE`, run on 2 Gloo processes under
-// `accel launch --max_restarts`, trains 200 optimizer steps (dropout, AdamW, a shuffled data loader), checkpointing
-// every 20 steps into PROJECT_DIR and resuming by itself from the newest checkpoint when the job is restarted. The
-// main process then writes the final parameters to OUT_FILE (safetensors), which must not depend on restarts.
-// Every process prints a line per step (the harness kills at a chosen step) and where it resumed from.
+// For tests/scripts/restart_after_kill.py: `restart_training PROJECT_DIR OUT_FILE [async]`, run on 2 Gloo processes
+// under `accel launch --max_restarts`, trains 200 optimizer steps (dropout, AdamW, a shuffled data loader),
+// checkpointing every 20 steps into PROJECT_DIR and resuming by itself from the newest checkpoint when the job is
+// restarted. The main process then writes the final parameters to OUT_FILE (safetensors), which must not depend on
+// restarts. Every process prints a line per step (the harness kills at a chosen step) and where it resumed from. With
+// `async` the checkpoints are written in the background (tests/scripts/async_kill_and_resume.py).
 #include "accel_headers.hpp"
 #include <torch/torch.h>
 #include <unistd.h>
@@ -12,14 +13,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <utility>
 #include <vector>
 
 namespace programs::restart_training {
 
 int run(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: restart_training PROJECT_DIR OUT_FILE\n");
+  const bool in_background = argc == 4 && std::string(argv[3]) == "async";
+  if (argc != 3 && !in_background) {
+    std::fprintf(stderr, "usage: restart_training PROJECT_DIR OUT_FILE [async]\n");
     return 2;
   }
   constexpr std::int64_t total_steps = 200;
@@ -32,7 +35,8 @@ int run(int argc, char** argv) {
                                  .automatic_checkpoint_naming = true,
                                  .total_limit = 2,
                                  .resume = accel::resume::latest,
-                                 .save_every_steps = 20}}};
+                                 .save_every_steps = 20,
+                                 .scheduled_save = {.asynchronous = in_background}}}};
   // Every attempt starts from the same weights and data; what differs after a restart comes from the checkpoint.
   torch::manual_seed(7);
   accel_test::mlp net(features, hidden, 1, /*dropout=*/0.3);

@@ -34,7 +34,7 @@ RESUME_LINE = re.compile(r"restart_training: rank (\d) attempt (\d+) (?:resumed 
 class Job:
     """One run of `accel launch ... restart_training PROJECT OUT`, its output parsed as it comes."""
 
-    def __init__(self, accel, program, directory):
+    def __init__(self, accel, program, directory, extra=()):
         self.project, self.out = os.path.join(directory, "project"), os.path.join(directory, "final.safetensors")
         self.stdout_path = os.path.join(directory, "stdout.txt")
         self.stderr_path = os.path.join(directory, "stderr.txt")
@@ -45,7 +45,7 @@ class Job:
         env = job_environment()
         os.makedirs(directory)
         self.command = [accel, "launch", "--nproc_per_node", "2", "--master_port", "0", "--max_restarts", "3",
-                        "--restart_delay", "0", program, self.project, self.out]
+                        "--restart_delay", "0", program, self.project, self.out, *extra]
         self.started = time.monotonic()
         self.stderr_file = open(self.stderr_path, "w")
         self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=self.stderr_file, text=True,

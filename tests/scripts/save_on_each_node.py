@@ -16,6 +16,8 @@ launchers, started in two working directories (WORK_DIR/CASE/node0, .../node1) o
 3. With save_on_each_node into one directory both nodes see (an absolute path), the second writer finds it locked:
    the save fails on every process, the error names save_on_each_node, and the checkpoint saved there before
    without the option is untouched and resumes bit for bit.
+4. Cases 1 and 2 again with asynchronous saves (save_options::asynchronous, written in the background over the
+   checkpoint's own process group): the same files, and the same resumes.
 Python standard library only.
 """
 import os
@@ -100,9 +102,9 @@ def resume(accel, program, port, case_dir, checkpoint, what):
     check(job.codes == [0, 0], f"{what}: the launchers exited with {job.codes}")
 
 
-def case_each_node(accel, program, port, work):
-    case_dir = os.path.join(work, "each_node")
-    job = Job(accel, program, port, case_dir, ["save", "ckpt", "on_each_node"])
+def case_each_node(accel, program, port, work, extra=()):
+    case_dir = os.path.join(work, "each_node" + "_".join(("",) + extra))
+    job = Job(accel, program, port, case_dir, ["save", "ckpt", "on_each_node", *extra])
     job.check_every_rank("save with save_on_each_node", lambda line: line == "saved")
     for node, ranks in ((0, (0, 1)), (1, (2, 3))):
         got = files_of(node_dir(case_dir, node))
@@ -120,9 +122,9 @@ def case_each_node(accel, program, port, work):
     return "each node's ckpt holds a checkpoint, and each node's processes resumed from theirs bit for bit"
 
 
-def case_main_process_only(accel, program, port, work):
-    case_dir = os.path.join(work, "main_only")
-    job = Job(accel, program, port, case_dir, ["save", "ckpt"])
+def case_main_process_only(accel, program, port, work, extra=()):
+    case_dir = os.path.join(work, "main_only" + "_".join(("",) + extra))
+    job = Job(accel, program, port, case_dir, ["save", "ckpt", *extra])
     job.check_every_rank("save without save_on_each_node", lambda line: line == "saved")
     got = files_of(node_dir(case_dir, 0))
     check(got == SHARED_FILES | random_states(0, 1, 2, 3),
@@ -170,10 +172,14 @@ def main():
     port = sys.argv[4]
     shutil.rmtree(work, ignore_errors=True)
     try:
-        for case in (case_each_node, case_main_process_only, case_shared_directory):
+        cases = {"each_node": lambda: case_each_node(accel, program, port, work),
+                 "main_process_only": lambda: case_main_process_only(accel, program, port, work),
+                 "shared_directory": lambda: case_shared_directory(accel, program, port, work),
+                 "each_node (async)": lambda: case_each_node(accel, program, port, work, ("async",)),
+                 "main_process_only (async)": lambda: case_main_process_only(accel, program, port, work, ("async",))}
+        for name, case in cases.items():
             started = time.monotonic()
-            print(f"{case.__name__}: {case(accel, program, port, work)} ({time.monotonic() - started:.1f} s)",
-                  flush=True)
+            print(f"{name}: {case()} ({time.monotonic() - started:.1f} s)", flush=True)
     except CheckFailed as e:
         print(f"FAILED: {e}\nlogs: {work}", flush=True)
         sys.exit(1)

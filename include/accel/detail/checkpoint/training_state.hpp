@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,7 @@
 #include "accelerate_format.hpp"
 #include "agreement.hpp"
 #include "archives.hpp"
+#include "background.hpp"
 #include "directory.hpp"
 #include "format.hpp"
 #include "numbering.hpp"
@@ -76,6 +78,29 @@ void with_weights_to_load(Parallel& parallel, const std::vector<std::shared_ptr<
   around_each_model(models, around, action);
 }
 
+/// The process group of asynchronous saves: the job's processes, apart from the training's collectives (a save's
+/// thread and the training loop never wait in one group for each other); made once per process, by every process at
+/// its first asynchronous save.
+template <class Communicator>
+auto& checkpoint_group(Communicator&& job) {  // a single process's communicator is a value
+  using separate_type = std::remove_reference_t<decltype(*job.separate(std::string()))>;
+  static separate_type* const group = job.separate("accel/checkpoint").release();
+  return *group;
+}
+
+/// Removes the oldest of `existing` (the numbered checkpoints there were before a save) beyond `total_limit`, counting
+/// the new one; each writer its own directory (each machine's, with save_on_each_node). Agreed over `group`.
+template <class Group>
+void prune_checkpoints(Group& group, const project_options& project,
+                       std::map<std::int64_t, std::filesystem::path> existing) {
+  on_every_process_or_none(group, "save_state", "removing checkpoints beyond total_limit", [&] {
+    if (!writes_shared_files(project, group) || project.total_limit <= 0) return;
+    for (; !existing.empty() && static_cast<int>(existing.size()) + 1 > project.total_limit;
+         existing.erase(existing.begin()))
+      remove_checkpoint_files(existing.begin()->second);  // what accel did not write stays
+  });
+}
+
 /// Where `load_state` reads the optimizers' state to: `where`, by default (Accelerate's) `on_device` when several
 /// processes each have a device of their own (not the CPU), else `cpu`.
 ACCEL_DECL c10::Device read_device(std::optional<map_location> where, int processes, const c10::Device& device);
@@ -109,47 +134,34 @@ class training_state {
 
   /// Saves into `directory`, atomically (writer.hpp): in the format the parallel policy asks for, the full one with
   /// the weights full (gathered for the while); or, with `file_set::accelerate`, Accelerate's file set
-  /// (accelerate_format.hpp). A collective.
+  /// (accelerate_format.hpp). With `how.asynchronous`, a snapshot now and the files in the background. A save in
+  /// flight is waited for first (its failure raised), or, with `in_flight::skip`, this one is skipped. A collective.
   void save(const std::filesystem::path& directory, const save_options& how) {
-    if (how.files == ::accel::file_set::accelerate) return save_for_accelerate(directory, how.safe_serialization);
-    const bool safe_serialization = how.safe_serialization;
-    as_collective("save_state", [&] {
-      const auto own_state = [this] { return process_state(); };
-      if (parallel_.checkpoint_format() == state_dict_type::sharded)  // nothing gathered
-        return checkpoint_writer(parallel_, registry_, settings_, {.sharded = true, .safe_serialization = true})
-            .write(directory, own_state);
-      with_full_weights(parallel_, registry_.models(), [&] {
-        checkpoint_writer(parallel_, registry_, settings_, {.sharded = false, .safe_serialization = safe_serialization})
-            .write(directory, own_state);
-      });
-    });
+    if (ready_to_save(how)) save_now(directory, how, std::nullopt);
   }
 
   /// Saves into the project's next automatic checkpoint (numbering.hpp), then removes the oldest beyond
-  /// `total_limit`. Returns the directory written.
+  /// `total_limit`. Returns the directory written (being written, when asynchronous; empty when skipped).
   std::filesystem::path save_next(const save_options& how) {
     const auto& project = settings_.project;
     if (!project.automatic_checkpoint_naming)
       throw std::invalid_argument(
           "accel::save_state(): without a directory it needs "
           "options::project.automatic_checkpoint_naming; or pass the directory to save to");
+    if (!ready_to_save(how)) return {};
     const auto root = checkpoints_root(project);
     auto existing = numbered_checkpoints(root);
     std::int64_t next = 0;
     as_collective("save_state", [&] { next = agree_on_checkpoint_number(settings_, parallel_); });
     const auto directory = root / ("checkpoint_" + std::to_string(next));
-    save(directory, how);
+    save_now(directory, how, std::move(existing));
     if (settings_.next_number) settings_.next_number = next + 1;
-    // Only now that the new checkpoint is complete and synced: a save that fails (a full disk) loses no checkpoint.
-    // Each writer prunes its own directory (each machine's, with save_on_each_node).
-    on_every_process_or_none(parallel_, "save_state", "removing checkpoints beyond total_limit", [&] {
-      if (!writes_shared_files(project, parallel_) || project.total_limit <= 0) return;
-      for (; !existing.empty() && static_cast<int>(existing.size()) + 1 > project.total_limit;
-           existing.erase(existing.begin()))
-        remove_checkpoint_files(existing.begin()->second);  // what accel did not write stays
-    });
     return directory;
   }
+
+  /// Waits for the asynchronous save in flight: the directory it wrote, or its failure raised (on every process,
+  /// which agreed on it); none when there was none.
+  std::optional<std::filesystem::path> finish_background_save() { return background_.finish(); }
 
   /// Restores what `save` wrote: the load_state pre-hooks run first; then everything is read and checked
   /// (reader.hpp); then the participants, optimizers and slots load all or none, and the weights and generators,
@@ -158,6 +170,7 @@ class training_state {
   /// optimizers' state is read where `how.map_location` says and placed on its parameters' devices. A checkpoint
   /// without a manifest loads only with `how.allow_unchecked`. A collective.
   void load(const std::filesystem::path& directory, const load_options& how) {
+    (void)finish_background_save();
     const auto read_to = read_device(how.map_location, parallel_.num_processes(), parallel_.device());
     if (is_accelerate_checkpoint(directory)) {
       load_from_accelerate(directory, read_to);
@@ -228,6 +241,76 @@ class training_state {
   }
 
  private:
+  /// Before a save: the asynchronous save in flight is waited for (its failure raised), unless `how` skips a save
+  /// while one is being written, which every process then does; false then.
+  bool ready_to_save(const save_options& how) {
+    if (how.asynchronous && how.files == ::accel::file_set::accelerate)
+      throw checkpoint_error(
+          "accel::save_state: an asynchronous save writes accel's file set; file_set::accelerate is written "
+          "while the program waits: leave save_options::asynchronous false for it");
+    if (how.asynchronous && how.if_in_flight == ::accel::in_flight::skip &&
+        on_any_process(parallel_, background_.writing())) {
+      if (parallel_.process_index() == 0)
+        std::cerr << "accel::save_state: skipped: the previous asynchronous save is still being written "
+                     "(save_options::if_in_flight = in_flight::skip)\n";
+      return false;
+    }
+    (void)finish_background_save();
+    return true;
+  }
+
+  /// The save itself, `existing` the numbered checkpoints to prune beyond total_limit once it is complete.
+  void save_now(const std::filesystem::path& directory, const save_options& how,
+                std::optional<std::map<std::int64_t, std::filesystem::path>> existing) {
+    if (how.asynchronous) return save_in_background(directory, how, std::move(existing));
+    if (how.files == ::accel::file_set::accelerate) {
+      save_for_accelerate(directory, how.safe_serialization);
+    } else {
+      as_collective("save_state", [&] {
+        const auto own_state = [this] { return process_state(); };
+        if (parallel_.checkpoint_format() == state_dict_type::sharded)  // nothing gathered
+          return checkpoint_writer(parallel_, registry_, settings_, {.sharded = true, .safe_serialization = true})
+              .write(directory, own_state);
+        with_full_weights(parallel_, registry_.models(), [&] {
+          checkpoint_writer(parallel_, registry_, settings_,
+                            {.sharded = false, .safe_serialization = how.safe_serialization})
+              .write(directory, own_state);
+        });
+      });
+    }
+    // Only now that the new checkpoint is complete and synced: a save that fails (a full disk) loses no checkpoint.
+    if (existing) prune_checkpoints(parallel_, settings_.project, std::move(*existing));
+  }
+
+  /// Takes the snapshot of the training state (the policy's collectives gather what it shards), then writes it in
+  /// a thread over the checkpoint group, pruning after it.
+  void save_in_background(const std::filesystem::path& directory, const save_options& how,
+                          std::optional<std::map<std::int64_t, std::filesystem::path>> existing) {
+    (void)checkpoint_directory(directory);  // a directory no save can write is refused here, on every process alike
+    as_collective("save_state", [&] {
+      auto& comm = checkpoint_group(parallel_.communicator());
+      const save_group<std::remove_reference_t<decltype(comm)>> group{
+          &comm, parallel_.process_index(), parallel_.num_processes(), parallel_.local_process_index()};
+      auto snapshot = std::make_shared<checkpoint_snapshot>(buffers_);
+      checkpoint_snapshot_files files;
+      const auto take = [&](checkpoint_layout layout) {
+        checkpoint_writer writer(parallel_, registry_, settings_, layout);
+        writer.snapshot(*snapshot, directory, [this] { return process_state(); });
+        files = writer.files_of_each_process();
+      };
+      if (parallel_.checkpoint_format() == state_dict_type::sharded)
+        take({.sharded = true, .safe_serialization = true});
+      else
+        with_full_weights(parallel_, registry_.models(),
+                          [&] { take({.sharded = false, .safe_serialization = how.safe_serialization}); });
+      background_.start(directory, [group, project = settings_.project, files = std::move(files), snapshot, directory,
+                                    existing = std::move(existing)]() mutable {
+        write_snapshot(group, project, files, *snapshot, directory);
+        if (existing) prune_checkpoints(group, project, std::move(*existing));
+      });
+    });
+  }
+
   /// Runs `f` on each participant with state of its own, in the order they were given.
   template <class F>
   void for_each_stateful(F&& f) {
@@ -421,6 +504,8 @@ class training_state {
   prepared_registry& registry_;
   checkpoint_settings settings_;
   decltype(std::tuple_cat(reference_if_stateful(std::declval<Participants&>())...)) participants_;
+  snapshot_buffers buffers_;    // an asynchronous save's copies, kept for the next
+  background_save background_;  // last: destroyed first, it waits for the thread that reads buffers_
 };
 
 }  // namespace accel::detail

@@ -70,6 +70,11 @@ struct accelerator_access {
   [[nodiscard]] static auto& parallel(Accelerator& acc) noexcept {
     return acc.parallel_;
   }
+  /// `accel::wait_for_checkpoint`: the asynchronous save in flight, waited for.
+  template <class Accelerator>
+  static auto finish_background_save(Accelerator& acc) {
+    return acc.state_.finish_background_save();
+  }
   /// `prepared_model`, on the forward's result (bf16/fp16: float32 outputs).
   template <class Accelerator, class Output>
   static decltype(auto) forward_output(const Accelerator& acc, Output&& output) {
