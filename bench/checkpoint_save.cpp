@@ -1,10 +1,11 @@
 // How long a checkpoint stops training: save_state while the program waits against save_state with
 // save_options::asynchronous, side by side in each round, on one process (scripts/bench.sh checkpoint).
 // `bench_checkpoint_save DIR [ROUNDS]`: a 4 x 2560 MLP with AdamW (26 M parameters: 105 MB of weights, 210 MB of
-// optimizer state, 315 MB of training state). Each round: the step time with no save (median of 10 steps); the
-// time save_state blocks when the program waits for it; the time it blocks when asynchronous, how long the background
-// write then takes, and the step time while it writes (the steps until its manifest is in place). Medians over the
-// rounds after the first (whose snapshot buffers are new), and the first round's blocked time apart.
+// optimizer state, 315 MB of training state). Each round: 6 steps with no save; the save the program waits for; then
+// an asynchronous save at each write duty cycle (1: flat out, 0.5: the default), each followed by the steps that run
+// while it writes (until its manifest is in place). Per round: the time each save blocks, how long the background
+// write takes, and the mean step time while it writes over the mean step time without a save. Medians over the rounds
+// after the first (whose snapshot buffers are new: its blocked time is shown apart).
 #include <accel/accel.hpp>
 #include <torch/torch.h>
 
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -24,9 +26,16 @@ double median(std::vector<double> values) {
   return values.empty() ? 0.0 : values[values.size() / 2];
 }
 
+double mean(const std::vector<double>& values) {
+  return values.empty() ? 0.0 : std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
+}
+
+constexpr double duty_cycles[] = {1.0, 0.5};
+
 struct round_result {
-  double step = 0, waited = 0, blocked = 0, background = 0, step_while_writing = 0;
-  int steps_while_writing = 0;
+  double step = 0, waited = 0;
+  double blocked[2] = {}, written[2] = {}, slowdown[2] = {};
+  int steps_while_writing[2] = {};
 };
 
 }  // namespace
@@ -57,46 +66,53 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds + 1; ++round) {
     round_result r;
     std::vector<double> plain;
-    for (int i = 0; i < 10; ++i) plain.push_back(step());
-    r.step = median(plain);
+    for (int i = 0; i < 6; ++i) plain.push_back(step());
+    r.step = mean(plain);
     auto start = bench::clock_type::now();
     acc.save_state(root / "waited");
     r.waited = bench::seconds_since(start);
-    const auto background = root / ("background_" + std::to_string(round));
-    if (round > 0) std::filesystem::remove_all(root / ("background_" + std::to_string(round - 1)));
-    start = bench::clock_type::now();
-    acc.save_state(background, {.asynchronous = true});
-    r.blocked = bench::seconds_since(start);
-    std::vector<double> writing;
-    while (!std::filesystem::exists(background / "accel_checksums.txt")) writing.push_back(step());
-    (void)accel::wait_for_checkpoint(acc);
-    r.background = bench::seconds_since(start);
-    r.step_while_writing = median(writing);
-    r.steps_while_writing = static_cast<int>(writing.size());
+    for (int d = 0; d < 2; ++d) {
+      const auto directory = root / ("background_" + std::to_string(d));
+      std::filesystem::remove_all(directory);
+      start = bench::clock_type::now();
+      acc.save_state(directory, {.asynchronous = true, .write_duty_cycle = duty_cycles[d]});
+      r.blocked[d] = bench::seconds_since(start);
+      std::vector<double> writing;
+      while (!std::filesystem::exists(directory / "accel_checksums.txt")) writing.push_back(step());
+      (void)accel::wait_for_checkpoint(acc);
+      r.written[d] = bench::seconds_since(start);
+      r.slowdown[d] = mean(writing) / r.step;
+      r.steps_while_writing[d] = static_cast<int>(writing.size());
+    }
     results.push_back(r);
     std::printf(
-        "round %d: step %.1f ms; waited save %.3f s; asynchronous: blocked %.1f ms, written in %.3f s, %d steps "
-        "of %.1f ms meanwhile\n",
-        round, r.step * 1e3, r.waited, r.blocked * 1e3, r.background, r.steps_while_writing,
-        r.step_while_writing * 1e3);
+        "round %d: step %.1f ms; waited save %.3f s; asynchronous, duty cycle 1: blocked %.1f ms, written in "
+        "%.3f s, %d steps x%.3f; duty cycle 0.5: blocked %.1f ms, written in %.3f s, %d steps x%.3f\n",
+        round, r.step * 1e3, r.waited, r.blocked[0] * 1e3, r.written[0], r.steps_while_writing[0], r.slowdown[0],
+        r.blocked[1] * 1e3, r.written[1], r.steps_while_writing[1], r.slowdown[1]);
   }
   const auto pick = [&](auto field) {
     std::vector<double> values;
     for (std::size_t i = 1; i < results.size(); ++i) values.push_back(field(results[i]));
     return median(values);
   };
-  const double step_time = pick([](const round_result& r) { return r.step; });
   const double waited = pick([](const round_result& r) { return r.waited; });
-  const double blocked = pick([](const round_result& r) { return r.blocked; });
-  const double written = pick([](const round_result& r) { return r.background; });
-  const double during = pick([](const round_result& r) { return r.step_while_writing; });
-  std::printf("\n| 315 MB training state, 1 process, median of %d rounds | value |\n|---|---|\n", rounds);
-  std::printf("| save_state, waited for | %.3f s |\n", waited);
-  std::printf("| asynchronous save_state: training blocked | %.1f ms (%.1f%% of the waited save) |\n", blocked * 1e3,
-              100 * blocked / waited);
-  std::printf("| the same, first save (new snapshot buffers) | %.1f ms |\n", results[0].blocked * 1e3);
-  std::printf("| background write, from the call to the manifest in place | %.3f s |\n", written);
-  std::printf("| step time without a save / while a save writes | %.1f ms / %.1f ms (x%.3f) |\n", step_time * 1e3,
-              during * 1e3, during / step_time);
+  std::printf("\n| 315 MB training state, 1 process, medians of %d rounds | value |\n|---|---|\n", rounds);
+  std::printf("| step without a save | %.1f ms |\n", pick([](const round_result& r) { return r.step; }) * 1e3);
+  std::printf("| save_state, waited for: training blocked | %.3f s |\n", waited);
+  for (int d = 0; d < 2; ++d) {
+    const double blocked = pick([d](const round_result& r) { return r.blocked[d]; });
+    std::printf(
+        "| asynchronous, write duty cycle %.1f: training blocked | %.1f ms (%.1f%% of the waited save; per "
+        "round: %.1f%%) |\n",
+        duty_cycles[d], blocked * 1e3, 100 * blocked / waited,
+        100 * pick([d](const round_result& r) { return r.blocked[d] / r.waited; }));
+    std::printf("| asynchronous, write duty cycle %.1f: background write | %.3f s |\n", duty_cycles[d],
+                pick([d](const round_result& r) { return r.written[d]; }));
+    std::printf("| asynchronous, write duty cycle %.1f: step while it writes / step without a save | x%.3f |\n",
+                duty_cycles[d], pick([d](const round_result& r) { return r.slowdown[d]; }));
+  }
+  std::printf("| the first asynchronous save (new snapshot buffers): training blocked | %.1f ms |\n",
+              results[0].blocked[0] * 1e3);
   return 0;
 }

@@ -26,6 +26,7 @@
 #include <accel/detail/support/impl/json.ipp>
 #include <accel/detail/support/impl/optimizer_state.ipp>
 #include <accel/detail/support/impl/safetensors_header.ipp>
+#include <accel/detail/support/impl/write_pacing.ipp>
 #include <accel/impl/checkpoint.ipp>
 #include <accel/impl/model_weights.ipp>
 #include <accel/impl/safetensors.ipp>

@@ -191,6 +191,10 @@ struct save_options {
   /// What an asynchronous save does while the previous one is still being written: wait for it, or skip this save
   /// (every process alike, with a message).
   accel::in_flight if_in_flight = in_flight::wait;
+  /// The share of its time an asynchronous save's thread spends writing (0 to 1): it writes in pieces of 4 MiB and
+  /// pauses after each, so that the training beside it, which shares the CPUs' caches and memory bandwidth, slows
+  /// little (at 0.5 a step slowed by 6% here, at 1 by 18%: docs/performance.md); the write takes 1 / share as long.
+  double write_duty_cycle = 0.5;
 };
 
 /// Where `save_state()` without a path writes (Accelerate's `ProjectConfiguration`): with

@@ -34,6 +34,7 @@
 #include "../prepared/registry.hpp"
 #include "../support/archive.hpp"
 #include "../support/generators.hpp"
+#include "../support/write_pacing.hpp"
 #include "accelerate_format.hpp"
 #include "agreement.hpp"
 #include "archives.hpp"
@@ -248,6 +249,10 @@ class training_state {
       throw checkpoint_error(
           "accel::save_state: an asynchronous save writes accel's file set; file_set::accelerate is written "
           "while the program waits: leave save_options::asynchronous false for it");
+    if (how.asynchronous && !(how.write_duty_cycle > 0 && how.write_duty_cycle <= 1))
+      throw std::invalid_argument("accel::save_state: save_options::write_duty_cycle is " +
+                                  std::to_string(how.write_duty_cycle) +
+                                  "; it is the share of its time the save's thread writes: above 0, at most 1");
     if (how.asynchronous && how.if_in_flight == ::accel::in_flight::skip &&
         on_any_process(parallel_, background_.writing())) {
       if (parallel_.process_index() == 0)
@@ -304,7 +309,8 @@ class training_state {
         with_full_weights(parallel_, registry_.models(),
                           [&] { take({.sharded = false, .safe_serialization = how.safe_serialization}); });
       background_.start(directory, [group, project = settings_.project, files = std::move(files), snapshot, directory,
-                                    existing = std::move(existing)]() mutable {
+                                    existing = std::move(existing), duty_cycle = how.write_duty_cycle]() mutable {
+        const write_pacing pacing(duty_cycle);
         write_snapshot(group, project, files, *snapshot, directory);
         if (existing) prune_checkpoints(group, project, std::move(*existing));
       });

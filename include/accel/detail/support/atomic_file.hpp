@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "crc32c.hpp"
+#include "write_pacing.hpp"
 
 namespace accel::detail {
 
@@ -46,14 +47,12 @@ class file_writer {
   }
 
   void write(std::string_view bytes) {
-    written_.crc32c = crc32c_extend(written_.crc32c, bytes);
-    written_.size += bytes.size();
-    while (!bytes.empty()) {
-      const auto n = ::write(fd_, bytes.data(), bytes.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail("write");
-      bytes.remove_prefix(static_cast<std::size_t>(n));
+    if (write_pacing::active()) {  // a background save's thread: in pieces, pausing after each
+      for (; bytes.size() > write_pacing::piece_bytes; bytes.remove_prefix(write_pacing::piece_bytes))
+        write_piece(bytes.substr(0, write_pacing::piece_bytes));
+      return write_piece(bytes);
     }
+    write_piece(bytes);
   }
   void write(const void* data, std::size_t size) { write(std::string_view(static_cast<const char*>(data), size)); }
 
@@ -66,6 +65,18 @@ class file_writer {
   }
 
  private:
+  void write_piece(std::string_view bytes) {
+    write_pacing::pause();
+    written_.crc32c = crc32c_extend(written_.crc32c, bytes);
+    written_.size += bytes.size();
+    while (!bytes.empty()) {
+      const auto n = ::write(fd_, bytes.data(), bytes.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("write");
+      bytes.remove_prefix(static_cast<std::size_t>(n));
+    }
+  }
+
   [[noreturn]] void fail(const char* what) const {
     throw Error("accel: cannot " + std::string(what) + " " + path_.string() + ": " + std::strerror(errno) +
                 (errno == ENOSPC || errno == EFBIG || errno == EDQUOT ? " (free some space)" : ""));

@@ -26,8 +26,21 @@ torch::serialize::InputArchive read_archive(const std::filesystem::path& directo
 
 written_file write_archive(torch::serialize::OutputArchive& archive, const std::filesystem::path& directory,
                            const std::string& name) {
-  const auto bytes = serialised(archive);
-  return write_atomically<checkpoint_error>(directory / name, [&](auto& out) { out.write(bytes); });
+  return write_atomically<checkpoint_error>(directory / name, [&](auto& out) {
+    // Streamed into the file as LibTorch's zip writer makes it: no copy of the whole archive in memory. A failed
+    // write is kept and raised once the writer is done, never reported to it: LibTorch's writer, told of a failure,
+    // throws, and its destructor then throws again (std::terminate).
+    std::exception_ptr failure;
+    archive.save_to([&](const void* data, std::size_t bytes) -> std::size_t {
+      if (!failure) try {
+          out.write(data, bytes);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      return bytes;
+    });
+    if (failure) std::rethrow_exception(failure);
+  });
 }
 
 void save_optimizer(torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive) {
