@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <stdexcept>
 
 // GCC 12 at -O3 takes a moved pickle_value's std::variant for a string that may be uninitialized (a false positive,
@@ -310,21 +311,23 @@ hang_watch::~hang_watch() = default;  // the jthread asks the loop to stop and j
 
 void hang_watch::run(const std::stop_token& stop) {
   const auto period = std::clamp(timeout_ / 10, std::chrono::milliseconds(20), std::chrono::milliseconds(500));
+  bool store_gone = false;
   while (!stop.stop_requested()) {
     std::this_thread::sleep_for(period);
-    try {
-      if (auto stuck = recorder_.oldest_pending()) {
-        const auto age = std::chrono::nanoseconds(flight_internals::now_ns() - stuck->time_created_ns);
-        if (age > timeout_) end_hung(*stuck);
-      }
-      if (!dumped_ && links_.dumps_requested && links_.dumps_requested()) {
-        std::cerr << "accel: process " << recorder_.rank() << ": another process found a hang; " << dump_once()
-                  << std::endl;
-      }
-    } catch (const std::exception&) {
-      // The store is gone (the process that served it ended): nothing more to coordinate.
-      if (!dumped_) return;
+    if (auto stuck = recorder_.oldest_pending()) {
+      const auto age = std::chrono::nanoseconds(flight_internals::now_ns() - stuck->time_created_ns);
+      if (age > timeout_) end_hung(*stuck);
     }
+    if (dumped_ || store_gone || !links_.dumps_requested) continue;
+    try {
+      if (!links_.dumps_requested()) continue;
+    } catch (const std::exception&) {
+      store_gone = true;  // the process that served the store ended: no request can come, hangs are still watched
+      continue;
+    }
+    // One write, so that the line does not interleave with the other processes' on a shared stderr.
+    std::cerr << "accel: process " + std::to_string(recorder_.rank()) + ": another process found a hang; " +
+                     dump_once() + "\n";
   }
 }
 
@@ -337,7 +340,11 @@ std::string hang_watch::dump_once() {
   } catch (const std::exception& e) {
     outcome = e.what();
   }
-  if (links_.confirm_dump) links_.confirm_dump();  // once per process, so that the count reaches the job's size
+  try {
+    if (links_.confirm_dump) links_.confirm_dump();  // once per process, so that the count reaches the job's size
+  } catch (const std::exception&) {
+    // The store is gone: nobody waits for the count any more.
+  }
   return outcome;
 }
 
@@ -354,9 +361,11 @@ void hang_watch::end_hung(const flight_entry& stuck) {
   } catch (const std::exception& e) {
     outcome = e.what();
   }
-  std::cerr << "accel: hang: process " << recorder_.rank() << " waited " << waited.count() << " s for "
-            << describe_collective(stuck) << " (hang timeout " << std::chrono::duration<double>(timeout_).count()
-            << " s); " << outcome << std::endl;
+  std::ostringstream line;
+  line << "accel: hang: process " << recorder_.rank() << " waited " << waited.count() << " s for "
+       << describe_collective(stuck) << " (hang timeout " << std::chrono::duration<double>(timeout_).count() << " s); "
+       << outcome << "\n";
+  std::cerr << line.str();  // one write: see run()
   try {
     // The others dump when their watch sees the request: wait for them before this process (perhaps the store's
     // server) ends.

@@ -99,8 +99,9 @@ std::string who_called(const std::map<int, const traced_collective*>& at, Field 
 }
 
 /// The first problem of `group` among `members` (each one's collectives by sequence), or ""; `last` is the newest
-/// sequence number any of them holds.
-inline std::string first_problem(const std::string& group, const std::map<int, by_sequence>& members,
+/// sequence number any of them holds. Only when `complete` (every member dumped) is a collective every one of them
+/// joined but did not complete a problem.
+inline std::string first_problem(const std::string& group, const std::map<int, by_sequence>& members, bool complete,
                                  std::int64_t& last) {
   std::int64_t start = 0;
   last = 0;
@@ -136,7 +137,7 @@ inline std::string first_problem(const std::string& group, const std::map<int, b
     if (differs([](const auto& c) { return c.input_dtypes; }))
       return "desynchronised: " +
              who_called(at, [](const auto& c) { return c.operation + " of dtypes " + c.input_dtypes; }) + sequence;
-    if (seq == last && first.state != "completed")
+    if (seq == last && first.state != "completed" && complete)
       return head + "no process missing, state " + states(at) + " (stuck inside the backend, or dumped while it ran)" +
              issued;
   }
@@ -215,7 +216,7 @@ trace_verdict analyse_traces(const std::vector<process_trace>& traces) {
       verdict.problems.push_back("group " + group + ": no flight record from " +
                                  trace_internals::processes(without_dump));
     std::int64_t last = 0;
-    auto problem = trace_internals::first_problem(group, members, last);
+    auto problem = trace_internals::first_problem(group, members, without_dump.empty(), last);
     if (!problem.empty())
       verdict.problems.push_back(std::move(problem));
     else
