@@ -2,12 +2,18 @@
 // build without the big test binaries. `ring`: the ring buffer alone (wraps at N, order, states, labels, the dump's
 // pickle read back) and the cost of one record. Under `accel launch` (tests/scripts/check_hang.py drives them):
 // `sleeping`, process 1 sleeps before an all-reduce the others enter; `desync`, process 1 all-gathers where the
-// others all-reduce. Prints one line per failed check and exits 1 if any failed.
+// others all-reduce; `signal`, SIGUSR1 makes every process dump. Prints one line per failed check and exits 1 if any
+// failed.
 #include <accel/accelerator.hpp>
 #include <accel/detail/comm/flight_recorder.hpp>
 #include <accel/detail/comm/flight_trace.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -108,6 +114,40 @@ int run_job(const std::string& scenario) {
   return 1;
 }
 
+// SIGUSR1 makes each process's hang watch dump its record, which then holds this process's collectives so far.
+int run_signal_dump() {
+  accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>> acc;
+  auto t = at::ones({3});
+  for (int i = 0; i < 4; ++i) t = acc.reduce(t);
+  acc.wait_for_everyone();
+  const char* directory = std::getenv("ACCEL_FLIGHT_RECORDER_DIR");
+  check(directory != nullptr, "ACCEL_FLIGHT_RECORDER_DIR is set");
+  if (directory == nullptr) return EXIT_FAILURE;
+  const auto file = std::string(directory) + "/accel_trace_rank_" + std::to_string(acc.process_index());
+  std::remove(file.c_str());
+  std::raise(SIGUSR1);  // the default action would end the process: the watch's handler must be in place
+  std::string bytes;
+  for (int waited = 0; waited < 100 && bytes.empty(); ++waited) {  // the watch looks every half second
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  check(!bytes.empty(), "SIGUSR1 made the hang watch write " + file + " within 5 s");
+  if (bytes.empty()) return EXIT_FAILURE;
+  const auto trace = accel::detail::read_process_trace(bytes, file, -1);
+  check(trace.rank == acc.process_index(), "the dump names this process");
+  const auto& mine = trace.collectives.at("default");
+  const auto reduces = std::count_if(mine.begin(), mine.end(), [](const auto& c) {
+    return c.operation == "all_reduce" && c.issued_by == "reduce" && c.state == "completed";
+  });
+  check(reduces == 4, "the dump holds the 4 completed all-reduces issued by reduce, not " + std::to_string(reduces));
+  check(!mine.empty() && mine.back().operation == "barrier" && mine.back().issued_by == "wait_for_everyone",
+        "the last collective is wait_for_everyone's barrier");
+  acc.wait_for_everyone();
+  if (failures == 0) std::cout << "process " << acc.process_index() << ": SIGUSR1 dumped its flight record\n";
+  return failures == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -119,6 +159,7 @@ int main(int argc, char** argv) {
     return failures == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
   }
   if (mode == "sleeping" || mode == "desync") return run_job(mode);
-  std::cerr << "usage: accel_hang_program ring | sleeping | desync\n";
+  if (mode == "signal") return run_signal_dump();
+  std::cerr << "usage: accel_hang_program ring | sleeping | desync | signal\n";
   return 2;
 }

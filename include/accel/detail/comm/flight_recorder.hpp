@@ -94,7 +94,7 @@ class flight_recorder {
   struct group_counters {
     std::uint64_t collectives = 0, p2p = 0;
   };
-  [[nodiscard]] flight_entry* slot_of(std::uint64_t record_id);
+  [[nodiscard]] ACCEL_DECL flight_entry* slot_of(std::uint64_t record_id);
 
   mutable std::mutex mutex_;
   std::vector<flight_entry> ring_;
@@ -125,9 +125,9 @@ class collective_caller {
 /// The directory dumps go to: ACCEL_FLIGHT_RECORDER_DIR, or none (no dump) when it is unset or empty.
 [[nodiscard]] ACCEL_DECL std::optional<std::string> flight_record_directory();
 
-/// Writes this process's record to `directory`/accel_trace_rank_{rank} (atomically, through a file that holds no
-/// part of that name) and returns the file's path; the environment's directory by default. Throws
-/// `std::runtime_error` when the file cannot be written, `std::invalid_argument` when no directory is set.
+/// Writes this process's record to `directory`/accel_trace_rank_{rank} (the directory made if need be; atomically,
+/// through a file that holds no part of that name) and returns the file's path; the environment's directory by default.
+/// Throws `std::runtime_error` when the file cannot be written, `std::invalid_argument` when no directory is set.
 ACCEL_DECL std::string dump_flight_record(std::optional<std::string> directory = std::nullopt);
 
 /// The exit status of a process the hang watch ends.
@@ -149,7 +149,8 @@ struct hang_watch_links {
 /// A thread that checks the recorder every tenth of the hang timeout (at most every half second): a collective not
 /// completed within `timeout` makes it ask every process to dump, dump this one's record, print which collective to
 /// stderr and end the process with `hang_exit_status`, once the others have dumped or after 5 s. Another process's
-/// request makes it dump and carry on (the launcher ends the job).
+/// request makes it dump and carry on (the launcher ends the job). SIGUSR1 makes it dump too, where
+/// ACCEL_FLIGHT_RECORDER_DIR is set and the program had left the signal's default action (which ends the process).
 class hang_watch {
  public:
   ACCEL_DECL hang_watch(flight_recorder& recorder, std::chrono::milliseconds timeout, hang_watch_links links);
@@ -158,16 +159,19 @@ class hang_watch {
   hang_watch& operator=(const hang_watch&) = delete;
 
  private:
-  void run(const std::stop_token& stop);
-  [[noreturn]] void end_hung(const flight_entry& stuck);
+  ACCEL_DECL void run(const std::stop_token& stop);
+  [[noreturn]] ACCEL_DECL void end_hung(const flight_entry& stuck);
   /// Dumps where the environment says, once; the message to print.
-  std::string dump_once();
+  ACCEL_DECL std::string dump_once();
+  /// Dumps again on each SIGUSR1 (when ACCEL_FLIGHT_RECORDER_DIR is set and the signal had no handler).
+  ACCEL_DECL void dump_on_signal();
 
   flight_recorder& recorder_;
   std::chrono::milliseconds timeout_;
   hang_watch_links links_;
   bool dumped_ = false;
-  std::jthread thread_;  // last: started once the members above are
+  bool handles_signal_ = false;  // SIGUSR1's handler is this watch's
+  std::jthread thread_;          // last: started once the members above are
 };
 
 /// The sentence naming a collective: "collective 17 (all_reduce) on group default, issued by backward".

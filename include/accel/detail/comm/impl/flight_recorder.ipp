@@ -5,13 +5,16 @@
 
 #include "../flight_recorder.hpp"
 
-#include <unistd.h>
+#include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -29,6 +32,11 @@ namespace accel::detail {
 namespace flight_internals {
 
 inline thread_local const char* caller_label = nullptr;
+
+/// Set by SIGUSR1's handler, read by the hang watch's thread (no dump inside a signal handler: it takes a mutex).
+inline std::atomic<bool> dump_signalled{false};
+
+extern "C" inline void note_dump_signal(int) { dump_signalled.store(true); }
 
 inline std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -276,6 +284,8 @@ std::string dump_flight_record(std::optional<std::string> directory) {
     throw std::invalid_argument("accel: dump_flight_record needs a directory, or ACCEL_FLIGHT_RECORDER_DIR set");
   auto& recorder = flight_recorder::process();
   const auto bytes = write_pickle(recorder.dump());
+  std::error_code ignored;  // a directory that cannot be made fails the write below, which names it
+  std::filesystem::create_directories(*directory, ignored);
   const auto rank = std::to_string(recorder.rank());
   const auto path = *directory + "/accel_trace_rank_" + rank;
   const auto partial = *directory + "/.partial-" + rank + ".part";  // no part of the prefix torchfrtrace infers
@@ -305,15 +315,40 @@ hang_watch::hang_watch(flight_recorder& recorder, std::chrono::milliseconds time
     : recorder_(recorder),
       timeout_(timeout),
       links_(std::move(links)),
-      thread_([this](const std::stop_token& stop) { run(stop); }) {}
+      thread_([this](const std::stop_token& stop) { run(stop); }) {
+  struct sigaction previous{};
+  if (!flight_record_directory() || sigaction(SIGUSR1, nullptr, &previous) != 0 || previous.sa_handler != SIG_DFL)
+    return;  // a handler of the program's own stays
+  struct sigaction action{};
+  action.sa_handler = flight_internals::note_dump_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  handles_signal_ = sigaction(SIGUSR1, &action, nullptr) == 0;
+}
 
-hang_watch::~hang_watch() = default;  // the jthread asks the loop to stop and joins
+hang_watch::~hang_watch() {
+  thread_.request_stop();
+  thread_.join();
+  if (handles_signal_) std::signal(SIGUSR1, SIG_DFL);
+}
+
+void hang_watch::dump_on_signal() {
+  if (!flight_internals::dump_signalled.exchange(false)) return;
+  std::string outcome;
+  try {
+    outcome = "flight record in " + dump_flight_record();
+  } catch (const std::exception& e) {
+    outcome = e.what();
+  }
+  std::cerr << "accel: process " + std::to_string(recorder_.rank()) + ": SIGUSR1: " + outcome + "\n";
+}
 
 void hang_watch::run(const std::stop_token& stop) {
   const auto period = std::clamp(timeout_ / 10, std::chrono::milliseconds(20), std::chrono::milliseconds(500));
   bool store_gone = false;
   while (!stop.stop_requested()) {
     std::this_thread::sleep_for(period);
+    dump_on_signal();
     if (auto stuck = recorder_.oldest_pending()) {
       const auto age = std::chrono::nanoseconds(flight_internals::now_ns() - stuck->time_created_ns);
       if (age > timeout_) end_hung(*stuck);
