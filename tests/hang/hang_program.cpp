@@ -5,6 +5,7 @@
 // others all-reduce; `signal`, SIGUSR1 makes every process dump. Prints one line per failed check and exits 1 if any
 // failed.
 #include <accel/accelerator.hpp>
+#include <torch/nn/modules/linear.h>
 #include <accel/detail/comm/flight_recorder.hpp>
 #include <accel/detail/comm/flight_trace.hpp>
 
@@ -117,6 +118,9 @@ int run_job(const std::string& scenario) {
 // SIGUSR1 makes each process's hang watch dump its record, which then holds this process's collectives so far.
 int run_signal_dump() {
   accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>> acc;
+  auto model = acc.prepare(torch::nn::Linear(4, 2));  // broadcast, issued by prepare
+  auto loss = model(at::ones({3, 4})).sum();
+  acc.backward(loss);  // the gradient bucket's all-reduce, issued by backward
   auto t = at::ones({3});
   for (int i = 0; i < 4; ++i) t = acc.reduce(t);
   acc.wait_for_everyone();
@@ -141,6 +145,13 @@ int run_signal_dump() {
     return c.operation == "all_reduce" && c.issued_by == "reduce" && c.state == "completed";
   });
   check(reduces == 4, "the dump holds the 4 completed all-reduces issued by reduce, not " + std::to_string(reduces));
+  const auto issued = [&](const char* operation, const char* call) {
+    return std::any_of(mine.begin(), mine.end(), [&](const auto& c) {
+      return c.operation == operation && c.issued_by == call && c.state == "completed";
+    });
+  };
+  check(issued("broadcast", "prepare"), "prepare's broadcast is recorded as issued by prepare");
+  check(issued("all_reduce", "backward"), "the gradients' all-reduce is recorded as issued by backward");
   check(!mine.empty() && mine.back().operation == "barrier" && mine.back().issued_by == "wait_for_everyone",
         "the last collective is wait_for_everyone's barrier");
   acc.wait_for_everyone();
