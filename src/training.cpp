@@ -1,6 +1,7 @@
 // accel::compiled: the training step's engines: communicators, gradient synchronisation, sharding, data loading, the
 // policies. (Every impl/*.ipp is compiled by exactly one of src/*.cpp; lint.compiled_part checks.)
 #include <accel/detail/impl/compat.ipp>
+#include <accel/detail/comm/impl/flight_recorder.ipp>
 #include <accel/detail/comm/impl/gloo_communicator.ipp>
 #include <accel/detail/comm/impl/process_barrier.ipp>
 #include <accel/detail/comm/impl/rendezvous.ipp>

@@ -34,6 +34,7 @@
 #include "device_mesh.hpp"
 #include "detail/prepared/accelerator_access.hpp"
 #include "detail/checkpoint/schedule.hpp"
+#include "detail/comm/flight_recorder.hpp"
 #include "detail/config.hpp"
 #include "detail/support/deferred.hpp"
 #include "detail/support/diagnostics.hpp"
@@ -316,6 +317,7 @@ class accelerator {
   /// Every process's tensor, concatenated along dim 0 in process order (0-d tensors become one element each).
   template <class Tensors>
   [[nodiscard]] Tensors gather(const Tensors& tensors) {
+    detail::collective_caller caller("gather");
     auto&& comm = parallel_.communicator();
     return detail::gather(comm, tensors);
   }
@@ -332,6 +334,7 @@ class accelerator {
   /// tensor.
   template <class Tensors>
   [[nodiscard]] Tensors reduce(const Tensors& tensors, reduction op = reduction::sum, double scale = 1.0) {
+    detail::collective_caller caller("reduce");
     auto&& comm = parallel_.communicator();
     return detail::reduce(comm, tensors, op, scale);
   }
@@ -374,6 +377,7 @@ class accelerator {
   /// that read the same batch count it once: the data-parallel ranks' results, in their order.
   template <class Data>
   [[nodiscard]] Data gather_for_metrics(const Data& data, bool use_gather_object = false) {
+    detail::collective_caller caller("gather_for_metrics");
     auto&& comm = parallel_.communicator();
     return detail::gather_for_metrics(comm, data, gradient_state_.end_of_dataloader ? gradient_state_.remainder : -1,
                                       use_gather_object, batch_peers());
@@ -788,6 +792,7 @@ void accelerator<Precision, Parallel, Accumulation>::end_training() {
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::backward(const at::Tensor& loss) {
+  detail::collective_caller caller("backward");
   precision_.backward(accumulation_.scale_loss(loss));
 }
 
@@ -818,6 +823,7 @@ void accelerator<Precision, Parallel, Accumulation>::clip_grad_value_(const std:
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::wait_for_everyone() {
+  detail::collective_caller caller("wait_for_everyone");
   (void)state_.finish_background_save();
   parallel_.wait_for_everyone();
 }
@@ -833,11 +839,13 @@ void accelerator<Precision, Parallel, Accumulation>::free_memory() {
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::save_state(const std::filesystem::path& directory,
                                                                 save_options how) {
+  detail::collective_caller caller("save_state");
   state_.save(directory, how);
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 std::filesystem::path accelerator<Precision, Parallel, Accumulation>::save_state(save_options how) {
+  detail::collective_caller caller("save_state");
   return state_.save_next(how);
 }
 
@@ -866,6 +874,7 @@ removable_handle accelerator<Precision, Parallel, Accumulation>::register_load_s
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::load_state(std::optional<accel::map_location> where) {
+  detail::collective_caller caller("load_state");
   (void)state_.finish_background_save();  // the newest checkpoint may be the one being written
   load_state(detail::newest_checkpoint(options_.project, parallel_), where);
 }
@@ -879,6 +888,7 @@ void accelerator<Precision, Parallel, Accumulation>::load_state(const std::files
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::load_state(const std::filesystem::path& directory,
                                                                 const load_options& how) {
+  detail::collective_caller caller("load_state");
   state_.load(directory, how);
   resumed_from_ = directory;
 }
@@ -904,6 +914,7 @@ int accelerator<Precision, Parallel, Accumulation>::mesh_index(std::string_view 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::step_optimizer(torch::optim::Optimizer& optimizer) {
   if (!sync_gradients()) return;
+  detail::collective_caller caller("step");
   parallel_.attach_gradients(optimizer);
   precision_.step(optimizer, parallel_);
   schedule_.optimizer_stepped();
@@ -959,6 +970,7 @@ shard_options accelerator<Precision, Parallel, Accumulation>::shard_options_here
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::prepare_module(const std::shared_ptr<torch::nn::Module>& module,
                                                                     const model_options& how) {
+  detail::collective_caller caller("prepare");
   if (how.device_placement.value_or(options_.device_placement))
     module->to(device());  // in place: the parameters keep their identity
   precision_.prepare_model(*module);

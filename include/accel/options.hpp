@@ -289,6 +289,12 @@ struct options {
   /// `InitProcessGroupKwargs.timeout`; 30 minutes as there). Used by the first accelerator of the process, which
   /// creates the process group.
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  /// How long a Gloo collective may stay incomplete before the hang watch ends the process, every process having
+  /// dumped its flight record (ACCEL_FLIGHT_RECORDER_DIR) and the stuck collective named on stderr; 0 turns the watch
+  /// off. 10 minutes, PyTorch's NCCL timeout: well below `timeout`, which would end the job 30 minutes later with no
+  /// name, and above the waits a job means (process 0 preparing data for the others, `main_process_first`); raise
+  /// it for longer ones. ACCEL_HANG_TIMEOUT (seconds) wins. Used by the first accelerator of the process, as `timeout`.
+  std::chrono::milliseconds hang_timeout = std::chrono::minutes(10);
   /// Gradient bucketing of `data_parallel` (Accelerate's `DistributedDataParallelKwargs`).
   bucket_options buckets = {};
   /// Gradient compression of `data_parallel`'s buckets (fp16, bf16, PowerSGD).

@@ -33,6 +33,7 @@
 #include "concepts.hpp"
 #include "detail/compat.hpp"
 #include "detail/support/diagnostics.hpp"
+#include "detail/comm/flight_recorder.hpp"
 #include "detail/comm/gloo_communicator.hpp"
 #include "detail/comm/process_barrier.hpp"
 #include "detail/gradient_sync/reducer.hpp"
@@ -219,12 +220,15 @@ concept always_one_process = requires { requires std::integral_constant<int, Q::
 /// The process group, created by the first data-parallel accelerator of the process and shared by every later
 /// one, as Accelerate's PartialState and PyTorch's default group are. Never destroyed: its threads and sockets
 /// would otherwise be torn down during static destruction, in no particular order with what they use. It registers
-/// its barrier as the job's (detail/comm/process_barrier.hpp), for the logger's `in_order`.
+/// its barrier as the job's (detail/comm/process_barrier.hpp), for the logger's `in_order`, and starts the hang
+/// watch where the communicator has one (Gloo's: `options::hang_timeout`, or ACCEL_HANG_TIMEOUT).
 template <class Communicator>
-Communicator& process_group(std::chrono::milliseconds timeout) {
+Communicator& process_group(std::chrono::milliseconds timeout, std::chrono::milliseconds hang_timeout = {}) {
   static Communicator* const group = [&] {
     auto* created = new Communicator(read_process_environment(), timeout);
     register_process_barrier([created] { created->barrier(); });
+    if constexpr (requires { created->start_hang_watch(hang_timeout); })
+      created->start_hang_watch(hang_timeout_from_environment(hang_timeout));
     return created;
   }();
   return *group;
@@ -244,6 +248,12 @@ auto& separate_process_group(std::chrono::milliseconds timeout) {
 ACCEL_DECL std::chrono::milliseconds checked_timeout(std::chrono::milliseconds timeout);
 }  // namespace detail
 
+/// Writes this process's flight record (the last collectives of its Gloo process groups,
+/// detail/comm/flight_recorder.hpp) into a directory, ACCEL_FLIGHT_RECORDER_DIR by default, as
+/// `accel_trace_rank_{rank}` in PyTorch's dump format
+/// (`accel fr-trace DIR` and torchfrtrace read it); returns the file's path.
+using detail::dump_flight_record;
+
 /// The process topology facet (concepts.hpp) of a policy over the job's process group on `Backend`: the
 /// processes the launcher started, this one's device (`Backend::device`: the CPU for Gloo, `cuda:LOCAL_RANK` for
 /// NCCL), and the communicator every collective runs on. A building block: derive a parallel policy from it (and
@@ -258,7 +268,8 @@ class process_group_topology {
   using communicator_type = typename Backend::communicator_type;
 
   explicit process_group_topology(const options& opts)
-      : communicator_(&detail::process_group<communicator_type>(detail::checked_timeout(opts.timeout))),
+      : communicator_(
+            &detail::process_group<communicator_type>(detail::checked_timeout(opts.timeout), opts.hang_timeout)),
         device_(Backend::device(communicator_->environment())) {}
 
   [[nodiscard]] const c10::Device& device() const noexcept { return device_; }

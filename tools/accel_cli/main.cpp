@@ -11,6 +11,7 @@
 #include "config.hpp"
 #include "env.hpp"
 #include "estimate_memory.hpp"
+#include "fr_trace.hpp"
 #include "launch.hpp"
 #include "merge_weights.hpp"
 #include "test.hpp"
@@ -24,8 +25,9 @@ namespace {
 using accel::cli::command;
 
 constexpr command commands[] = {
-    accel::cli::launch_command, accel::cli::config_command,        accel::cli::env_command,
-    accel::cli::test_command,   accel::cli::merge_weights_command, accel::cli::estimate_memory_command,
+    accel::cli::launch_command,   accel::cli::config_command,        accel::cli::env_command,
+    accel::cli::test_command,     accel::cli::merge_weights_command, accel::cli::estimate_memory_command,
+    accel::cli::fr_trace_command,
 };
 
 const command* find_command(std::string_view name) {

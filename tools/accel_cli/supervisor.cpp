@@ -11,6 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <accel/detail/comm/flight_recorder.hpp>
+#include <accel/detail/comm/flight_trace.hpp>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -273,7 +276,28 @@ std::string describe_exit(int wait_status) {
   }
   std::string description = "exited with code " + std::to_string(WEXITSTATUS(wait_status));
   if (WEXITSTATUS(wait_status) == 127) description += " (127: the program could not be run, see above)";
+  if (WEXITSTATUS(wait_status) == detail::hang_exit_status)
+    description += " (" + std::to_string(detail::hang_exit_status) +
+                   ": its hang watch found a collective that did not complete in time)";
   return description;
+}
+
+// After a worker failed: the verdict of the flight records in ACCEL_FLIGHT_RECORDER_DIR (the workers' hang watch
+// has every process dump before ending its own), naming the process missing from a collective and the collective.
+void report_flight_records() {
+  const auto directory = detail::flight_record_directory();
+  if (!directory) return;
+  try {
+    const auto traces = detail::read_trace_directory(*directory);
+    if (traces.empty()) return;
+    const auto verdict = detail::analyse_traces(traces);
+    std::string message;
+    for (const auto& problem : verdict.problems) message += "accel launch: flight records: " + problem + "\n";
+    if (message.empty()) message = "accel launch: flight records in " + *directory + " show no missing process\n";
+    std::fprintf(stderr, "%s", message.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "accel launch: the flight records in %s cannot be read: %s\n", directory->c_str(), e.what());
+  }
 }
 
 std::string count_workers(std::size_t count, std::string_view adjective) {
@@ -315,6 +339,7 @@ class supervisor {
       enforce_deadline();
     }
     drain_output();
+    if (!failure_.empty() && !launcher_signal_) report_flight_records();
     return {exit_code_.value_or(0), launcher_signal_, failure_, peer_lost_};
   }
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../config.hpp"
+#include "../comm/flight_recorder.hpp"
 #include "../../collectives.hpp"
 #include "../../concepts.hpp"
 #include "../../options.hpp"
@@ -311,6 +312,7 @@ class training_state {
       background_.start(directory, [group, project = settings_.project, files = std::move(files), snapshot, directory,
                                     existing = std::move(existing), duty_cycle = how.write_duty_cycle]() mutable {
         const write_pacing pacing(duty_cycle);
+        const collective_caller caller("save_state, in the background");  // in the flight record
         write_snapshot(group, project, files, *snapshot, directory);
         if (existing) prune_checkpoints(group, project, std::move(*existing));
       });

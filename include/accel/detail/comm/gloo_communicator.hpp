@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,6 +19,8 @@
 #include "../../collectives.hpp"
 
 namespace accel::detail {
+
+class hang_watch;
 
 /// CPU tensors, any number of processes per machine.
 class gloo_communicator {
@@ -82,11 +85,24 @@ class gloo_communicator {
 
   ACCEL_DECL void barrier();
 
+  /// The name its collectives are recorded under in the flight recorder: "default" for the job's group, else the
+  /// name it was made with.
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+  /// Starts the hang watch (flight_recorder.hpp) over the flight recorder, its processes coordinated through this
+  /// communicator's rendezvous store; nothing when `hang_timeout` is 0 or the recorder is off. Once per process, on
+  /// the job's group.
+  ACCEL_DECL void start_hang_watch(std::chrono::milliseconds hang_timeout);
+
  private:
   struct group;  // the rendezvous store and c10d's ProcessGroupGloo
 
   ACCEL_DECL gloo_communicator(const process_environment& env, std::unique_ptr<group> made,
-                               std::chrono::milliseconds timeout);
+                               std::chrono::milliseconds timeout, std::string name, std::vector<int> job_ranks);
+
+  /// Records a collective of this group in the flight recorder from its tensors; its record id.
+  ACCEL_DECL std::uint64_t record(const char* operation, const at::Tensor& input, const at::Tensor& output,
+                                  bool is_p2p = false);
 
   /// Whether `input` is this rank's part of `output`, where the gathered result puts it.
   [[nodiscard]] ACCEL_DECL bool in_place(const at::Tensor& output, const at::Tensor& input) const;
@@ -94,6 +110,9 @@ class gloo_communicator {
   process_environment env_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<group> group_;
+  std::string name_;
+  std::vector<int> job_ranks_;  // each member's rank in the job, in this group's rank order
+  std::unique_ptr<hang_watch> watch_;
 };
 
 }  // namespace accel::detail
