@@ -37,7 +37,7 @@ using batches_t = std::vector<accel_test::batch>;
 /// Every file of the checkpoint in `directory`, by name, with its bytes.
 std::map<std::string, std::string> files_in(const std::filesystem::path& directory) {
   std::map<std::string, std::string> files;
-  for (const auto& entry : std::filesystem::directory_iterator(directory))
+  for (const auto& entry : accel::detail::directory_entries(directory))
     if (entry.is_regular_file()) files[entry.path().filename().string()] = accel_test::text_of(entry.path());
   return files;
 }
@@ -96,7 +96,7 @@ void train(Acc& acc, Model& model, Optimizer& opt, const batches_t& batches, std
 template <class Acc>
 void start_afresh(Acc& acc, const std::filesystem::path& root) {
   if (acc.is_main_process()) {
-    std::filesystem::remove_all(root);
+    accel::detail::remove_tree(root);
     std::filesystem::create_directories(root);
   }
   acc.wait_for_everyone();

@@ -19,11 +19,10 @@ import re
 import shutil
 import signal
 import sys
-import threading
 import time
 
 from checks import CheckFailed, check
-from restart_after_kill import SAVE_EVERY, STEP_LINE, TOTAL_STEPS, Job, differences
+from restart_after_kill import SAVE_EVERY, TOTAL_STEPS, Job, differences, run_and_kill
 
 MOMENTS = ("snapshot", "writing", "after")
 
@@ -49,16 +48,7 @@ def kill_job(accel, program, directory, save_step, moment, delay):
         if job.process.poll() is None and (0, 1) in job.pids:
             kill(job.pids[(0, 1)])
 
-    if moment == "writing":
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        job.finish()
-        watcher.join()
-    else:
-        for line in job.lines():
-            if "pid" not in killed and (m := STEP_LINE.search(line)) and m.group(1) == "1" and m.group(3) == "0" \
-                    and int(m.group(4)) == target:
-                kill(int(m.group(2)))
+    run_and_kill(job, kill, step=target, watch=watch if moment == "writing" else None)
     check("pid" in killed, f"process 1 was never killed (did the job reach step {target}?)")
     return job
 

@@ -4,7 +4,8 @@ built by accel::construct_sharded it trains 20 steps under L, and its parameters
 same run built whole without a limit. Prints each process's memory.max_usage_in_bytes for every job.
 
 L is set from what is measured here, so that the arithmetic holds on any machine: L = B + 3 M / 4, where B is the
-largest peak of a process that starts the job and ends (LibTorch, Gloo: its own resident set) and M the model's
+largest peak of a process that starts the job, fills its flight recorder's ring, and ends (LibTorch, Gloo, the
+recorder: its own resident set) and M the model's
 bytes. Whole, a process needs B + M at least (the model alone does not fit beside the baseline); sharded at N = 8,
 B + 2 M / N (its slices and their gradients) + a few units whole and their buffers (its LibTorch tensors peak at
 0.52 M, counted by accel's allocator).

@@ -132,6 +132,20 @@ def differences(path, reference):
     return "\n".join(lines)
 
 
+def run_and_kill(job, kill, step=None, watch=None):
+    """Runs `job` to its end, `kill(pid)` called on process 1 of its first attempt: by `watch`, run in a thread of its
+    own, when given; else once process 1 has printed `step`."""
+    if watch is not None:
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        job.finish()
+        watcher.join()
+        return
+    for line in job.lines():
+        if (m := STEP_LINE.search(line)) and m.group(1) == "1" and m.group(3) == "0" and int(m.group(4)) == step:
+            kill(int(m.group(2)))
+
+
 def killed_job(accel, program, directory, case, step, during_save):
     """Runs the job and SIGKILLs process 1 of its first attempt once: when it has printed `step`, or, with
     `during_save`, once it is in the save of that step. Returns (job, pid killed, whether the save's staging
@@ -161,15 +175,9 @@ def killed_job(accel, program, directory, case, step, during_save):
                 kill(job.pids[(0, 1)])
                 killed["partial_after_kill"] = os.path.isdir(partial)
 
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        job.finish()
-        watcher.join()
+        run_and_kill(job, kill, watch=watch)
     else:
-        for line in job.lines():
-            if "pid" not in killed and (m := STEP_LINE.search(line)) and m.group(3) == "0" and m.group(1) == "1" \
-                    and int(m.group(4)) == step:
-                kill(int(m.group(2)))
+        run_and_kill(job, kill, step=step)
     check("pid" in killed, f"{case}: process 1 was never killed (did the job reach that step?)")
     return job, killed["pid"], killed.get("partial_after_kill")
 
