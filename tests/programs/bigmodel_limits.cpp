@@ -4,9 +4,10 @@
 // parameter, raw, to OUT_DIR/MODE-rank<R>.bin (at rest each parameter is its slice). `load` builds the model by
 // construct_sharded, prepares it and loads OUT_DIR/checkpoint (under any number of processes), and writes the
 // bytes and CRC-32 of its slices to OUT_DIR/load-P<N>-rank<R>.crc. `baseline` only starts the job (LibTorch, the
-// process group, the flight recorder's ring filled) and ends: what a process holds before any model. `whole` also writes OUT_DIR/parameters (each
-// parameter's name and elements, in order); `sharded` and `load` write OUT_DIR/MODE-P<N>-estimate-rank<R>:
-// accel::estimate_training_bytes' peak for the job and the peak of tensor storage counted (accel::count_cpu_memory).
+// process group, the flight recorder's ring filled) and ends: what a process holds before any model. `whole` also
+// writes OUT_DIR/parameters (each parameter's name and elements, in order); `sharded` and `load` write
+// OUT_DIR/MODE-P<N>-estimate-rank<R>: accel::estimate_training_bytes' peak for the job and the peak of tensor storage
+// counted (accel::count_cpu_memory).
 //
 // With ACCEL_TEST_CGROUP_PREFIX set, the process first moves itself into the memory cgroup PREFIX<rank> and starts
 // again (exec), so that everything it maps and allocates from then on, LibTorch's libraries included, is charged
