@@ -11,7 +11,6 @@
 #include <torch/serialize/output-archive.h>
 
 #include <cstddef>
-#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,8 +34,6 @@ class snapshot_buffers {
   [[nodiscard]] ACCEL_DECL at::Tensor copy(const at::Tensor& live);
   /// Ends a save's copies: buffers the save did not use are freed.
   void finish() { buffers_.resize(next_); }
-  /// The bytes the buffers hold.
-  [[nodiscard]] ACCEL_DECL std::int64_t bytes() const;
 
  private:
   std::vector<at::Tensor> buffers_;

@@ -298,7 +298,7 @@ class training_state {
       const save_group<std::remove_reference_t<decltype(comm)>> group{
           &comm, parallel_.process_index(), parallel_.num_processes(), parallel_.local_process_index()};
       auto snapshot = std::make_shared<checkpoint_snapshot>(buffers_);
-      checkpoint_snapshot_files files;
+      checkpoint_file_names files;
       const auto take = [&](checkpoint_layout layout) {
         checkpoint_writer writer(parallel_, registry_, settings_, layout);
         writer.snapshot(*snapshot, directory, [this] { return process_state(); });

@@ -1,14 +1,14 @@
 /// \file
 /// One save of a checkpoint into its directory, atomically, in two halves. `checkpoint_writer` produces the parts of
 /// the checkpoint from the live objects, through the parallel policy (which gathers what it shards), into a sink:
-/// `checkpoint_files`, which writes each part into the locked staging directory `DIR.partial` (directory.hpp) at
-/// once, or a `staged_checkpoint` (staging.hpp), which copies it for a background thread to hand to
-/// `checkpoint_files` later. `checkpoint_files` then adds the manifest of sizes and checksums, and the staging
-/// directory replaces the old checkpoint, keeping what accel did not write. Each step is agreed on by every process
-/// (agreement.hpp) over a process group (the policy's, or a background save's own), so that a failure anywhere fails
-/// the save everywhere and leaves the previous checkpoint as it was. What each process holds of its own (its
-/// generators, its policies' state) reaches the writer as bytes: the writer knows the files, not the participants
-/// (training_state.hpp).
+/// `checkpoint_file_writer`, which writes each part into the locked staging directory `DIR.partial` (directory.hpp)
+/// at once, or a `checkpoint_snapshot` (snapshot.hpp), which copies it for a background thread to hand to a
+/// `checkpoint_file_writer` later (`write_snapshot`). The file writer then adds the manifest of sizes and checksums,
+/// and the staging directory replaces the old checkpoint, keeping what accel did not write. Each step is agreed on
+/// by every process (agreement.hpp) over a process group (the policy's, or a background save's own), so that a
+/// failure anywhere fails the save everywhere and leaves the previous checkpoint as it was. What each process holds
+/// of its own (its generators, its policies' state) reaches the writer as bytes: the writer knows the files, not the
+/// participants (training_state.hpp).
 // IWYU pragma: private, include <accel/checkpoint.hpp>
 #pragma once
 
@@ -57,8 +57,9 @@ struct checkpoint_layout {
 /// its shard of each model and of each optimizer.
 ACCEL_DECL std::vector<std::string> process_file_names(int process, const prepared_registry& registry, bool sharded);
 
-/// The names of each process's own files in one checkpoint (a snapshot's manifest lists them), and its format.
-struct checkpoint_snapshot_files {
+/// The names of each process's own files in one checkpoint (`process_file_names`; the manifest lists them), and its
+/// format.
+struct checkpoint_file_names {
   std::vector<std::vector<std::string>> names;
   bool sharded = false;
 };
@@ -74,14 +75,8 @@ ACCEL_DECL checkpoint_error unseen_directory(const std::filesystem::path& partia
 template <class Group>
 class checkpoint_file_writer {
  public:
-  /// `file_names[p]`: process p's own files (`process_file_names`).
-  checkpoint_file_writer(Group& group, const project_options& project, std::vector<std::vector<std::string>> file_names,
-                         bool sharded)
-      : group_(group),
-        project_(project),
-        file_names_(std::move(file_names)),
-        sharded_(sharded),
-        writer_(writes_shared_files(project, group)) {}
+  checkpoint_file_writer(Group& group, const project_options& project, checkpoint_file_names files)
+      : group_(group), project_(project), files_(std::move(files)), writer_(writes_shared_files(project, group)) {}
   checkpoint_file_writer(const checkpoint_file_writer&) = delete;
   checkpoint_file_writer& operator=(const checkpoint_file_writer&) = delete;
   ~checkpoint_file_writer() {
@@ -139,8 +134,8 @@ class checkpoint_file_writer {
 
   /// Every part given: a process that must see the staging directory and does not is refused.
   void check_seen() const {
-    if (!sees_directory_ && (sharded_ || project_.save_on_each_node))
-      throw unseen_directory(partial_, group_.process_index(), sharded_);
+    if (!sees_directory_ && (files_.sharded || project_.save_on_each_node))
+      throw unseen_directory(partial_, group_.process_index(), files_.sharded);
   }
 
   /// The files of the processes that do not see the directory, the manifest, and the checkpoint put in place.
@@ -187,15 +182,14 @@ class checkpoint_file_writer {
     const auto all = reduce(comm, rows, reduction::sum);
     for (int process = 0; process < group_.num_processes(); ++process)
       for (std::int64_t k = 0; k < files; ++k)
-        manifest_.add({file_names_[process][k],
+        manifest_.add({files_.names[process][k],
                        static_cast<std::uint64_t>(all[process][k][0].template item<std::int64_t>()),
                        static_cast<std::uint32_t>(all[process][k][1].template item<std::int64_t>())});
   }
 
   Group& group_;
   const project_options& project_;
-  std::vector<std::vector<std::string>> file_names_;
-  bool sharded_;
+  checkpoint_file_names files_;
   bool writer_;
   std::filesystem::path target_, partial_;
   std::optional<staging_directory> staging_;
@@ -221,9 +215,9 @@ struct save_group {
 /// A snapshot's checkpoint, written into `directory` over `group` (in a background save's thread): the second half
 /// of `checkpoint_writer::snapshot`.
 template <class Group>
-void write_snapshot(Group& group, const project_options& project, const checkpoint_snapshot_files& files,
+void write_snapshot(Group& group, const project_options& project, const checkpoint_file_names& files,
                     checkpoint_snapshot& snapshot, const std::filesystem::path& directory) {
-  checkpoint_file_writer<Group> writer(group, project, files.names, files.sharded);
+  checkpoint_file_writer<Group> writer(group, project, files);
   writer.open(directory);
   on_every_process_or_none(group, "save_state", "writing its part of the checkpoint", [&] {
     snapshot.write_into(writer);
@@ -251,8 +245,7 @@ class checkpoint_writer {
   void write(const std::filesystem::path& directory, OwnState&& own_state) {
     check_request();
     const auto weights = hooked_weights(directory);
-    checkpoint_file_writer<Parallel> files(parallel_, settings_.project, files_of_each_process().names,
-                                           layout_.sharded);
+    checkpoint_file_writer<Parallel> files(parallel_, settings_.project, files_of_each_process());
     files.open(directory);
     on_every_process_or_none(parallel_, "save_state", "writing its part of the checkpoint", [&] {
       produce(files, own_state(), weights);
@@ -273,8 +266,8 @@ class checkpoint_writer {
   }
 
   /// The names of each process's own files, which the manifest lists.
-  [[nodiscard]] checkpoint_snapshot_files files_of_each_process() const {
-    checkpoint_snapshot_files files{.names = {}, .sharded = layout_.sharded};
+  [[nodiscard]] checkpoint_file_names files_of_each_process() const {
+    checkpoint_file_names files{.names = {}, .sharded = layout_.sharded};
     for (int process = 0; process < parallel_.num_processes(); ++process)
       files.names.push_back(process_file_names(process, registry_, layout_.sharded));
     return files;

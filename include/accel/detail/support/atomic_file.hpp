@@ -97,12 +97,12 @@ void sync_directory(const std::filesystem::path& directory) {
   if (!synced) throw Error("accel: cannot sync the directory " + directory.string() + ": " + std::strerror(error));
 }
 
-/// Calls `write(writer)` on a temporary file beside `path` (`file_writer<Error>&`), syncs it, renames it to `path`
-/// and syncs the directory. Throws `Error` naming the file when any of it fails; the temporary file is removed
+/// Calls `write(writer)` on the file `temporary` beside `path` (`file_writer<Error>&`), syncs it, renames it to
+/// `path` and syncs the directory. Throws `Error` naming the file when any of it fails; the temporary file is removed
 /// then, and a file already at `path` is left as it was.
 template <class Error, class Write>
-written_file write_atomically(const std::filesystem::path& path, Write&& write) {
-  const std::filesystem::path temporary = path.string() + ".tmp" + std::to_string(::getpid());
+written_file write_atomically(const std::filesystem::path& path, const std::filesystem::path& temporary,
+                              Write&& write) {
   try {
     written_file written;
     {
@@ -121,6 +121,11 @@ written_file write_atomically(const std::filesystem::path& path, Write&& write) 
     std::filesystem::remove(temporary, ignored);
     throw;
   }
+}
+/// The same through `PATH.tmpPID`.
+template <class Error, class Write>
+written_file write_atomically(const std::filesystem::path& path, Write&& write) {
+  return write_atomically<Error>(path, path.string() + ".tmp" + std::to_string(::getpid()), std::forward<Write>(write));
 }
 
 }  // namespace accel::detail

@@ -30,12 +30,6 @@ at::Tensor snapshot_buffers::copy(const at::Tensor& live) {
   return fresh;
 }
 
-std::int64_t snapshot_buffers::bytes() const {
-  std::int64_t total = 0;
-  for (const auto& buffer : buffers_) total += static_cast<std::int64_t>(buffer.nbytes());
-  return total;
-}
-
 safetensors::tensor_list snapshot_copy(const safetensors::tensor_list& tensors, snapshot_buffers& buffers) {
   safetensors::tensor_list copies;
   copies.reserve(tensors.size());

@@ -5,6 +5,8 @@
 
 #include "../flight_recorder.hpp"
 
+#include "../../support/atomic_file.hpp"
+
 #include <signal.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
@@ -289,13 +290,7 @@ std::string dump_flight_record(std::optional<std::string> directory) {
   const auto rank = std::to_string(recorder.rank());
   const auto path = *directory + "/accel_trace_rank_" + rank;
   const auto partial = *directory + "/.partial-" + rank + ".part";  // no part of the prefix torchfrtrace infers
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out.flush()) throw std::runtime_error("accel: cannot write the flight record " + partial);
-  }
-  if (std::rename(partial.c_str(), path.c_str()) != 0)
-    throw std::runtime_error("accel: cannot rename " + partial + " to " + path + ": " + std::strerror(errno));
+  write_atomically<std::runtime_error>(path, partial, [&](auto& out) { out.write(bytes.data(), bytes.size()); });
   return path;
 }
 
