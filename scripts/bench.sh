@@ -26,6 +26,9 @@
 #                             peak activation bytes per process of one causal attention (1k to 16k tokens) and of
 #                             char_lm's model, and how much of the ring's exchanges the computation hides
 #                             (bench/cp_compare.py)
+#   scripts/bench.sh pp       pipeline parallelism's schedules (GPipe, 1F1B, interleaved 1F1B, zero bubble) on pp = 2
+#                             Gloo processes: step time against one process, measured bubble against the formula
+#                             (bench/pipeline_compare.py)
 #   scripts/bench.sh load     loading a 1 GB checkpoint into a 4-process fully_sharded model (its sharded and its full
 #                             format) against DCP's load into FSDP2: time and peak resident set (bench/load_compare.py)
 #   scripts/bench.sh checkpoint   how long a save of a 315 MB training state stops training: save_state waited for
@@ -100,6 +103,10 @@ if [[ $which == all || $which == mesh ]]; then
 fi
 if [[ $which == all || $which == cp ]]; then
   "$venv_python" "$root/bench/cp_compare.py" "$build/tools/accel" "$build/bench/bench_cp_step" "${ROUNDS:-3}"
+fi
+if [[ $which == all || $which == pp ]]; then
+  "$venv_python" "$root/bench/pipeline_compare.py" "$build/tools/accel" "$build/bench/bench_pipeline_step" \
+    "${ROUNDS:-3}"
 fi
 if [[ $which == all || $which == load ]]; then
   "$venv_python" "$root/bench/load_compare.py" "$build/tools/accel" "$build/bench/bench_checkpoint_load" \

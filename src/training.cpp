@@ -22,5 +22,7 @@
 #include <accel/impl/hybrid_sharded.ipp>
 #include <accel/impl/multi_tensor_adamw.ipp>
 #include <accel/impl/parallel.ipp>
+#include <accel/impl/pipeline.ipp>
+#include <accel/impl/pipeline_schedule.ipp>
 #include <accel/impl/precision.ipp>
 #include <accel/impl/shard.ipp>

@@ -14,6 +14,7 @@
 #include "tensor_parallel.hpp"
 #include "fully_sharded_tensor_parallel.hpp"
 #include "context_parallel.hpp"
+#include "pipeline.hpp"
 #include "shard_unit.hpp"
 #include "construct_sharded.hpp"
 #include "accumulation.hpp"

@@ -738,8 +738,8 @@ class accelerator {
   [[nodiscard]] int batch_peers() const noexcept {
     return parallelism_ ? parallelism_->sizes().tp * parallelism_->sizes().cp : 1;
   }
-  /// Data is sharded by the data parallel rank: the tp and cp peers of a mesh read the same batches (Accelerate's
-  /// loader divides the process index by tp x cp; tp and cp are the mesh's innermost dimensions).
+  /// Data is sharded by the data parallel rank: the tp, cp and pp peers of a mesh read the same batches (Accelerate's
+  /// loader divides the process index by tp x cp, its innermost dimensions; pp is the outermost).
   [[nodiscard]] shard_options shard_options_here() const;
 
   template <class Model>
@@ -960,9 +960,10 @@ void accelerator<Precision, Parallel, Accumulation>::refuse_dispatch(const char*
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 shard_options accelerator<Precision, Parallel, Accumulation>::shard_options_here() const {
-  const int peers = batch_peers();
-  return {.num_processes = num_processes() / peers,
-          .process_index = process_index() / peers,
+  // The data-parallel ranks read different batches; their tp, cp and pp peers read the same ones.
+  const auto& mesh = parallelism_;
+  return {.num_processes = mesh ? mesh->sizes().dp_replicate * mesh->sizes().dp_shard : num_processes(),
+          .process_index = mesh ? mesh->index_along("dp", process_index()) : process_index(),
           .split_batches = options_.split_batches,
           .even_batches = options_.even_batches};
 }

@@ -55,8 +55,8 @@ struct config_values {
   std::optional<std::string> main_process_ip;      // the main machine's host name or address
   std::optional<int> main_process_port;            // 0 to 65535 (0: `accel launch` picks a free one)
   /// The `parallelism_config:` block's sizes (Accelerate's ParallelismConfig), in the order of
-  /// `detail::mesh_size_variables`: dp_replicate, dp_shard, cp, tp.
-  std::array<std::optional<int>, 4> parallelism_config;
+  /// `detail::mesh_size_variables`: dp_replicate, dp_shard, cp, tp, pp.
+  std::array<std::optional<int>, 5> parallelism_config;
   /// The block's parallelism_config_cp_comm_strategy: allgather or alltoall (accel::cp_comm_strategy).
   std::optional<std::string> cp_comm_strategy;
 };
@@ -144,6 +144,8 @@ inline constexpr config_key config_keys[] = {
      set_parallelism_size<2>, get_parallelism_size<2>},
     {mesh_size_variables[3].config_key, "a whole number from 1 to 65536 (1: no tensor parallelism)",
      set_parallelism_size<3>, get_parallelism_size<3>},
+    {mesh_size_variables[4].config_key, "a whole number from 1 to 65536 (1: no pipeline stages)",
+     set_parallelism_size<4>, get_parallelism_size<4>},
     {cp_comm_strategy_key, "allgather or alltoall (how context parallelism passes keys and values)",
      set_cp_comm_strategy, [](const config_values& v) { return v.cp_comm_strategy; }},
 };

@@ -1,6 +1,7 @@
 /// \file
 /// The device mesh of N-D parallelism, as Accelerate's `ParallelismConfig` builds it: sizes for dp_replicate,
-/// dp_shard, cp and tp; the dimensions of size > 1 in that fixed order; the flattened sub-meshes "dp"
+/// dp_shard, cp and tp, and pp (pipeline stages, as torchtitan's mesh: accel/pipeline.hpp), the outermost; the
+/// dimensions of size > 1 in the fixed order pp, dp_replicate, dp_shard, cp, tp; the flattened sub-meshes "dp"
 /// (dp_replicate x dp_shard), "dp_shard_cp" (dp_shard x cp) and "dp_cp" (dp_replicate x dp_shard x cp) wherever one
 /// of their parts is used. Ranks are laid out row-major over the mesh's shape, as PyTorch's `init_device_mesh`:
 /// a dimension's groups are the ranks that vary along it while every other coordinate stays fixed.
@@ -52,13 +53,15 @@ struct mesh_sizes {
   int dp_shard = 1;      // data parallel, sharded (FSDP's shard group)
   int cp = 1;            // context parallel
   int tp = 1;            // tensor parallel
+  int pp = 1;            // pipeline parallel: the mesh's outermost dimension, declared last so that sizes written
+                         // in order ({2, 2, 1, 1}) keep their meaning
 
   /// The number of processes the mesh spans: Accelerate's `total_size`, in 64 bits (sizes of up to 2^31 each would
   /// wrap an int's product, 641 x 6700417 to 1); a product past 64 bits saturates at the largest value, which no
   /// job's number of processes equals.
   [[nodiscard]] constexpr std::int64_t total() const noexcept {
     std::int64_t product = 1;
-    for (const int size : {dp_replicate, dp_shard, cp, tp})
+    for (const int size : {dp_replicate, dp_shard, cp, tp, pp})
       if (__builtin_mul_overflow(product, size, &product)) return std::numeric_limits<std::int64_t>::max();
     return product;
   }
@@ -67,7 +70,7 @@ struct mesh_sizes {
 
 namespace detail {
 
-/// The four sizes as a message writes them: "dp_replicate=2, dp_shard=2, cp=1, tp=1".
+/// The sizes as a message writes them: "dp_replicate=2, dp_shard=2, cp=1, tp=1" (and ", pp=2" when pp > 1).
 ACCEL_DECL std::string describe(const mesh_sizes& sizes);
 
 /// Accelerate refuses tp or cp beside pure replication (dp_replicate > 1 with dp_shard == 1).
@@ -85,21 +88,22 @@ struct mesh_size_variable {
   std::optional<int> parallelism_options::* given;
 };
 
-inline constexpr std::array<mesh_size_variable, 4> mesh_size_variables{{
+inline constexpr std::array<mesh_size_variable, 5> mesh_size_variables{{
     {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "parallelism_config_dp_replicate_size", &mesh_sizes::dp_replicate,
      &parallelism_options::dp_replicate_size},
     {"PARALLELISM_CONFIG_DP_SHARD_SIZE", "parallelism_config_dp_shard_size", &mesh_sizes::dp_shard,
      &parallelism_options::dp_shard_size},
     {"PARALLELISM_CONFIG_CP_SIZE", "parallelism_config_cp_size", &mesh_sizes::cp, &parallelism_options::cp_size},
     {"PARALLELISM_CONFIG_TP_SIZE", "parallelism_config_tp_size", &mesh_sizes::tp, &parallelism_options::tp_size},
+    {"PARALLELISM_CONFIG_PP_SIZE", "parallelism_config_pp_size", &mesh_sizes::pp, &parallelism_options::pp_size},
 }};
 
 /// What Accelerate's launcher sets beside the sizes so that its Accelerator builds the mesh.
 inline constexpr std::string_view use_parallelism_config_variable = "ACCELERATE_USE_PARALLELISM_CONFIG";
 
 /// The names a rank query may use: the dimensions and the flattened sub-meshes.
-inline constexpr std::array<std::string_view, 7> mesh_dimension_names{"dp_replicate", "dp_shard",    "cp",   "tp",
-                                                                      "dp",           "dp_shard_cp", "dp_cp"};
+inline constexpr std::array<std::string_view, 8> mesh_dimension_names{"pp", "dp_replicate", "dp_shard",    "cp",
+                                                                      "tp", "dp",           "dp_shard_cp", "dp_cp"};
 
 }  // namespace detail
 
@@ -110,13 +114,14 @@ struct fixed_mesh {
   static_assert(Sizes.dp_shard >= 1, "accel::fixed_mesh: dp_shard must be at least 1 (1: no sharding)");
   static_assert(Sizes.cp >= 1, "accel::fixed_mesh: cp must be at least 1 (1: no context parallelism)");
   static_assert(Sizes.tp >= 1, "accel::fixed_mesh: tp must be at least 1 (1: no tensor parallelism)");
+  static_assert(Sizes.pp >= 1, "accel::fixed_mesh: pp must be at least 1 (1: no pipeline stages)");
   static_assert(!detail::parallel_beside_pure_replication(Sizes),
                 "accel::fixed_mesh: tp or cp beside pure replication (dp_replicate > 1, dp_shard == 1) is refused, "
                 "as in Accelerate; set dp_shard > 1 (HSDP with tp/cp) or dp_replicate = 1 (FSDP with tp/cp)");
   static constexpr mesh_sizes sizes = Sizes;
 };
 
-/// The sizes from PARALLELISM_CONFIG_{DP_REPLICATE,DP_SHARD,CP,TP}_SIZE; an unset (or empty) one is 1, as in
+/// The sizes from PARALLELISM_CONFIG_{DP_REPLICATE,DP_SHARD,CP,TP,PP}_SIZE; an unset (or empty) one is 1, as in
 /// Accelerate. Throws `accel::mesh_error` naming the variable when one is not a whole number >= 1.
 ACCEL_DECL mesh_sizes mesh_sizes_from_environment();
 
@@ -149,7 +154,7 @@ class mesh_layout {
   /// The sizes after validation (all 1 on several processes has become dp_replicate = the number of processes).
   [[nodiscard]] const mesh_sizes& sizes() const noexcept { return sizes_; }
   [[nodiscard]] int num_processes() const noexcept { return num_processes_; }
-  /// The mesh's shape: the sizes > 1, in the order dp_replicate, dp_shard, cp, tp (empty on one process).
+  /// The mesh's shape: the sizes > 1, in the order pp, dp_replicate, dp_shard, cp, tp (empty on one process).
   [[nodiscard]] const std::vector<int>& shape() const noexcept { return shape_; }
   /// The mesh's dimensions, then its flattened sub-meshes ("dp", "dp_shard_cp", "dp_cp" where they exist).
   [[nodiscard]] const std::vector<mesh_dimension>& dimensions() const noexcept { return dimensions_; }

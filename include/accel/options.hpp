@@ -256,6 +256,8 @@ struct parallelism_options {
   std::optional<int> dp_shard_size = std::nullopt;
   std::optional<int> tp_size = std::nullopt;
   std::optional<int> cp_size = std::nullopt;
+  /// Pipeline stages (accel/pipeline.hpp): not in Accelerate's ParallelismConfig, named as its sizes are.
+  std::optional<int> pp_size = std::nullopt;
   /// How context parallelism's ring passes keys and values (Accelerate's `cp_comm_strategy`); unset:
   /// PARALLELISM_CONFIG_CP_COMM_STRATEGY, else all-gather.
   std::optional<accel::cp_comm_strategy> cp_comm_strategy = std::nullopt;

@@ -14,6 +14,7 @@
 #include <accel/tensor_parallel.hpp>
 #include <accel/fully_sharded_tensor_parallel.hpp>
 #include <accel/context_parallel.hpp>
+#include <accel/pipeline.hpp>
 #include <accel/shard_unit.hpp>
 #include <accel/construct_sharded.hpp>
 #include <accel/accumulation.hpp>

@@ -24,6 +24,7 @@ struct no_mesh_variables {
   scoped_variable shard{"PARALLELISM_CONFIG_DP_SHARD_SIZE", nullptr};
   scoped_variable cp{"PARALLELISM_CONFIG_CP_SIZE", nullptr};
   scoped_variable tp{"PARALLELISM_CONFIG_TP_SIZE", nullptr};
+  scoped_variable pp{"PARALLELISM_CONFIG_PP_SIZE", nullptr};
 };
 
 std::string config_refusal(const std::string& text) {
@@ -127,6 +128,27 @@ TEST_CASE("each dimension's groups partition the ranks, and a rank's index is it
   CHECK(layout.coordinates(11) == std::vector<int>{1, 2, 1});
 }
 
+TEST_CASE("pipeline stages: pp is the outermost dimension, and its peers share a dp index", "[mesh]") {
+  const accel::mesh_layout layout(accel::mesh_sizes{.dp_replicate = 2, .pp = 2}, 4);
+  CHECK(layout.shape() == std::vector<int>{2, 2});
+  CHECK(layout.dimensions().front() == accel::mesh_dimension{"pp", {0}});
+  CHECK(layout.group_of("pp", 1) == std::vector<int>{1, 3});
+  CHECK(layout.group_of("dp", 2) == std::vector<int>{2, 3});
+  CHECK(layout.index_along("dp", 3) == 1);  // the batches a prepared range gives rank 3: replica 1's
+  CHECK(layout.index_along("pp", 3) == 1);
+  const accel::mesh_layout cp_beside(accel::mesh_sizes{.dp_shard = 2, .cp = 2, .pp = 2}, 8);
+  CHECK(cp_beside.group_of("pp", 5) == std::vector<int>{1, 5});
+  CHECK(cp_beside.group_of("dp_shard_cp", 5) == std::vector<int>{4, 5, 6, 7});
+  CHECK_THROWS_WITH(accel::validate_mesh(accel::mesh_sizes{.pp = 2}, 4),
+                    Catch::Contains("dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=2") &&
+                        Catch::Contains("dp_replicate = 4 / (dp_shard x cp x tp x pp) = 2"));
+  no_mesh_variables none;
+  scoped_variable stages{"PARALLELISM_CONFIG_PP_SIZE", "4"};
+  CHECK(accel::mesh_sizes_from_environment() == accel::mesh_sizes{.pp = 4});
+  CHECK(accel::parallelism_config_in_environment());
+  CHECK(accel::configured_mesh({.dp_replicate_size = 2}, 8)->sizes() == accel::mesh_sizes{.dp_replicate = 2, .pp = 4});
+}
+
 TEST_CASE("the sizes from PARALLELISM_CONFIG_*_SIZE", "[mesh]") {
   scoped_variable replicate("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "2");
   scoped_variable shard("PARALLELISM_CONFIG_DP_SHARD_SIZE", "4");
@@ -192,8 +214,9 @@ TEST_CASE("rank queries: the index along a dimension, 0 along one the mesh leave
     CHECK(layout.index_along("dp_replicate", rank) == 0);
     CHECK(layout.index_along("cp", rank) == 0);
     CHECK(layout.index_along("dp", rank) == rank / 2);
+    CHECK(layout.index_along("pp", rank) == 0);
   }
-  CHECK_THROWS_WITH(layout.index_along("pp", 0), Catch::StartsWith("accel: \"pp\" is not a mesh dimension"));
+  CHECK_THROWS_WITH(layout.index_along("sp", 0), Catch::StartsWith("accel: \"sp\" is not a mesh dimension"));
   CHECK_THROWS_AS(layout.index_along("tp", 4), accel::mesh_error);
 }
 
@@ -227,7 +250,8 @@ TEST_CASE("the config file refuses a size outside its block, another key inside 
   CHECK(config_refusal("parallelism_config:\n  mixed_precision: bf16\n") ==
         "c.yaml:2: 'mixed_precision' is indented under 'parallelism_config:', which holds only "
         "parallelism_config_dp_replicate_size, parallelism_config_dp_shard_size, parallelism_config_cp_size, "
-        "parallelism_config_tp_size and parallelism_config_cp_comm_strategy; write it at the start of its line");
+        "parallelism_config_tp_size, parallelism_config_pp_size and parallelism_config_cp_comm_strategy; write it at "
+        "the start of its line");
   CHECK(config_refusal("parallelism_config:\n  parallelism_config_tp_size: 0\n") ==
         "c.yaml:2: parallelism_config_tp_size must be a whole number from 1 to 65536 (1: no tensor parallelism), "
         "not '0'");

@@ -36,7 +36,7 @@ const char* config_usage() {
          "  --main_process_ip A              the main machine's host name or IP address\n"
          "  --main_process_port P            its TCP port (0: accel launch picks a free one)\n"
          "  --parallelism_config_dp_replicate_size N, --parallelism_config_dp_shard_size N,\n"
-         "  --parallelism_config_cp_size N, --parallelism_config_tp_size N\n"
+         "  --parallelism_config_cp_size N, --parallelism_config_tp_size N, --parallelism_config_pp_size N\n"
          "                                   the device mesh (Accelerate's parallelism_config block): sizes that\n"
          "                                   multiply to num_processes\n"
          "  --parallelism_config_cp_comm_strategy S\n"

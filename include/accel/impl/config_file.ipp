@@ -112,7 +112,8 @@ bool places_block(config_block& block, std::string_view line, std::string_view k
     throw config_error(where + ": '" + excerpt(key) +
                        "' is indented under 'parallelism_config:', which holds only parallelism_config_dp_replicate_"
                        "size, parallelism_config_dp_shard_size, parallelism_config_cp_size, "
-                       "parallelism_config_tp_size and parallelism_config_cp_comm_strategy; write it at the start "
+                       "parallelism_config_tp_size, parallelism_config_pp_size and "
+                       "parallelism_config_cp_comm_strategy; write it at the start "
                        "of its line");
   return false;
 }

@@ -11,7 +11,8 @@ namespace accel::detail {
 
 std::string describe(const mesh_sizes& sizes) {
   return "dp_replicate=" + std::to_string(sizes.dp_replicate) + ", dp_shard=" + std::to_string(sizes.dp_shard) +
-         ", cp=" + std::to_string(sizes.cp) + ", tp=" + std::to_string(sizes.tp);
+         ", cp=" + std::to_string(sizes.cp) + ", tp=" + std::to_string(sizes.tp) +
+         (sizes.pp > 1 ? ", pp=" + std::to_string(sizes.pp) : std::string());
 }
 }  // namespace accel::detail
 
@@ -65,13 +66,13 @@ mesh_sizes validate_mesh(mesh_sizes sizes, int num_processes) {
     return sizes;
   }
   if (sizes.total() != num_processes) {
-    const auto others = mesh_sizes{.dp_shard = sizes.dp_shard, .cp = sizes.cp, .tp = sizes.tp}.total();
+    const auto others = mesh_sizes{.dp_shard = sizes.dp_shard, .cp = sizes.cp, .tp = sizes.tp, .pp = sizes.pp}.total();
     std::string fix = "make their product equal the number of processes";
     auto suggested = sizes;
     suggested.dp_replicate = static_cast<int>(num_processes / others);
     if (num_processes % others == 0 && !detail::parallel_beside_pure_replication(suggested))
-      fix += " (here dp_replicate = " + std::to_string(num_processes) +
-             " / (dp_shard x cp x tp) = " + std::to_string(num_processes / others) + ")";
+      fix += " (here dp_replicate = " + std::to_string(num_processes) + " / (dp_shard x cp x tp" +
+             (sizes.pp > 1 ? " x pp" : "") + ") = " + std::to_string(num_processes / others) + ")";
     throw mesh_error("accel: mesh " + detail::describe(sizes) + " spans " + std::to_string(sizes.total()) +
                      " processes (Accelerate's total_size) but the job has " + std::to_string(num_processes) + "; " +
                      fix + ", or start " + std::to_string(sizes.total()) + " processes");
@@ -81,8 +82,11 @@ mesh_sizes validate_mesh(mesh_sizes sizes, int num_processes) {
 
 mesh_layout::mesh_layout(const mesh_sizes& sizes, int num_processes)
     : sizes_(validate_mesh(sizes, num_processes)), num_processes_(num_processes) {
-  const std::pair<std::string_view, int> named[] = {
-      {"dp_replicate", sizes_.dp_replicate}, {"dp_shard", sizes_.dp_shard}, {"cp", sizes_.cp}, {"tp", sizes_.tp}};
+  const std::pair<std::string_view, int> named[] = {{"pp", sizes_.pp},
+                                                    {"dp_replicate", sizes_.dp_replicate},
+                                                    {"dp_shard", sizes_.dp_shard},
+                                                    {"cp", sizes_.cp},
+                                                    {"tp", sizes_.tp}};
   for (const auto& [name, size] : named)
     if (size > 1) {
       dimensions_.push_back({std::string(name), {shape_.size()}});
@@ -117,7 +121,7 @@ int mesh_layout::index_along(std::string_view name, int rank) const {
   const auto& names = detail::mesh_dimension_names;
   if (std::find(names.begin(), names.end(), name) == names.end())
     throw mesh_error("accel: \"" + std::string(name) +
-                     "\" is not a mesh dimension; use dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp or dp_cp");
+                     "\" is not a mesh dimension; use pp, dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp or dp_cp");
   check_rank(rank);
   return has(name) ? local_rank(name, rank) : 0;
 }

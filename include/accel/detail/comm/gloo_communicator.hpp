@@ -83,6 +83,14 @@ class gloo_communicator {
   /// holds the data once `wait()` returns (context parallelism's rotation of keys and values).
   [[nodiscard]] ACCEL_DECL work exchange(at::Tensor& send, int to, at::Tensor& receive, int from);
 
+  /// Starts sending `tensor` (contiguous, kept alive until `wait()` returns) to rank `to` as message `tag`; Gloo sends
+  /// it once `to` has posted the receive of that tag (pipeline stages, accel/pipeline.hpp).
+  [[nodiscard]] ACCEL_DECL work send(at::Tensor& tensor, int to, int tag);
+
+  /// Starts receiving message `tag` from rank `from` into `tensor` (contiguous, of the sent shape and type), which
+  /// holds it once `wait()` returns.
+  [[nodiscard]] ACCEL_DECL work receive(at::Tensor& tensor, int from, int tag);
+
   ACCEL_DECL void barrier();
 
   /// The name its collectives are recorded under in the flight recorder: "default" for the job's group, else the

@@ -209,6 +209,20 @@ gloo_communicator::work gloo_communicator::exchange(at::Tensor& send, int to, at
       [sent, send_id, rank = env_.rank] { gloo_internals::wait_for(*sent, "exchange", rank, send_id); });
 }
 
+gloo_communicator::work gloo_communicator::send(at::Tensor& tensor, int to, int tag) {
+  std::vector<at::Tensor> outgoing{tensor};
+  const auto id = record(("send " + std::to_string(env_.rank) + "->" + std::to_string(to)).c_str(), tensor, tensor,
+                         /*is_p2p=*/true);
+  return gloo_internals::work_of(group_->process_group->send(outgoing, to, tag), env_.rank, "send", id);
+}
+
+gloo_communicator::work gloo_communicator::receive(at::Tensor& tensor, int from, int tag) {
+  std::vector<at::Tensor> incoming{tensor};
+  const auto id = record(("recv " + std::to_string(env_.rank) + "<-" + std::to_string(from)).c_str(), tensor, tensor,
+                         /*is_p2p=*/true);
+  return gloo_internals::work_of(group_->process_group->recv(incoming, from, tag), env_.rank, "receive", id);
+}
+
 void gloo_communicator::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions broadcast_options;

@@ -1,0 +1,65 @@
+// One job of the pipeline benchmark (bench/pipeline_compare.py runs it under `accel launch
+// --parallelism_config_pp_size P`, or alone for one process): one thread per process, Gloo.
+//   bench_pipeline_step SCHEDULE STAGES_PER_PROCESS MICRO_BATCHES STEPS WARMUP
+// trains an MLP of 8 Linear(512, 512) + Tanh pairs through accel::pipeline (SCHEDULE: gpipe, 1f1b, interleaved,
+// zero_bubble), micro-batches of 32 rows, and prints on process 0: `schedule processes stages_per_process
+// micro_batches seconds_per_step bubble_formula`.
+#include <accel/accel.hpp>
+#include <accel/pipeline.hpp>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "support.hpp"
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::fprintf(stderr,
+                 "usage: bench_pipeline_step gpipe|1f1b|interleaved|zero_bubble STAGES_PER_PROCESS "
+                 "MICRO_BATCHES STEPS WARMUP\n");
+    return 2;
+  }
+  const std::map<std::string, accel::pipeline_schedule> schedules{
+      {"gpipe", accel::pipeline_schedule::gpipe},
+      {"1f1b", accel::pipeline_schedule::one_f_one_b},
+      {"interleaved", accel::pipeline_schedule::interleaved_1f1b},
+      {"zero_bubble", accel::pipeline_schedule::zero_bubble}};
+  const std::string schedule = argv[1];
+  const int stages_per_process = std::atoi(argv[2]), micro_batches = std::atoi(argv[3]);
+  const int steps = std::atoi(argv[4]), warmup = std::atoi(argv[5]);
+  constexpr int width = 512, rows = 32;
+  accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>> acc{accel::options{.cpu = true}};
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int layer = 0; layer < 8; ++layer) {
+    model->push_back(torch::nn::Linear(width, width));
+    model->push_back(torch::nn::Tanh());
+  }
+  accel::pipeline pipe(
+      acc, model,
+      {.schedule = schedules.at(schedule), .micro_batches = micro_batches, .stages_per_process = stages_per_process});
+  torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(1e-3));
+  const auto x = torch::randn({rows * micro_batches, width}), y = torch::randn({rows * micro_batches, width});
+  const auto mse = [](const at::Tensor& output, const at::Tensor& target) { return torch::mse_loss(output, target); };
+  const auto step = [&] {
+    (void)pipe.step(x, y, mse);
+    optimizer.step();
+    optimizer.zero_grad();
+  };
+  for (int i = 0; i < warmup; ++i) step();
+  acc.wait_for_everyone();
+  const auto start = bench::clock_type::now();
+  for (int i = 0; i < steps; ++i) step();
+  acc.wait_for_everyone();
+  const double seconds = bench::seconds_since(start) / steps;
+  const accel::pipeline_shape shape{.stages = acc.num_processes() * stages_per_process,
+                                    .micro_batches = micro_batches,
+                                    .processes = acc.num_processes()};
+  if (acc.is_main_process())
+    std::printf("%s %d %d %d %.6f %.6f\n", schedule.c_str(), acc.num_processes(), stages_per_process, micro_batches,
+                seconds, accel::pipeline_bubble_formula(schedules.at(schedule), shape));
+  return 0;
+}

@@ -1,0 +1,81 @@
+/// \file
+/// What `accel::pipeline` (accel/pipeline.hpp) needs of the job, as functions: the pipeline itself is then no
+/// template, compiled once (accel::compiled).
+// IWYU pragma: private, include <accel/pipeline.hpp>
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../../collectives.hpp"
+#include "../../device_mesh.hpp"
+#include "../prepared/accelerator_access.hpp"
+
+namespace accel::detail::pp {
+
+/// What a pipeline needs of the job: its place in the "pp" group and the messages and collectives over it and over
+/// its "dp" group, as functions, so that the pipeline itself is compiled once (accel::compiled).
+struct links {
+  int rank = 0;  ///< in the pp group
+  int size = 1;
+  /// Start a send (receive) of message `tag` to (from) `peer` in the pp group; the function returned waits for it.
+  std::function<std::function<void()>(at::Tensor&, int peer, int tag)> send{}, receive{};
+  std::function<void(at::Tensor&, int root)> broadcast{};  ///< over the pp group
+  std::function<void(at::Tensor&)> sum_over_replicas{};    ///< over the dp group; empty: no replicas
+  int replicas = 1;
+  int replica_index = 0;  ///< in the dp group
+};
+
+/// A message's shape and dtype, as its header gave them.
+struct message_shape {
+  std::vector<std::int64_t> sizes{};
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
+/// The links of `acc`'s process (see links); throws `accel::mesh_error` for a job the pipeline cannot run.
+template <class Accelerator>
+links links_of(Accelerator& acc) {
+  if (acc.num_processes() == 1) return {};
+  const auto& mesh = acc.parallelism_config();
+  if (!mesh || mesh->sizes().pp == 1)
+    throw mesh_error("accel::pipeline: the job has " + std::to_string(acc.num_processes()) +
+                     " processes but no pp dimension to place stages on; set options::parallelism_config.pp_size "
+                     "(or accel launch --parallelism_config_pp_size)");
+  const auto& sizes = mesh->sizes();
+  if (sizes.dp_shard > 1 || sizes.cp > 1 || sizes.tp > 1)
+    throw mesh_error("accel::pipeline: the mesh " + describe(sizes) +
+                     " puts dp_shard, cp or tp beside pp, which the pipeline does not compose with yet; use pp "
+                     "alone or with dp_replicate");
+  auto& parallel = accelerator_access::parallel(acc);
+  if constexpr (!requires(at::Tensor& tensor) { parallel.communicator().send(tensor, 0, 0); }) {
+    throw mesh_error("accel::pipeline: pp_size " + std::to_string(sizes.pp) +
+                     " needs a policy over Gloo, data_parallel<gloo>, whose processes exchange the stages' messages");
+  } else {
+    auto& world = parallel.communicator();
+    auto& stages = mesh_group(world, "pp", mesh->group_of("pp", world.rank()));
+    links made{.rank = stages.rank(), .size = stages.size()};
+    made.send = [&stages](at::Tensor& tensor, int peer, int tag) {
+      return std::function<void()>([work = std::make_shared<decltype(stages.send(tensor, peer, tag))>(
+                                        stages.send(tensor, peer, tag))] { work->wait(); });
+    };
+    made.receive = [&stages](at::Tensor& tensor, int peer, int tag) {
+      return std::function<void()>([work = std::make_shared<decltype(stages.receive(tensor, peer, tag))>(
+                                        stages.receive(tensor, peer, tag))] { work->wait(); });
+    };
+    made.broadcast = [&stages](at::Tensor& tensor, int root) { stages.broadcast(tensor, root); };
+    if (mesh->has("dp")) {
+      auto& replicas = mesh_group(world, "dp", mesh->group_of("dp", world.rank()));
+      made.replicas = replicas.size();
+      made.replica_index = replicas.rank();
+      made.sum_over_replicas = [&replicas](at::Tensor& tensor) { replicas.all_reduce(tensor, reduction::sum).wait(); };
+    }
+    return made;
+  }
+}
+}  // namespace accel::detail::pp

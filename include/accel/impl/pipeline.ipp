@@ -1,0 +1,380 @@
+/// \file
+/// What pipeline.hpp declares and does not define: included by it in header-only mode, compiled once into
+/// accel::compiled with ACCEL_SEPARATE_COMPILATION.
+#pragma once
+
+#include "../pipeline.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "../checkpoint_error.hpp"
+#include "../model_weights.hpp"
+
+namespace accel::detail::pp {
+
+/// A message's header: its dtype, rank and sizes, so that the receiver can allocate it (activations of any shape).
+inline constexpr std::int64_t header_length = 10;
+
+/// Where children [begin[s], begin[s+1]) of a model of `children` children make stage s.
+ACCEL_DECL std::vector<std::size_t> stage_bounds(const std::vector<std::string>& children, int stages,
+                                                 const std::vector<std::string>& split_before) {
+  const auto count = static_cast<std::size_t>(stages);
+  std::vector<std::size_t> begin{0};
+  if (split_before.empty()) {
+    if (children.size() < count)
+      throw std::invalid_argument("accel::pipeline: the model has " + std::to_string(children.size()) +
+                                  " children but the pipeline has " + std::to_string(stages) +
+                                  " stages (pp_size x stages_per_process); give it at least one child per stage");
+    for (std::size_t s = 1; s < count; ++s)
+      begin.push_back(begin.back() + children.size() / count + (s - 1 < children.size() % count ? 1 : 0));
+  } else {
+    if (split_before.size() != count - 1)
+      throw std::invalid_argument("accel::pipeline: split_before names " + std::to_string(split_before.size()) +
+                                  " children but " + std::to_string(stages) + " stages need " +
+                                  std::to_string(count - 1) + " (the first child of every stage but the first)");
+    for (const auto& name : split_before) {
+      const auto at = std::find(children.begin(), children.end(), name);
+      const auto index = static_cast<std::size_t>(at - children.begin());
+      if (at == children.end() || index <= begin.back())
+        throw std::invalid_argument("accel::pipeline: split_before's \"" + name +
+                                    "\" is not a child of the model after the previous split; name the model's "
+                                    "children (named_children()) in their order, the first one excluded");
+      begin.push_back(index);
+    }
+  }
+  begin.push_back(children.size());
+  return begin;
+}
+
+/// Message `part` (0: header, 1: data) of the activation (`gradient` false) or gradient sent to `stage` for
+/// `micro_batch`: one tag per message of a step, so that messages meet by tag, whatever order they travel in.
+inline int message_tag(bool gradient, int stage, int micro_batch, const pipeline_shape& shape, int part) {
+  return (((gradient ? 1 : 0) * shape.stages + stage) * shape.micro_batches + micro_batch) * 2 + part;
+}
+
+/// A receive posted before its action, so that the message travels as soon as it is sent.
+struct posted_receive {
+  std::function<void()> received;
+  at::Tensor data;
+};
+
+inline bool computes(const pipeline_action& action) {
+  return action.op == pipeline_op::forward || action.op == pipeline_op::backward ||
+         action.op == pipeline_op::backward_input || action.op == pipeline_op::backward_weight;
+}
+
+/// A message being sent, and its buffers, which must live until it is.
+struct in_flight {
+  std::function<void()> header_sent, data_sent;
+  at::Tensor header, data;
+};
+
+inline void finish(in_flight& send) {
+  if (send.header_sent) std::exchange(send.header_sent, {})();
+  if (send.data_sent) std::exchange(send.data_sent, {})();
+  send = {};
+}
+
+}  // namespace accel::detail::pp
+
+namespace accel {
+
+struct pipeline::step_state {
+  std::vector<at::Tensor> inputs, targets;  // the micro-batches
+  // By local stage, then micro-batch:
+  std::vector<std::vector<at::Tensor>> stage_input;      // received, or the previous local stage's output detached
+  std::vector<std::vector<at::Tensor>> stage_output;     // the output, or the loss after the last stage
+  std::vector<std::vector<at::Tensor>> output_gradient;  // received, or the next local stage's input gradient
+  std::vector<std::vector<at::Tensor>> input_gradient;   // to send to the previous stage
+  // Sends in flight, by tag: an activation's is waited for (done by then) and its buffer freed when its gradient
+  // comes back; the others at the end of the step.
+  std::map<int, detail::pp::in_flight> sends;
+  std::map<int, detail::pp::posted_receive> receives;  // by tag, posted ahead of their receive actions
+  bool headers = true;  // whether each message is preceded by its shape (the batch's shape is new)
+  at::Tensor loss_sum;
+};
+
+pipeline::pipeline(const torch::nn::Sequential& model, pipeline_options how, detail::pp::links links,
+                   c10::Device device)
+    : how_(std::move(how)),
+      shape_{
+          .stages = links.size * how_.stages_per_process, .micro_batches = how_.micro_batches, .processes = links.size},
+      links_(std::move(links)),
+      whole_(model) {
+  if (how_.micro_batches < 1 || how_.stages_per_process < 1)
+    throw std::invalid_argument("accel::pipeline: micro_batches and stages_per_process must be at least 1");
+  std::vector<std::string> names;
+  for (const auto& child : model->named_children()) names.push_back(child.key());
+  bounds_ = detail::pp::stage_bounds(names, shape_.stages, how_.split_before);
+  for (int stage = links_.rank; stage < shape_.stages; stage += shape_.processes) {
+    torch::nn::Sequential part;
+    for (auto child = bounds_[static_cast<std::size_t>(stage)]; child < bounds_[static_cast<std::size_t>(stage) + 1];
+         ++child) {
+      const auto& any = *(model->begin() + static_cast<std::ptrdiff_t>(child));
+      part->push_back(names[child], any);
+      module_->push_back(names[child], any);
+    }
+    stage_modules_.push_back(std::move(part));
+    local_stages_.push_back(stage);
+  }
+  module_->to(device);
+  actions_ = make_pipeline_schedule(how_.schedule, shape_).at(static_cast<std::size_t>(links_.rank));
+  message_shapes_.resize(static_cast<std::size_t>(2 * shape_.stages * shape_.micro_batches));
+}
+
+torch::nn::Sequential& pipeline::stage_module(int stage) {
+  return stage_modules_[static_cast<std::size_t>(stage / shape_.processes)];
+}
+
+std::vector<at::Tensor> pipeline::stage_tensors(int stage) const {
+  const auto children = whole_->children();
+  std::vector<at::Tensor> tensors;
+  for (auto child = bounds_[static_cast<std::size_t>(stage)]; child < bounds_[static_cast<std::size_t>(stage) + 1];
+       ++child) {
+    for (const auto& parameter : children[child]->parameters()) tensors.push_back(parameter);
+    for (const auto& buffer : children[child]->buffers()) tensors.push_back(buffer);
+  }
+  return tensors;
+}
+
+void pipeline::save_model(const std::filesystem::path& directory) {
+  constexpr int first_tag = 1 << 28;  // above every step's tags
+  int tag = first_tag;
+  std::vector<std::function<void()>> pending;
+  std::vector<at::Tensor> sent;
+  for (int stage = 0; stage < shape_.stages; ++stage) {
+    const int owner = shape_.process_of(stage);
+    for (const auto& tensor : stage_tensors(stage)) {
+      ++tag;
+      if (owner == 0 || (links_.rank != owner && links_.rank != 0)) continue;
+      if (links_.rank == owner) {
+        sent.push_back(tensor.detach().contiguous());
+        pending.push_back(links_.send(sent.back(), 0, tag));
+      } else {
+        auto received = at::empty(tensor.sizes(), tensor.options());
+        links_.receive(received, owner, tag)();
+        tensor.detach().copy_(received);
+      }
+    }
+  }
+  for (auto& wait : pending) wait();
+  // The writer says whether it wrote, so that a failure is raised on every process of its group.
+  auto written = at::ones({}, at::kFloat);
+  const bool writer = links_.rank == 0 && links_.replica_index == 0;
+  std::string failure;
+  if (writer) try {
+      accel::save_model(*whole_, directory);
+    } catch (const std::exception& e) {
+      failure = e.what();
+      written.zero_();
+    }
+  if (links_.size > 1) links_.broadcast(written, 0);
+  if (written.item<float>() == 0)
+    throw checkpoint_error(failure.empty()
+                               ? "accel::pipeline::save_model: the pp group's first process could not write " +
+                                     directory.string() + " (its own error says why)"
+                               : failure);
+}
+
+void pipeline::load_model(const std::filesystem::path& where) { accel::load_model(*whole_, where); }
+
+at::Tensor pipeline::step(const at::Tensor& input, const at::Tensor& target, const loss_function& loss) {
+  const auto m = shape_.micro_batches;
+  if (input.size(0) % m != 0 || target.size(0) != input.size(0))
+    throw std::invalid_argument("accel::pipeline::step: a batch of " + std::to_string(input.size(0)) +
+                                " samples (targets: " + std::to_string(target.size(0)) + ") does not cut into " +
+                                std::to_string(m) +
+                                " equal micro-batches; give batches of a multiple of micro_batches (drop_last)");
+  step_state state;
+  state.inputs = input.split(input.size(0) / m);
+  state.targets = target.split(target.size(0) / m);
+  const auto local = stage_modules_.size();
+  for (auto* slots : {&state.stage_input, &state.stage_output, &state.output_gradient, &state.input_gradient})
+    slots->assign(local, std::vector<at::Tensor>(static_cast<std::size_t>(m)));
+  state.loss_sum = at::zeros({}, input.options().dtype(at::kFloat));
+  state.headers = input.sizes().vec() != known_input_ || target.sizes().vec() != known_target_;
+  post_receives_from(0, state);
+  for (std::size_t i = 0; i < actions_.size(); ++i) {
+    if (detail::pp::computes(actions_[i])) post_receives_from(i + 1, state);
+    run(actions_[i], state, loss);
+  }
+  if (state.headers) {  // every process alike: the peers see the same batch
+    known_input_ = input.sizes().vec();
+    known_target_ = target.sizes().vec();
+  }
+  for (auto& [tag, send] : state.sends) detail::pp::finish(send);
+  if (links_.replicas > 1) average_over_replicas();
+  if (links_.size > 1) links_.broadcast(state.loss_sum, shape_.process_of(shape_.stages - 1));
+  return state.loss_sum;
+}
+
+void pipeline::average_over_replicas() {
+  // One all-reduce of every gradient, flattened: the replicas of a stage hold the same parameters.
+  std::vector<at::Tensor> grads;
+  for (const auto& parameter : parameters())
+    if (parameter.grad().defined()) grads.push_back(parameter.grad());
+  if (grads.empty()) return;
+  std::vector<at::Tensor> flat_views;
+  for (const auto& grad : grads) flat_views.push_back(grad.reshape({-1}));
+  auto flat = at::cat(flat_views);
+  links_.sum_over_replicas(flat);
+  flat.div_(links_.replicas);
+  std::int64_t offset = 0;
+  for (auto& grad : grads) {
+    grad.copy_(flat.narrow(0, offset, grad.numel()).view_as(grad));
+    offset += grad.numel();
+  }
+}
+
+void pipeline::run(const pipeline_action& action, step_state& state, const loss_function& loss) {
+  switch (action.op) {
+    case pipeline_op::forward:
+      return forward(action.stage, action.micro_batch, state, loss);
+    case pipeline_op::backward:
+    case pipeline_op::backward_input:
+    case pipeline_op::backward_weight:
+      return backward(action, state);
+    default:
+      return transfer(action, state);
+  }
+}
+
+void pipeline::forward(int stage, int micro_batch, step_state& state, const loss_function& loss) {
+  const auto local = static_cast<std::size_t>(stage / shape_.processes);
+  const auto mb = static_cast<std::size_t>(micro_batch);
+  auto& input = state.stage_input[local][mb];
+  if (stage == 0) {
+    input = state.inputs[mb];
+  } else {
+    if (!input.defined())  // the previous stage is this process's
+      input = state.stage_output[static_cast<std::size_t>((stage - 1) / shape_.processes)][mb].detach();
+    if (input.is_floating_point()) input.requires_grad_(true);
+  }
+  auto output = stage_module(stage)->forward(input);
+  if (stage == shape_.stages - 1) {
+    output = loss(output, state.targets[mb]) / shape_.micro_batches;
+    state.loss_sum += output.detach().to(at::kFloat);
+  }
+  state.stage_output[local][mb] = std::move(output);
+}
+
+void pipeline::backward(const pipeline_action& action, step_state& state) {
+  const auto local = static_cast<std::size_t>(action.stage / shape_.processes);
+  const auto mb = static_cast<std::size_t>(action.micro_batch);
+  auto& root = state.stage_output[local][mb];
+  auto& input = state.stage_input[local][mb];
+  const bool last = action.stage == shape_.stages - 1;
+  std::vector<at::Tensor> root_gradient;
+  if (!last) root_gradient.push_back(state.output_gradient[local][mb]);
+  const bool needs_input_gradient = action.stage > 0 && input.requires_grad();
+  // The next stage has sent this output's gradient: it received the output long ago.
+  if (const auto sent =
+          state.sends.find(detail::pp::message_tag(false, action.stage + 1, action.micro_batch, shape_, 0));
+      sent != state.sends.end()) {
+    detail::pp::finish(sent->second);
+    state.sends.erase(sent);
+  }
+  if (action.op == pipeline_op::backward_input) {
+    if (needs_input_gradient)
+      state.input_gradient[local][mb] =
+          torch::autograd::grad({root}, {input}, root_gradient, /*retain_graph=*/true).at(0);
+  } else {
+    // backward_weight leaves the input's gradient to backward_input; backward computes both in one pass.
+    std::vector<at::Tensor> only;
+    if (action.op == pipeline_op::backward_weight) only = stage_module(action.stage)->parameters();
+    torch::autograd::backward({root}, root_gradient, /*retain_graph=*/false, /*create_graph=*/false, only);
+    if (action.op == pipeline_op::backward && needs_input_gradient) state.input_gradient[local][mb] = input.grad();
+    root = at::Tensor();
+    input = at::Tensor();
+    state.output_gradient[local][mb] = at::Tensor();
+  }
+  const bool input_gradient_ready = action.op != pipeline_op::backward_weight;
+  if (input_gradient_ready && action.stage > 0 && shape_.process_of(action.stage - 1) == links_.rank)
+    state.output_gradient[static_cast<std::size_t>((action.stage - 1) / shape_.processes)][mb] =
+        std::exchange(state.input_gradient[local][mb], at::Tensor());
+}
+
+void pipeline::transfer(const pipeline_action& action, step_state& state) {
+  if (action.op == pipeline_op::send_activation || action.op == pipeline_op::send_gradient)
+    send(action, state);
+  else
+    receive(action, state);
+}
+
+void pipeline::send(const pipeline_action& action, step_state& state) {
+  const auto local = static_cast<std::size_t>(action.stage / shape_.processes);
+  const auto mb = static_cast<std::size_t>(action.micro_batch);
+  const bool gradient = action.op == pipeline_op::send_gradient;
+  const int to = gradient ? action.stage - 1 : action.stage + 1;
+  auto data =
+      (gradient ? std::exchange(state.input_gradient[local][mb], at::Tensor()) : state.stage_output[local][mb].detach())
+          .contiguous();
+  const int peer = shape_.process_of(to);
+  const int tag = detail::pp::message_tag(gradient, to, action.micro_batch, shape_, 0);
+  auto& send = state.sends[tag];
+  if (state.headers) {
+    if (data.dim() > detail::pp::header_length - 2)
+      throw std::invalid_argument("accel::pipeline: a stage's output has " + std::to_string(data.dim()) +
+                                  " dimensions, more than the 8 a message carries; reshape it between stages");
+    send.header = at::zeros({detail::pp::header_length}, at::kLong);
+    auto* fields = send.header.data_ptr<std::int64_t>();
+    fields[0] = static_cast<std::int64_t>(data.scalar_type());
+    fields[1] = data.dim();
+    for (std::int64_t d = 0; d < data.dim(); ++d) fields[2 + d] = data.size(d);
+    send.header_sent = links_.send(send.header, peer, tag);
+  }
+  send.data_sent = links_.send(data, peer, tag + 1);
+  send.data = std::move(data);
+}
+
+void pipeline::post_receives_from(std::size_t first, step_state& state) {
+  if (state.headers) return;  // the shapes come with the messages
+  for (auto next = first; next < actions_.size() && !detail::pp::computes(actions_[next]); ++next) {
+    const auto& action = actions_[next];
+    if (action.op != pipeline_op::receive_activation && action.op != pipeline_op::receive_gradient) continue;
+    const bool gradient = action.op == pipeline_op::receive_gradient;
+    const int tag = detail::pp::message_tag(gradient, action.stage, action.micro_batch, shape_, 0);
+    const auto& known = message_shapes_[static_cast<std::size_t>(tag / 2)];
+    auto& posted = state.receives[tag];
+    posted.data = at::empty(known.sizes, at::TensorOptions().dtype(known.dtype));
+    posted.received =
+        links_.receive(posted.data, shape_.process_of(gradient ? action.stage + 1 : action.stage - 1), tag + 1);
+  }
+}
+
+void pipeline::receive(const pipeline_action& action, step_state& state) {
+  const bool gradient = action.op == pipeline_op::receive_gradient;
+  const int tag = detail::pp::message_tag(gradient, action.stage, action.micro_batch, shape_, 0);
+  const int peer = shape_.process_of(gradient ? action.stage + 1 : action.stage - 1);
+  at::Tensor data;
+  if (state.headers) {
+    auto header = at::empty({detail::pp::header_length}, at::kLong);
+    links_.receive(header, peer, tag)();
+    const auto* fields = header.data_ptr<std::int64_t>();
+    auto& known = message_shapes_[static_cast<std::size_t>(tag / 2)];
+    known.sizes.assign(fields + 2, fields + 2 + fields[1]);
+    known.dtype = static_cast<at::ScalarType>(fields[0]);
+    data = at::empty(known.sizes, at::TensorOptions().dtype(known.dtype));
+    links_.receive(data, peer, tag + 1)();
+  } else {
+    auto posted = state.receives.extract(tag);
+    if (posted.empty()) throw std::logic_error("accel::pipeline: a receive was not posted ahead (a bug)");
+    posted.mapped().received();
+    data = std::move(posted.mapped().data);
+  }
+  (gradient ? state.output_gradient : state.stage_input)[static_cast<std::size_t>(action.stage / shape_.processes)]
+                                                        [static_cast<std::size_t>(action.micro_batch)] =
+                                                            std::move(data);
+}
+
+}  // namespace accel

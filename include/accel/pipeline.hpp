@@ -1,0 +1,129 @@
+/// \file
+/// Pipeline parallelism for training: a `torch::nn::Sequential` cut into stages across the mesh's "pp" group
+/// (`options::parallelism_config.pp_size`, PARALLELISM_CONFIG_PP_SIZE, `accel launch --parallelism_config_pp_size`),
+/// each batch cut into micro-batches that flow through the stages by a schedule (accel/pipeline_schedule.hpp: GPipe,
+/// 1F1B, interleaved 1F1B, zero bubble), as PyTorch's `torch.distributed.pipelining` does, on Gloo:
+///
+///     accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>> acc({.parallelism_config = {.pp_size = 2}});
+///     accel::pipeline pipe(acc, net, {.schedule = accel::pipeline_schedule::one_f_one_b, .micro_batches = 4});
+///     torch::optim::SGD opt(pipe.parameters(), 0.1);
+///     for (auto&& [x, y] : acc.prepare(loader)) {
+///       auto loss = pipe.step(x, y, [](const at::Tensor& out, const at::Tensor& y) { return torch::mse_loss(out, y);
+///       }); opt.step(); opt.zero_grad();
+///     }
+///
+/// Stage s of the pp * `stages_per_process` stages runs on the pp group's process s % pp (looped, as PyTorch's
+/// interleaved schedules place them). `module()` holds this process's stages' blocks under their names in the whole
+/// model, so a checkpoint names each parameter as one process would. The loss of a micro-batch is the loss
+/// function's value over it divided by the number of micro-batches (a mean-reduced loss gives the batch's mean); the
+/// gradients accumulate over the micro-batches, and `step` returns the batch's loss on every process. With
+/// dp_replicate above 1 beside pp, the stages' copies average their gradients over their "dp" group at the end of the
+/// step. The pipeline's module is not given to `acc.prepare`: the pipeline is what places and synchronises it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "detail/config.hpp"
+#include "detail/pipeline/links.hpp"
+#include "pipeline_schedule.hpp"
+
+namespace accel {
+
+/// How a model is cut and run (PyTorch's `PipelineStage` / `Schedule*` arguments).
+struct pipeline_options {
+  pipeline_schedule schedule = pipeline_schedule::one_f_one_b;
+  /// Each batch is cut into this many equal micro-batches along its first dimension.
+  int micro_batches = 1;
+  /// Stages on each process: 1, or more for the looped schedules (interleaved 1F1B, GPipe).
+  int stages_per_process = 1;
+  /// Names of the model's children that begin a stage after the first (PyTorch's `SplitPoint.BEGINNING`): one fewer
+  /// than the stages. Empty: the children are cut into stages of equal count, the first stages one more.
+  std::vector<std::string> split_before{};
+};
+
+/// A model cut into pipeline stages on this process's "pp" group (see the file comment).
+class pipeline {
+ public:
+  using loss_function = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
+  /// Cuts `model` (the whole model, the same on every process) into stages and keeps this process's, placed on
+  /// `acc`'s device. Every process of the job constructs it at the same point. Throws std::invalid_argument for
+  /// options that cannot cut this model (the message names the fix) and `accel::mesh_error` for a mesh it cannot run.
+  template <class Accelerator>
+  pipeline(Accelerator& acc, const torch::nn::Sequential& model, pipeline_options how)
+      : pipeline(model, std::move(how), detail::pp::links_of(acc), acc.device()) {}
+
+  /// One batch through every stage, forward and backward, micro-batch by micro-batch in the schedule's order;
+  /// the gradients of this process's parameters accumulate (then average over dp replicas). Returns the batch's
+  /// loss (the mean of the micro-batches' losses) on every process. `input` goes to the first stage and `target`
+  /// to the loss after the last; each is cut along dimension 0.
+  ACCEL_DECL at::Tensor step(const at::Tensor& input, const at::Tensor& target, const loss_function& loss);
+
+  /// Writes the whole model's weights (`accel::save_model`'s files: model.safetensors) from the first process of the
+  /// first replica's pp group, where every stage's parameters and buffers are gathered first. Every process calls it;
+  /// it returns once the files are written (on the processes of that pp group) or throws on all of them.
+  ACCEL_DECL void save_model(const std::filesystem::path& directory);
+  /// Loads weights of the whole model (what `save_model` wrote, at any pp, or `accel::save_model` of the whole model
+  /// in one process) into this process's stages, checking every name, shape and dtype first (`accel::load_model`).
+  ACCEL_DECL void load_model(const std::filesystem::path& where);
+
+  /// This process's stages' blocks, each under its name in the whole model.
+  [[nodiscard]] const torch::nn::Sequential& module() const noexcept { return module_; }
+  [[nodiscard]] std::vector<at::Tensor> parameters() const { return module_->parameters(); }
+  /// The stages this process runs, in order, and the total.
+  [[nodiscard]] const std::vector<int>& local_stages() const noexcept { return local_stages_; }
+  [[nodiscard]] int stages() const noexcept { return shape_.stages; }
+  /// This process's actions in each step.
+  [[nodiscard]] const std::vector<pipeline_action>& actions() const noexcept { return actions_; }
+
+ private:
+  struct step_state;  // one step's micro-batches: inputs, outputs, received tensors, sends in flight
+
+  ACCEL_DECL pipeline(const torch::nn::Sequential& model, pipeline_options how, detail::pp::links links,
+                      c10::Device device);
+  ACCEL_DECL void average_over_replicas();
+  ACCEL_DECL void run(const pipeline_action& action, step_state& state, const loss_function& loss);
+  ACCEL_DECL void forward(int stage, int micro_batch, step_state& state, const loss_function& loss);
+  ACCEL_DECL void backward(const pipeline_action& action, step_state& state);
+  ACCEL_DECL void transfer(const pipeline_action& action, step_state& state);
+  ACCEL_DECL void send(const pipeline_action& action, step_state& state);
+  ACCEL_DECL void receive(const pipeline_action& action, step_state& state);
+  /// Posts the receives from action `first` to the next compute action (which needs them), when their shapes are
+  /// known (the batch's shape is the last step's): called as the compute action before them starts, so that each
+  /// message travels as soon as it is sent.
+  ACCEL_DECL void post_receives_from(std::size_t first, step_state& state);
+  [[nodiscard]] ACCEL_DECL torch::nn::Sequential& stage_module(int stage);
+  /// Stage `stage`'s parameters, then its buffers, in the whole model (whichever process runs it).
+  [[nodiscard]] ACCEL_DECL std::vector<at::Tensor> stage_tensors(int stage) const;
+
+  pipeline_options how_;
+  pipeline_shape shape_;
+  detail::pp::links links_;
+  torch::nn::Sequential whole_;      // the model given, whose stages other processes run: where save_model gathers
+  std::vector<std::size_t> bounds_;  // stage s is whole_'s children [bounds_[s], bounds_[s + 1])
+  torch::nn::Sequential module_;
+  std::vector<torch::nn::Sequential> stage_modules_;  // by local index, as local_stages_
+  std::vector<int> local_stages_;
+  std::vector<pipeline_action> actions_;
+  // Each message's shape, by tag / 2, learnt from the headers of a step whose batch had the shape known_* records:
+  // a step whose batch has that shape sends no headers (every process sees the same batch, so all agree).
+  std::vector<detail::pp::message_shape> message_shapes_;
+  std::vector<std::int64_t> known_input_, known_target_;
+};
+
+}  // namespace accel
+
+#if ACCEL_HEADER_ONLY
+#include "impl/pipeline.ipp"
+#endif

@@ -1,0 +1,317 @@
+// Pipeline parallelism (accel/pipeline.hpp), alone or under `accel launch --parallelism_config_pp_size P`:
+//   `pipeline_training train SCHEDULE STAGES_PER_PROCESS MICRO_BATCHES STEPS`: a 16-layer MLP (a Sequential of 8
+//     Linear + Tanh pairs) trained STEPS steps of SGD through the pipeline, every process's stages then compared with
+//     the same model trained in one process, which accumulates the same micro-batches' gradients (what gradient
+//     accumulation in one process does): parameters and every step's loss within 1e-6. With dp_replicate beside pp,
+//     the one process averages the replicas' gradients as they do. Also reports the distance to one process that
+//     takes each batch whole.
+//   `pipeline_training save DIR` / `load DIR`: 20 steps of 1F1B (4 micro-batches) at this job's pp, then the whole
+//     model's weights saved to DIR; loaded at another pp (or in one process), every stage equal bit for bit to the
+//     model trained so in one process.
+//   `pipeline_training split`: under pp = 2, split_before {"4"} gives the first process children 0-3 and the second
+//     4-15 under their names; names out of order, unknown, or too few or many are refused, naming the fix.
+//   `pipeline_training memory MICRO_BATCHES`: the first process's peak of CPU storage (accel's counting allocator)
+//     during a step of GPipe and of 1F1B, against one micro-batch's activations: GPipe holds all m micro-batches'
+//     activations at once, 1F1B at most pp of them.
+#include "accel_headers.hpp"
+#include <accel/memory.hpp>
+#include <accel/pipeline.hpp>
+#include <torch/torch.h>
+
+#include "support.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace programs::pipeline_training {
+
+namespace {
+
+using accelerator_t = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+constexpr double learning_rate = 0.2;
+
+torch::nn::Sequential make_model(int width) {
+  torch::manual_seed(5);
+  torch::nn::Sequential model;
+  for (int layer = 0; layer < 8; ++layer) {
+    torch::nn::Linear linear(width, width);
+    torch::NoGradGuard no_grad;
+    torch::nn::init::orthogonal_(linear->weight);  // the signal crosses 8 layers, so the first ones learn too
+    model->push_back(linear);
+    model->push_back(torch::nn::Tanh());
+  }
+  return model;
+}
+
+at::Tensor mse(const at::Tensor& output, const at::Tensor& target) { return torch::mse_loss(output, target); }
+
+accel::pipeline_schedule schedule_named(const std::string& name) {
+  const std::map<std::string, accel::pipeline_schedule> schedules{
+      {"gpipe", accel::pipeline_schedule::gpipe},
+      {"1f1b", accel::pipeline_schedule::one_f_one_b},
+      {"interleaved", accel::pipeline_schedule::interleaved_1f1b},
+      {"zero_bubble", accel::pipeline_schedule::zero_bubble}};
+  return schedules.at(name);
+}
+
+/// The global batches: step t's batch for replica r is batches[t * replicas + r] (a prepared range gives process r
+/// of R the batches r, r + R, ...).
+std::vector<accel_test::batch> global_batches(int steps, int replicas, int rows, int width) {
+  auto batches = accel_test::regression_batches(steps * replicas, rows, width, width, 17);
+  const auto teacher = torch::randn({width, width}) / std::sqrt(static_cast<double>(width));
+  for (auto& [x, y] : batches) y = torch::tanh(x.matmul(teacher));  // a target the model can learn
+  return batches;
+}
+
+/// Step `step`'s batch, its first half on every tenth step: the pipeline learns its messages' shapes again when the
+/// batch's shape changes (and back).
+accel_test::batch every_tenth_halved(const accel_test::batch& batch, int step) {
+  if (step % 10 != 9) return batch;
+  const auto half = batch.first.size(0) / 2;
+  return {batch.first.narrow(0, 0, half), batch.second.narrow(0, 0, half)};
+}
+
+/// The same training in one process: each replica's micro-batches accumulated in order, the replicas' gradients
+/// summed in rank order and averaged, as the pipeline and its all-reduce do. `whole`: each batch whole instead.
+/// Returns every step's loss for each replica's batch ([step][replica]).
+std::vector<std::vector<double>> train_in_one_process(torch::nn::Sequential& model,
+                                                      const std::vector<accel_test::batch>& batches, int steps,
+                                                      int replicas, int micro_batches, bool whole) {
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(learning_rate));
+  std::vector<std::vector<double>> losses;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::vector<at::Tensor>> replica_grads;
+    losses.emplace_back();
+    for (int replica = 0; replica < replicas; ++replica) {
+      optimizer.zero_grad();
+      const auto [x, y] = every_tenth_halved(batches[static_cast<std::size_t>(step * replicas + replica)], step);
+      const int parts = whole ? 1 : micro_batches;
+      auto loss = torch::zeros({});
+      for (int mb = 0; mb < parts; ++mb) {
+        auto part = mse(model->forward(x.chunk(parts)[mb]), y.chunk(parts)[mb]) / parts;
+        part.backward();
+        loss += part.detach();
+      }
+      losses.back().push_back(loss.item<double>());
+      std::vector<at::Tensor> grads;
+      for (const auto& parameter : model->parameters()) grads.push_back(parameter.grad().clone());
+      replica_grads.push_back(std::move(grads));
+    }
+    auto parameters = model->parameters();
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      auto sum = replica_grads[0][i].clone();
+      for (int replica = 1; replica < replicas; ++replica) sum += replica_grads[static_cast<std::size_t>(replica)][i];
+      parameters[i].mutable_grad() = sum / replicas;
+    }
+    optimizer.step();
+  }
+  return losses;
+}
+
+/// The largest difference between `pipe`'s parameters and those of the same names in `reference`.
+double distance(const accel::pipeline& pipe, const torch::nn::Sequential& reference) {
+  const auto expected = reference->named_parameters();
+  double largest = 0;
+  for (const auto& named : pipe.module()->named_parameters()) {
+    const auto* found = expected.find(named.key());
+    if (found == nullptr) throw std::runtime_error("the pipeline's " + named.key() + " is not in the whole model");
+    largest = std::max(largest, (named.value() - *found).abs().max().item<double>());
+  }
+  return largest;
+}
+
+int train(const std::string& schedule, int stages_per_process, int micro_batches, int steps) {
+  constexpr int width = 32, rows = 16;
+  accelerator_t acc{accel::options{.cpu = true}};
+  const auto& mesh = acc.parallelism_config();
+  const int replicas = mesh ? mesh->sizes().dp_replicate : 1;
+  const auto batches = global_batches(steps, replicas, rows, width);
+  // The batches through a prepared range, which gives each dp replica its own and the pp peers the same ones.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> samples;
+  for (const auto& [x, y] : batches)
+    for (int row = 0; row < rows; ++row) samples.emplace_back(x[row], y[row]);
+  accel::data_loader loader(samples, {.batch_size = rows});
+  auto prepared = acc.prepare(loader);
+
+  accel::pipeline pipe(
+      acc, make_model(width),
+      {.schedule = schedule_named(schedule), .micro_batches = micro_batches, .stages_per_process = stages_per_process});
+  torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(learning_rate));
+  std::vector<double> losses;
+  for (auto&& batch : prepared) {
+    const auto [x, y] = every_tenth_halved(batch, static_cast<int>(losses.size()));
+    losses.push_back(pipe.step(x, y, mse).item<double>());
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+
+  auto reference = make_model(width);
+  const auto expected = train_in_one_process(reference, batches, steps, replicas, micro_batches, /*whole=*/false);
+  auto whole_batches = make_model(width);
+  (void)train_in_one_process(whole_batches, batches, steps, replicas, micro_batches, /*whole=*/true);
+  // Each process's loss is its replica's batch's (as any data-parallel loss); the model learns over the steps.
+  const int replica = mesh ? mesh->index_along("dp", acc.process_index()) : 0;
+  double loss_gap = 0, first_losses = 0, last_losses = 0;
+  for (int step = 0; step < steps; ++step) {
+    const auto& at_step = expected[static_cast<std::size_t>(step)];
+    loss_gap = std::max(loss_gap,
+                        std::abs(losses[static_cast<std::size_t>(step)] - at_step[static_cast<std::size_t>(replica)]));
+    for (double loss : at_step) {
+      if (step < 10) first_losses += loss;
+      if (step >= steps - 10) last_losses += loss;
+    }
+  }
+  const double gap = distance(pipe, reference);
+  std::printf("pipeline_training: process %d (stages", acc.process_index());
+  for (int stage : pipe.local_stages()) std::printf(" %d", stage);
+  std::printf(
+      ") %s: %zu actions; loss %.6f -> %.6f; parameters %.3g from one process (%s), losses %.3g; %.3g from "
+      "one process taking whole batches\n",
+      schedule.c_str(), pipe.actions().size(), losses.front(), losses.back(), gap,
+      gap == 0 ? "bit for bit" : "not bitwise", loss_gap, distance(pipe, whole_batches));
+  std::fflush(stdout);
+  std::printf("pipeline_training: the last 10 steps' loss is %.3f of the first 10's\n", last_losses / first_losses);
+  std::fflush(stdout);
+  if (!(last_losses < 0.9 * first_losses)) throw std::runtime_error("the one-process training did not learn");
+  if (gap > 1e-6 || loss_gap > 1e-6) throw std::runtime_error("the pipeline's training differs from one process's");
+  return 0;
+}
+
+/// Bytes allocated (accel's counting allocator) and held by one micro-batch's forward through this process's stage.
+std::int64_t one_micro_batch(const accel::pipeline& pipe, const at::Tensor& x) {
+  const auto cpu = c10::Device(c10::kCPU);
+  const auto before = accel::memory_stats(cpu).allocated;
+  torch::nn::Sequential stage = pipe.module();  // the same modules
+  auto output = stage->forward(x);
+  return accel::memory_stats(cpu).allocated - before;
+}
+
+/// The peak of CPU storage above the start of a step (the second: the first allocates the gradients), in
+/// micro-batches' activations of this process's stage, and one micro-batch's activations in bytes.
+std::pair<double, std::int64_t> held_activations(accelerator_t& acc, const std::string& schedule, int micro_batches,
+                                                 const accel_test::batch& batch, int rows) {
+  constexpr int width = 256;
+  const auto cpu = c10::Device(c10::kCPU);
+  accel::pipeline pipe(acc, make_model(width), {.schedule = schedule_named(schedule), .micro_batches = micro_batches});
+  const auto x = batch.first.narrow(0, 0, rows * micro_batches);
+  const auto y = batch.second.narrow(0, 0, x.size(0));
+  (void)pipe.step(x, y, mse);
+  const auto activations = one_micro_batch(pipe, x.narrow(0, 0, rows));
+  accel::reset_peak_memory_stats(cpu);
+  const auto base = accel::memory_stats(cpu).allocated;
+  (void)pipe.step(x, y, mse);
+  return {static_cast<double>(accel::memory_stats(cpu).peak_allocated - base) / static_cast<double>(activations),
+          activations};
+}
+
+int memory(int micro_batches) {
+  constexpr int width = 256, rows = 64;
+  accel::count_cpu_memory();
+  accelerator_t acc{accel::options{.cpu = true}};
+  const int processes = acc.num_processes();
+  const auto batch = accel_test::regression_batches(1, rows * micro_batches, width, width, 3).front();
+  // What a step holds beside the activations (the weights' gradients computed before they are added, messages):
+  // a step of one micro-batch holds one micro-batch's activations and that.
+  const double beside = held_activations(acc, "gpipe", 1, batch, rows).first - 1;
+  std::map<std::string, double> held;
+  for (const std::string schedule : {"gpipe", "1f1b", "zero_bubble"}) {
+    const auto [peak, activations] = held_activations(acc, schedule, micro_batches, batch, rows);
+    held[schedule] = peak - beside;
+    if (acc.process_index() == 0)
+      std::printf(
+          "pipeline_training: process 0 of %d, %s, %d micro-batches: %.2f micro-batches' activations held "
+          "(one: %.2f MiB; %.2f beside them)\n",
+          processes, schedule.c_str(), micro_batches, held[schedule], static_cast<double>(activations) / (1 << 20),
+          beside);
+  }
+  std::fflush(stdout);
+  // The first stage holds every micro-batch under GPipe, at most pp of them under 1F1B and zero bubble.
+  if (acc.process_index() == 0 &&
+      (held["gpipe"] < micro_batches - 0.5 || held["1f1b"] > processes + 0.5 || held["zero_bubble"] > processes + 0.5))
+    throw std::runtime_error("the activations held are not the schedules' (GPipe m, 1F1B and zero bubble at most pp)");
+  return 0;
+}
+
+/// 20 steps of 1F1B then a save to `directory` (`save`), or a load from it (`load`), compared with one process.
+int checkpoint(const std::string& mode, const std::string& directory) {
+  constexpr int width = 32, rows = 16, steps = 20, micro_batches = 4;
+  accelerator_t acc{accel::options{.cpu = true}};
+  accel::pipeline pipe(acc, make_model(width), {.micro_batches = micro_batches});
+  if (mode == "save") {
+    torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(learning_rate));
+    const auto batches = global_batches(steps, 1, rows, width);
+    for (int step = 0; step < steps; ++step) {
+      const auto [x, y] = every_tenth_halved(batches[static_cast<std::size_t>(step)], step);
+      (void)pipe.step(x, y, mse);
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+    pipe.save_model(directory);
+    return 0;
+  }
+  pipe.load_model(directory);
+  auto reference = make_model(width);
+  (void)train_in_one_process(reference, global_batches(steps, 1, rows, width), steps, 1, micro_batches, false);
+  const double gap = distance(pipe, reference);
+  std::printf("pipeline_training: process %d of %d loaded %zu tensors, %.3g from one process\n", acc.process_index(),
+              acc.num_processes(), pipe.module()->named_parameters().size(), gap);
+  std::fflush(stdout);
+  if (gap != 0) throw std::runtime_error("the loaded weights differ from one process's");
+  return 0;
+}
+
+/// The names of `pipe`'s children.
+std::vector<std::string> child_names(const accel::pipeline& pipe) {
+  std::vector<std::string> names;
+  for (const auto& child : pipe.module()->named_children()) names.push_back(child.key());
+  return names;
+}
+
+/// The message `split_before` makes the pipeline throw, or "" when it throws none.
+std::string refusal(accelerator_t& acc, const std::vector<std::string>& split_before) {
+  try {
+    accel::pipeline pipe(acc, make_model(8), {.split_before = split_before});
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+int split() {
+  accelerator_t acc{accel::options{.cpu = true}};
+  accel::pipeline pipe(acc, make_model(8), {.split_before = {"4"}});
+  std::vector<std::string> expected;
+  for (int child = acc.process_index() == 0 ? 0 : 4; child < (acc.process_index() == 0 ? 4 : 16); ++child)
+    expected.push_back(std::to_string(child));
+  if (child_names(pipe) != expected) throw std::runtime_error("split_before did not cut the model at child 4");
+  const std::string unknown = refusal(acc, {"fc"}), first = refusal(acc, {"0"}), many = refusal(acc, {"4", "8"});
+  std::printf("pipeline_training: process %d holds children %s to %s\n%s\n%s\n%s\n", acc.process_index(),
+              expected.front().c_str(), expected.back().c_str(), unknown.c_str(), first.c_str(), many.c_str());
+  std::fflush(stdout);
+  if (unknown.find("\"fc\" is not a child of the model") == std::string::npos ||
+      first.find("\"0\" is not a child of the model after the previous split") == std::string::npos ||
+      many.find("split_before names 2 children but 2 stages need 1") == std::string::npos)
+    throw std::runtime_error("a wrong split_before was not refused as it should be");
+  return 0;
+}
+
+}  // namespace
+
+int run(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "train" && argc == 6) return train(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+  if (mode == "memory" && argc == 3) return memory(std::atoi(argv[2]));
+  if (mode == "split" && argc == 2) return split();
+  if ((mode == "save" || mode == "load") && argc == 3) return checkpoint(mode, argv[2]);
+  std::fprintf(stderr,
+               "usage: pipeline_training train gpipe|1f1b|interleaved|zero_bubble STAGES_PER_PROCESS "
+               "MICRO_BATCHES STEPS | memory MICRO_BATCHES | save DIR | load DIR | split\n");
+  return 2;
+}
+
+}  // namespace programs::pipeline_training
