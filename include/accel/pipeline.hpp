@@ -29,9 +29,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "detail/config.hpp"
@@ -72,7 +70,8 @@ class pipeline {
 
   /// Writes the whole model's weights (`accel::save_model`'s files: model.safetensors) from the first process of the
   /// first replica's pp group, where every stage's parameters and buffers are gathered first. Every process calls it;
-  /// it returns once the files are written (on the processes of that pp group) or throws on all of them.
+  /// on that pp group it returns once the files are written or throws on all of its processes; the other replicas,
+  /// which hold the same weights, return at once.
   ACCEL_DECL void save_model(const std::filesystem::path& directory);
   /// Loads weights of the whole model (what `save_model` wrote, at any pp, or `accel::save_model` of the whole model
   /// in one process) into this process's stages, checking every name, shape and dtype first (`accel::load_model`).

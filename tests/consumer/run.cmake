@@ -24,6 +24,10 @@ set(consumer consumer)
 if(MODE STREQUAL "layout")
   set(consumer consumer_compiled)
 endif()
+# A Release build, whose configuration the installed package's (Release) matches, without the optimizer: what is
+# checked is that the consumer compiles, links and runs, and -O3 only adds to the time the compiler spends parsing
+# torch/torch.h and accel's headers (-O0: 50 s of CPU time for the header-only program against 63 s, 38 s for the
+# compiled one against 44 s, on CI's 2-core machine).
 foreach(step
     "${install_step}"
     "${CMAKE_COMMAND};-S;${CONSUMER_SOURCE_DIR};-B;${WORK_DIR}/build;-G;${CMAKE_GENERATOR};-DCMAKE_BUILD_TYPE=Release;-DCMAKE_CXX_FLAGS_RELEASE=-O0 -DNDEBUG;-DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER};${mode_flags}"

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/utils/tensor_flatten.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
@@ -56,10 +57,23 @@ ACCEL_DECL std::vector<std::size_t> stage_bounds(const std::vector<std::string>&
   return begin;
 }
 
-/// Message `part` (0: header, 1: data) of the activation (`gradient` false) or gradient sent to `stage` for
-/// `micro_batch`: one tag per message of a step, so that messages meet by tag, whatever order they travel in.
-inline int message_tag(bool gradient, int stage, int micro_batch, const pipeline_shape& shape, int part) {
-  return (((gradient ? 1 : 0) * shape.stages + stage) * shape.micro_batches + micro_batch) * 2 + part;
+/// The header's tag of the activation (`gradient` false) or gradient sent to `stage` for `micro_batch`, its data's
+/// the next: tags of their own for every message of a step, so that messages meet by tag, whatever order they travel
+/// in. Even, so that tag / 2 numbers the messages.
+inline int message_tag(bool gradient, int stage, int micro_batch, const pipeline_shape& shape) {
+  return (((gradient ? 1 : 0) * shape.stages + stage) * shape.micro_batches + micro_batch) * 2;
+}
+
+/// The message a receive action takes: its header's tag and the process that sends it.
+struct incoming {
+  int tag;
+  int peer;
+};
+
+inline incoming incoming_for(const pipeline_action& action, const pipeline_shape& shape) {
+  const bool gradient = action.op == pipeline_op::receive_gradient;
+  return {message_tag(gradient, action.stage, action.micro_batch, shape),
+          shape.process_of(gradient ? action.stage + 1 : action.stage - 1)};
 }
 
 /// A receive posted before its action, so that the message travels as soon as it is sent.
@@ -148,7 +162,8 @@ std::vector<at::Tensor> pipeline::stage_tensors(int stage) const {
 }
 
 void pipeline::save_model(const std::filesystem::path& directory) {
-  constexpr int first_tag = 1 << 28;  // above every step's tags
+  if (links_.replica_index != 0) return;  // the first replica's pp group writes; the others hold the same weights
+  constexpr int first_tag = 1 << 28;      // above every step's tags
   int tag = first_tag;
   std::vector<std::function<void()>> pending;
   std::vector<at::Tensor> sent;
@@ -170,9 +185,8 @@ void pipeline::save_model(const std::filesystem::path& directory) {
   for (auto& wait : pending) wait();
   // The writer says whether it wrote, so that a failure is raised on every process of its group.
   auto written = at::ones({}, at::kFloat);
-  const bool writer = links_.rank == 0 && links_.replica_index == 0;
   std::string failure;
-  if (writer) try {
+  if (links_.rank == 0) try {
       accel::save_model(*whole_, directory);
     } catch (const std::exception& e) {
       failure = e.what();
@@ -224,16 +238,11 @@ void pipeline::average_over_replicas() {
   for (const auto& parameter : parameters())
     if (parameter.grad().defined()) grads.push_back(parameter.grad());
   if (grads.empty()) return;
-  std::vector<at::Tensor> flat_views;
-  for (const auto& grad : grads) flat_views.push_back(grad.reshape({-1}));
-  auto flat = at::cat(flat_views);
+  auto flat = torch::utils::flatten_dense_tensors(grads);
   links_.sum_over_replicas(flat);
   flat.div_(links_.replicas);
-  std::int64_t offset = 0;
-  for (auto& grad : grads) {
-    grad.copy_(flat.narrow(0, offset, grad.numel()).view_as(grad));
-    offset += grad.numel();
-  }
+  const auto averaged = torch::utils::unflatten_dense_tensors(flat, grads);
+  for (std::size_t i = 0; i < grads.size(); ++i) grads[i].copy_(averaged[i]);
 }
 
 void pipeline::run(const pipeline_action& action, step_state& state, const loss_function& loss) {
@@ -278,8 +287,7 @@ void pipeline::backward(const pipeline_action& action, step_state& state) {
   if (!last) root_gradient.push_back(state.output_gradient[local][mb]);
   const bool needs_input_gradient = action.stage > 0 && input.requires_grad();
   // The next stage has sent this output's gradient: it received the output long ago.
-  if (const auto sent =
-          state.sends.find(detail::pp::message_tag(false, action.stage + 1, action.micro_batch, shape_, 0));
+  if (const auto sent = state.sends.find(detail::pp::message_tag(false, action.stage + 1, action.micro_batch, shape_));
       sent != state.sends.end()) {
     detail::pp::finish(sent->second);
     state.sends.erase(sent);
@@ -320,7 +328,7 @@ void pipeline::send(const pipeline_action& action, step_state& state) {
       (gradient ? std::exchange(state.input_gradient[local][mb], at::Tensor()) : state.stage_output[local][mb].detach())
           .contiguous();
   const int peer = shape_.process_of(to);
-  const int tag = detail::pp::message_tag(gradient, to, action.micro_batch, shape_, 0);
+  const int tag = detail::pp::message_tag(gradient, to, action.micro_batch, shape_);
   auto& send = state.sends[tag];
   if (state.headers) {
     if (data.dim() > detail::pp::header_length - 2)
@@ -342,20 +350,16 @@ void pipeline::post_receives_from(std::size_t first, step_state& state) {
   for (auto next = first; next < actions_.size() && !detail::pp::computes(actions_[next]); ++next) {
     const auto& action = actions_[next];
     if (action.op != pipeline_op::receive_activation && action.op != pipeline_op::receive_gradient) continue;
-    const bool gradient = action.op == pipeline_op::receive_gradient;
-    const int tag = detail::pp::message_tag(gradient, action.stage, action.micro_batch, shape_, 0);
+    const auto [tag, peer] = detail::pp::incoming_for(action, shape_);
     const auto& known = message_shapes_[static_cast<std::size_t>(tag / 2)];
     auto& posted = state.receives[tag];
     posted.data = at::empty(known.sizes, at::TensorOptions().dtype(known.dtype));
-    posted.received =
-        links_.receive(posted.data, shape_.process_of(gradient ? action.stage + 1 : action.stage - 1), tag + 1);
+    posted.received = links_.receive(posted.data, peer, tag + 1);
   }
 }
 
 void pipeline::receive(const pipeline_action& action, step_state& state) {
-  const bool gradient = action.op == pipeline_op::receive_gradient;
-  const int tag = detail::pp::message_tag(gradient, action.stage, action.micro_batch, shape_, 0);
-  const int peer = shape_.process_of(gradient ? action.stage + 1 : action.stage - 1);
+  const auto [tag, peer] = detail::pp::incoming_for(action, shape_);
   at::Tensor data;
   if (state.headers) {
     auto header = at::empty({detail::pp::header_length}, at::kLong);
@@ -372,9 +376,8 @@ void pipeline::receive(const pipeline_action& action, step_state& state) {
     posted.mapped().received();
     data = std::move(posted.mapped().data);
   }
-  (gradient ? state.output_gradient : state.stage_input)[static_cast<std::size_t>(action.stage / shape_.processes)]
-                                                        [static_cast<std::size_t>(action.micro_batch)] =
-                                                            std::move(data);
+  (action.op == pipeline_op::receive_gradient ? state.output_gradient : state.stage_input)[static_cast<std::size_t>(
+      action.stage / shape_.processes)][static_cast<std::size_t>(action.micro_batch)] = std::move(data);
 }
 
 }  // namespace accel
