@@ -4,7 +4,9 @@
 #     (default build/).
 #  2. Debian's libtorch-dev 1.13.1: every header compiled (in one translation unit: that each stands alone is the
 #     2.13 build's check), the unit tests, and the flat collectives of the sharded policies on 3 Gloo processes
-#     (1.13's fallbacks), in $ACCEL_BUILD_DIR-torch1.13. It is built while the 2.13 tests run, at nice 19.
+#     (1.13's fallbacks), in $ACCEL_BUILD_DIR-torch1.13. It is built while the 2.13 tests run, at nice 19, and its
+#     tests header-only (ACCEL_TESTS_HEADER_ONLY; the 2.13 build's link accel::compiled): the unit tests run in both
+#     modes, and this build compiles only the instantiations its tests use.
 # Warnings are errors in both (-Wall -Wextra -Wpedantic -Wshadow, cmake/accelDeveloper.cmake). Exits non-zero if
 # anything failed in either.
 set -euo pipefail
@@ -30,7 +32,7 @@ echo "-- built, $((SECONDS - started)) s since the start"
 build_torch113() {
   ACCEL_TORCH=debian source "$root/scripts/torch.sh"
   cmake -S "$root" -B "$build$torch_build_suffix" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
-    -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_WARNINGS_AS_ERRORS=ON -DACCEL_PYTHON="$venv_python" "${torch_cmake_args[@]}" &&
+    -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_TESTS_HEADER_ONLY=ON -DACCEL_WARNINGS_AS_ERRORS=ON -DACCEL_PYTHON="$venv_python" "${torch_cmake_args[@]}" &&
     nice -n 19 cmake --build "$build$torch_build_suffix" -j2 --target accel_tests \
       accel_headers_together accel_flat_collectives accel_cli accel_mesh_tests accel_mesh_groups
 }

@@ -97,6 +97,12 @@ def check_machine_alone(machine, disk):
     check(os.path.exists(machine.path(f"{disk}/only-on-{machine.name}")), "the harness's view of a machine's disk")
 
 
+def machines(*args, **kwargs):
+    """harness.Cluster, the programs and the work directory given on the command line kept visible in the machines
+    (a build directory under /tmp apart from the checkout would otherwise be hidden by each machine's own /tmp)."""
+    return harness.Cluster(*args, keep=[os.path.abspath(path) for path in sys.argv[1:4]], **kwargs)
+
+
 CONNECT = """
 import errno, socket, sys
 try:
@@ -190,7 +196,7 @@ def check_harness_killed(work):
 def check_stale_swept():
     """A process left by a harness that is gone (here: one marked with an owner that never ran) is killed."""
     stale = subprocess.Popen(["sleep", "100"], env=dict(os.environ, **{harness.MARKER: "999999999.0"}))
-    with harness.Cluster(1):
+    with machines(1):
         check(stale.wait(10) == -signal.SIGKILL, "a stale cluster's process was not killed")
 
 
@@ -234,7 +240,7 @@ def check_checkout_under_tmp(accel, work):
 
 def case_harness(accel, program, work):
     disk = os.path.join(work, "disk")
-    with harness.Cluster(3, disk, rate=8_000_000, lifetime=300) as cluster:
+    with machines(3, disk, rate=8_000_000, lifetime=300) as cluster:
         for machine in cluster.machines:
             check_machine_alone(machine, disk)
         check(os.listdir(disk) == [], f"the host sees the machines' disks: {os.listdir(disk)}")
@@ -264,7 +270,7 @@ def train_across_machines(accel, program, work, policy, flags=()):
                                  text=True, env=job_environment(), timeout=JOB_TIMEOUT)
     check(one_machine.returncode == 0, f"the job on one machine failed:\n{one_machine.stdout}")
     disk = os.path.join(work, "disk")
-    with harness.Cluster(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
+    with machines(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
         crossed = cluster.link_bytes(1)
         job = Job(cluster, accel, program, [policy, "train", f"{disk}/trained.safetensors"],
                   os.path.join(work, "job.log"), flags)
@@ -312,7 +318,7 @@ def case_save_on_each_node(accel, program, work, policy):
     resumes from them bit for bit, each machine reading its own."""
     disk = os.path.join(work, "disk")
     ckpt = f"{disk}/ckpt"
-    with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+    with machines(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
         saved = Job(cluster, accel, program, [policy, "save", ckpt, "on_each_node"], os.path.join(work, "save.log"))
         saved.check_every_rank("save with save_on_each_node", "saved")
         for machine, ranks in zip(cluster.machines, ((0, 1), (2, 3))):
@@ -330,7 +336,7 @@ def case_main_process_saves(accel, program, work, policy):
     states) and machine1's none; copied onto machine1's disk, the job resumes bit for bit."""
     disk = os.path.join(work, "disk")
     ckpt = f"{disk}/ckpt"
-    with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+    with machines(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
         saved = Job(cluster, accel, program, [policy, "save", ckpt], os.path.join(work, "save.log"))
         saved.check_every_rank("save without save_on_each_node", "saved")
         machine0, machine1 = cluster.machines
@@ -351,7 +357,7 @@ def case_resume_latest(accel, program, work, saves):
     disk = os.path.join(work, "disk")
     project = f"{disk}/project"
     on_each_node = ["on_each_node"] if saves == "on_each_node" else []
-    with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+    with machines(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
         stopped = Job(cluster, accel, program, ["latest", project, "stop", *on_each_node],
                       os.path.join(work, "stop.log"))
         stopped.check_every_rank("a job stopped at step 7", "stopped at step 7")
@@ -444,7 +450,7 @@ def machine_lost_during_save(accel, program, work):
     bit for bit."""
     disk = os.path.join(work, "disk")
     project = f"{disk}/project"
-    with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+    with machines(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
         job = RunningJob(cluster, accel, program, ["latest", project, "lose_in_save", "on_each_node"],
                          os.path.join(work, "job.log"), SHORT_HEARTBEAT)
         job.wait_for_line(1, "node_checkpoint: rank 2 saving checkpoint_2", JOB_TIMEOUT - 30)
@@ -482,7 +488,7 @@ def case_machine_lost(accel, program, work, which):
         return machine_lost_during_save(accel, program, work)
     lost = {"worker_node": 1, "main_node": 0}[which]
     survivor = 1 - lost
-    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
+    with machines(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
         job = RunningJob(cluster, accel, program, ["long"], os.path.join(work, "job.log"))
         try:
             for machine in (0, 1):
@@ -545,7 +551,7 @@ def link_cut_restored(accel, program, work):
     parameters of the uncut job byte for byte, and no launcher takes the other node for lost."""
     reference = on_one_machine(accel, program, work, "paced")
     disk = os.path.join(work, "disk")
-    with harness.Cluster(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
+    with machines(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
         job = RunningJob(cluster, accel, program, ["paced", f"{disk}/trained.safetensors"],
                          os.path.join(work, "job.log"))
         job.wait_for_line(0, "node_checkpoint: rank 0 step 10", JOB_TIMEOUT - 30)
@@ -571,7 +577,7 @@ def link_cut_beyond_timeout(accel, program, work):
     """machine1's link cut for good while a long run trains (collective timeout 600 s): both machines are alive, and
     each launcher names the other node as lost, stops its workers and exits with 1 within the heartbeat timeout (6 s
     here) plus a few seconds."""
-    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
+    with machines(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
         job = RunningJob(cluster, accel, program, ["long"], os.path.join(work, "job.log"), SHORT_HEARTBEAT)
         for machine in (0, 1):
             job.wait_for_line(machine, f"node_checkpoint: rank {2 * machine} step 20", JOB_TIMEOUT - 30)
@@ -628,7 +634,7 @@ def case_slow_link(accel, program, work):
     heartbeats, queued behind the bulk traffic, still get through (no node taken for lost)."""
     reference = on_one_machine(accel, program, work, "train")
     disk = os.path.join(work, "disk")
-    with harness.Cluster(2, disk, rate=SLOW_RATE, lifetime=JOB_TIMEOUT + 60) as cluster:
+    with machines(2, disk, rate=SLOW_RATE, lifetime=JOB_TIMEOUT + 60) as cluster:
         machine0, machine1 = cluster.machines
         floods = [machine.start([sys.executable, "-c", FLOOD, machine.address, other.address], stdout=subprocess.PIPE,
                                 text=True) for machine, other in ((machine0, machine1), (machine1, machine0))]
@@ -689,7 +695,7 @@ def restart_worker_fails(accel, program, work):
                                   os.path.join(work, "one_machine"), reference, "0"], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, env=job_environment(), timeout=JOB_TIMEOUT)
     check(one_machine.returncode == 0, f"the uninterrupted job failed:\n{one_machine.stdout}")
-    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
+    with machines(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
         job = restart_job(cluster, accel, program, work, 1, 2)
         job.wait_for_line(1, "node_checkpoint: rank 3 attempt 0 kills itself after step 5", JOB_TIMEOUT - 30)
         killed = time.monotonic()
@@ -718,7 +724,7 @@ def restart_exhausted(accel, program, work):
     """Process 3 kills itself in every attempt, with --max_restarts 1: after attempt 2 both launchers exit with 137
     (the killed worker's code), each naming machine1's node, rank 3 and the attempts, within seconds of the kill, and
     nothing is left on either machine."""
-    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
+    with machines(2, os.path.join(work, "disk"), lifetime=JOB_TIMEOUT + 60) as cluster:
         job = restart_job(cluster, accel, program, work, 100, 1)
         job.wait_for_line(1, "node_checkpoint: rank 3 attempt 1 kills itself after step 5", JOB_TIMEOUT - 30)
         codes, took = wait_all(job, 30)
@@ -791,7 +797,7 @@ def elastic_machine_lost(accel, program, work):
     that checkpoint (loading a checkpoint of 4 processes under 2 converts the data positions so that each sample of
     the epoch is seen once: dist.gloo.P*.resume_elsewhere)."""
     disk = os.path.join(work, "disk")
-    with harness.Cluster(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
+    with machines(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
         job = ElasticJob(cluster, accel, program, os.path.join(work, "job.log"))
         for machine in (0, 1):
             job.wait_for_line(machine, f"node_checkpoint: rank {2 * machine} step 10", JOB_TIMEOUT - 30)
@@ -835,7 +841,7 @@ def elastic_rejoin(accel, program, work):
     with 0."""
     disk = os.path.join(work, "disk")
     project = os.path.join(work, "shared-project")
-    with harness.Cluster(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
+    with machines(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
         job = ElasticJob(cluster, accel, program, os.path.join(work, "job.log"), max_restarts=2, project=project,
                          more=["1", "shared"])
         for machine in (0, 1):
@@ -903,7 +909,7 @@ def sharded_unshared_disk(accel, program, work):
                                                        "use state_dict_type::full with save_on_each_node, or a file "
                                                        "system every machine sees"]),
     }
-    with harness.Cluster(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+    with machines(2, disk, lifetime=2 * JOB_TIMEOUT + 60) as cluster:
         for index, (how, (flags, parts)) in enumerate(refusals.items()):
             ckpt = f"{disk}/ckpt{index}"
             job = Job(cluster, accel, program, ["fully_sharded", "save", ckpt, *flags, "sharded"],
@@ -929,7 +935,7 @@ def sharded_shared_disk(accel, program, work, policy):
     shared = os.path.join(work, "shared")
     os.makedirs(shared)
     ckpt = os.path.join(shared, "ckpt")
-    with harness.Cluster(2, os.path.join(work, "disk"), lifetime=2 * JOB_TIMEOUT + 60) as cluster:
+    with machines(2, os.path.join(work, "disk"), lifetime=2 * JOB_TIMEOUT + 60) as cluster:
         saved = Job(cluster, accel, program, [policy, "save", ckpt, "sharded"], os.path.join(work, "save.log"))
         saved.check_every_rank(f"{policy}: sharded save on a shared disk", "saved")
         check(set(os.listdir(ckpt)) == SHARDED_FILES, f"the sharded checkpoint holds {sorted(os.listdir(ckpt))}")
