@@ -32,7 +32,8 @@ echo "-- built, $((SECONDS - started)) s since the start"
 build_torch113() {
   ACCEL_TORCH=debian source "$root/scripts/torch.sh"
   cmake -S "$root" -B "$build$torch_build_suffix" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=ON \
-    -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_TESTS_HEADER_ONLY=ON -DACCEL_WARNINGS_AS_ERRORS=ON -DACCEL_PYTHON="$venv_python" "${torch_cmake_args[@]}" &&
+    -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_TESTS_HEADER_ONLY=ON -DACCEL_WARNINGS_AS_ERRORS=ON \
+    -DACCEL_PYTHON="$venv_python" "${torch_cmake_args[@]}" &&
     nice -n 19 cmake --build "$build$torch_build_suffix" -j2 --target accel_tests \
       accel_headers_together accel_flat_collectives accel_cli accel_mesh_tests accel_mesh_groups
 }

@@ -97,10 +97,15 @@ def check_machine_alone(machine, disk):
     check(os.path.exists(machine.path(f"{disk}/only-on-{machine.name}")), "the harness's view of a machine's disk")
 
 
+def command_line_paths():
+    """ACCEL, NODE_CHECKPOINT and WORK_DIR, absolute."""
+    return [os.path.abspath(path) for path in sys.argv[1:4]]
+
+
 def machines(*args, **kwargs):
     """harness.Cluster, the programs and the work directory given on the command line kept visible in the machines
     (a build directory under /tmp apart from the checkout would otherwise be hidden by each machine's own /tmp)."""
-    return harness.Cluster(*args, keep=[os.path.abspath(path) for path in sys.argv[1:4]], **kwargs)
+    return harness.Cluster(*args, keep=command_line_paths(), **kwargs)
 
 
 CONNECT = """
@@ -968,7 +973,7 @@ def case_sharded_format(accel, program, work, what):
 def main():
     if len(sys.argv) not in (5, 6):
         sys.exit(__doc__)
-    accel, program, work = (os.path.abspath(path) for path in sys.argv[1:4])
+    accel, program, work = command_line_paths()
     case = globals().get(f"case_{sys.argv[4]}")
     if case is None:
         sys.exit(f"no case {sys.argv[4]!r}")
