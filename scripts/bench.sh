@@ -10,7 +10,9 @@
 #   scripts/bench.sh compile-suite  the same, then a clean build of the test suite with the compiler cache off and
 #                             the rebuild after touching include/accel/tracking.hpp
 #   scripts/bench.sh step     the single-process step overhead against raw LibTorch (bench/mlp_step.cpp), built
-#                             against the compiled part and header-only, only (`overhead` is the same)
+#                             against the compiled part and header-only, only
+#   scripts/bench.sh overhead the same, then the flight recorder's cost: the 2-process data-parallel step with the
+#                             recorder off and on (bench/recorder_overhead.py)
 #   scripts/bench.sh accelerate   accel against Hugging Face Accelerate, 1 process and 2 Gloo processes
 #                                 (bench/accelerate_compare.py)
 #   scripts/bench.sh ddp      the 2-process data-parallel comparison with PyTorch DDP (bench/ddp_compare.py) only
@@ -79,6 +81,9 @@ if [[ $which == all || $which == step || $which == overhead ]]; then
   "$build/bench/bench_mlp_step"
   echo "== header-only (accel::accel)"
   "$build/bench/bench_mlp_step_header_only"
+fi
+if [[ $which == all || $which == overhead ]]; then
+  "$venv_python" "$root/bench/recorder_overhead.py" "$build/tools/accel" "$build/bench/bench_ddp_step" "${ROUNDS:-7}"
 fi
 if [[ $which == all || $which == accelerate ]]; then
   "$venv_python" "$root/bench/accelerate_compare.py" "$build/tools/accel" "$build/bench/bench_tiny_step" \

@@ -16,6 +16,7 @@
 #include <accel/detail/sharding/impl/shard_layout.ipp>
 #include <accel/detail/sharding/impl/storage.ipp>
 #include <accel/detail/sharding/impl/unit_hooks.ipp>
+#include <accel/detail/support/impl/straggler_report.ipp>
 #include <accel/impl/accumulation.ipp>
 #include <accel/impl/collectives.ipp>
 #include <accel/impl/data_loader.ipp>

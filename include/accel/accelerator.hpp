@@ -40,6 +40,7 @@
 #include "detail/support/diagnostics.hpp"
 #include "detail/prepared/registry.hpp"
 #include "detail/support/scope.hpp"
+#include "detail/support/straggler_report.hpp"
 #include "gradient_state.hpp"
 #include "memory.hpp"
 #include "options.hpp"
@@ -628,6 +629,11 @@ class accelerator {
     if (!trackers_) {
       trackers_ = std::make_shared<set>(options_.log_with, options_.project, options_.mlflow);
       finish_trackers_ = [](detail::tracker_set& made) { static_cast<set&>(made).finish(); };
+      log_verdict_ = [](detail::tracker_set& made, const detail::straggler_verdict& verdict, std::int64_t step) {
+        static_cast<set&>(made).log(
+            {{"straggler/slowest_ratio", verdict.slowest_ratio}, {"straggler/slowest_process", verdict.slowest}}, step,
+            true);
+      };
     }
     return *trackers_;
   }
@@ -752,6 +758,8 @@ class accelerator {
   /// `prepared_optimizer::zero_grad()` and `prepared_model`'s forward, through the one door.
   void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none);
   void before_forward(const torch::nn::Module& module);
+  /// The end of a straggler window: every process's work per step gathered, judged on the main process.
+  void report_stragglers(double seconds_per_step);
 
   [[no_unique_address]] Parallel parallel_;
   [[no_unique_address]] Precision precision_;
@@ -769,6 +777,8 @@ class accelerator {
   /// `end_training` and the destructor through `finish_trackers_`.
   std::shared_ptr<detail::tracker_set> trackers_;
   void (*finish_trackers_)(detail::tracker_set&) = nullptr;
+  void (*log_verdict_)(detail::tracker_set&, const detail::straggler_verdict&, std::int64_t step) = nullptr;
+  detail::straggler_report stragglers_;
 };
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
@@ -779,7 +789,8 @@ accelerator<Precision, Parallel, Accumulation>::accelerator(const accel::options
       options_(opts),
       parallelism_(configured_mesh(opts.parallelism_config, parallel_.num_processes())),
       schedule_(opts.project),
-      state_(parallel_, registry_, opts.project, precision_, accumulation_, parallel_, schedule_) {}
+      state_(parallel_, registry_, opts.project, precision_, accumulation_, parallel_, schedule_),
+      stragglers_(opts.straggler_window) {}
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 accelerator<Precision, Parallel, Accumulation>::~accelerator() = default;
@@ -918,6 +929,19 @@ void accelerator<Precision, Parallel, Accumulation>::step_optimizer(torch::optim
   parallel_.attach_gradients(optimizer);
   precision_.step(optimizer, parallel_);
   schedule_.optimizer_stepped();
+  if (auto mine = stragglers_.stepped()) report_stragglers(*mine);
+}
+
+template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
+void accelerator<Precision, Parallel, Accumulation>::report_stragglers(double seconds_per_step) {
+  detail::collective_caller caller("straggler report");
+  const auto options = at::TensorOptions().dtype(at::kDouble).device(parallel_.device());
+  const auto gathered = gather(at::full({1}, seconds_per_step, options)).cpu().contiguous();
+  if (!is_main_process()) return;
+  const auto* figures = gathered.template data_ptr<double>();
+  const auto verdict = stragglers_.judge({figures, figures + gathered.numel()}, schedule_.steps());
+  if (!verdict.warning.empty()) std::cerr << verdict.warning << std::flush;
+  if (trackers_) log_verdict_(*trackers_, verdict, schedule_.steps());
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>

@@ -297,6 +297,12 @@ struct options {
   /// name, and above the waits a job means (process 0 preparing data for the others, `main_process_first`); raise
   /// it for longer ones. ACCEL_HANG_TIMEOUT (seconds) wins. Used by the first accelerator of the process, as `timeout`.
   std::chrono::milliseconds hang_timeout = std::chrono::minutes(10);
+  /// The straggler report: every this many optimizer steps, each process's own work per step (its wall time less its
+  /// waits for collectives) is compared across the processes; one more than 1.5x the fastest is named in a warning
+  /// on stderr, and the slowest's ratio is logged to the trackers as `straggler/slowest_ratio` (with
+  /// `straggler/slowest_process`). One all-gather of a number per window; 0 (the default) turns it off. On NCCL,
+  /// whose collectives do not block the host, a process's figure is its host's time.
+  std::int64_t straggler_window = 0;
   /// Gradient bucketing of `data_parallel` (Accelerate's `DistributedDataParallelKwargs`).
   bucket_options buckets = {};
   /// Gradient compression of `data_parallel`'s buckets (fp16, bf16, PowerSGD).

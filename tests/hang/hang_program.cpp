@@ -1,13 +1,19 @@
 // The flight recorder and the hang watch (detail/comm/flight_recorder.hpp), in a program of their own so that they
 // build without the big test binaries. `ring`: the ring buffer alone (wraps at N, order, states, labels, the dump's
 // pickle read back) and the cost of one record. Under `accel launch` (tests/scripts/check_hang.py drives them):
-// `sleeping`, process 1 sleeps before an all-reduce the others enter; `desync`, process 1 all-gathers where the
-// others all-reduce; `signal`, SIGUSR1 makes every process dump. Prints one line per failed check and exits 1 if any
-// failed.
+// `sleeping`, process 1 sleeps before an all-reduce the others enter; `vanishing`, the second half of the processes
+// do (in the namespace cluster, machine1's, whose machine then vanishes: tests/scripts/check_cluster.py);
+// `desync`, process 1 all-gathers where the others all-reduce; `signal`, SIGUSR1 makes every process dump;
+// `straggler`, the straggler report names a process that sleeps in each step. `ring` also checks the report's verdict.
+// Prints one line per failed check and exits 1 if any failed.
 #include <accel/accelerator.hpp>
+#include <accel/tracking.hpp>
+#include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 #include <accel/detail/comm/flight_recorder.hpp>
 #include <accel/detail/comm/flight_trace.hpp>
+#include <accel/detail/support/straggler_report.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +26,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 
 namespace {
 
@@ -90,6 +97,76 @@ void check_cost() {
   check(ns < 1000, "a record costs " + std::to_string(ns) + " ns, not under 1 us");
 }
 
+// The straggler report's verdict on given figures, and its window's bounds.
+void check_straggler_verdict() {
+  accel::detail::straggler_report report(10);
+  const auto named = report.judge({0.020, 0.050, 0.021}, 100);
+  check(named.slowest == 1 && named.slowest_ratio == 2.5, "process 1 is the slowest, at 2.5x");
+  check(named.warning.find("process 1 worked 2.50x as long per optimizer step as the fastest, process 0 (50.0 ms "
+                           "against 20.0 ms") != std::string::npos &&
+            named.warning.find("over steps 91 to 100") != std::string::npos,
+        "the warning names process 1, the fastest, the times and the steps: " + named.warning);
+  check(named.warning.find("process 2 worked") == std::string::npos, "process 2 (1.05x) is no straggler");
+  check(report.judge({0.020, 0.029}, 10).warning.empty(), "1.45x is under the threshold: no warning");
+  bool refused = false;
+  try {
+    accel::detail::straggler_report negative(-1);
+  } catch (const std::invalid_argument&) {
+    refused = true;
+  }
+  check(refused, "a negative straggler_window is refused");
+  accel::detail::straggler_report off(0);
+  check(!off.stepped(), "a window of 0 reports nothing");
+}
+
+// A tracker that keeps what it is given.
+class recording_tracker final : public accel::general_tracker {
+ public:
+  [[nodiscard]] std::string name() const override { return "recording"; }
+  void log(const std::vector<accel::metric>& metrics, std::int64_t step) override {
+    for (const auto& m : metrics) logged.emplace_back(m.name, m.value(), step);
+  }
+  std::vector<std::tuple<std::string, double, std::int64_t>> logged;
+};
+
+// A data-parallel training loop with straggler_window = 10 in which process 1 sleeps 30 ms in each step: the main
+// process's warnings name process 1, and its tracker gets the slowest process and its ratio at steps 11, 21, 31.
+int run_straggler() {
+  accel::options opts;
+  opts.straggler_window = 10;
+  accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>> acc(opts);
+  auto tracker = std::make_shared<recording_tracker>();
+  acc.init_trackers("straggler", std::vector<accel::hyperparameter>{}, {tracker});
+  torch::nn::Linear net(16, 16);
+  torch::optim::SGD sgd(net->parameters(), 0.01);
+  auto [model, optimizer] = acc.prepare(net, sgd);
+  std::ostringstream warnings;
+  auto* const stderr_buffer = std::cerr.rdbuf(warnings.rdbuf());
+  for (int step = 0; step < 40; ++step) {
+    if (acc.process_index() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    acc.backward(model(at::ones({8, 16})).square().mean());
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  std::cerr.rdbuf(stderr_buffer);
+  std::cerr << warnings.str();
+  acc.end_training();
+  if (!acc.is_main_process()) return EXIT_SUCCESS;
+  check(warnings.str().find("accel: straggler: process 1 worked") != std::string::npos,
+        "the main process's warnings name process 1");
+  std::vector<std::int64_t> steps;
+  for (const auto& [name, value, step] : tracker->logged) {
+    if (name == "straggler/slowest_process") check(value == 1, "the tracker's slowest process is 1");
+    if (name != "straggler/slowest_ratio") continue;
+    steps.push_back(step);
+    check(value > accel::detail::straggler_report::threshold,
+          "the tracker's ratio " + std::to_string(value) + " is over the threshold");
+  }
+  check(steps == std::vector<std::int64_t>{11, 21, 31}, "the tracker got a ratio at steps 11, 21 and 31");
+  if (failures == 0) std::cout << "the straggler report named process 1: every check passed\n";
+  return failures == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
 // Collectives until the scenario's point: three all-reduces, a barrier, a gather.
 int run_job(const std::string& scenario) {
   accel::options opts;
@@ -105,7 +182,8 @@ int run_job(const std::string& scenario) {
   std::ostringstream line;  // written at once: the processes share the launcher's stderr
   line << std::fixed << "process " << rank << " reaches the scenario's collective at " << now << " s\n";
   std::cerr << line.str() << std::flush;
-  if (scenario == "sleeping" && rank == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+  const bool sleeps = scenario == "sleeping" ? rank == 1 : scenario == "vanishing" && 2 * rank >= acc.num_processes();
+  if (sleeps) std::this_thread::sleep_for(std::chrono::seconds(60));
   if (scenario == "desync" && rank == 1) {
     (void)acc.gather(t);
   } else {
@@ -166,11 +244,13 @@ int main(int argc, char** argv) {
   if (mode == "ring") {
     check_wrapping();
     check_cost();
+    check_straggler_verdict();
     if (failures == 0) std::cout << "the flight recorder's ring: every check passed\n";
     return failures == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
   }
-  if (mode == "sleeping" || mode == "desync") return run_job(mode);
+  if (mode == "sleeping" || mode == "desync" || mode == "vanishing") return run_job(mode);
   if (mode == "signal") return run_signal_dump();
-  std::cerr << "usage: accel_hang_program ring | sleeping | desync | signal\n";
+  if (mode == "straggler") return run_straggler();
+  std::cerr << "usage: accel_hang_program ring | sleeping | desync | vanishing | signal | straggler\n";
   return 2;
 }

@@ -17,6 +17,7 @@ Python standard library only.
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -395,15 +396,15 @@ SHORT_HEARTBEAT = ["--heartbeat_timeout", "6", "--heartbeat_interval", "1"]  # a
 class RunningJob:
     """`node_checkpoint ARGS` started on every machine, one `accel launch FLAGS` each, its output gathered by line."""
 
-    def __init__(self, cluster, accel, program, args, log, flags=()):
+    def __init__(self, cluster, accel, program, args, log, flags=(), env=None):
         values = {"nnodes": cluster.count, "master_addr": cluster.machines[0].address}
         self.lines, self.log, self.lock = [[] for _ in cluster.machines], open(log, "w"), threading.Lock()
         self.launchers = []
         for machine in cluster.machines:
             command = [word.format(node_rank=machine.index, **values)
                        for word in [accel, *LAUNCH, *flags, program, *args]]
-            launcher = machine.start(command, env=job_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
+            launcher = machine.start(command, env=env or job_environment(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
             threading.Thread(target=self._relay, args=(machine, launcher.stdout), daemon=True).start()
             self.launchers.append(launcher)
 
@@ -521,6 +522,67 @@ def case_machine_lost(accel, program, work, which):
         left = cluster.machines[survivor].processes()
         check(not left, f"processes left on machine{survivor} after its launcher ended: {left}")
     return f"machine{survivor}'s launcher named {node.split(' (')[0]} and ended {seconds:.1f} s after machine{lost} vanished"
+
+
+HANG_TIMEOUT = 3  # seconds: the hang watch's (ACCEL_HANG_TIMEOUT), well below the launchers' 15 s heartbeat timeout
+
+
+def case_hang_vanished(accel, program, work):
+    """hang.vanished_machine (PROGRAM: accel_hang_program): its `vanishing` job on 2 machines x 2 processes, the hang
+    watch at 3 s, the flight records on each machine's disk. Every process reaches an all-reduce; machine1's two
+    sleep before it, and machine1 vanishes (link cut, processes killed). machine0's processes must end within the
+    hang timeout + 5 s of reaching it, its launcher naming processes 2 and 3 and the collective; `accel fr-trace`
+    names them from machine0's two records, and PyTorch's torchfrtrace reads those records."""
+    disk = os.path.join(work, "disk")
+    dumps = os.path.join(disk, "flight-records")
+    env = dict(job_environment(), ACCEL_HANG_TIMEOUT=str(HANG_TIMEOUT), ACCEL_FLIGHT_RECORDER_DIR=dumps)
+    with machines(2, disk, lifetime=JOB_TIMEOUT + 60) as cluster:
+        job = RunningJob(cluster, accel, program, ["vanishing"], os.path.join(work, "job.log"), env=env)
+        reached = {}
+
+        def all_reached():
+            for rank, when in re.findall(r"process (\d+) reaches the scenario's collective at ([0-9.]+) s",
+                                         job.output(0) + job.output(1)):
+                reached[int(rank)] = float(when)
+            return len(reached) == 4
+
+        check(wait_until(all_reached, JOB_TIMEOUT - 30),
+              f"not every process reached the collective:\n{job.output(0)}{job.output(1)}")
+        cluster.vanish(1)
+        try:
+            code = job.launchers[0].wait(HANG_TIMEOUT + 30)
+        except subprocess.TimeoutExpired:
+            raise CheckFailed(f"machine0's launcher still ran {HANG_TIMEOUT + 30} s after machine1 vanished:\n"
+                              f"{job.output(0)}")
+        seconds = time.time() - max(reached[0], reached[1])
+        time.sleep(0.5)  # its last lines
+        output = job.output(0)
+        check(code != 0, f"machine0's launcher exited with 0 after machine1 vanished:\n{output}")
+        check(seconds <= HANG_TIMEOUT + 5, f"machine0's job ended {seconds:.1f} s after its processes reached the "
+                                            f"collective (limit: hang timeout {HANG_TIMEOUT} s + 5 s):\n{output}")
+        left = cluster.machines[0].processes()
+        check(not left, f"processes left on machine0 after its launcher ended: {left}")
+        named = "(all_reduce) on group default: processes 2, 3 missing (no flight record"
+        check(f"accel launch: flight records: collective " in output and named in output,
+              f"machine0's launcher did not name processes 2 and 3 missing from the all-reduce:\n{output}")
+        records = cluster.machines[0].path(dumps)  # the host's view of machine0's disk, while the cluster lives
+        found = sorted(os.listdir(records)) if os.path.isdir(records) else []
+        check(found == ["accel_trace_rank_0", "accel_trace_rank_1"], f"machine0's flight records: {found}")
+        ours = subprocess.run([accel, "fr-trace", records], capture_output=True, text=True, timeout=60)
+        check(ours.returncode == 1 and named in ours.stdout and "issued by reduce" in ours.stdout,
+              f"accel fr-trace exited with {ours.returncode} and did not name processes 2, 3 and reduce:\n"
+              f"{ours.stdout}{ours.stderr}")
+        # PyTorch's analyser names the processes without a record, and reads the others' when told to.
+        analyser = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace"]
+        theirs = subprocess.run([*analyser, records], capture_output=True, text=True, timeout=120)
+        print(f"torchfrtrace exited with {theirs.returncode}\n{theirs.stdout}{theirs.stderr}")
+        check("Missing dump files from ranks {2, 3}" in theirs.stderr,
+              f"PyTorch's torchfrtrace did not name processes 2, 3 as without a record:\n{theirs.stderr}")
+        theirs = subprocess.run([*analyser, "--allow-incomplete-ranks", records], capture_output=True, text=True,
+                                timeout=120)
+        print(f"torchfrtrace --allow-incomplete-ranks exited with {theirs.returncode}\n{theirs.stdout}{theirs.stderr}")
+        check(theirs.returncode == 0, f"PyTorch's torchfrtrace could not read machine0's records:\n{theirs.stderr}")
+    return f"machine0's job ended {seconds:.1f} s after its processes reached the all-reduce, naming processes 2, 3"
 
 
 def on_one_machine(accel, program, work, mode):

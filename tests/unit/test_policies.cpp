@@ -132,6 +132,8 @@ TEST_CASE("fp32 and no_accumulation take no storage in the accelerator", "[accel
         state;
     std::shared_ptr<accel::detail::tracker_set> trackers;
     void (*finish_trackers)(accel::detail::tracker_set&);
+    void (*log_verdict)(accel::detail::tracker_set&, const accel::detail::straggler_verdict&, std::int64_t);
+    accel::detail::straggler_report stragglers;
   };
   STATIC_REQUIRE(sizeof(accel::accelerator<>) == sizeof(same_members_without_empty_policies));
 }

@@ -148,9 +148,10 @@ struct hang_watch_links {
 
 /// A thread that checks the recorder every tenth of the hang timeout (at most every half second): a collective not
 /// completed within `timeout` makes it ask every process to dump, dump this one's record, print which collective to
-/// stderr and end the process with `hang_exit_status`, once the others have dumped or after 5 s. Another process's
-/// request makes it dump and carry on (the launcher ends the job). SIGUSR1 makes it dump too, where
-/// ACCEL_FLIGHT_RECORDER_DIR is set and the program had left the signal's default action (which ends the process).
+/// stderr and end the process with `hang_exit_status` once the others have dumped (or none has for 2 s: a vanished
+/// machine never will; 5 s at most). Another process's request makes it dump and carry on (the launcher ends the
+/// job). SIGUSR1 makes it dump too, where ACCEL_FLIGHT_RECORDER_DIR is set and the program had left the signal's
+/// default action (which ends the process).
 class hang_watch {
  public:
   ACCEL_DECL hang_watch(flight_recorder& recorder, std::chrono::milliseconds timeout, hang_watch_links links);

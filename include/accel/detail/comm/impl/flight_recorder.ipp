@@ -397,11 +397,20 @@ void hang_watch::end_hung(const flight_entry& stuck) {
        << outcome << "\n";
   std::cerr << line.str();  // one write: see run()
   try {
-    // The others dump when their watch sees the request: wait for them before this process (perhaps the store's
-    // server) ends.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (links_.dumped && links_.dumped() < links_.world_size && std::chrono::steady_clock::now() < deadline)
+    // The others dump when their watch sees the request (within half a second): wait for them before this process
+    // (perhaps the store's server) ends, but not for processes that are gone (a vanished machine never dumps):
+    // 2 s without a new dump, 5 s at most.
+    using clock = std::chrono::steady_clock;
+    const auto deadline = clock::now() + std::chrono::seconds(5);
+    auto last_news = clock::now();
+    for (std::int64_t seen = 0; links_.dumped;) {
+      const auto count = links_.dumped();
+      if (count >= links_.world_size || clock::now() > deadline) break;
+      if (count > seen) last_news = clock::now();
+      if (clock::now() - last_news > std::chrono::seconds(2)) break;
+      seen = count;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   } catch (const std::exception&) {
   }
   std::_Exit(hang_exit_status);

@@ -144,6 +144,24 @@ inline std::string first_problem(const std::string& group, const std::map<int, b
   return "";
 }
 
+/// Where the members that dumped agree: their newest collective not completed, waiting for the processes that left
+/// no record (`silent`: their process or machine is gone, or stopped), or "" when every collective completed.
+inline std::string waiting_for_the_silent(const std::string& group, const std::map<int, by_sequence>& members,
+                                          const std::vector<int>& silent) {
+  std::map<int, const traced_collective*> at;
+  std::int64_t pending = -1;
+  for (const auto& [rank, seqs] : members)
+    for (const auto& [seq, c] : seqs)
+      if (c->state != "completed" && (pending < 0 || seq < pending)) pending = seq;
+  if (pending < 0) return "";
+  for (const auto& [rank, seqs] : members)
+    if (auto found = seqs.find(pending); found != seqs.end()) at[rank] = found->second;
+  const auto& first = *at.begin()->second;
+  return "collective " + std::to_string(pending) + " (" + first.operation + ") on group " + group + ": " +
+         processes(silent) + " missing (no flight record: the process or its machine is gone, or stopped); state " +
+         states(at) + "; issued by " + (first.issued_by.empty() ? std::string("no accel call") : first.issued_by);
+}
+
 }  // namespace trace_internals
 
 process_trace read_process_trace(const std::string& bytes, const std::string& file, int rank) {
@@ -217,6 +235,8 @@ trace_verdict analyse_traces(const std::vector<process_trace>& traces) {
                                  trace_internals::processes(without_dump));
     std::int64_t last = 0;
     auto problem = trace_internals::first_problem(group, members, without_dump.empty(), last);
+    if (problem.empty() && !without_dump.empty())
+      problem = trace_internals::waiting_for_the_silent(group, members, without_dump);
     if (!problem.empty())
       verdict.problems.push_back(std::move(problem));
     else

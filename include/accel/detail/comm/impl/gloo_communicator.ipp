@@ -17,6 +17,7 @@
 #include "../../compat.hpp"
 #include "../flight_recorder.hpp"
 #include "../rendezvous.hpp"
+#include "../../support/straggler_report.hpp"
 
 namespace accel::detail {
 
@@ -47,6 +48,7 @@ inline void wait_for(c10d::Work& pending, const char* operation, int rank, std::
   auto& recorder = flight_recorder::process();
   recorder.started(record);
   try {
+    collective_wait_timer waiting;  // the straggler report leaves waits out of a process's own work
     pending.wait();
   } catch (const std::exception& e) {
     throw collective_error(std::string("accel: ") + operation + " failed on rank " + std::to_string(rank) + ": " +
