@@ -18,7 +18,9 @@
 /// function's value over it divided by the number of micro-batches (a mean-reduced loss gives the batch's mean); the
 /// gradients accumulate over the micro-batches, and `step` returns the batch's loss on every process. With
 /// dp_replicate above 1 beside pp, the stages' copies average their gradients over their "dp" group at the end of the
-/// step. The pipeline's module is not given to `acc.prepare`: the pipeline is what places and synchronises it.
+/// step. The pipeline's module is not given to `acc.prepare`: the pipeline is what places and synchronises it, and
+/// runs it in the accelerator's precision: fp32, or bf16 (each stage's forward under autocast, the last stage's
+/// output in float32 before the loss, as a prepared model's); fp16 and fp8 do not compile with it yet.
 #pragma once
 
 #include <ATen/core/Tensor.h>

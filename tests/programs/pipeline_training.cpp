@@ -5,6 +5,9 @@
 //     accumulation in one process does): parameters and every step's loss within 1e-6. With dp_replicate beside pp,
 //     the one process averages the replicas' gradients as they do. Also reports the distance to one process that
 //     takes each batch whole.
+//   `pipeline_training train_bf16 SCHEDULE STAGES_PER_PROCESS MICRO_BATCHES STEPS`: the same under
+//     accelerator<bf16>: each stage's forward under bfloat16 autocast, against the one process's forward under
+//     autocast, its output in float32 before the loss (a prepared model's bf16), within 1e-6.
 //   `pipeline_training save DIR` / `load DIR`: 20 steps of 1F1B (4 micro-batches) at this job's pp, then the whole
 //     model's weights saved to DIR; loaded at another pp (or in one process), every stage equal bit for bit to the
 //     model trained so in one process.
@@ -24,8 +27,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace programs::pipeline_training {
@@ -33,6 +38,7 @@ namespace programs::pipeline_training {
 namespace {
 
 using accelerator_t = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
+using bf16_accelerator = accel::accelerator<accel::bf16, accel::data_parallel<accel::gloo>>;
 constexpr double learning_rate = 0.2;
 
 torch::nn::Sequential make_model(int width) {
@@ -81,7 +87,7 @@ accel_test::batch every_tenth_halved(const accel_test::batch& batch, int step) {
 /// Returns every step's loss for each replica's batch ([step][replica]).
 std::vector<std::vector<double>> train_in_one_process(torch::nn::Sequential& model,
                                                       const std::vector<accel_test::batch>& batches, int steps,
-                                                      int replicas, int micro_batches, bool whole) {
+                                                      int replicas, int micro_batches, bool whole, bool bf16 = false) {
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(learning_rate));
   std::vector<std::vector<double>> losses;
   for (int step = 0; step < steps; ++step) {
@@ -93,7 +99,14 @@ std::vector<std::vector<double>> train_in_one_process(torch::nn::Sequential& mod
       const int parts = whole ? 1 : micro_batches;
       auto loss = torch::zeros({});
       for (int mb = 0; mb < parts; ++mb) {
-        auto part = mse(model->forward(x.chunk(parts)[mb]), y.chunk(parts)[mb]) / parts;
+        at::Tensor output;
+        {
+          std::optional<accel::detail::autocast_scope> autocast;  // bf16: what a prepared model's forward runs under
+          if (bf16) autocast.emplace(c10::DeviceType::CPU, at::kBFloat16);
+          output = model->forward(x.chunk(parts)[mb]);
+        }
+        if (bf16) output = output.to(at::kFloat);
+        auto part = mse(output, y.chunk(parts)[mb]) / parts;
         part.backward();
         loss += part.detach();
       }
@@ -125,9 +138,11 @@ double distance(const accel::pipeline& pipe, const torch::nn::Sequential& refere
   return largest;
 }
 
+template <class Accelerator>
 int train(const std::string& schedule, int stages_per_process, int micro_batches, int steps) {
   constexpr int width = 32, rows = 16;
-  accelerator_t acc{accel::options{.cpu = true}};
+  constexpr bool bf16 = std::is_same_v<typename Accelerator::precision_type, accel::bf16>;
+  Accelerator acc{accel::options{.cpu = true}};
   const auto& mesh = acc.parallelism_config();
   const int replicas = mesh ? mesh->sizes().dp_replicate : 1;
   const auto batches = global_batches(steps, replicas, rows, width);
@@ -145,15 +160,15 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   std::vector<double> losses;
   for (auto&& batch : prepared) {
     const auto [x, y] = every_tenth_halved(batch, static_cast<int>(losses.size()));
-    losses.push_back(pipe.step(x, y, mse).item<double>());
+    losses.push_back(pipe.step(x, y, mse).template item<double>());
     optimizer.step();
     optimizer.zero_grad();
   }
 
   auto reference = make_model(width);
-  const auto expected = train_in_one_process(reference, batches, steps, replicas, micro_batches, /*whole=*/false);
+  const auto expected = train_in_one_process(reference, batches, steps, replicas, micro_batches, /*whole=*/false, bf16);
   auto whole_batches = make_model(width);
-  (void)train_in_one_process(whole_batches, batches, steps, replicas, micro_batches, /*whole=*/true);
+  (void)train_in_one_process(whole_batches, batches, steps, replicas, micro_batches, /*whole=*/true, bf16);
   // Each process's loss is its replica's batch's (as any data-parallel loss); the model learns over the steps.
   const int replica = mesh ? mesh->index_along("dp", acc.process_index()) : 0;
   double loss_gap = 0, first_losses = 0, last_losses = 0;
@@ -170,9 +185,9 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   std::printf("pipeline_training: process %d (stages", acc.process_index());
   for (int stage : pipe.local_stages()) std::printf(" %d", stage);
   std::printf(
-      ") %s: %zu actions; loss %.6f -> %.6f; parameters %.3g from one process (%s), losses %.3g; %.3g from "
+      ") %s%s: %zu actions; loss %.6f -> %.6f; parameters %.3g from one process (%s), losses %.3g; %.3g from "
       "one process taking whole batches\n",
-      schedule.c_str(), pipe.actions().size(), losses.front(), losses.back(), gap,
+      schedule.c_str(), bf16 ? " in bf16" : "", pipe.actions().size(), losses.front(), losses.back(), gap,
       gap == 0 ? "bit for bit" : "not bitwise", loss_gap, distance(pipe, whole_batches));
   std::fflush(stdout);
   std::printf("pipeline_training: the last 10 steps' loss is %.3f of the first 10's\n", last_losses / first_losses);
@@ -304,12 +319,15 @@ int split() {
 
 int run(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "train" && argc == 6) return train(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+  if (mode == "train" && argc == 6)
+    return train<accelerator_t>(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+  if (mode == "train_bf16" && argc == 6)
+    return train<bf16_accelerator>(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
   if (mode == "memory" && argc == 3) return memory(std::atoi(argv[2]));
   if (mode == "split" && argc == 2) return split();
   if ((mode == "save" || mode == "load") && argc == 3) return checkpoint(mode, argv[2]);
   std::fprintf(stderr,
-               "usage: pipeline_training train gpipe|1f1b|interleaved|zero_bubble STAGES_PER_PROCESS "
+               "usage: pipeline_training train|train_bf16 gpipe|1f1b|interleaved|zero_bubble STAGES_PER_PROCESS "
                "MICRO_BATCHES STEPS | memory MICRO_BATCHES | save DIR | load DIR | split\n");
   return 2;
 }

@@ -269,8 +269,13 @@ void pipeline::forward(int stage, int micro_batch, step_state& state, const loss
       input = state.stage_output[static_cast<std::size_t>((stage - 1) / shape_.processes)][mb].detach();
     if (input.is_floating_point()) input.requires_grad_(true);
   }
-  auto output = stage_module(stage)->forward(input);
+  at::Tensor output;
+  {
+    const auto precision = links_.forward_scope ? links_.forward_scope() : nullptr;
+    output = stage_module(stage)->forward(input);
+  }
   if (stage == shape_.stages - 1) {
+    if (links_.float_output && output.is_floating_point()) output = output.to(at::kFloat);
     output = loss(output, state.targets[mb]) / shape_.micro_batches;
     state.loss_sum += output.detach().to(at::kFloat);
   }

@@ -11,6 +11,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,19 +26,34 @@ namespace accel::detail {
 
 /// CPU copies of live tensors for a save written in the background. The i-th copy of a save reuses the i-th buffer
 /// of the previous save when its shape and dtype match, so that a run of saves keeps one copy of the state in memory
-/// and the copies after the first touch no fresh pages. A CUDA tensor's buffer is pinned.
+/// and the copies after the first touch no fresh pages. A CUDA tensor's buffer is pinned, and its copy is only
+/// enqueued on the device's current stream: the stream runs it before the kernels of the steps that follow (which
+/// may change the tensor), while the host goes on training; `wait_for_copies` is what waits for it.
 class snapshot_buffers {
  public:
   /// Begins a save's copies.
-  void restart() noexcept { next_ = 0; }
-  /// A copy of `live` (contiguous, on the CPU, not tracked by autograd), valid until the next `restart`.
+  void restart() noexcept {
+    next_ = 0;
+    copied_from_.reset();
+    copies_done_ = nullptr;
+  }
+  /// A copy of `live` (contiguous, on the CPU, not tracked by autograd), valid until the next `restart` and, for a
+  /// CUDA tensor, once `wait_for_copies` has returned.
   [[nodiscard]] ACCEL_DECL at::Tensor copy(const at::Tensor& live);
-  /// Ends a save's copies: buffers the save did not use are freed.
-  void finish() { buffers_.resize(next_); }
+  /// Ends a save's copies: buffers the save did not use are freed; after copies from a CUDA device, an event is
+  /// recorded behind them on its stream.
+  ACCEL_DECL void finish();
+  /// Waits until the save's copies are in the buffers (copies from a CUDA device may still be under way until then):
+  /// what reads the buffers on another thread calls it first.
+  void wait_for_copies() const {
+    if (copies_done_) copies_done_();
+  }
 
  private:
   std::vector<at::Tensor> buffers_;
   std::size_t next_ = 0;
+  std::optional<c10::Device> copied_from_;  // the CUDA device this save's copies came from, if any
+  std::function<void()> copies_done_;       // waits for the event behind them
 };
 
 /// `tensors` with each tensor replaced by its copy in `buffers`.
@@ -64,6 +80,8 @@ class checkpoint_snapshot {
   void layout_table(const shard_layout_table& table) { table_ = table; }
   /// Every part taken: the buffers not used are freed.
   void finish() { buffers_->finish(); }
+  /// Waits until every copy is in the buffers: the background thread calls it before `write_into`.
+  void wait_for_copies() const { buffers_->wait_for_copies(); }
 
   template <class Sink>
   void write_into(Sink& sink) {

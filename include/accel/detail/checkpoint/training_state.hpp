@@ -313,6 +313,7 @@ class training_state {
                                     existing = std::move(existing), duty_cycle = how.write_duty_cycle]() mutable {
         const write_pacing pacing(duty_cycle);
         const collective_caller caller("save_state, in the background");  // in the flight record
+        snapshot->wait_for_copies();
         write_snapshot(group, project, files, *snapshot, directory);
         if (existing) prune_checkpoints(group, project, std::move(*existing));
       });

@@ -30,7 +30,24 @@ struct links {
   std::function<void(at::Tensor&)> sum_over_replicas{};    ///< over the dp group; empty: no replicas
   int replicas = 1;
   int replica_index = 0;  ///< in the dp group
+  /// The precision policy's scope around each stage's forward (bf16: autocast), held while it lives; and whether
+  /// the last stage's floating output goes to the loss in float32, as a prepared model's does.
+  std::function<std::shared_ptr<void>()> forward_scope{};
+  bool float_output = false;
 };
+
+/// The precision of `acc`'s policy in `made`: its forward scope around each stage, its output conversion.
+template <class Accelerator>
+void add_precision(links& made, Accelerator& acc) {
+  using precision = typename Accelerator::precision_type;
+  static_assert(precision::mixed_precision() == "no" || precision::mixed_precision() == "bf16",
+                "accel::pipeline runs its stages in fp32 or bf16: fp16's loss scaling and fp8's float8 layers do "
+                "not compose with pipeline stages yet");
+  if constexpr (precision::mixed_precision() == "bf16") {
+    made.forward_scope = [&acc] { return std::shared_ptr<void>(new auto(acc.autocast())); };
+    made.float_output = true;
+  }
+}
 
 /// A message's shape and dtype, as its header gave them.
 struct message_shape {
@@ -41,7 +58,11 @@ struct message_shape {
 /// The links of `acc`'s process (see links); throws `accel::mesh_error` for a job the pipeline cannot run.
 template <class Accelerator>
 links links_of(Accelerator& acc) {
-  if (acc.num_processes() == 1) return {};
+  if (acc.num_processes() == 1) {
+    links alone;
+    add_precision(alone, acc);
+    return alone;
+  }
   const auto& mesh = acc.parallelism_config();
   if (!mesh || mesh->sizes().pp == 1)
     throw mesh_error("accel::pipeline: the job has " + std::to_string(acc.num_processes()) +
@@ -75,6 +96,7 @@ links links_of(Accelerator& acc) {
       made.replica_index = replicas.rank();
       made.sum_over_replicas = [&replicas](at::Tensor& tensor) { replicas.all_reduce(tensor, reduction::sum).wait(); };
     }
+    add_precision(made, acc);
     return made;
   }
 }

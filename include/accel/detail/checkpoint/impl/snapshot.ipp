@@ -6,6 +6,11 @@
 #include "../snapshot.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <chrono>
+#include <thread>
 
 #include "../../support/archive.hpp"
 #include "../../support/optimizer_state.hpp"
@@ -16,18 +21,31 @@ namespace accel::detail {
 
 at::Tensor snapshot_buffers::copy(const at::Tensor& live) {
   at::NoGradGuard no_grad;
+  const bool from_device = live.is_cuda();  // then enqueued, not waited for (the class comment says why it is safe)
+  if (from_device) copied_from_ = live.device();
   if (next_ < buffers_.size() && buffers_[next_].sizes() == live.sizes() &&
       buffers_[next_].scalar_type() == live.scalar_type())
-    return buffers_[next_++].copy_(live);
-  // Pinned memory is what a CUDA device copies into at full speed.
-  auto fresh = at::empty(live.sizes(), at::TensorOptions().dtype(live.scalar_type()).pinned_memory(live.is_cuda()));
-  fresh.copy_(live);
+    return buffers_[next_++].copy_(live, from_device);
+  // Pinned memory is what a CUDA device copies into at full speed, and without blocking the host.
+  auto fresh = at::empty(live.sizes(), at::TensorOptions().dtype(live.scalar_type()).pinned_memory(from_device));
+  fresh.copy_(live, from_device);
   if (next_ < buffers_.size())
     buffers_[next_] = fresh;
   else
     buffers_.push_back(fresh);
   ++next_;
   return fresh;
+}
+
+void snapshot_buffers::finish() {
+  buffers_.resize(next_);
+  if (!copied_from_) return;
+  // LibTorch 1.13's c10::Event cannot block on itself: the waiting thread polls it.
+  auto copied = std::make_shared<c10::Event>(copied_from_->type());
+  copied->record(c10::impl::VirtualGuardImpl(copied_from_->type()).getStream(*copied_from_));
+  copies_done_ = [copied] {
+    while (!copied->query()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  };
 }
 
 safetensors::tensor_list snapshot_copy(const safetensors::tensor_list& tensors, snapshot_buffers& buffers) {
