@@ -7,7 +7,8 @@
 //     takes each batch whole.
 //   `pipeline_training train_bf16 SCHEDULE STAGES_PER_PROCESS MICRO_BATCHES STEPS`: the same under
 //     accelerator<bf16>: each stage's forward under bfloat16 autocast, against the one process's forward under
-//     autocast, its output in float32 before the loss (a prepared model's bf16), within 1e-6.
+//     autocast, its output in float32 before the loss (a prepared model's bf16), within 1e-6, and further than
+//     1e-6 from the same training in float32.
 //   `pipeline_training save DIR` / `load DIR`: 20 steps of 1F1B (4 micro-batches) at this job's pp, then the whole
 //     model's weights saved to DIR; loaded at another pp (or in one process), every stage equal bit for bit to the
 //     model trained so in one process.
@@ -194,6 +195,13 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   std::fflush(stdout);
   if (!(last_losses < 0.9 * first_losses)) throw std::runtime_error("the one-process training did not learn");
   if (gap > 1e-6 || loss_gap > 1e-6) throw std::runtime_error("the pipeline's training differs from one process's");
+  if constexpr (bf16) {  // the stages' autocast mattered: the same training in float32 ends elsewhere
+    auto in_float32 = make_model(width);
+    (void)train_in_one_process(in_float32, batches, steps, replicas, micro_batches, /*whole=*/false);
+    const double float32_gap = distance(pipe, in_float32);
+    std::printf("pipeline_training: %.3g from one process in float32\n", float32_gap);
+    if (!(float32_gap > 1e-6)) throw std::runtime_error("the bf16 pipeline trained as float32 does");
+  }
   return 0;
 }
 
