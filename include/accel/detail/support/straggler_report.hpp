@@ -54,7 +54,6 @@ class straggler_report {
   /// `window` optimizer steps per figure; 0: off. Refused when negative.
   ACCEL_DECL explicit straggler_report(std::int64_t window);
 
-  [[nodiscard]] bool enabled() const noexcept { return window_ > 0; }
   /// An optimizer step ended on the training thread. At the end of each window: this process's work per step over
   /// it, in seconds, which every process then gathers (each ends its windows at the same steps).
   [[nodiscard]] ACCEL_DECL std::optional<double> stepped();

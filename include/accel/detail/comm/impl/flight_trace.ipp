@@ -98,6 +98,24 @@ std::string who_called(const std::map<int, const traced_collective*>& at, Field 
   return text;
 }
 
+/// Each member's collective at sequence number `seq`, for the members that hold it.
+inline std::map<int, const traced_collective*> holding(const std::map<int, by_sequence>& members, std::int64_t seq) {
+  std::map<int, const traced_collective*> at;
+  for (const auto& [rank, seqs] : members)
+    if (auto found = seqs.find(seq); found != seqs.end()) at[rank] = found->second;
+  return at;
+}
+
+/// "collective 17 (all_reduce) on group default: ", what a sentence about one collective begins with.
+inline std::string collective_head(std::int64_t seq, const traced_collective& c, const std::string& group) {
+  return "collective " + std::to_string(seq) + " (" + c.operation + ") on group " + group + ": ";
+}
+
+/// "; issued by backward", what it ends with.
+inline std::string issued_phrase(const traced_collective& c) {
+  return "; issued by " + (c.issued_by.empty() ? std::string("no accel call") : c.issued_by);
+}
+
 /// The first problem of `group` among `members` (each one's collectives by sequence), or ""; `last` is the newest
 /// sequence number any of them holds. Only when `complete` (every member dumped) is a collective every one of them
 /// joined but did not complete a problem.
@@ -111,19 +129,14 @@ inline std::string first_problem(const std::string& group, const std::map<int, b
     last = std::max(last, seqs.rbegin()->first);
   }
   for (auto seq = start; seq <= last; ++seq) {
-    std::map<int, const traced_collective*> at;
-    std::vector<int> missing;
-    for (const auto& [rank, seqs] : members) {
-      auto found = seqs.find(seq);
-      if (found != seqs.end())
-        at[rank] = found->second;
-      else
-        missing.push_back(rank);
-    }
+    const auto at = holding(members, seq);
     if (at.empty()) continue;
+    std::vector<int> missing;
+    for (const auto& [rank, seqs] : members)
+      if (!at.contains(rank)) missing.push_back(rank);
     const auto& first = *at.begin()->second;
-    const auto head = "collective " + std::to_string(seq) + " (" + first.operation + ") on group " + group + ": ";
-    const auto issued = "; issued by " + (first.issued_by.empty() ? std::string("no accel call") : first.issued_by);
+    const auto head = collective_head(seq, first, group);
+    const auto issued = issued_phrase(first);
     if (!missing.empty()) return head + processes(missing) + " missing; state " + states(at) + issued;
     auto differs = [&](auto field) {
       return std::any_of(at.begin(), at.end(), [&](const auto& p) { return field(*p.second) != field(first); });
@@ -144,22 +157,20 @@ inline std::string first_problem(const std::string& group, const std::map<int, b
   return "";
 }
 
-/// Where the members that dumped agree: their newest collective not completed, waiting for the processes that left
+/// Where the members that dumped agree: their oldest collective not completed, waiting for the processes that left
 /// no record (`silent`: their process or machine is gone, or stopped), or "" when every collective completed.
 inline std::string waiting_for_the_silent(const std::string& group, const std::map<int, by_sequence>& members,
                                           const std::vector<int>& silent) {
-  std::map<int, const traced_collective*> at;
   std::int64_t pending = -1;
   for (const auto& [rank, seqs] : members)
     for (const auto& [seq, c] : seqs)
       if (c->state != "completed" && (pending < 0 || seq < pending)) pending = seq;
   if (pending < 0) return "";
-  for (const auto& [rank, seqs] : members)
-    if (auto found = seqs.find(pending); found != seqs.end()) at[rank] = found->second;
+  const auto at = holding(members, pending);
   const auto& first = *at.begin()->second;
-  return "collective " + std::to_string(pending) + " (" + first.operation + ") on group " + group + ": " +
-         processes(silent) + " missing (no flight record: the process or its machine is gone, or stopped); state " +
-         states(at) + "; issued by " + (first.issued_by.empty() ? std::string("no accel call") : first.issued_by);
+  return collective_head(pending, first, group) + processes(silent) +
+         " missing (no flight record: the process or its machine is gone, or stopped); state " + states(at) +
+         issued_phrase(first);
 }
 
 }  // namespace trace_internals

@@ -18,9 +18,8 @@ straggler_report::straggler_report(std::int64_t window) : window_(window) {
 }
 
 std::optional<double> straggler_report::stepped() {
-  if (window_ <= 0) return std::nullopt;
-  const auto now = std::chrono::steady_clock::now();
-  if (steps_ >= 0 && ++steps_ < window_) return std::nullopt;
+  if (window_ <= 0 || (steps_ >= 0 && ++steps_ < window_)) return std::nullopt;
+  const auto now = std::chrono::steady_clock::now();  // read at a window's ends only
   std::optional<double> figure;
   if (steps_ >= 0) {
     const double wall = std::chrono::duration<double>(now - started_).count();
