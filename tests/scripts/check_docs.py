@@ -38,9 +38,9 @@ def options_fields():
 
 
 def case_options_order(programs):
-    """The designated-initializer order lists in getting-started.md and api.md name every field, in order."""
+    """The designated-initializer order lists in getting-started.md and reference/options.md name every field, in order."""
     fields = options_fields()
-    for doc in ("docs/getting-started.md", "docs/api.md"):
+    for doc in ("docs/getting-started.md", "docs/reference/options.md"):
         paragraph = re.search(r"Designated\s+initializers\s+must\s+follow.*?(?:\n\n|$)", text_of(doc), re.S)
         check(paragraph is not None, f"{doc} no longer says that designated initializers follow an order")
         listed = [name for name in re.findall(r"`([^`]+)`", paragraph.group(0)) if re.fullmatch(r"\w+", name)]
@@ -146,6 +146,57 @@ def case_readme_output_char_lm(programs):
     with tempfile.TemporaryDirectory(prefix="accel-docs-") as work:  # a fresh run: no checkpoint to resume from
         output = run([programs[0], "--out", os.path.join(work, "run")], work)
     check_printed(output, stated_variants(example_row("char_lm")), "char_lm")
+
+
+def markdown_pages():
+    """README.md, CHANGELOG.md and every page under docs/, relative to the source directory."""
+    pages = ["README.md", "CHANGELOG.md"]
+    for directory, _, files in sorted(os.walk(os.path.join(SOURCE, "docs"))):
+        pages += sorted(os.path.relpath(os.path.join(directory, f), SOURCE) for f in files if f.endswith(".md"))
+    return pages
+
+
+def prose_lines(text):
+    """(line number, line) of the lines outside fenced code blocks."""
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            yield number, line
+
+
+def heading_anchors(text):
+    """GitHub's anchors for a page's headings (a repeated heading gets -1, -2, ...)."""
+    seen, anchors = {}, set()
+    for _, line in prose_lines(text):
+        heading = re.match(r"#{1,6} (.*)", line)
+        if heading:
+            base = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(base if base not in seen else f"{base}-{seen[base]}")
+            seen[base] = seen.get(base, 0) + 1
+    return anchors
+
+
+def case_links(programs):
+    """Every relative link of the README, the changelog and the docs leads to a file that exists, and its #anchor,
+    if any, to a heading of that page."""
+    broken, count = [], 0
+    for page in markdown_pages():
+        text = text_of(page)
+        for number, line in prose_lines(text):
+            for target in re.findall(r"\]\(([^)\s]+)\)", line):
+                if re.match(r"[a-z]+:", target):
+                    continue
+                count += 1
+                path, _, anchor = target.partition("#")
+                resolved = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+                if not os.path.exists(os.path.join(SOURCE, resolved)):
+                    broken.append(f"{page}:{number}: {target}: no such file")
+                elif anchor and resolved.endswith(".md") and anchor not in heading_anchors(text_of(resolved)):
+                    broken.append(f"{page}:{number}: {target}: {resolved} has no heading with this anchor")
+    check(not broken, f"{len(broken)} broken links:\n" + "\n".join(broken))
+    print(f"{count} relative links in {len(markdown_pages())} pages lead where they say")
 
 
 def main():
