@@ -6,7 +6,7 @@
 #include <cstddef>
 
 #define ACCEL_VERSION_MAJOR 0
-#define ACCEL_VERSION_MINOR 1
+#define ACCEL_VERSION_MINOR 9
 #define ACCEL_VERSION_PATCH 0
 
 namespace accel {

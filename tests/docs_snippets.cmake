@@ -1,0 +1,1 @@
+# Every ```cpp block of docs/ compiled: see below.
