@@ -52,7 +52,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 which=${1:-all}
 
-"$root/scripts/setup.sh"
+"$root/scripts/setup.sh" test
 source "$root/scripts/torch.sh"
 build=${ACCEL_BUILD_DIR:-$root/build-bench}$torch_build_suffix
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=OFF \

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up the machine (scripts/setup.sh), builds an example against LibTorch 2.13 and runs it:
+# Sets up what the examples need (scripts/setup.sh example: the toolchain and PyTorch's wheel, nothing the tests need),
+# builds an example against LibTorch 2.13 and runs it:
 #   scripts/example.sh              linear regression with accel (prints the learned weight and bias)
 #   scripts/example.sh classifier   spiral classifier: bf16, gradient accumulation, 2 processes under `accel launch`
 #   scripts/example.sh char_lm      character-level transformer on Shakespeare's sonnets, with checkpoints
@@ -16,7 +17,8 @@ case "$example" in
     ;;
 esac
 
-"$root/scripts/setup.sh"
+# Debian's LibTorch 1.13.1 (ACCEL_TORCH=debian) comes with the tests' set-up.
+"$root/scripts/setup.sh" "$([[ ${ACCEL_TORCH:-pip} == debian ]] && echo test || echo example)"
 source "$root/scripts/torch.sh"  # LibTorch 2.13 from .venv; ACCEL_TORCH=debian for Debian's 1.13.1
 build=$build$torch_build_suffix
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=ON \

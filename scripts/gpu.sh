@@ -75,14 +75,14 @@ prepare_carry() {
   cp -r /usr/include/{range,meta,concepts,std,catch2,gloo} "$prefix/include/"
   cp -r /usr/lib/cmake/range-v3 /usr/lib/cmake/Catch2 "$prefix/lib/cmake/"
   cp /usr/lib/libCatch2WithMain.a "$prefix/lib/"  # named by Catch2's exported targets, which CMake checks exist
-  version=$(sed -n 's/^clang-format==//p' "$root/requirements.txt")
+  version=$(sed -n 's/^clang-format==//p' "$root/requirements/test.txt")
   "$root/.venv/bin/python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$carry/wheels" "clang-format==$version" || return 1
   cat >"$carry/README.txt" <<EOF
 Made by scripts/gpu.sh --prepare-carry on $(date -u '+%Y-%m-%d %H:%M UTC'); read by scripts/gpu.sh on the GPU machine.
 prefix/: range-v3, Catch2 v2 and Gloo headers with their CMake packages (Debian 12), first in CMAKE_PREFIX_PATH.
-wheels/: clang-format $version (requirements.txt's pin), for the test format.check, installed with pip --target.
+wheels/: clang-format $version (requirements/test.txt's pin), for the test format.check, installed with pip --target.
 EOF
   if ! git -C "$root" check-ignore -q .gpu-carry; then
     echo "/.gpu-carry/" >>"$(git -C "$root" rev-parse --git-path info/exclude)"

@@ -1,24 +1,47 @@
 #!/usr/bin/env bash
-# Installs everything accel needs; idempotent (a second run installs nothing). Run as root, or as a user with sudo.
-#  1. Debian's packages: the toolchain, range-v3, Catch2, Gloo's headers (c10d's ProcessGroupGloo.hpp includes them
-#     and PyTorch's wheel does not ship them), and Debian's LibTorch 1.13.1, the second supported LibTorch.
-#  2. The build's own virtual environment .venv/ (never the system Python), from requirements.txt: PyTorch 2.13,
-#     whose wheel carries LibTorch 2.13 (the primary one), and the Python peers the tests and benchmarks use.
+# Installs what one of accel's scripts needs; idempotent (a second run installs nothing). Run as root, or as a user
+# with sudo.
+#   scripts/setup.sh example   what scripts/example.sh needs: the toolchain, range-v3, Gloo's headers, and .venv/ with
+#                              PyTorch 2.13 (requirements/example.txt), whose wheel carries LibTorch 2.13
+#   scripts/setup.sh docs      what scripts/docs.sh needs: .venv/ with MkDocs (requirements/docs.txt)
+#   scripts/setup.sh [test]    what scripts/test.sh and scripts/bench.sh need: all of the above, Catch2, Debian's LibTorch
+#                              1.13.1 (the second supported LibTorch), Open MPI, and in .venv/ the Python peers the tests
+#                              compare against (requirements/test.txt)
+# .venv/ is the build's own virtual environment, never the system Python. Installs add to it: `rm -rf .venv` starts
+# afresh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
-packages=(
-  build-essential cmake ninja-build ccache lld pkg-config
-  librange-v3-dev catch2
-  libgloo-dev                   # gloo/*.h for c10d's ProcessGroupGloo.hpp (headers only: Gloo's code is in libtorch_cpu)
-  libtorch-dev                  # LibTorch 1.13.1: the second supported configuration
-  libopenblas0-pthread          # without it Debian's LibTorch uses the reference BLAS (~10x slower)
-  python3 python3-venv
-  openmpi-bin                   # mpirun, to test that accel programs start under Open MPI
-  strace                        # checkpoint.synced_save: which files and directories a save syncs
-  iproute2                      # ip and tc: the cluster.* tests' machines (tests/scripts/cluster.py; util-linux's
-                                # unshare, nsenter and setpriv are in every Debian, being essential)
-)
+profile=${1:-test}
+case "$profile" in
+  example)
+    packages=(build-essential cmake ninja-build librange-v3-dev libgloo-dev python3 python3-venv)
+    requirements=(example)
+    ;;
+  docs)
+    packages=(python3 python3-venv)
+    requirements=(docs)
+    ;;
+  test)
+    packages=(
+      build-essential cmake ninja-build ccache lld pkg-config
+      librange-v3-dev catch2
+      libgloo-dev                   # gloo/*.h for c10d's ProcessGroupGloo.hpp (headers only: Gloo's code is in libtorch_cpu)
+      libtorch-dev                  # LibTorch 1.13.1: the second supported configuration
+      libopenblas0-pthread          # without it Debian's LibTorch uses the reference BLAS (~10x slower)
+      python3 python3-venv
+      openmpi-bin                   # mpirun, to test that accel programs start under Open MPI
+      strace                        # checkpoint.synced_save: which files and directories a save syncs
+      iproute2                      # ip and tc: the cluster.* tests' machines (tests/scripts/cluster.py; util-linux's
+                                    # unshare, nsenter and setpriv are in every Debian, being essential)
+    )
+    requirements=(example docs test)
+    ;;
+  *)
+    echo "usage: scripts/setup.sh [example | docs | test]" >&2
+    exit 2
+    ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
@@ -39,23 +62,30 @@ else
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The virtual environment: remade when requirements.txt changes (a copy of it inside .venv says what is installed).
+# The virtual environment: a profile's requirements are installed when its files changed since it was last set up
+# (a copy of them inside .venv says what is installed).
 venv=$root/.venv
-if cmp -s "$root/requirements.txt" "$venv/accel-requirements.txt"; then
-  echo "setup: .venv up to date"
+installed=$venv/accel-requirements-$profile.txt
+wanted=$(for r in "${requirements[@]}"; do cat "$root/requirements/$r.txt"; done)
+if [[ -f $installed && $(cat "$installed") == "$wanted" ]]; then
+  echo "setup: .venv up to date for $profile"
   exit 0
 fi
+file=$root/requirements/$profile.txt
 python=${ACCEL_SETUP_PYTHON:-python3}
-echo "setup: making .venv with $("$python" --version) and installing requirements.txt"
-rm -rf "$venv"
-"$python" -m venv "$venv"
+if ! "$venv/bin/python" -c '' 2>/dev/null; then
+  echo "setup: making .venv with $("$python" --version)"
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+fi
+echo "setup: installing requirements/$profile.txt into .venv"
 # With uv (installed into .venv from PyPI by pip), which fetches and unpacks the wheels in parallel: about 35 s against
 # pip's 185 s on a 2-core machine (nothing cached), the same versions. uv reads neither pip.conf nor PIP_* variables:
 # the indexes, wheel directories and constraints this machine's pip is told to use are passed to it, and, as pip
 # does, the newest version in any of them is taken (unsafe-best-match; uv's default takes the first index's). It does
 # not compile every module to bytecode as pip does (most are never imported): Python does so at the first import.
-# Where uv cannot be installed, pip installs requirements.txt itself.
-if "$venv/bin/python" -m pip install --quiet --disable-pip-version-check uv; then
+# Where uv cannot be installed, pip installs the requirements itself.
+if "$venv/bin/uv" --version >/dev/null 2>&1 || "$venv/bin/python" -m pip install --quiet --disable-pip-version-check uv; then
   uv_args=(--index-strategy unsafe-best-match)
   while IFS= read -r setting; do  # scope.key='value', the values of list settings separated by spaces
     key=${setting%%=*} value=${setting#*=}
@@ -70,13 +100,15 @@ if "$venv/bin/python" -m pip install --quiet --disable-pip-version-check uv; the
       default-timeout | timeout) export UV_HTTP_TIMEOUT=${value%.*} ;;
     esac
   done < <("$venv/bin/python" -m pip config list 2>/dev/null)
-  if ! "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" "${uv_args[@]}" -r "$root/requirements.txt"; then
-    echo "setup: uv could not install requirements.txt (above); pip installs it"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt"
+  if ! "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" "${uv_args[@]}" -r "$file"; then
+    echo "setup: uv could not install requirements/$profile.txt (above); pip installs it"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$file"
   fi
 else
-  echo "setup: uv could not be installed; pip installs requirements.txt"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt"
+  echo "setup: uv could not be installed; pip installs requirements/$profile.txt"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$file"
 fi
-"$venv/bin/python" -c 'import torch; assert torch.distributed.is_gloo_available(), "this torch has no Gloo"'
-cp "$root/requirements.txt" "$venv/accel-requirements.txt"
+if [[ $profile != docs ]]; then
+  "$venv/bin/python" -c 'import torch; assert torch.distributed.is_gloo_available(), "this torch has no Gloo"'
+fi
+printf '%s' "$wanted" >"$installed"

@@ -14,7 +14,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${ACCEL_BUILD_DIR:-$root/build}
 started=$SECONDS
 
-"$root/scripts/setup.sh"
+"$root/scripts/setup.sh" test
 # ctest runs two tests at a time on this 2-core machine: one thread each, or LibTorch's OpenMP threads fight for
 # the cores (a test then runs several times slower). accel launch does the same for its workers.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

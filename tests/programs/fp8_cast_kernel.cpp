@@ -25,7 +25,7 @@ int compile_with(const std::filesystem::path& library) {
   // Loaded as a CUDA LibTorch's link loads it; accel finds it there, and its builtins beside it.
   if (dlopen(library.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
     std::cerr << "fp8_cast_kernel: skipped: cannot open " << library << " (" << dlerror()
-              << "): pip install nvidia-cuda-nvrtc (requirements.txt)\n";
+              << "): pip install nvidia-cuda-nvrtc (requirements/test.txt)\n";
     return 77;
   }
   for (const auto& [major, minor] : {std::pair{8, 9}, {9, 0}, {10, 0}}) {

@@ -1,5 +1,5 @@
 """Prints the path of libnvrtc that NVIDIA's wheels installed in this Python (nvidia-cuda-nvrtc: torch's dependency
-on a CUDA build, requirements.txt's here), or nothing. For tests/CMakeLists.txt (fp8.cast_kernel.nvrtc) and
+on a CUDA build, requirements/test.txt's here), or nothing. For tests/CMakeLists.txt (fp8.cast_kernel.nvrtc) and
 scripts/gpu.sh (the library PyTorch's CMake package links, where the CUDA toolkit lacks it)."""
 import glob
 import os

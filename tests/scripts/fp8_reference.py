@@ -12,7 +12,7 @@ fixed inputs and output gradients), then recomputes from the same inputs, bit fo
 - the weight after the 3 steps.
 RECIPE tensorwise_emulated checks options::fp8.emulate (what the CPU uses unless told: torchao's emulation, a float32
 matmul of the float8 values divided by their scales) the same way; the others run torch._scaled_mm.
-Where torchao is installed (it is not in requirements.txt), tensorwise and rowwise are also compared with torchao's
+Where torchao is installed (it is not in requirements/test.txt), tensorwise and rowwise are also compared with torchao's
 Float8Linear on the first step; a missing torchao is said, not failed. With `cuda` (scripts/gpu.sh) both sides run on
 the GPU: accel's layer and the reference, each through CUDA's _scaled_mm.
 """
