@@ -199,6 +199,20 @@ def case_links(programs):
     print(f"{count} relative links in {len(markdown_pages())} pages lead where they say")
 
 
+def case_sizes(programs):
+    """The README reads in five minutes (at most 12 KB, no line over 400 characters) and every docs page is at most
+    40 KB: a page that grows past it is split at its sections."""
+    readme = text_of("README.md")
+    size = len(readme.encode("utf-8"))
+    check(size <= 12 * 1024, f"README.md is {size} bytes, more than 12 KB: move detail to a page under docs/")
+    long_lines = [n for n, line in enumerate(readme.splitlines(), 1) if len(line) > 400]
+    check(not long_lines, f"README.md lines {long_lines} are over 400 characters")
+    large = [f"{page} ({len(text_of(page).encode('utf-8'))} bytes)" for page in markdown_pages()
+             if page.startswith("docs/") and len(text_of(page).encode("utf-8")) > 40 * 1024]
+    check(not large, "docs pages over 40 KB (split them at their sections): " + ", ".join(large))
+    print(f"README.md {size} bytes; every docs page at most 40 KB")
+
+
 def main():
     global SOURCE
     if len(sys.argv) < 3:
