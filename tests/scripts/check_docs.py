@@ -199,6 +199,78 @@ def case_links(programs):
     print(f"{count} relative links in {len(markdown_pages())} pages lead where they say")
 
 
+FEATURES_ROW_LIMIT = 600  # characters: a row of docs/features.md stays short enough to read
+
+
+def registered_tests(ctest, build):
+    """The names of the tests registered in BUILD, as `ctest -N` lists them (`  Test  #12: name`)."""
+    result = subprocess.run([ctest, "--test-dir", build, "-N"], capture_output=True, text=True, timeout=300)
+    check(result.returncode == 0, f"`{ctest} --test-dir {build} -N` exited with {result.returncode}:\n"
+                                  f"{result.stdout}{result.stderr}")
+    names = [m.group(1).rstrip() for m in re.finditer(r"^\s*Test\s+#\s*\d+: (.+)$", result.stdout, re.M)]
+    check(names, f"`ctest -N` in {build} lists no tests:\n{result.stdout}")
+    return names
+
+
+def expand_braces(token):
+    """`dist.gloo.P{2,3}.join` -> [`dist.gloo.P2.join`, `dist.gloo.P3.join`]; several groups multiply."""
+    group = re.search(r"\{([^{}]*)\}", token)
+    if group is None:
+        return [token]
+    return [name for item in group.group(1).split(",")
+            for name in expand_braces(token[:group.start()] + item + token[group.end():])]
+
+
+def name_pattern(name):
+    """A test name in which `*` matches any text (everything else is literal)."""
+    return re.compile(".*".join(re.escape(part) for part in name.split("*")) + r"\Z", re.S)
+
+
+def table_rows(text):
+    """(line number, line, cells) of each body row of the page's tables (not their header or separator rows)."""
+    lines = text.splitlines()
+    rows = []
+    for index, line in enumerate(lines):
+        if not line.startswith("|") or re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", line.strip()):
+            continue
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        if re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", following.strip()):
+            continue  # the header row
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        rows.append((index + 1, line, cells))
+    return rows
+
+
+def case_features(programs):
+    """docs/features.md: each row at most FEATURES_ROW_LIMIT characters, and every test name or pattern in a row's last
+    column (each in backticks; `{a,b}` stands for each item, `*` for any text) matches a test this build registers."""
+    ctest, build = programs
+    names = registered_tests(ctest, build)
+    rows = table_rows(text_of("docs/features.md"))
+    check(len(rows) >= 20, f"docs/features.md has {len(rows)} table rows: its tables are gone or unreadable")
+    problems, tokens = [], 0
+    for number, line, cells in rows:
+        row = f"docs/features.md:{number} ({(cells[0] if cells else line)[:60]!r})"
+        if len(line) > FEATURES_ROW_LIMIT:
+            problems.append(f"{row}: {len(line)} characters, over {FEATURES_ROW_LIMIT}: say less, or split the row")
+        if len(cells) < 2:
+            problems.append(f"{row}: not a table row of several columns")
+            continue
+        stated = re.findall(r"`([^`]+)`", cells[-1])
+        if not stated:
+            problems.append(f"{row}: names no test in its last column")
+        for token in stated:
+            tokens += 1
+            for name in expand_braces(token):
+                pattern = name_pattern(name)
+                if not any(pattern.match(test) for test in names):
+                    shown = f"`{name}` (from `{token}`)" if name != token else f"`{token}`"
+                    problems.append(f"{row}: {shown} matches no test registered in {build}")
+    check(not problems, f"{len(problems)} problems in docs/features.md:\n" + "\n".join(problems))
+    print(f"{len(rows)} rows, each at most {FEATURES_ROW_LIMIT} characters; their {tokens} test names and patterns "
+          f"each match a test of the {len(names)} registered")
+
+
 def main():
     global SOURCE
     if len(sys.argv) < 3:
