@@ -65,7 +65,7 @@ def case_readme_includes(programs):
 
 def example_environment(changes=None):
     """What `scripts/example.sh` runs the examples in: no ACCELERATE_* setting, no config file, LibTorch's own
-    number of threads (the thread count decides how sums are split, so the README's figures need it). Idle threads
+    number of threads (the thread count decides how sums are split, so the stated figures need it). Idle threads
     sleep instead of spinning: beside another test on 2 cores, spinning made char_lm 6x slower (46 s against 7 s
     for 30 steps, measured); the same numbers either way, since the waiting does not change the split."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_") and k != "OMP_NUM_THREADS"}
@@ -84,14 +84,17 @@ def run(command, work, changes=None):
     return result.stdout
 
 
+EXAMPLES_PAGE = "docs/getting-started.md"  # its section "The other examples" states what each example prints
+
+
 def stated_lines(cell):
-    """The printed lines a README cell states (in backticks), not the commands it names."""
+    """The printed lines an examples-table cell states (in backticks), not the commands it names."""
     return [text for text in re.findall(r"`([^`]+)`", cell) if "scripts/example.sh" not in text]
 
 
 def stated_variants(cell):
-    """What a README cell says a run prints: one list of lines per kind of CPU, the kinds separated by `;` (the
-    last digits of a loss depend on the CPU's kernels, which split sums differently; the cell names each CPU)."""
+    """What an examples-table cell says a run prints: one list of lines per kind of CPU, the kinds separated by `;`
+    (the last digits of a loss depend on the CPU's kernels, which split sums differently; the cell names each CPU)."""
     return [lines for lines in (stated_lines(part) for part in cell.split(";")) if lines]
 
 
@@ -104,21 +107,21 @@ def check_printed(output, variants, what):
     for lines in variants:
         if all(prints(output, text) for text in lines):
             for text in lines:
-                print(f"{what} prints `{text}`, as the README says")
+                print(f"{what} prints `{text}`, as {EXAMPLES_PAGE} says")
             return
     stated = " or ".join("[" + ", ".join(f"`{text}`" for text in lines) + "]" for lines in variants)
-    check(False, f"{what}: the README says it prints {stated}; it printed:\n{output}\nIf only the last digits "
-                 "differ, this CPU's kernels split the sums another way: add its lines to the README's cell as "
-                 "another variant (after a `;`), naming the CPU.")
+    check(False, f"{what}: {EXAMPLES_PAGE} says it prints {stated}; it printed:\n{output}\nIf only the last "
+                 f"digits differ, this CPU's kernels split the sums another way: add its lines to the cell in "
+                 f"{EXAMPLES_PAGE} as another variant (after a `;`), naming the CPU.")
 
 
 def example_row(command):
-    """The cell of the README's examples table that states what `scripts/example.sh COMMAND` prints."""
-    for line in text_of("README.md").splitlines():
+    """The cell of the examples table (EXAMPLES_PAGE) that states what `scripts/example.sh COMMAND` prints."""
+    for line in text_of(EXAMPLES_PAGE).splitlines():
         cells = [cell.strip() for cell in line.split("|")]
         if len(cells) >= 4 and cells[2] == f"`scripts/example.sh {command}`":
             return cells[3]
-    raise CheckFailed(f"the README's examples table has no row for `scripts/example.sh {command}`")
+    raise CheckFailed(f"the examples table of {EXAMPLES_PAGE} has no row for `scripts/example.sh {command}`")
 
 
 def case_readme_output_linear_regression(programs):
@@ -140,8 +143,8 @@ def case_readme_output_classifier(programs):
 
 def case_readme_output_char_lm(programs):
     import torch  # only here: the other cases run without it
-    if torch.cuda.is_available():  # char_lm trains on acc.device(): a GPU's losses are not the CPU's the README states
-        print("skipped: a GPU is visible, and the README states char_lm's losses on the CPU", flush=True)
+    if torch.cuda.is_available():  # char_lm trains on acc.device(): a GPU's losses are not the CPU's the docs state
+        print(f"skipped: a GPU is visible, and {EXAMPLES_PAGE} states char_lm's losses on the CPU", flush=True)
         sys.exit(77)
     with tempfile.TemporaryDirectory(prefix="accel-docs-") as work:  # a fresh run: no checkpoint to resume from
         output = run([programs[0], "--out", os.path.join(work, "run")], work)
@@ -211,6 +214,78 @@ def case_sizes(programs):
              if page.startswith("docs/") and len(text_of(page).encode("utf-8")) > 40 * 1024]
     check(not large, "docs pages over 40 KB (split them at their sections): " + ", ".join(large))
     print(f"README.md {size} bytes; every docs page at most 40 KB")
+
+
+FEATURES_ROW_LIMIT = 600  # characters: a row of docs/features.md stays short enough to read
+
+
+def registered_tests(ctest, build):
+    """The names of the tests registered in BUILD, as `ctest -N` lists them (`  Test  #12: name`)."""
+    result = subprocess.run([ctest, "--test-dir", build, "-N"], capture_output=True, text=True, timeout=300)
+    check(result.returncode == 0, f"`{ctest} --test-dir {build} -N` exited with {result.returncode}:\n"
+                                  f"{result.stdout}{result.stderr}")
+    names = [m.group(1).rstrip() for m in re.finditer(r"^\s*Test\s+#\s*\d+: (.+)$", result.stdout, re.M)]
+    check(names, f"`ctest -N` in {build} lists no tests:\n{result.stdout}")
+    return names
+
+
+def expand_braces(token):
+    """`dist.gloo.P{2,3}.join` -> [`dist.gloo.P2.join`, `dist.gloo.P3.join`]; several groups multiply."""
+    group = re.search(r"\{([^{}]*)\}", token)
+    if group is None:
+        return [token]
+    return [name for item in group.group(1).split(",")
+            for name in expand_braces(token[:group.start()] + item + token[group.end():])]
+
+
+def name_pattern(name):
+    """A test name in which `*` matches any text (everything else is literal)."""
+    return re.compile(".*".join(re.escape(part) for part in name.split("*")) + r"\Z", re.S)
+
+
+def table_rows(text):
+    """(line number, line, cells) of each body row of the page's tables (not their header or separator rows)."""
+    lines = text.splitlines()
+    rows = []
+    for index, line in enumerate(lines):
+        if not line.startswith("|") or re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", line.strip()):
+            continue
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        if re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", following.strip()):
+            continue  # the header row
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        rows.append((index + 1, line, cells))
+    return rows
+
+
+def case_features(programs):
+    """docs/features.md: each row at most FEATURES_ROW_LIMIT characters, and every test name or pattern in a row's last
+    column (each in backticks; `{a,b}` stands for each item, `*` for any text) matches a test this build registers."""
+    ctest, build = programs
+    names = registered_tests(ctest, build)
+    rows = table_rows(text_of("docs/features.md"))
+    check(len(rows) >= 20, f"docs/features.md has {len(rows)} table rows: its tables are gone or unreadable")
+    problems, tokens = [], 0
+    for number, line, cells in rows:
+        row = f"docs/features.md:{number} ({(cells[0] if cells else line)[:60]!r})"
+        if len(line) > FEATURES_ROW_LIMIT:
+            problems.append(f"{row}: {len(line)} characters, over {FEATURES_ROW_LIMIT}: say less, or split the row")
+        if len(cells) < 2:
+            problems.append(f"{row}: not a table row of several columns")
+            continue
+        stated = re.findall(r"`([^`]+)`", cells[-1])
+        if not stated:
+            problems.append(f"{row}: names no test in its last column")
+        for token in stated:
+            tokens += 1
+            for name in expand_braces(token):
+                pattern = name_pattern(name)
+                if not any(pattern.match(test) for test in names):
+                    shown = f"`{name}` (from `{token}`)" if name != token else f"`{token}`"
+                    problems.append(f"{row}: {shown} matches no test registered in {build}")
+    check(not problems, f"{len(problems)} problems in docs/features.md:\n" + "\n".join(problems))
+    print(f"{len(rows)} rows, each at most {FEATURES_ROW_LIMIT} characters; their {tokens} test names and patterns "
+          f"each match a test of the {len(names)} registered")
 
 
 def main():
