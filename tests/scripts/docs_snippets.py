@@ -4,45 +4,46 @@ C++ compiles (the docs.snippets test, tests/docs_snippets.cmake). Python standar
 
 usage: docs_snippets.py SOURCE_DIR OUTPUT_DIR
 
-Writes OUTPUT_DIR/snippets_main.cpp (built with the tests' precompiled header), OUTPUT_DIR/snippets_nccl.cpp (the
-blocks that name accel::nccl: built with the accel::nccl target, where NCCL is found) and OUTPUT_DIR/summary.txt
-(what was compiled and what was not, which the test prints), each only when its text changes; prints the units' paths,
-one a line.
+Writes OUTPUT_DIR/snippets_main.cpp (built with the tests' precompiled header) and OUTPUT_DIR/snippets_nccl.cpp (the
+blocks that name accel::nccl: built with the accel::nccl target, where NCCL is found), each only when its text
+changes, so that an edit elsewhere in the docs recompiles nothing; then OUTPUT_DIR/summary.txt (what was compiled and
+what was not, which the test prints), always: the build's stamp.
 
 How a block is compiled. Each block gets a namespace of its own (accel_docs::PAGE_LINE), and `#line` directives, so
-that a diagnostic names the Markdown file and line. Its #include lines go to the top of the unit. The rest:
+that a diagnostic names the Markdown file and line; a marker, an HTML comment on the last non-blank line before the
+fence (invisible on GitHub and on the site), changes how, as said below. Its #include lines go to the top of the unit.
+The rest:
 
 - class, template and namespace definitions, TORCH_MODULE(...), test cases (TEST_CASE, TEST) and `int main()` go to
   the block's namespace (a block that specialises a template of accel's, `template <> struct accel::...`, has them at
   global scope, where such a specialisation is declared); everything else is the body of a function, in order, after
   them. So a block may be a whole program, a few declarations, or statements from a training loop.
 - The names a fragment takes from its context (`acc`, `net`, `optimizer`, `model`, `batches`, ...) are declared in
-  tests/docs/snippet_context.hpp, in namespace accel_docs: the default context. A marker, an HTML comment on the line
-  before the fence (invisible on GitHub and on the site), chooses another, a namespace nested in it that redeclares
-  a few of its names: `<!-- snippet: context unprepared -->`. A block's own declarations hide the context's.
+  tests/docs/snippet_context.hpp, in namespace accel_docs: the default context. `<!-- snippet: context NAME -->`
+  chooses another, a namespace nested in it that redeclares a few of its names (`accel_docs::unprepared`, say). A
+  block's own declarations hide the context's.
 - `<!-- snippet: declarations -->`: a listing of accel's declarations (signatures, structs, as in the reference),
-  compiled as it is in a namespace of its own where accel's names are visible, as if written in namespace accel (the
-  listing may open `namespace accel {` or `namespace accel::NAME {` itself). Then each of its non-template functions
+  compiled as it is in a namespace of its own inside namespace accel, as if written in namespace accel (the listing
+  may open `namespace accel {` or `namespace accel::NAME {` itself). Then each of its non-template functions
   is checked to be one of accel's with that type (its address taken as such), each struct's data members to have
   the listed types, its member functions those signatures, its bases to be bases, and each alias to be accel's:
   a listing that drifts from the headers fails.
 - `<!-- snippet: compile-fail tests/compile_fail/NAME.cpp -->`: a block that shows code that must not compile. It is
   not compiled here; its code lines must appear in that case of the compile_fail tests, which checks the message.
+- `<!-- snippet: skip REASON -->`: not compiled, for the reason given, which the test prints (an excerpt that names
+  accel's private members, say). EXCLUDED_PAGES below does the same for a whole page.
 
 Structured bindings and range-for variables are marked [[maybe_unused]] in the generated code (a fragment's loop body
 is often `/* ... */`); any other unused variable is a warning, hence an error. A block naming accel::nccl goes to the
 NCCL unit. A problem found here (an unknown marker or context, a compile-fail block that its case does not hold) is
-written as an `#error` at the block's line, so the build, not the configuration, fails.
+written as an `#error` at the block's line: the build fails, naming it, as for a block that does not compile.
 """
 import os
 import re
 import sys
 
 # Pages whose C++ blocks are not compiled, and why. Everything else under docs/ is.
-EXCLUDED_PAGES = {
-    "docs/architecture.md": "excerpts of accel's internals (a precision policy's declarations, an accelerator "
-                            "member's initialisation) that name its private members, not code for a user to compile",
-}
+EXCLUDED_PAGES = {}
 
 MARKER = re.compile(r"^\s*<!--\s*snippet:\s*(.*?)\s*-->\s*$")
 FENCE_OPEN = re.compile(r"^(\s*)```cpp\s*$")
@@ -53,7 +54,7 @@ INCLUDE = re.compile(r"^\s*#\s*include\b")
 
 
 class Block:
-    def __init__(self, page, line, indent, lines, marker, marker_line):
+    def __init__(self, page, line, lines, marker, marker_line):
         self.page = page                  # "docs/x.md"
         self.line = line                  # the fence's line number
         self.lines = lines                # [(line number, text)], the indentation of the fence removed
@@ -66,6 +67,7 @@ class Block:
 
 
 def read_blocks(source, page):
+    """The page's ```cpp blocks, and the line numbers of its markers that no ```cpp fence follows."""
     with open(os.path.join(source, page), encoding="utf-8") as f:
         text = f.read().split("\n")
     blocks, i = [], 0
@@ -81,10 +83,15 @@ def read_blocks(source, page):
             line = text[i]
             body.append((i + 1, line[indent:] if line[:indent].strip() == "" else line.lstrip()))
             i += 1
-        marker = MARKER.match(text[start - 1]) if start > 0 else None
-        blocks.append(Block(page, start + 1, indent, body, marker.group(1) if marker else None, start))
+        before = start - 1
+        while before >= 0 and not text[before].strip():
+            before -= 1
+        marker = MARKER.match(text[before]) if before >= 0 else None
+        blocks.append(Block(page, start + 1, body, marker.group(1) if marker else None, before + 1))
         i += 1
-    return blocks
+    attached = {block.marker_line for block in blocks if block.marker is not None}
+    orphans = [n for n, line in enumerate(text, 1) if MARKER.match(line) and n not in attached]
+    return blocks, orphans
 
 
 def code_only(lines):
@@ -174,7 +181,7 @@ def emit(lines, page, out, mark_unused=False):
 
 def error(block, message, out, line=None):
     out.append(f'#line {line or block.line} "{block.page}"')
-    out.append(f"#error {message}")
+    out.append("#error " + message.replace("'", "`"))  # an unpaired quote would be a token error of its own
 
 
 # ---- declarations blocks: the listing, then the checks against accel's own declarations -------------------------
@@ -210,6 +217,10 @@ def find_top(text, chars):
     return -1
 
 
+def quoted(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def parameters_without_defaults(params):
     if not params.strip() or params.strip() == "void":
         return ""
@@ -237,7 +248,9 @@ def function_check(decl, scope_class):
     ret = head[:name.start()].strip()
     is_static = bool(re.search(r"\bstatic\b", ret))
     ret = SPECIFIERS.sub("", ret).strip()
-    if not ret or ret in ("auto", "decltype(auto)") or name.group(1) == scope_class or name.group(1).startswith("~"):
+    constructor = scope_class and name.group(1) == scope_class.split("::")[-1]
+    if not ret or ret in ("auto", "decltype(auto)") or re.search(r"\bfriend\b", ret) or constructor or \
+            name.group(1).startswith("~"):
         return None
     depth, close = 0, -1
     for i in range(paren, len(decl)):
@@ -339,12 +352,12 @@ class Listing:
             elif re.match(r"template\b", decl) or not decl:
                 pass
             elif re.match(r"(struct|class)\s+(\w+)", decl):
-                self.structure(decl, i, body, namespace)
+                self.structure(decl, i, body, namespace, scope_class)
             elif re.match(r"using\s+\w+\s*=", decl):
                 alias = re.match(r"using\s+(\w+)\s*=\s*(.*)$", decl)
                 target = f"{scope_class}::{alias.group(1)}" if scope_class else alias.group(1)
                 self.add(namespace, i, f"static_assert(std::is_same_v<{target}, {alias.group(2)}>, "
-                                       f"\"{self.block.where()}: {alias.group(1)} is not accel's\");")
+                                       + quoted(self.block.where() + ": " + target + " is not accel's") + ");")
             elif scope_class:
                 function = function_check(decl, scope_class)
                 if function:
@@ -357,41 +370,43 @@ class Listing:
                     member = member_check(decl)
                     if member and not re.match(r"(static|constexpr)\b", decl):
                         self.add(namespace, i, f"static_assert(std::is_same_v<decltype({scope_class}::{member[1]}), "
-                                               f"{member[0]}>, \"{self.block.where()}: {scope_class}::{member[1]} "
-                                               f"is not declared {member[0]}\");")
+                                               f"{member[0]}>, " + quoted(f"{self.block.where()}: {scope_class}::"
+                                                                          f"{member[1]} is not declared {member[0]}")
+                                               + ");")
             else:
                 function = function_check(decl, None)
-                if function and body < 0:
+                if function:
                     signature, name, _ = function
                     check = self.check_name()
                     self.add(namespace, i, f"using {check}_t = {signature}; [[maybe_unused]] constexpr {check}_t* "
                                            f"{check} = &{name};")
             i = self.skip_space(stop + 1)
 
-    def structure(self, decl, position, body, namespace):
+    def structure(self, decl, position, body, namespace, outer):
         head = re.match(r"(struct|class)\s+(\w+)\s*(?:final\s*)?(?::\s*(.*))?$", decl)
         if not head or body < 0:
             return
-        name = head.group(2)
+        name = f"{outer}::{head.group(2)}" if outer else head.group(2)
         for base in split_top(head.group(3) or ""):
             base = re.sub(r"\b(public|protected|private|virtual)\b", "", base).strip()
             if base:
                 self.add(namespace, position, f"static_assert(std::is_base_of_v<{base}, {name}>, "
-                                              f"\"{self.block.where()}: {base} is not a base of {name}\");")
+                                              + quoted(f"{self.block.where()}: {base} is not a base of {name}") + ");")
         self.scope(body + 1, self.matching(body), namespace, name)
 
 
 def declarations(block, out, checks):
-    code = [text for _, text in block.lines if not INCLUDE.match(text)]
     opens_accel = any(re.match(r"\s*namespace\s+accel\b", line) for line in code_only(block.lines))
-    out.append(f"namespace accel_docs::{block.name} {{")
-    out.append("namespace accel { using namespace ::accel; }  // accel's names, beside the listing's own")
+    # Inside namespace accel, where the listing's names find accel's first (not accel_docs' context, nor another
+    # library's `detail`), in a namespace of its own.
+    out.append(f"namespace accel::docs_{block.name} {{")
+    out.append("namespace accel { using namespace ::accel; }  // for accel::NAME in the listing")
     if not opens_accel:
         out.append("namespace accel {")
     emit([(n, t) for n, t in block.lines if not INCLUDE.match(t)], block.page, out)
     if not opens_accel:
         out.append("}")
-    out.append(f"}}  // namespace accel_docs::{block.name}")
+    out.append(f"}}  // namespace accel::docs_{block.name}")
     listing = Listing(block, checks)
     listing.scope(0, len(listing.text), ["accel"], None)
 
@@ -405,7 +420,7 @@ def compile_fail(block, case, source, out):
     for number, code in zip((n for n, _ in block.lines), code_only(block.lines)):
         wanted = " ".join(code.split())
         if wanted and wanted not in held:
-            error(block, f"this compile-fail block's line is not in {case}, which checks that it does not compile",
+            error(block, f"this line of a compile-fail block is not in {case}, which checks that it does not compile",
                   out, number)
 
 
@@ -465,7 +480,9 @@ def main():
     checks = {"main": [], "nccl": []}
     summary, compiled, excluded, failing = [], 0, [], []
     for page in pages:
-        blocks = read_blocks(source, page)
+        blocks, orphans = read_blocks(source, page)
+        for line in orphans:
+            units["main"] += [f'#line {line} "{page}"', "#error this snippet marker is not followed by a ```cpp fence"]
         if page in EXCLUDED_PAGES:
             if blocks:
                 excluded.append(f"{page}: {len(blocks)} blocks not compiled: {EXCLUDED_PAGES[page]}")
@@ -485,6 +502,9 @@ def main():
                 compile_fail(block, words[1], source, out)
                 failing.append(f"{block.where()}: must not compile, as {words[1]} (compile_fail.* checks it)")
                 continue
+            elif kind == "skip" and len(words) > 1:
+                excluded.append(f"{block.where()}: {' '.join(words[1:])}")
+                continue
             elif kind == "context" and len(words) == 2:
                 if words[1] not in known_contexts:
                     error(block, f"no context {words[1]} in tests/docs/snippet_context.hpp (it has "
@@ -494,11 +514,10 @@ def main():
             elif kind == "code":
                 statements_and_declarations(block, None, out)
             else:
-                error(block, f"unknown snippet marker '{block.marker}': declarations, context NAME or "
-                             f"compile-fail tests/compile_fail/NAME.cpp", out, block.marker_line)
+                error(block, f"unknown snippet marker '{block.marker}': declarations, context NAME, "
+                             f"compile-fail tests/compile_fail/NAME.cpp or skip REASON", out, block.marker_line)
             compiled += 1
-            summary.append(f"{block.where()}: {unit} unit" + (f", {block.marker}" if block.marker else ""))
-    written = []
+            summary.append((page, unit))
     for unit, body in units.items():
         text = [f"// Generated by tests/scripts/docs_snippets.py from the ```cpp blocks of docs/: do not edit.",
                 *includes[unit], '#include "docs/snippet_context.hpp"', "", "#include <type_traits>", *body, ""]
@@ -508,12 +527,15 @@ def main():
             text += [f"namespace {'::'.join(namespace)} {{", f'#line {line} "{page}"', check, "}"]
         path = os.path.join(output, f"snippets_{unit}.cpp")
         write_if_changed(path, "\n".join(text) + "\n")
-        written.append(path)
-    nccl = sum(1 for line in summary if ": nccl unit" in line)
+    nccl = sum(1 for _, unit in summary if unit == "nccl")
+    per_page = {}
+    for page, _ in summary:
+        per_page[page] = per_page.get(page, 0) + 1
     lines = [f"{compiled} C++ blocks of docs/ compiled ({compiled - nccl} in snippets_main.cpp, {nccl} in "
-             f"snippets_nccl.cpp); not compiled:", *[f"  {x}" for x in excluded + failing], "", *summary]
-    write_if_changed(os.path.join(output, "summary.txt"), "\n".join(lines) + "\n")
-    print("\n".join(written))
+             f"snippets_nccl.cpp): " + ", ".join(f"{page[5:]} {n}" for page, n in per_page.items()),
+             "not compiled:", *[f"  {x}" for x in excluded + failing]]
+    with open(os.path.join(output, "summary.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
