@@ -374,14 +374,17 @@ class accelerator {
   /// complete the last round (Accelerate's `gather_for_metrics`): metrics see every sample exactly once. Tensors
   /// (nested or not) are gathered; other values (a `std::vector` of results, say) go through `gather_object`, and so
   /// does a `std::vector` of tensors with `use_gather_object` (samples whose shapes differ, which `gather` cannot
-  /// concatenate): every process's elements in process order, one sample each. On a mesh with tp or cp, the peers
-  /// that read the same batch count it once: the data-parallel ranks' results, in their order.
+  /// concatenate): every process's elements in process order, one sample each. On a mesh with tp, cp or pp, the peers
+  /// that read the same batch count it once: the data-parallel ranks' results, in their order, each from its first
+  /// tp and cp index on the last pipeline stage (the one that holds a pipeline's outputs).
   template <class Data>
   [[nodiscard]] Data gather_for_metrics(const Data& data, bool use_gather_object = false) {
     detail::collective_caller caller("gather_for_metrics");
     auto&& comm = parallel_.communicator();
-    return detail::gather_for_metrics(comm, data, gradient_state_.end_of_dataloader ? gradient_state_.remainder : -1,
-                                      use_gather_object, batch_peers());
+    const auto keep = gradient_state_.end_of_dataloader ? gradient_state_.remainder : -1;
+    if (!parallelism_) return detail::gather_for_metrics(comm, data, keep, use_gather_object);
+    return detail::gather_for_metrics(comm, data, keep, use_gather_object,
+                                      parallelism_->counts_its_batch(process_index()), parallelism_->batches_shared());
   }
 
   /// This process's part of `data` (a `std::vector`, a tensor along dim 0, or a `std::map`): contiguous parts,
@@ -739,10 +742,6 @@ class accelerator {
           "hold this batch type; use batches of tensors, numbers or strings (or vectors, tuples, pairs and "
           "torch::data::Examples of them)");
     }
-  }
-  /// The processes that read the same batches: a mesh's tp x cp peers (1 without a mesh).
-  [[nodiscard]] int batch_peers() const noexcept {
-    return parallelism_ ? parallelism_->sizes().tp * parallelism_->sizes().cp : 1;
   }
   /// Data is sharded by the data parallel rank: the tp, cp and pp peers of a mesh read the same batches (Accelerate's
   /// loader divides the process index by tp x cp, its innermost dimensions; pp is the outermost).

@@ -305,12 +305,12 @@ T gather_ragged(C& comm, const T& data) {
   return map_tensors(data, one);
 }
 
-/// `data` where it counts for the metrics: on the first of each `peers` processes that read the same batch (a mesh's
-/// tp and cp peers, the innermost dimensions) as it is; on the others nothing, no rows (of each tensor) or no
-/// elements (`by_object`: of a `std::vector`), so that each batch is gathered once.
+/// `data` where it counts for the metrics (`counted`: on one of the processes that read the same batch) as it is; on
+/// the others nothing, no rows (of each tensor) or no elements (`by_object`: of a `std::vector`), so that each batch
+/// is gathered once.
 template <class Data>
-Data counted_once(const Data& data, int rank, int peers, bool by_object) {
-  if (peers <= 1 || rank % peers == 0) return data;
+Data counted_once(const Data& data, bool counted, bool by_object) {
+  if (counted) return data;
   if constexpr (is_tensor_structure<Data>) {
     auto no_rows = [](const at::Tensor& t) { return (t.dim() == 0 ? t.reshape({1}) : t).narrow(0, 0, 0); };
     if (!by_object) return map_tensors(data, no_rows);
@@ -326,14 +326,15 @@ Data counted_once(const Data& data, int rank, int peers, bool by_object) {
 /// drops what even_batches duplicated on the last batch (where the processes' batches may differ in length, and be
 /// empty: `gather_ragged`). Tensors (nested or not) are gathered; a `std::vector` of other values, or of any values
 /// with `use_gather_object` (tensors whose shapes differ between samples, say), goes through `gather_object`: every
-/// process's elements, one sample each. `peers`: the processes that read the same batch (tp x cp on a mesh), whose
-/// batch is gathered once, from the first of them (`counted_once`).
+/// process's elements, one sample each. `shared`: several processes read each batch (a mesh's tp, cp and pp peers), of
+/// which only the one `counted` contributes its data (`counted_once`).
 template <communicator C, class Data>
-Data gather_for_metrics(C& comm, const Data& data, std::int64_t keep, bool use_gather_object = false, int peers = 1) {
-  const auto part = counted_once(data, comm.rank(), peers, use_gather_object);
+Data gather_for_metrics(C& comm, const Data& data, std::int64_t keep, bool use_gather_object = false,
+                        bool counted = true, bool shared = false) {
+  const auto part = counted_once(data, counted, use_gather_object);
   if constexpr (is_tensor_structure<Data>) {
     if (!use_gather_object) {
-      if (keep <= 0 && peers <= 1) return gather(comm, part);
+      if (keep <= 0 && !shared) return gather(comm, part);
       auto truncate = [keep](const at::Tensor& t) { return t.narrow(0, 0, std::min(keep, t.size(0))); };
       auto gathered = gather_ragged(comm, part);
       return keep <= 0 ? gathered : map_tensors(gathered, truncate);

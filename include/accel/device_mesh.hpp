@@ -173,6 +173,12 @@ class mesh_layout {
   /// (size 1): Accelerate's rank queries (`tensor_parallel_rank` is `index_along("tp", rank)`).
   [[nodiscard]] ACCEL_DECL int index_along(std::string_view name, int rank) const;
 
+  /// Whether several ranks read each batch: the tp, cp and pp peers of a data-parallel rank do.
+  [[nodiscard]] bool batches_shared() const noexcept { return sizes_.tp * sizes_.cp * sizes_.pp > 1; }
+  /// Whether `rank`'s results count for its batch in `gather_for_metrics`: of the peers that read it, the one first
+  /// along tp and cp on the last pipeline stage (which holds a pipeline's outputs).
+  [[nodiscard]] ACCEL_DECL bool counts_its_batch(int rank) const;
+
   /// The ranks of `rank`'s group of `name`, in group order: those differing from `rank` only on its axes.
   [[nodiscard]] ACCEL_DECL std::vector<int> group_of(std::string_view name, int rank) const;
 

@@ -14,6 +14,9 @@
 //     model trained so in one process.
 //   `pipeline_training split`: under pp = 2, split_before {"4"} gives the first process children 0-3 and the second
 //     4-15 under their names; names out of order, unknown, or too few or many are refused, naming the fix.
+//   `pipeline_training metrics`: gather_for_metrics of a prepared range's batches (sample numbers 0 to 10) under pp
+//     (and dp_replicate): every sample exactly once, in order, the duplicates that complete the last round dropped,
+//     each from the process on the last stage (the other stages pass negated numbers, which must not appear).
 //   `pipeline_training memory MICRO_BATCHES`: the first process's peak of CPU storage (accel's counting allocator)
 //     during a step of GPipe and of 1F1B, against one micro-batch's activations: GPipe holds all m micro-batches'
 //     activations at once, 1F1B at most pp of them.
@@ -288,6 +291,26 @@ int checkpoint(const std::string& mode, const std::string& directory) {
   return 0;
 }
 
+int metrics() {
+  accelerator_t acc{accel::options{.cpu = true}};
+  accel::pipeline pipe(acc, make_model(8), {.micro_batches = 2});
+  const bool last_stage = pipe.local_stages().back() == pipe.stages() - 1;
+  std::vector<at::Tensor> batches;
+  for (std::int64_t first = 0; first < 11; first += 2)  // 6 batches, the last of one sample
+    batches.push_back(torch::arange(first, std::min<std::int64_t>(first + 2, 11), torch::kFloat));
+  std::vector<at::Tensor> seen;
+  for (auto&& batch : acc.prepare(batches)) seen.push_back(acc.gather_for_metrics(last_stage ? batch : -1 - batch));
+  const auto all = torch::cat(seen);
+  std::string listed;
+  for (std::int64_t i = 0; i < all.size(0); ++i) listed += " " + std::to_string(all[i].item<int>());
+  std::printf("pipeline_training: process %d (stage %d of %d) gathered%s\n", acc.process_index(),
+              pipe.local_stages().back(), pipe.stages(), listed.c_str());
+  std::fflush(stdout);
+  if (!torch::equal(all, torch::arange(11, torch::kFloat)))
+    throw std::runtime_error("gather_for_metrics did not give every sample once, from the last stage");
+  return 0;
+}
+
 /// The names of `pipe`'s children.
 std::vector<std::string> child_names(const accel::pipeline& pipe) {
   std::vector<std::string> names;
@@ -333,10 +356,11 @@ int run(int argc, char** argv) {
     return train<bf16_accelerator>(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
   if (mode == "memory" && argc == 3) return memory(std::atoi(argv[2]));
   if (mode == "split" && argc == 2) return split();
+  if (mode == "metrics" && argc == 2) return metrics();
   if ((mode == "save" || mode == "load") && argc == 3) return checkpoint(mode, argv[2]);
   std::fprintf(stderr,
                "usage: pipeline_training train|train_bf16 gpipe|1f1b|interleaved|zero_bubble STAGES_PER_PROCESS "
-               "MICRO_BATCHES STEPS | memory MICRO_BATCHES | save DIR | load DIR | split\n");
+               "MICRO_BATCHES STEPS | memory MICRO_BATCHES | save DIR | load DIR | split | metrics\n");
   return 2;
 }
 

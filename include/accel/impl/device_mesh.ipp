@@ -126,6 +126,10 @@ int mesh_layout::index_along(std::string_view name, int rank) const {
   return has(name) ? local_rank(name, rank) : 0;
 }
 
+bool mesh_layout::counts_its_batch(int rank) const {
+  return index_along("tp", rank) == 0 && index_along("cp", rank) == 0 && index_along("pp", rank) == sizes_.pp - 1;
+}
+
 std::vector<int> mesh_layout::group_of(std::string_view name, int rank) const {
   const auto& axes = dimension(name).axes;
   const auto fixed = coordinates(rank);
