@@ -40,6 +40,20 @@ foreach(step
   endif()
 endforeach()
 
+# The installed package's version: find_package(accel 0.9) found it (above); a request for another minor version is
+# refused (SameMinorVersion: before 1.0 a minor version may change the API), naming the version it considered.
+if(MODE STREQUAL "torch_config")
+  file(WRITE ${WORK_DIR}/version-check/CMakeLists.txt
+       "cmake_minimum_required(VERSION 3.25)\nproject(version_check LANGUAGES NONE)\n"
+       "find_package(accel 0.8 CONFIG QUIET)\nmessage(\"found=\${accel_FOUND} considered=\${accel_CONSIDERED_VERSIONS}\")\n")
+  execute_process(COMMAND ${CMAKE_COMMAND} -S ${WORK_DIR}/version-check -B ${WORK_DIR}/version-check/build
+                          -Daccel_ROOT=${WORK_DIR}/prefix RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  message("${out}")
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "found=0 considered=${ACCEL_VERSION}")
+    message(FATAL_ERROR "the installed package (version ${ACCEL_VERSION}) did not refuse a request for 0.8")
+  endif()
+endif()
+
 # The installed `accel test` (bin/accel with libexec/accel/accel-selftest): a 2-process sanity run of the installed
 # library, as a user checks a fresh installation.
 if(NOT MODE STREQUAL "subdirectory")
