@@ -390,9 +390,11 @@ TEST_CASE(
   accel::detail::remove_tree(dir);
 }
 
-// Issue 39, item 8: the loop of docs/distributed.md ended with `break` at its target, before its range moved on from
-// the last batch (when a due checkpoint is written): 40 steps saved every 5 left step 35 as the newest checkpoint.
-TEST_CASE("redteam 8: the loop of docs/distributed.md saves its final state, and says so", "[checkpoint][resume]") {
+// Issue 39, item 8: the loop of docs/distributed-nodes.md ended with `break` at its target, before its range moved
+// on from the last batch (when a due checkpoint is written): 40 steps saved every 5 left step 35 as the newest
+// checkpoint.
+TEST_CASE("redteam 8: the loop of docs/distributed-nodes.md saves its final state, and says so",
+          "[checkpoint][resume]") {
   const auto dir = scratch("documented-loop");
   const accel::options options{
       .cpu = true,
@@ -407,7 +409,7 @@ TEST_CASE("redteam 8: the loop of docs/distributed.md saves its final state, and
   CHECK(accel_test::bitwise_equal(*loaded.net, *run.net));
   const auto docs = std::filesystem::path(ACCEL_SOURCE_DIR) / "docs";
   CHECK_THAT(
-      accel_test::text_of(docs / "distributed.md"),
+      accel_test::text_of(docs / "distributed-nodes.md"),
       Catch::Contains("    if (acc.completed_steps() == 200) break;\n  }\nacc.save_state();  // the final state"));
   accel::detail::remove_tree(dir);
 }
