@@ -323,9 +323,10 @@ TEST_CASE("linear regression learns y = 3x", "[training]") {
   CHECK(net->bias.item<double>() == Approx(0.0).margin(0.05));
 }
 
-// docs/reference/tool.md and docs/migration-differences.md: LibTorch's StepLR counts its first step() (its constructor does not step, unlike
-// Python's), on 1.13 and on 2.x alike, so the rate decays one call later than in Python; through a prepared scheduler
-// too. Python's StepLR(step_size=2, gamma=0.5) gives 1, 0.5, 0.5, 0.25, 0.25, 0.125 after calls 1..6.
+// docs/reference/tool.md and docs/migration-differences.md: LibTorch's StepLR counts its first step() (its constructor
+// does not step, unlike Python's), on 1.13 and on 2.x alike, so the rate decays one call later than in Python; through
+// a prepared scheduler too. Python's StepLR(step_size=2, gamma=0.5) gives 1, 0.5, 0.5, 0.25, 0.25, 0.125 after
+// calls 1..6.
 TEST_CASE("LibTorch's StepLR decays on the 3rd and 5th call with step_size 2, raw and prepared",
           "[training][scheduler]") {
   const std::vector<double> expected = {1, 1, 0.5, 0.5, 0.25, 0.25};
