@@ -30,6 +30,8 @@ The rest:
   a listing that drifts from the headers fails.
 - `<!-- snippet: compile-fail tests/compile_fail/NAME.cpp -->`: a block that shows code that must not compile. It is
   not compiled here; its code lines must appear in that case of the compile_fail tests, which checks the message.
+- `<!-- snippet: quoted FILE -->`: an excerpt of accel's own code (a private member, say) that a user's program could
+  not compile: its code lines must appear in FILE (under include/ or src/), so that it cannot drift from it.
 - `<!-- snippet: skip REASON -->`: not compiled, for the reason given, which the test prints (an excerpt that names
   accel's private members, say). EXCLUDED_PAGES below does the same for a whole page.
 
@@ -411,17 +413,26 @@ def declarations(block, out, checks):
     listing.scope(0, len(listing.text), ["accel"], None)
 
 
-def compile_fail(block, case, source, out):
-    path = os.path.join(source, case)
-    if not re.fullmatch(r"tests/compile_fail/\w+\.cpp", case) or not os.path.exists(path):
-        return error(block, f"the marker names {case}, not a file tests/compile_fail/NAME.cpp", out)
-    with open(path, encoding="utf-8") as f:
+def held_in(block, path, source, out, what):
+    """Each code line of `block` appears (whitespace and comments aside) in the repository's file `path`."""
+    with open(os.path.join(source, path), encoding="utf-8") as f:
         held = {" ".join(line.split("//")[0].split()) for line in f}
     for number, code in zip((n for n, _ in block.lines), code_only(block.lines)):
         wanted = " ".join(code.split())
         if wanted and wanted not in held:
-            error(block, f"this line of a compile-fail block is not in {case}, which checks that it does not compile",
-                  out, number)
+            error(block, f"this line of {what} is not in {path}", out, number)
+
+
+def compile_fail(block, case, source, out):
+    if not re.fullmatch(r"tests/compile_fail/\w+\.cpp", case) or not os.path.exists(os.path.join(source, case)):
+        return error(block, f"the marker names {case}, not a file tests/compile_fail/NAME.cpp", out)
+    held_in(block, case, source, out, "a compile-fail block (that case checks that it does not compile)")
+
+
+def quotation(block, path, source, out):
+    if not re.fullmatch(r"(include|src)/[\w/.]+", path) or not os.path.isfile(os.path.join(source, path)):
+        return error(block, f"the marker names {path}, not a file under include/ or src/", out)
+    held_in(block, path, source, out, "a quotation")
 
 
 def statements_and_declarations(block, context, out):
@@ -478,7 +489,7 @@ def main():
     units = {"main": [], "nccl": []}
     includes = {"main": [], "nccl": []}
     checks = {"main": [], "nccl": []}
-    summary, compiled, excluded, failing = [], 0, [], []
+    summary, compiled, excluded, failing, quoted = [], 0, [], [], []
     for page in pages:
         blocks, orphans = read_blocks(source, page)
         for line in orphans:
@@ -502,6 +513,10 @@ def main():
                 compile_fail(block, words[1], source, out)
                 failing.append(f"{block.where()}: must not compile, as {words[1]} (compile_fail.* checks it)")
                 continue
+            elif kind == "quoted" and len(words) == 2:
+                quotation(block, words[1], source, out)
+                quoted.append(f"{block.where()}: quoted from {words[1]}, each line checked to be there")
+                continue
             elif kind == "skip" and len(words) > 1:
                 excluded.append(f"{block.where()}: {' '.join(words[1:])}")
                 continue
@@ -515,7 +530,7 @@ def main():
                 statements_and_declarations(block, None, out)
             else:
                 error(block, f"unknown snippet marker '{block.marker}': declarations, context NAME, "
-                             f"compile-fail tests/compile_fail/NAME.cpp or skip REASON", out, block.marker_line)
+                             f"compile-fail tests/compile_fail/NAME.cpp, quoted FILE or skip REASON", out, block.marker_line)
             compiled += 1
             summary.append((page, unit))
     for unit, body in units.items():
@@ -533,7 +548,7 @@ def main():
         per_page[page] = per_page.get(page, 0) + 1
     lines = [f"{compiled} C++ blocks of docs/ compiled ({compiled - nccl} in snippets_main.cpp, {nccl} in "
              f"snippets_nccl.cpp): " + ", ".join(f"{page[5:]} {n}" for page, n in per_page.items()),
-             "not compiled:", *[f"  {x}" for x in excluded + failing]]
+             "not compiled:", *[f"  {x}" for x in quoted + failing + excluded]]
     with open(os.path.join(output, "summary.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
