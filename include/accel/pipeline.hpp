@@ -31,12 +31,19 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "detail/config.hpp"
 #include "detail/pipeline/links.hpp"
 #include "pipeline_schedule.hpp"
+
+namespace torch::optim {
+class Optimizer;
+class OptimizerParamState;
+}  // namespace torch::optim
 
 namespace accel {
 
@@ -78,6 +85,14 @@ class pipeline {
   /// Loads weights of the whole model (what `save_model` wrote, at any pp, or `accel::save_model` of the whole model
   /// in one process) into this process's stages, checking every name, shape and dtype first (`accel::load_model`).
   ACCEL_DECL void load_model(const std::filesystem::path& where);
+  /// `save_model`, and the state `optimizer` (one over `parameters()`: SGD, Adam, AdamW, Adagrad or RMSprop) keeps
+  /// for each parameter (momentum, moments, step counts) in `pipeline_optimizer.pt`, gathered the same way under the
+  /// whole model's parameter names: `load_state` restores both at any pp, one process included, so that training
+  /// resumes where it stopped. The optimizer's options (learning rate, ...) are what it is constructed with.
+  ACCEL_DECL void save_state(const std::filesystem::path& directory, const torch::optim::Optimizer& optimizer);
+  /// Loads what `save_state` wrote into this process's stages and `optimizer`'s state for their parameters, checking
+  /// the weights first (`load_model`); throws std::invalid_argument for an optimizer of another kind.
+  ACCEL_DECL void load_state(const std::filesystem::path& directory, torch::optim::Optimizer& optimizer);
 
   /// This process's stages' blocks, each under its name in the whole model.
   [[nodiscard]] const torch::nn::Sequential& module() const noexcept { return module_; }
@@ -107,6 +122,18 @@ class pipeline {
   [[nodiscard]] ACCEL_DECL torch::nn::Sequential& stage_module(int stage);
   /// Stage `stage`'s parameters, then its buffers, in the whole model (whichever process runs it).
   [[nodiscard]] ACCEL_DECL std::vector<at::Tensor> stage_tensors(int stage) const;
+  /// Stage `stage`'s parameters under their names in the whole model.
+  [[nodiscard]] ACCEL_DECL std::vector<std::pair<std::string, at::Tensor>> stage_parameters(int stage) const;
+  /// `optimizer`'s state of `parameter`, serialized (empty: it has none yet).
+  [[nodiscard]] ACCEL_DECL static std::vector<char> state_bytes(const torch::optim::Optimizer& optimizer,
+                                                                const at::Tensor& parameter);
+  /// An empty per-parameter state of `optimizer`'s kind, for `load_state` to fill.
+  [[nodiscard]] ACCEL_DECL static std::unique_ptr<torch::optim::OptimizerParamState> fresh_state(
+      const torch::optim::Optimizer& optimizer);
+  /// On the pp group's first process, `bytes` from `owner` under message `tag` (its own when it is the owner).
+  ACCEL_DECL std::vector<char> gather_bytes(std::vector<char> bytes, int owner, int tag);
+  /// Raises `failure` (or a message naming `what`) on every process of the pp group when its first process failed.
+  ACCEL_DECL void agree_written(const std::string& failure, const std::string& what);
 
   pipeline_options how_;
   pipeline_shape shape_;

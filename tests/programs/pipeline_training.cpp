@@ -12,6 +12,9 @@
 //   `pipeline_training save DIR` / `load DIR`: 20 steps of 1F1B (4 micro-batches) at this job's pp, then the whole
 //     model's weights saved to DIR; loaded at another pp (or in one process), every stage equal bit for bit to the
 //     model trained so in one process.
+//   `pipeline_training resume_save DIR` / `resume_load DIR`: 10 steps of SGD with momentum, then `save_state` (the
+//     weights and the optimizer's momentum buffers) at this job's pp; loaded at another pp (or in one process) and
+//     trained 10 more steps, equal bit for bit to one process trained 20 steps straight.
 //   `pipeline_training split`: under pp = 2, split_before {"4"} gives the first process children 0-3 and the second
 //     4-15 under their names; names out of order, unknown, or too few or many are refused, naming the fix.
 //   `pipeline_training metrics`: gather_for_metrics of a prepared range's batches (sample numbers 0 to 8) under pp
@@ -91,8 +94,9 @@ accel_test::batch every_tenth_halved(const accel_test::batch& batch, int step) {
 /// Returns every step's loss for each replica's batch ([step][replica]).
 std::vector<std::vector<double>> train_in_one_process(torch::nn::Sequential& model,
                                                       const std::vector<accel_test::batch>& batches, int steps,
-                                                      int replicas, int micro_batches, bool whole, bool bf16 = false) {
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(learning_rate));
+                                                      int replicas, int micro_batches, bool whole, bool bf16 = false,
+                                                      double momentum = 0) {
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(learning_rate).momentum(momentum));
   std::vector<std::vector<double>> losses;
   for (int step = 0; step < steps; ++step) {
     std::vector<std::vector<at::Tensor>> replica_grads;
@@ -312,6 +316,65 @@ int metrics() {
   return 0;
 }
 
+/// The loads `load_state` refuses, before anything changes: an optimizer whose state it does not hold (LBFGS), and a
+/// directory that `save_model` wrote without it.
+void refused_state(accel::pipeline& pipe, const std::string& directory) {
+  const auto before = pipe.parameters().front().clone();
+  std::string kind, missing;
+  try {
+    torch::optim::LBFGS lbfgs(pipe.parameters());
+    pipe.load_state(directory, lbfgs);
+  } catch (const std::invalid_argument& e) {
+    kind = e.what();
+  }
+  try {
+    torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(learning_rate));
+    pipe.load_state(directory + "-absent", sgd);
+  } catch (const accel::checkpoint_error& e) {
+    missing = e.what();
+  }
+  if (kind.find("none of SGD, Adam, AdamW, Adagrad and RMSprop") == std::string::npos ||
+      missing.find("pipe.save_state(directory, optimizer) writes it") == std::string::npos ||
+      !torch::equal(before, pipe.parameters().front()))
+    throw std::runtime_error("load_state did not refuse an LBFGS optimizer and a missing state by name:\n" + kind +
+                             "\n" + missing);
+}
+
+/// `resume_save DIR`: 10 steps of 1F1B (4 micro-batches) with SGD and momentum, then `save_state`. `resume_load DIR`:
+/// at this job's pp (another, or one process), `load_state` and 10 more steps: the parameters must equal one process
+/// trained 20 steps straight, bit for bit, which they cannot without the momentum buffers restored.
+int resume(const std::string& mode, const std::string& directory) {
+  constexpr int width = 32, rows = 16, steps = 20, micro_batches = 4;
+  constexpr double momentum = 0.9;
+  accelerator_t acc{accel::options{.cpu = true}};
+  accel::pipeline pipe(acc, make_model(width), {.micro_batches = micro_batches});
+  torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(learning_rate).momentum(momentum));
+  const auto batches = global_batches(steps, 1, rows, width);
+  const bool saving = mode == "resume_save";
+  if (!saving) {
+    refused_state(pipe, directory);
+    pipe.load_state(directory, optimizer);
+  }
+  for (int step = saving ? 0 : steps / 2; step < (saving ? steps / 2 : steps); ++step) {
+    const auto [x, y] = every_tenth_halved(batches[static_cast<std::size_t>(step)], step);
+    (void)pipe.step(x, y, mse);
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  if (saving) {
+    pipe.save_state(directory, optimizer);
+    return 0;
+  }
+  auto reference = make_model(width);
+  (void)train_in_one_process(reference, batches, steps, 1, micro_batches, false, false, momentum);
+  const double gap = distance(pipe, reference);
+  std::printf("pipeline_training: process %d of %d resumed at step %d, %.3g from one process after %d steps\n",
+              acc.process_index(), acc.num_processes(), steps / 2, gap, steps);
+  std::fflush(stdout);
+  if (gap != 0) throw std::runtime_error("the resumed training differs from one process's");
+  return 0;
+}
+
 /// The names of `pipe`'s children.
 std::vector<std::string> child_names(const accel::pipeline& pipe) {
   std::vector<std::string> names;
@@ -358,10 +421,12 @@ int run(int argc, char** argv) {
   if (mode == "memory" && argc == 3) return memory(std::atoi(argv[2]));
   if (mode == "split" && argc == 2) return split();
   if (mode == "metrics" && argc == 2) return metrics();
+  if ((mode == "resume_save" || mode == "resume_load") && argc == 3) return resume(mode, argv[2]);
   if ((mode == "save" || mode == "load") && argc == 3) return checkpoint(mode, argv[2]);
   std::fprintf(stderr,
                "usage: pipeline_training train|train_bf16 gpipe|1f1b|interleaved|zero_bubble STAGES_PER_PROCESS "
-               "MICRO_BATCHES STEPS | memory MICRO_BATCHES | save DIR | load DIR | split | metrics\n");
+               "MICRO_BATCHES STEPS | memory MICRO_BATCHES | save DIR | load DIR | resume_save DIR | resume_load DIR | "
+               "split | metrics\n");
   return 2;
 }
 

@@ -9,16 +9,27 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/utils/tensor_flatten.h>
 #include <torch/nn/module.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/archive.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "../checkpoint_error.hpp"
+#include "../detail/compat.hpp"
 #include "../model_weights.hpp"
 
 namespace accel::detail::pp {
@@ -183,21 +194,138 @@ void pipeline::save_model(const std::filesystem::path& directory) {
     }
   }
   for (auto& wait : pending) wait();
-  // The writer says whether it wrote, so that a failure is raised on every process of its group.
-  auto written = at::ones({}, at::kFloat);
   std::string failure;
   if (links_.rank == 0) try {
       accel::save_model(*whole_, directory);
     } catch (const std::exception& e) {
       failure = e.what();
-      written.zero_();
     }
+  agree_written(failure,
+                "accel::pipeline::save_model: the pp group's first process could not write " + directory.string());
+}
+
+void pipeline::agree_written(const std::string& failure, const std::string& what) {
+  // The writer says whether it wrote, so that a failure is raised on every process of its group.
+  auto written = at::full({}, failure.empty() ? 1.0F : 0.0F, at::kFloat);
   if (links_.size > 1) links_.broadcast(written, 0);
   if (written.item<float>() == 0)
-    throw checkpoint_error(failure.empty()
-                               ? "accel::pipeline::save_model: the pp group's first process could not write " +
-                                     directory.string() + " (its own error says why)"
-                               : failure);
+    throw checkpoint_error(failure.empty() ? what + " (its own error says why)" : failure);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> pipeline::stage_parameters(int stage) const {
+  const auto children = whole_->named_children();
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (auto child = bounds_[static_cast<std::size_t>(stage)]; child < bounds_[static_cast<std::size_t>(stage) + 1];
+       ++child)
+    for (const auto& parameter : children[child].value()->named_parameters())
+      named.emplace_back(children[child].key() + "." + parameter.key(), parameter.value());
+  return named;
+}
+
+std::vector<char> pipeline::state_bytes(const torch::optim::Optimizer& optimizer, const at::Tensor& parameter) {
+  const auto found = optimizer.state().find(detail::compat::optimizer_state_key(parameter));
+  if (found == optimizer.state().end()) return {};
+  torch::serialize::OutputArchive archive;
+  found->second->serialize(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  const auto text = out.str();
+  return {text.begin(), text.end()};
+}
+
+std::unique_ptr<torch::optim::OptimizerParamState> pipeline::fresh_state(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return std::make_unique<torch::optim::AdamWParamState>();
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return std::make_unique<torch::optim::AdamParamState>();
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return std::make_unique<torch::optim::SGDParamState>();
+  if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer))
+    return std::make_unique<torch::optim::AdagradParamState>();
+  if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer))
+    return std::make_unique<torch::optim::RMSpropParamState>();
+  throw std::invalid_argument(
+      "accel::pipeline::load_state: the optimizer is none of SGD, Adam, AdamW, Adagrad and RMSprop, whose "
+      "per-parameter state a pipeline checkpoint holds; use one of them, or save the weights alone (save_model)");
+}
+
+std::vector<char> pipeline::gather_bytes(std::vector<char> bytes, int owner, int tag) {
+  if (owner == 0) return links_.rank == 0 ? bytes : std::vector<char>{};
+  if (links_.rank == owner) {
+    auto size = at::full({1}, static_cast<std::int64_t>(bytes.size()), at::kLong);
+    links_.send(size, 0, tag)();
+    if (!bytes.empty()) {
+      auto data = at::from_blob(bytes.data(), {static_cast<std::int64_t>(bytes.size())}, at::kByte).clone();
+      links_.send(data, 0, tag + 1)();
+    }
+    return {};
+  }
+  if (links_.rank != 0) return {};
+  auto size = at::empty({1}, at::kLong);
+  links_.receive(size, owner, tag)();
+  std::vector<char> received(static_cast<std::size_t>(size.item<std::int64_t>()));
+  if (!received.empty()) {
+    auto data = at::empty({size.item<std::int64_t>()}, at::kByte);
+    links_.receive(data, owner, tag + 1)();
+    std::memcpy(received.data(), data.data_ptr(), received.size());
+  }
+  return received;
+}
+
+void pipeline::save_state(const std::filesystem::path& directory, const torch::optim::Optimizer& optimizer) {
+  save_model(directory);
+  if (links_.replica_index != 0) return;  // the first replica's pp group writes, as for the weights
+  constexpr int first_tag = 1 << 29;      // above save_model's
+  int message = 0;
+  torch::serialize::OutputArchive archive;  // written on the pp group's first process
+  for (int stage = 0; stage < shape_.stages; ++stage) {
+    const int owner = shape_.process_of(stage);
+    for (const auto& [name, parameter] : stage_parameters(stage)) {
+      auto bytes = gather_bytes(links_.rank == owner ? state_bytes(optimizer, parameter) : std::vector<char>{}, owner,
+                                first_tag + 2 * message++);
+      if (links_.rank == 0 && !bytes.empty())
+        archive.write(name, at::from_blob(bytes.data(), {static_cast<std::int64_t>(bytes.size())}, at::kByte).clone());
+    }
+  }
+  const auto path = directory / "pipeline_optimizer.pt";
+  std::string failure;
+  if (links_.rank == 0) try {
+      const auto partial = directory / "pipeline_optimizer.pt.partial";
+      archive.save_to(partial.string());
+      std::filesystem::rename(partial, path);  // whole or absent
+    } catch (const std::exception& e) {
+      failure = "accel::pipeline::save_state: could not write " + path.string() + ": " + e.what();
+    }
+  agree_written(failure, "accel::pipeline::save_state: the pp group's first process could not write " + path.string());
+}
+
+void pipeline::load_state(const std::filesystem::path& directory, torch::optim::Optimizer& optimizer) {
+  const auto path = directory / "pipeline_optimizer.pt";
+  if (!std::filesystem::exists(path))
+    throw checkpoint_error("accel::pipeline::load_state: " + path.string() +
+                           " does not exist: pipe.save_state(directory, optimizer) writes it (save_model writes the "
+                           "weights alone, which load_model loads)");
+  // Every state read before anything changes: a damaged file leaves the model and the optimizer as they were.
+  torch::serialize::InputArchive archive;
+  archive.load_from(path.string());
+  std::vector<std::pair<at::Tensor, std::unique_ptr<torch::optim::OptimizerParamState>>> states;
+  for (const int stage : local_stages_)
+    for (const auto& [name, parameter] : stage_parameters(stage)) {
+      at::Tensor bytes;
+      std::unique_ptr<torch::optim::OptimizerParamState> state;
+      if (archive.try_read(name, bytes)) {
+        torch::serialize::InputArchive part;
+        part.load_from(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel()));
+        state = fresh_state(optimizer);
+        state->serialize(part);
+      }
+      states.emplace_back(parameter, std::move(state));
+    }
+  load_model(directory);
+  for (auto& [parameter, state] : states) {
+    const auto key = detail::compat::optimizer_state_key(parameter);
+    if (state)
+      optimizer.state()[key] = std::move(state);
+    else
+      optimizer.state().erase(key);  // none saved: the parameter had not been stepped
+  }
 }
 
 void pipeline::load_model(const std::filesystem::path& where) { accel::load_model(*whole_, where); }
