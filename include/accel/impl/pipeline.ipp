@@ -30,6 +30,7 @@
 
 #include "../checkpoint_error.hpp"
 #include "../detail/compat.hpp"
+#include "../detail/support/atomic_file.hpp"
 #include "../model_weights.hpp"
 
 namespace accel::detail::pp {
@@ -287,11 +288,11 @@ void pipeline::save_state(const std::filesystem::path& directory, const torch::o
   const auto path = directory / "pipeline_optimizer.pt";
   std::string failure;
   if (links_.rank == 0) try {
-      const auto partial = directory / "pipeline_optimizer.pt.partial";
-      archive.save_to(partial.string());
-      std::filesystem::rename(partial, path);  // whole or absent
+      std::ostringstream bytes;  // LibTorch's archive writer aborts on a full disk: accel writes the file
+      archive.save_to(bytes);
+      detail::write_atomically<checkpoint_error>(path, [&](auto& out) { out.write(bytes.view()); });
     } catch (const std::exception& e) {
-      failure = "accel::pipeline::save_state: could not write " + path.string() + ": " + e.what();
+      failure = e.what();
     }
   agree_written(failure, "accel::pipeline::save_state: the pp group's first process could not write " + path.string());
 }
