@@ -13,29 +13,23 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 profile=${1:-test}
+example_packages=(
+  build-essential cmake ninja-build librange-v3-dev python3 python3-venv
+  libgloo-dev                   # gloo/*.h for c10d's ProcessGroupGloo.hpp (headers only: Gloo's code is in libtorch_cpu)
+)
 case "$profile" in
-  example)
-    packages=(build-essential cmake ninja-build librange-v3-dev libgloo-dev python3 python3-venv)
-    requirements=(example)
-    ;;
-  docs)
-    packages=(python3 python3-venv)
-    requirements=(docs)
-    ;;
+  example) packages=("${example_packages[@]}") ;;
+  docs) packages=(python3 python3-venv) ;;
   test)
     packages=(
-      build-essential cmake ninja-build ccache lld pkg-config
-      librange-v3-dev catch2
-      libgloo-dev                   # gloo/*.h for c10d's ProcessGroupGloo.hpp (headers only: Gloo's code is in libtorch_cpu)
+      "${example_packages[@]}" ccache lld pkg-config catch2
       libtorch-dev                  # LibTorch 1.13.1: the second supported configuration
       libopenblas0-pthread          # without it Debian's LibTorch uses the reference BLAS (~10x slower)
-      python3 python3-venv
       openmpi-bin                   # mpirun, to test that accel programs start under Open MPI
       strace                        # checkpoint.synced_save: which files and directories a save syncs
       iproute2                      # ip and tc: the cluster.* tests' machines (tests/scripts/cluster.py; util-linux's
                                     # unshare, nsenter and setpriv are in every Debian, being essential)
     )
-    requirements=(example docs test)
     ;;
   *)
     echo "usage: scripts/setup.sh [example | docs | test]" >&2
@@ -66,12 +60,17 @@ fi
 # (a copy of them inside .venv says what is installed).
 venv=$root/.venv
 installed=$venv/accel-requirements-$profile.txt
-wanted=$(for r in "${requirements[@]}"; do cat "$root/requirements/$r.txt"; done)
+file=$root/requirements/$profile.txt
+# A requirements file with the files it includes (`-r NAME`, beside it), in order.
+requirements_text() {
+  cat "$1"
+  sed -n 's/^-r //p' "$1" | while read -r included; do requirements_text "$(dirname "$1")/$included"; done
+}
+wanted=$(requirements_text "$file")
 if [[ -f $installed && $(cat "$installed") == "$wanted" ]]; then
   echo "setup: .venv up to date for $profile"
   exit 0
 fi
-file=$root/requirements/$profile.txt
 python=${ACCEL_SETUP_PYTHON:-python3}
 if ! "$venv/bin/python" -c '' 2>/dev/null; then
   echo "setup: making .venv with $("$python" --version)"
