@@ -31,7 +31,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,7 +41,6 @@
 
 namespace torch::optim {
 class Optimizer;
-class OptimizerParamState;
 }  // namespace torch::optim
 
 namespace accel {
@@ -127,9 +125,6 @@ class pipeline {
   /// `optimizer`'s state of `parameter`, serialized (empty: it has none yet).
   [[nodiscard]] ACCEL_DECL static std::vector<char> state_bytes(const torch::optim::Optimizer& optimizer,
                                                                 const at::Tensor& parameter);
-  /// An empty per-parameter state of `optimizer`'s kind, for `load_state` to fill.
-  [[nodiscard]] ACCEL_DECL static std::unique_ptr<torch::optim::OptimizerParamState> fresh_state(
-      const torch::optim::Optimizer& optimizer);
   /// On the pp group's first process, `bytes` from `owner` under message `tag` (its own when it is the owner).
   ACCEL_DECL std::vector<char> gather_bytes(std::vector<char> bytes, int owner, int tag);
   /// Raises `failure` (or a message naming `what`) on every process of the pp group when its first process failed.

@@ -9,12 +9,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/utils/tensor_flatten.h>
 #include <torch/nn/module.h>
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
@@ -23,6 +18,7 @@
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -31,6 +27,7 @@
 #include "../checkpoint_error.hpp"
 #include "../detail/compat.hpp"
 #include "../detail/support/atomic_file.hpp"
+#include "../detail/support/optimizer_state.hpp"
 #include "../model_weights.hpp"
 
 namespace accel::detail::pp {
@@ -234,19 +231,6 @@ std::vector<char> pipeline::state_bytes(const torch::optim::Optimizer& optimizer
   return {text.begin(), text.end()};
 }
 
-std::unique_ptr<torch::optim::OptimizerParamState> pipeline::fresh_state(const torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return std::make_unique<torch::optim::AdamWParamState>();
-  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return std::make_unique<torch::optim::AdamParamState>();
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return std::make_unique<torch::optim::SGDParamState>();
-  if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer))
-    return std::make_unique<torch::optim::AdagradParamState>();
-  if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer))
-    return std::make_unique<torch::optim::RMSpropParamState>();
-  throw std::invalid_argument(
-      "accel::pipeline::load_state: the optimizer is none of SGD, Adam, AdamW, Adagrad and RMSprop, whose "
-      "per-parameter state a pipeline checkpoint holds; use one of them, or save the weights alone (save_model)");
-}
-
 std::vector<char> pipeline::gather_bytes(std::vector<char> bytes, int owner, int tag) {
   if (owner == 0) return links_.rank == 0 ? bytes : std::vector<char>{};
   if (links_.rank == owner) {
@@ -314,7 +298,12 @@ void pipeline::load_state(const std::filesystem::path& directory, torch::optim::
       if (archive.try_read(name, bytes)) {
         torch::serialize::InputArchive part;
         part.load_from(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel()));
-        state = fresh_state(optimizer);
+        state = detail::empty_state_of(optimizer);
+        if (!state)
+          throw std::invalid_argument(
+              "accel::pipeline::load_state: the optimizer is none of SGD, Adam, AdamW, Adagrad and RMSprop, whose "
+              "per-parameter state a pipeline checkpoint holds; use one of them, or save the weights alone "
+              "(save_model)");
         state->serialize(part);
       }
       states.emplace_back(parameter, std::move(state));
