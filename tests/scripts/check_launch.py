@@ -530,6 +530,43 @@ class PlayedNode:
         self.socket.close()
 
 
+class PlayedMainNode:
+    """Node 0's launcher played by this script on an accepted `connection`: its challenge, the other launcher's hello
+    checked under JOB_SECRET; then, when the caller says, its welcome, after which that launcher's lines are sealed."""
+
+    def __init__(self, connection):
+        self.socket, self.pending, self.received = connection, b"", 0
+        self.challenge = secrets.token_hex(16)
+        self.socket.sendall(f"challenge {self.challenge}\n".encode())
+        words, self.nonce, proof = self.raw_line().rsplit(" ", 2)
+        check(proof == keyed(JOB_SECRET, "node", self.challenge, self.nonce, words), f"a hello not proved: {words!r}")
+        self.key = keyed(JOB_SECRET, "connection", self.challenge, self.nonce)
+
+    def raw_line(self):
+        while b"\n" not in self.pending:
+            chunk = self.socket.recv(4096)
+            if not chunk:
+                return None
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def welcome(self):
+        self.socket.sendall(f"welcome {keyed(JOB_SECRET, 'node 0', self.challenge, self.nonce)}\n".encode())
+
+    def lines_until_closed(self):
+        """The other launcher's sealed lines but its heartbeats, their seals checked, until it closes the connection."""
+        lines = []
+        while (line := self.raw_line()) is not None:
+            text, seal = line.rsplit(" ", 1)
+            expected = hmac.new(self.key.encode(), f"to node 0 {self.received}\n{text}".encode(), hashlib.sha256)
+            check(seal == expected.hexdigest(), f"a line of node 1's is not sealed: {text!r}")
+            self.received += 1
+            if text != "beat":
+                lines.append(text)
+        return lines
+
+
 def node_command(nnodes, node, master_port, heartbeat_port, flags, program):
     """`accel launch` of node `node` of `nnodes`, 2 workers running `program`."""
     return [ACCEL, "launch", "--nnodes", str(nnodes), "--node_rank", str(node), "--master_addr", "127.0.0.1",
@@ -664,6 +701,32 @@ def case_heartbeat_nodes_end_apart():
                 check(code == 0 and "lost" not in err, f"node {node} exited with {code}: {err}")
         finally:
             cleanup(launchers)
+
+
+def case_heartbeat_ends_before_welcome():
+    # A node whose job ends between its hello and node 0's welcome waits for the welcome and says goodbye: closed
+    # without one, node 0 (played here, its welcome held back until node 1's workers have ended) took it for killed.
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(20)
+        flags = ["--heartbeat_interval", "0.2", "--heartbeat_timeout", "5"]
+        program = ["sh", "-c", "touch ended.$RANK"]
+        launcher = start_launcher(node_command(2, 1, free_port(), server.getsockname()[1], flags, program),
+                                  {"ACCEL_JOB_SECRET": JOB_SECRET})
+        try:
+            connection, _ = server.accept()
+            with connection:
+                node = PlayedMainNode(connection)
+                start = time.monotonic()
+                while not all(os.path.exists(os.path.join(WORK, f"ended.{rank}")) for rank in (2, 3)):
+                    check(time.monotonic() - start < 20, "node 1's workers did not end within 20 s")
+                    time.sleep(0.05)
+                time.sleep(0.5)  # the launcher has reaped them and is finishing
+                node.welcome()
+                check(node.lines_until_closed() == ["bye 0"], "node 1 closed its connection without a goodbye")
+            code, err, _ = ended(launcher, "node 1")
+            check(code == 0, f"node 1 exited with {code}: {err}")
+        finally:
+            cleanup([launcher])
 
 
 def case_heartbeat_off():

@@ -763,6 +763,7 @@ class other_node_heartbeat final : public peer_watch {
   }
 
   void finish(int exit_code) override {
+    await_welcome();
     if (welcomed_ && link_.fd >= 0) link_.send_line("bye " + std::to_string(exit_code));
     link_.close_link();
     finished_ = true;
@@ -770,6 +771,19 @@ class other_node_heartbeat final : public peer_watch {
 
  private:
   std::string endpoint() const { return options_.master_addr + ":" + std::to_string(options_.port); }
+
+  // Node 0 watches this node from its hello on, so a job that ends between the hello and the welcome waits for the
+  // welcome (at most --heartbeat_timeout) to seal its goodbye: closed without one, node 0 would take it for killed.
+  void await_welcome() {
+    const steady_clock::time_point give_up = steady_clock::now() + options_.timeout;
+    while (!welcomed_ && !finished_ && link_.fd >= 0 && !link_.challenge.empty()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(give_up - steady_clock::now()).count();
+      if (left <= 0) return;
+      pollfd readable{link_.fd, POLLIN, 0};
+      poll(&readable, 1, static_cast<int>(left));
+      static_cast<void>(on_wakeup());  // the job's exit code is set: a loss found now changes nothing
+    }
+  }
 
   // Node 0 never reached: after this node's attempt ended (a static job), or within the join timeout (an elastic
   // job's first rendezvous), saying what was tried.
