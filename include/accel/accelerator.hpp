@@ -33,6 +33,7 @@
 #include "fwd.hpp"
 #include "device_mesh.hpp"
 #include "detail/prepared/accelerator_access.hpp"
+#include "detail/prepared/prepare.hpp"
 #include "detail/checkpoint/schedule.hpp"
 #include "detail/comm/flight_recorder.hpp"
 #include "detail/config.hpp"
@@ -41,6 +42,7 @@
 #include "detail/prepared/registry.hpp"
 #include "detail/support/scope.hpp"
 #include "detail/support/straggler_report.hpp"
+#include "detail/tracking/deferred_trackers.hpp"
 #include "gradient_state.hpp"
 #include "memory.hpp"
 #include "options.hpp"
@@ -53,42 +55,6 @@
 #include "shard.hpp"
 
 namespace accel {
-namespace detail {
-template <class T>
-inline constexpr bool is_prepared_model = false;
-template <class M, class A>
-inline constexpr bool is_prepared_model<prepared_model<M, A>> = true;
-
-/// The module of a model handle or of a prepared model.
-template <class Model>
-const torch::nn::Module& module_of(const Model& model) {
-  if constexpr (is_prepared_model<Model>)
-    return *model;
-  else
-    return *module_pointer(model);
-}
-
-/// Waits for every process before the scope when not `first`, after it when `first`: the first ones go ahead alone.
-template <class Parallel>
-auto first_then_others(Parallel& parallel, bool first) {
-  if (!first) parallel.wait_for_everyone();
-  return scope_success([&parallel, first] {
-    if (first) parallel.wait_for_everyone();
-  });
-}
-
-/// Runs `action` when `here`, and returns its result in an optional (nothing for a void action).
-template <class Action>
-auto run_if(bool here, Action&& action) {
-  using result = std::invoke_result_t<Action>;
-  if constexpr (std::is_void_v<result>) {
-    if (here) std::forward<Action>(action)();
-  } else {
-    using value = std::remove_cvref_t<result>;
-    return here ? std::optional<value>(std::forward<Action>(action)()) : std::nullopt;
-  }
-}
-}  // namespace detail
 
 /// The training-loop driver. Default-constructible; `accelerator(options)` sets the run-time knobs.
 ///
@@ -118,9 +84,9 @@ class accelerator {
   [[nodiscard]] auto prepare(Objects&&... objects) {
     static_assert(sizeof...(Objects) > 0, "accel::accelerator::prepare() needs at least one object to prepare");
     if constexpr (sizeof...(Objects) == 1)
-      return prepare_one(std::forward<Objects>(objects)...);
-    else
-      return std::tuple{prepare_one(std::forward<Objects>(objects))...};  // braces: evaluated left to right
+      return detail::prepare_object(*this, std::forward<Objects>(objects)...);
+    else  // braces: evaluated left to right
+      return std::tuple{detail::prepare_object(*this, std::forward<Objects>(objects))...};
   }
 
   /// Prepares one model as `prepare` does, with Accelerate's `prepare_model` arguments: `device_placement` overrides
@@ -135,7 +101,9 @@ class accelerator {
                   "std::shared_ptr<torch::nn::Module>)");
     static_assert(!detail::is_prepared<type>,
                   "accel::accelerator::prepare_model(): this model is already prepared; use it as it is");
-    return wrap_model(type(std::forward<Model>(model)), how);
+    type held(std::forward<Model>(model));
+    prepare_module(detail::module_shared(held), how);
+    return prepared_model<type, accelerator>(std::move(held), *this);
   }
 
   /// Runs backward on `loss`, divided by the accumulation steps and scaled as the precision policy requires.
@@ -625,20 +593,11 @@ class accelerator {
 
  private:
   template <class Dependent>
-  detail::deferred_t<detail::tracker_set, Dependent>& trackers() {
+  auto& trackers() {
     using set = detail::deferred_t<detail::tracker_set, Dependent>;
     static_assert(detail::is_complete<set>,
                   "accel::accelerator's init_trackers, log and get_tracker need #include <accel/tracking.hpp>");
-    if (!trackers_) {
-      trackers_ = std::make_shared<set>(options_.log_with, options_.project, options_.mlflow);
-      finish_trackers_ = [](detail::tracker_set& made) { static_cast<set&>(made).finish(); };
-      log_verdict_ = [](detail::tracker_set& made, const detail::straggler_verdict& verdict, std::int64_t step) {
-        static_cast<set&>(made).log(
-            {{"straggler/slowest_ratio", verdict.slowest_ratio}, {"straggler/slowest_process", verdict.slowest}}, step,
-            true);
-      };
-    }
-    return *trackers_;
+    return trackers_.template get<set>(options_);
   }
 
   [[nodiscard]] int mesh_index(std::string_view dimension, std::string_view query) const;
@@ -673,85 +632,10 @@ class accelerator {
         [this, &module, previous, this_backward] { parallel_.set_gradient_sync(module, previous, this_backward); });
   }
 
-  template <class Object>
-  auto prepare_one(Object&& object) {
-    using type = std::remove_cvref_t<Object>;
-    static_assert(!detail::is_prepared<type>,
-                  "accel::accelerator::prepare(): this object is already prepared; use the prepared object as it is");
-    if constexpr (model_like<type>) {
-      return wrap_model(type(std::forward<Object>(object)), {});
-    } else if constexpr (optimizer_like<Object>) {
-      parallel_.prepare_optimizer(object);
-      return prepared_optimizer<Object, accelerator>(std::forward<Object>(object), *this);
-    } else if constexpr (scheduler_like<Object>) {
-      return prepared_scheduler<Object, accelerator>(std::forward<Object>(object), *this);
-    } else if constexpr (batch_range<Object>) {
-      return prepare_range(std::forward<Object>(object));
-    } else if constexpr (requires(type& pointer) { requires batch_range<decltype(*pointer)>; }) {
-      static_assert(detail::always_false<type>,
-                    "accel::accelerator::prepare(): this argument points to a range of batches (such as the "
-                    "std::unique_ptr that torch::data::make_data_loader returns); pass the range it points to: "
-                    "acc.prepare(*loader)");
-    } else {
-      static_assert(detail::always_false<type>,
-                    "accel::accelerator::prepare() takes models (torch::nn::ModuleHolder or "
-                    "std::shared_ptr<torch::nn::Module>), optimizers (torch::optim::Optimizer), LR schedulers "
-                    "(anything with step()) and ranges of batches (anything with begin()/end()); this argument is "
-                    "none of them");
-    }
-  }
-
-  /// Under several processes, a range is sharded first: a data loader's index batches, before loading; any other
-  /// range's batches themselves.
-  template <class Range>
-  auto prepare_range(Range&& range) {
-    using type = std::remove_cvref_t<Range>;
-    if constexpr (detail::always_one_process<Parallel>) {
-      return prepared_range<Range, accelerator>(std::forward<Range>(range), *this);
-    } else if constexpr (detail::is_stream_loader<type>) {
-      refuse_dispatch("a stream loader (an accel::data_loader over a range without a size)");
-      using sharded = sharded_stream<Range>;
-      return prepared_range<sharded, accelerator>(sharded(std::forward<Range>(range), shard_options_here()), *this);
-    } else if constexpr (detail::is_data_loader<type>) {
-      refuse_dispatch("an accel::data_loader, which already loads only each process's own samples,");
-      using sharded = sharded_loader<Range>;
-      return prepared_range<sharded, accelerator>(sharded(std::forward<Range>(range), shard_options_here()), *this);
-    } else {
-      using sharded = shard_view<Range>;
-      auto sharding = shard_options_here();
-      sharding.batch_size = options_.batch_size;
-      sharding.drop_last = options_.drop_last;
-      sharded view(std::forward<Range>(range), sharding, typename sharded::infer_batch_size_t{});
-      if (options_.dispatch_batches) view.dispatch_from_main(dispatch_channel<typename sharded::batch_type>());
-      return prepared_range<sharded, accelerator>(std::move(view), *this);
-    }
-  }
-  /// dispatch_batches reads a range of batches on process 0; a data loader is prepared by its own rule.
-  void refuse_dispatch(const char* what) const;
-  /// The broadcast that carries process 0's batches to every process under dispatch_batches.
-  template <class Batch>
-  std::shared_ptr<detail::batch_channel<Batch>> dispatch_channel() {
-    if constexpr (detail::ivalue_holds<Batch>) {
-      static_assert(std::is_lvalue_reference_v<decltype(parallel_.communicator())>,
-                    "the channel keeps the communicator: it must outlive the prepared range");
-      auto& comm = parallel_.communicator();
-      return std::make_shared<detail::broadcast_channel<std::remove_reference_t<decltype(comm)>, Batch>>(comm);
-    } else {
-      throw std::invalid_argument(
-          "accel: options::dispatch_batches sends each batch from process 0 pickled as a c10::IValue, which cannot "
-          "hold this batch type; use batches of tensors, numbers or strings (or vectors, tuples, pairs and "
-          "torch::data::Examples of them)");
-    }
-  }
   /// Data is sharded by the data parallel rank: the tp, cp and pp peers of a mesh read the same batches (Accelerate's
   /// loader divides the process index by tp x cp, its innermost dimensions; pp is the outermost).
   [[nodiscard]] shard_options shard_options_here() const;
 
-  template <class Model>
-  prepared_model<Model, accelerator> wrap_model(Model model, const model_options& how) {
-    prepare_module(detail::module_shared(model), how);
-    return {std::move(model), *this};
-  }
   /// What preparing a model does, whatever its type: placed, given to the policies, registered.
   void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const model_options& how);
   /// `prepared_optimizer::zero_grad()` and `prepared_model`'s forward, through the one door.
@@ -772,11 +656,7 @@ class accelerator {
   detail::prepared_registry registry_;
   /// What checkpoints hold, and who holds it: the participants with state of their own are listed here, once.
   detail::training_state<Parallel, Precision, Accumulation, Parallel, detail::checkpoint_schedule> state_;
-  /// Made by the first tracking call (the type is complete only where accel/tracking.hpp is included), finished by
-  /// `end_training` and the destructor through `finish_trackers_`.
-  std::shared_ptr<detail::tracker_set> trackers_;
-  void (*finish_trackers_)(detail::tracker_set&) = nullptr;
-  void (*log_verdict_)(detail::tracker_set&, const detail::straggler_verdict&, std::int64_t step) = nullptr;
+  detail::deferred_trackers trackers_;  // made by the first tracking call
   detail::straggler_report stragglers_;
 };
 
@@ -796,7 +676,7 @@ accelerator<Precision, Parallel, Accumulation>::~accelerator() = default;
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::end_training() {
-  if (trackers_) finish_trackers_(*trackers_);
+  trackers_.finish();
   wait_for_everyone();
 }
 
@@ -940,7 +820,7 @@ void accelerator<Precision, Parallel, Accumulation>::report_stragglers(double se
   const auto* figures = gathered.template data_ptr<double>();
   const auto verdict = stragglers_.judge({figures, figures + gathered.numel()}, schedule_.steps());
   if (!verdict.warning.empty()) std::cerr << verdict.warning << std::flush;
-  if (trackers_) log_verdict_(*trackers_, verdict, schedule_.steps());
+  trackers_.log_verdict(verdict, schedule_.steps());
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
@@ -971,14 +851,6 @@ accelerator<Precision, Parallel, Accumulation>::override_even_batches(bool even)
     std::cerr << "accel::join_uneven_inputs: even_batches is overridden only for ranges whose batches every "
                  "process reads (data loaders, ranges of batches); streams and dispatched batches keep theirs\n";
   return overridden;
-}
-
-template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
-void accelerator<Precision, Parallel, Accumulation>::refuse_dispatch(const char* what) const {
-  if (options_.dispatch_batches)
-    throw std::invalid_argument(std::string("accel: options::dispatch_batches cannot dispatch ") + what +
-                                " at prepare; to have process 0 alone read it and send its batches, prepare "
-                                "std::ranges::ref_view(loader) (a plain range of its batches) instead");
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>

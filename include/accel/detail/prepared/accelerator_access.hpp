@@ -70,6 +70,11 @@ struct accelerator_access {
   [[nodiscard]] static auto& parallel(Accelerator& acc) noexcept {
     return acc.parallel_;
   }
+  /// `prepare`, for a range of batches: which part of the data this process reads.
+  template <class Accelerator>
+  [[nodiscard]] static auto shard_options_here(const Accelerator& acc) {
+    return acc.shard_options_here();
+  }
   /// `accel::wait_for_checkpoint`: the asynchronous save in flight, waited for.
   template <class Accelerator>
   static auto finish_background_save(Accelerator& acc) {

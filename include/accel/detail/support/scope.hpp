@@ -4,6 +4,8 @@
 #pragma once
 
 #include <exception>
+#include <optional>
+#include <type_traits>
 #include <utility>
 
 namespace accel::detail {
@@ -85,5 +87,27 @@ class [[nodiscard]] scope_fail {
   Action action_;
   int uncaught_ = std::uncaught_exceptions();
 };
+
+/// Waits for every process before the scope when not `first`, after it when `first`: the first ones go ahead alone
+/// (`main_process_first`).
+template <class Parallel>
+auto first_then_others(Parallel& parallel, bool first) {
+  if (!first) parallel.wait_for_everyone();
+  return scope_success([&parallel, first] {
+    if (first) parallel.wait_for_everyone();
+  });
+}
+
+/// Runs `action` when `here`, and returns its result in an optional (nothing for a void action): `on_main_process`.
+template <class Action>
+auto run_if(bool here, Action&& action) {
+  using result = std::invoke_result_t<Action>;
+  if constexpr (std::is_void_v<result>) {
+    if (here) std::forward<Action>(action)();
+  } else {
+    using value = std::remove_cvref_t<result>;
+    return here ? std::optional<value>(std::forward<Action>(action)()) : std::nullopt;
+  }
+}
 
 }  // namespace accel::detail
