@@ -18,9 +18,13 @@
 /// function's value over it divided by the number of micro-batches (a mean-reduced loss gives the batch's mean); the
 /// gradients accumulate over the micro-batches, and `step` returns the batch's loss on every process. With
 /// dp_replicate above 1 beside pp, the stages' copies average their gradients over their "dp" group at the end of the
-/// step. The pipeline's module is not given to `acc.prepare`: the pipeline is what places and synchronises it, and
-/// runs it in the accelerator's precision: fp32, or bf16 (each stage's forward under autocast, the last stage's
-/// output in float32 before the loss, as a prepared model's); fp16 and fp8 do not compile with it yet.
+/// step. With dp_shard above 1 (pp x dp_shard, and with dp_replicate pp x HSDP), each stage's parameters are cut
+/// across the dp_shard group as FSDP cuts them: `parameters()` are this process's shards, which the optimizer is
+/// built over; a step gathers the whole parameters, and at its end reduce-scatters the gradients into the shards'
+/// and frees the whole parameters again. The pipeline's module is not given to `acc.prepare`: the pipeline is what
+/// places and synchronises it, and runs it in the accelerator's precision: fp32, or bf16 (each stage's forward under
+/// autocast, the last stage's output in float32 before the loss, as a prepared model's); fp16 and fp8 do not compile
+/// with it yet.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -31,6 +35,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,9 +98,14 @@ class pipeline {
   /// the weights first (`load_model`); throws std::invalid_argument for an optimizer of another kind.
   ACCEL_DECL void load_state(const std::filesystem::path& directory, torch::optim::Optimizer& optimizer);
 
-  /// This process's stages' blocks, each under its name in the whole model.
+  /// This process's stages' blocks, each under its name in the whole model. Under dp_shard its parameters are
+  /// empty between steps (`parameters()` holds them).
   [[nodiscard]] const torch::nn::Sequential& module() const noexcept { return module_; }
-  [[nodiscard]] std::vector<at::Tensor> parameters() const { return module_->parameters(); }
+  /// What the optimizer updates: the module's parameters, or under dp_shard this process's shard of each (its
+  /// `shards()`-th part of the flattened parameter, zero-padded to a multiple of `shards()`), in the same order.
+  [[nodiscard]] std::vector<at::Tensor> parameters() const { return shards_.empty() ? module_->parameters() : shards_; }
+  /// The dp_shard group's size: 1 when the parameters are whole.
+  [[nodiscard]] int shards() const noexcept { return links_.shards; }
   /// The stages this process runs, in order, and the total.
   [[nodiscard]] const std::vector<int>& local_stages() const noexcept { return local_stages_; }
   [[nodiscard]] int stages() const noexcept { return shape_.stages; }
@@ -107,6 +118,23 @@ class pipeline {
   ACCEL_DECL pipeline(const torch::nn::Sequential& model, pipeline_options how, detail::pp::links links,
                       c10::Device device);
   ACCEL_DECL void average_over_replicas();
+  /// Under dp_shard: the whole parameters gathered from the shards (`unshard`); the gradients summed into the shards'
+  /// and averaged, the whole parameters' cleared (`reduce_gradients_into_shards`); each shard set from its whole
+  /// parameter, which is then freed (`reshard`).
+  ACCEL_DECL void make_shards();
+  ACCEL_DECL void unshard();
+  ACCEL_DECL void reduce_gradients_into_shards();
+  ACCEL_DECL void reshard();
+  /// The whole parameters until the returned object goes (save and load): under dp_shard unshard() now and
+  /// reshard() then, which also cuts the shards from what a load put there; nothing otherwise.
+  [[nodiscard]] ACCEL_DECL std::shared_ptr<void> whole_parameters();
+  /// Under dp_shard: the optimizer's state of each local parameter whole, serialized, by parameter (a collective of
+  /// the dp_shard group); a whole parameter's state, as `load_state` reads it, cut to its shard `index`'s.
+  [[nodiscard]] ACCEL_DECL std::map<const void*, std::vector<char>> whole_states(
+      const torch::optim::Optimizer& optimizer);
+  ACCEL_DECL void cut_to_shard(torch::optim::OptimizerParamState& state, std::size_t index) const;
+  /// A local parameter's shard `index`, whole: gathered over the dp_shard group (a collective).
+  [[nodiscard]] ACCEL_DECL at::Tensor gathered(const at::Tensor& shard, std::size_t index) const;
   ACCEL_DECL void run(const pipeline_action& action, step_state& state, const loss_function& loss);
   ACCEL_DECL void forward(int stage, int micro_batch, step_state& state, const loss_function& loss);
   ACCEL_DECL void backward(const pipeline_action& action, step_state& state);
@@ -143,6 +171,10 @@ class pipeline {
   // a step whose batch has that shape sends no headers (every process sees the same batch, so all agree).
   std::vector<detail::pp::message_shape> message_shapes_;
   std::vector<std::int64_t> known_input_, known_target_;
+  // Under dp_shard: this process's shard of each local parameter, and where each lies in the step's flat buffers.
+  std::vector<at::Tensor> shards_;
+  std::vector<std::int64_t> shard_offsets_;
+  std::vector<std::vector<std::int64_t>> whole_sizes_;
 };
 
 }  // namespace accel

@@ -134,16 +134,51 @@ std::vector<std::vector<double>> train_in_one_process(torch::nn::Sequential& mod
   return losses;
 }
 
-/// The largest difference between `pipe`'s parameters and those of the same names in `reference`.
-double distance(const accel::pipeline& pipe, const torch::nn::Sequential& reference) {
+/// The index of this process in its dp_shard group (0 without one).
+template <class Accelerator>
+int shard_index(const Accelerator& acc) {
+  const auto& mesh = acc.parallelism_config();
+  return mesh && mesh->sizes().dp_shard > 1 ? mesh->index_along("dp_shard", acc.process_index()) : 0;
+}
+
+/// The largest difference between what `pipe` updates and the parameters of the same names in `reference`: under
+/// dp_shard, this process's shard of each (`shard_index`), against the same part of the reference's, zero-padded.
+double distance(const accel::pipeline& pipe, const torch::nn::Sequential& reference, int shard_index = 0) {
   const auto expected = reference->named_parameters();
+  const auto names = pipe.module()->named_parameters().keys();
+  const auto held = pipe.parameters();
   double largest = 0;
-  for (const auto& named : pipe.module()->named_parameters()) {
-    const auto* found = expected.find(named.key());
-    if (found == nullptr) throw std::runtime_error("the pipeline's " + named.key() + " is not in the whole model");
-    largest = std::max(largest, (named.value() - *found).abs().max().item<double>());
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    const auto* found = expected.find(names[i]);
+    if (found == nullptr) throw std::runtime_error("the pipeline's " + names[i] + " is not in the whole model");
+    auto want = found->detach();
+    if (pipe.shards() > 1) {
+      const auto length = held[i].numel();
+      auto padded = torch::zeros({length * pipe.shards()}, want.options());
+      padded.narrow(0, 0, want.numel()).copy_(want.reshape({-1}));
+      want = padded.narrow(0, shard_index * length, length);
+    }
+    largest = std::max(largest, (held[i] - want).abs().max().item<double>());
   }
   return largest;
+}
+
+/// Under dp_shard, between steps: the module's parameters hold nothing, and the shards 1/dp_shard of each whole
+/// parameter (rounded up).
+void check_sharded(const accel::pipeline& pipe, const torch::nn::Sequential& reference) {
+  if (pipe.shards() == 1) return;
+  std::int64_t left = 0, held = 0, expected = 0;
+  for (const auto& parameter : pipe.module()->parameters()) left += parameter.numel();
+  for (const auto& shard : pipe.parameters()) held += shard.numel();
+  const auto whole = reference->named_parameters();
+  for (const auto& name : pipe.module()->named_parameters().keys())
+    expected += (whole[name].numel() + pipe.shards() - 1) / pipe.shards();
+  std::printf(
+      "pipeline_training: between steps the stages hold %lld parameter elements whole and %lld in shards "
+      "(expected 0 and %lld)\n",
+      static_cast<long long>(left), static_cast<long long>(held), static_cast<long long>(expected));
+  std::fflush(stdout);
+  if (left != 0 || held != expected) throw std::runtime_error("the pipeline's parameters are not sharded");
 }
 
 template <class Accelerator>
@@ -152,7 +187,7 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   constexpr bool bf16 = std::is_same_v<typename Accelerator::precision_type, accel::bf16>;
   Accelerator acc{accel::options{.cpu = true}};
   const auto& mesh = acc.parallelism_config();
-  const int replicas = mesh ? mesh->sizes().dp_replicate : 1;
+  const int replicas = mesh ? mesh->sizes().dp_replicate * mesh->sizes().dp_shard : 1;  // the data-parallel ranks
   const auto batches = global_batches(steps, replicas, rows, width);
   // The batches through a prepared range, which gives each dp replica its own and the pp peers the same ones.
   std::vector<std::pair<torch::Tensor, torch::Tensor>> samples;
@@ -189,14 +224,15 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
       if (step >= steps - 10) last_losses += loss;
     }
   }
-  const double gap = distance(pipe, reference);
+  check_sharded(pipe, reference);
+  const double gap = distance(pipe, reference, shard_index(acc));
   std::printf("pipeline_training: process %d (stages", acc.process_index());
   for (int stage : pipe.local_stages()) std::printf(" %d", stage);
   std::printf(
       ") %s%s: %zu actions; loss %.6f -> %.6f; parameters %.3g from one process (%s), losses %.3g; %.3g from "
       "one process taking whole batches\n",
       schedule.c_str(), bf16 ? " in bf16" : "", pipe.actions().size(), losses.front(), losses.back(), gap,
-      gap == 0 ? "bit for bit" : "not bitwise", loss_gap, distance(pipe, whole_batches));
+      gap == 0 ? "bit for bit" : "not bitwise", loss_gap, distance(pipe, whole_batches, shard_index(acc)));
   std::fflush(stdout);
   std::printf("pipeline_training: the last 10 steps' loss is %.3f of the first 10's\n", last_losses / first_losses);
   std::fflush(stdout);
@@ -205,7 +241,7 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   if constexpr (bf16) {  // the stages' autocast mattered: the same training in float32 ends elsewhere
     auto in_float32 = make_model(width);
     (void)train_in_one_process(in_float32, batches, steps, replicas, micro_batches, /*whole=*/false);
-    const double float32_gap = distance(pipe, in_float32);
+    const double float32_gap = distance(pipe, in_float32, shard_index(acc));
     std::printf("pipeline_training: %.3g from one process in float32\n", float32_gap);
     if (!(float32_gap > 1e-6)) throw std::runtime_error("the bf16 pipeline trained as float32 does");
   }
@@ -287,7 +323,7 @@ int checkpoint(const std::string& mode, const std::string& directory) {
   pipe.load_model(directory);
   auto reference = make_model(width);
   (void)train_in_one_process(reference, global_batches(steps, 1, rows, width), steps, 1, micro_batches, false);
-  const double gap = distance(pipe, reference);
+  const double gap = distance(pipe, reference, shard_index(acc));
   std::printf("pipeline_training: process %d of %d loaded %zu tensors, %.3g from one process\n", acc.process_index(),
               acc.num_processes(), pipe.module()->named_parameters().size(), gap);
   std::fflush(stdout);
@@ -367,7 +403,7 @@ int resume(const std::string& mode, const std::string& directory) {
   }
   auto reference = make_model(width);
   (void)train_in_one_process(reference, batches, steps, 1, micro_batches, false, false, momentum);
-  const double gap = distance(pipe, reference);
+  const double gap = distance(pipe, reference, shard_index(acc));
   std::printf("pipeline_training: process %d of %d resumed at step %d, %.3g from one process after %d steps\n",
               acc.process_index(), acc.num_processes(), steps / 2, gap, steps);
   std::fflush(stdout);

@@ -6,6 +6,7 @@
 #include "../pipeline.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/utils/tensor_flatten.h>
 #include <torch/nn/module.h>
@@ -102,6 +103,28 @@ struct in_flight {
   at::Tensor header, data;
 };
 
+/// A shard's length: a parameter of `numel` elements cut into `shards` equal parts, the last zero-padded.
+inline std::int64_t shard_length(std::int64_t numel, int shards) { return (numel + shards - 1) / shards; }
+
+/// A parameter's optimizer state, serialized as a pipeline checkpoint holds it.
+inline std::vector<char> serialized(const torch::optim::OptimizerParamState& state) {
+  torch::serialize::OutputArchive archive;
+  state.serialize(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  const auto text = out.str();
+  return {text.begin(), text.end()};
+}
+
+/// The index of `parameter` among `parameters` (the same tensor).
+inline std::size_t index_of(const std::vector<at::Tensor>& parameters, const at::Tensor& parameter) {
+  return static_cast<std::size_t>(std::find_if(parameters.begin(), parameters.end(),
+                                               [&](const at::Tensor& each) {
+                                                 return each.unsafeGetTensorImpl() == parameter.unsafeGetTensorImpl();
+                                               }) -
+                                  parameters.begin());
+}
+
 inline void finish(in_flight& send) {
   if (send.header_sent) std::exchange(send.header_sent, {})();
   if (send.data_sent) std::exchange(send.data_sent, {})();
@@ -153,6 +176,128 @@ pipeline::pipeline(const torch::nn::Sequential& model, pipeline_options how, det
   module_->to(device);
   actions_ = make_pipeline_schedule(how_.schedule, shape_).at(static_cast<std::size_t>(links_.rank));
   message_shapes_.resize(static_cast<std::size_t>(2 * shape_.stages * shape_.micro_batches));
+  if (links_.shards > 1) make_shards();
+}
+
+void pipeline::make_shards() {
+  std::int64_t offset = 0;
+  for (const auto& parameter : module_->parameters()) {
+    if (parameter.scalar_type() != module_->parameters().front().scalar_type())
+      throw std::invalid_argument(
+          "accel::pipeline: under dp_shard the stages' parameters are gathered and reduced in one flat buffer, so "
+          "they must share one dtype; convert the model to one (model->to(torch::kFloat)) before cutting it");
+    const auto length = detail::pp::shard_length(parameter.numel(), links_.shards);
+    auto shard = at::zeros({length}, parameter.options());
+    shard.requires_grad_(true);
+    shards_.push_back(std::move(shard));
+    shard_offsets_.push_back(offset);
+    whole_sizes_.push_back(parameter.sizes().vec());
+    offset += length;
+  }
+  reshard();
+}
+
+std::shared_ptr<void> pipeline::whole_parameters() {
+  if (shards_.empty()) return nullptr;
+  unshard();
+  return {nullptr, [this](void*) { reshard(); }};  // local work only: safe while an error unwinds
+}
+
+void pipeline::unshard() {
+  if (shards_.empty()) return;  // every member of the dp_shard group runs the same stages
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> mine_parts;
+  for (const auto& shard : shards_) mine_parts.push_back(shard.detach());
+  auto mine = at::cat(mine_parts);
+  auto whole = at::empty({links_.shards, mine.numel()}, mine.options());
+  auto flat = whole.view({-1});
+  links_.all_gather_shards(flat, mine);
+  const auto parameters = module_->parameters();
+  for (std::size_t i = 0; i < shards_.size(); ++i) {
+    const auto& sizes = whole_sizes_[i];
+    const auto numel = c10::multiply_integers(sizes);
+    parameters[i].set_data(
+        whole.narrow(1, shard_offsets_[i], shards_[i].numel()).reshape({-1}).narrow(0, 0, numel).view(sizes));
+  }
+}
+
+void pipeline::reduce_gradients_into_shards() {
+  if (shards_.empty()) return;
+  at::NoGradGuard no_grad;
+  const auto total = shard_offsets_.back() + shards_.back().numel();
+  auto whole = at::zeros({links_.shards, total}, shards_.front().options());
+  const auto parameters = module_->parameters();
+  for (std::size_t i = 0; i < shards_.size(); ++i) {
+    auto& grad = parameters[i].mutable_grad();
+    if (!grad.defined()) continue;  // unused in this step: zeros, as every peer's
+    const auto length = shards_[i].numel();
+    auto padded = at::zeros({links_.shards * length}, grad.options());
+    padded.narrow(0, 0, grad.numel()).copy_(grad.reshape({-1}));
+    whole.narrow(1, shard_offsets_[i], length).copy_(padded.view({links_.shards, length}));
+    grad = at::Tensor();
+  }
+  auto mine = at::empty({total}, whole.options());
+  auto flat = whole.view({-1});
+  links_.reduce_scatter_shards(flat, mine);
+  if (links_.sum_over_replicas) links_.sum_over_replicas(mine);
+  mine.div_(links_.replicas);
+  for (std::size_t i = 0; i < shards_.size(); ++i) {
+    auto part = mine.narrow(0, shard_offsets_[i], shards_[i].numel());
+    auto& grad = shards_[i].mutable_grad();
+    if (grad.defined())
+      grad.add_(part);  // gradients accumulated over steps without zero_grad, as the whole parameters' would be
+    else
+      grad = part.clone();
+  }
+}
+
+void pipeline::reshard() {
+  at::NoGradGuard no_grad;
+  const auto parameters = module_->parameters();
+  for (std::size_t i = 0; i < shards_.size(); ++i) {
+    const auto flat = parameters[i].detach().reshape({-1});
+    const auto length = shards_[i].numel();
+    const auto begin = std::min<std::int64_t>(links_.shard_index * length, flat.numel());
+    const auto count = std::min<std::int64_t>(begin + length, flat.numel()) - begin;
+    auto shard = shards_[i].detach();
+    shard.narrow(0, count, length - count).zero_();  // the padding
+    shard.narrow(0, 0, count).copy_(flat.narrow(0, begin, count));
+    parameters[i].set_data(at::empty({0}, parameters[i].options()));
+  }
+}
+
+at::Tensor pipeline::gathered(const at::Tensor& shard, std::size_t index) const {
+  auto mine = shard.detach().contiguous();
+  auto whole = at::empty({links_.shards * mine.numel()}, mine.options());
+  links_.all_gather_shards(whole, mine);
+  const auto& sizes = whole_sizes_[index];
+  return whole.narrow(0, 0, c10::multiply_integers(sizes)).view(sizes).clone();
+}
+
+std::map<const void*, std::vector<char>> pipeline::whole_states(const torch::optim::Optimizer& optimizer) {
+  std::map<const void*, std::vector<char>> states;
+  const auto parameters = module_->parameters();
+  for (std::size_t i = 0; i < shards_.size(); ++i) {
+    const auto found = optimizer.state().find(detail::compat::optimizer_state_key(shards_[i]));
+    if (found == optimizer.state().end()) continue;  // the dp_shard group steps every shard of a parameter alike
+    auto whole = found->second->clone();
+    if (!detail::transform_state_tensors(*whole, [&](const at::Tensor& part) { return gathered(part, i); }))
+      throw std::invalid_argument(
+          "accel::pipeline::save_state: the optimizer is none of SGD, Adam, AdamW, Adagrad and RMSprop, whose "
+          "per-parameter state a pipeline cut over dp_shard gathers; use one of them, or save the weights alone "
+          "(save_model)");
+    states[parameters[i].unsafeGetTensorImpl()] = detail::pp::serialized(*whole);
+  }
+  return states;
+}
+
+void pipeline::cut_to_shard(torch::optim::OptimizerParamState& state, std::size_t index) const {
+  const auto length = shards_[index].numel();
+  detail::transform_state_tensors(state, [&](const at::Tensor& whole) {
+    auto padded = at::zeros({links_.shards * length}, whole.options());
+    padded.narrow(0, 0, whole.numel()).copy_(whole.reshape({-1}));
+    return padded.narrow(0, links_.shard_index * length, length).clone();
+  });
 }
 
 torch::nn::Sequential& pipeline::stage_module(int stage) {
@@ -171,6 +316,7 @@ std::vector<at::Tensor> pipeline::stage_tensors(int stage) const {
 }
 
 void pipeline::save_model(const std::filesystem::path& directory) {
+  const auto whole = whole_parameters();
   if (links_.replica_index != 0) return;  // the first replica's pp group writes; the others hold the same weights
   constexpr int first_tag = 1 << 28;      // above every step's tags
   int tag = first_tag;
@@ -223,12 +369,7 @@ std::vector<std::pair<std::string, at::Tensor>> pipeline::stage_parameters(int s
 std::vector<char> pipeline::state_bytes(const torch::optim::Optimizer& optimizer, const at::Tensor& parameter) {
   const auto found = optimizer.state().find(detail::compat::optimizer_state_key(parameter));
   if (found == optimizer.state().end()) return {};
-  torch::serialize::OutputArchive archive;
-  found->second->serialize(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  const auto text = out.str();
-  return {text.begin(), text.end()};
+  return detail::pp::serialized(*found->second);
 }
 
 std::vector<char> pipeline::gather_bytes(std::vector<char> bytes, int owner, int tag) {
@@ -255,6 +396,7 @@ std::vector<char> pipeline::gather_bytes(std::vector<char> bytes, int owner, int
 }
 
 void pipeline::save_state(const std::filesystem::path& directory, const torch::optim::Optimizer& optimizer) {
+  auto whole = whole_states(optimizer);  // under dp_shard: every member gathers, before the other replicas return
   save_model(directory);
   if (links_.replica_index != 0) return;  // the first replica's pp group writes, as for the weights
   constexpr int first_tag = 1 << 29;      // above save_model's
@@ -263,8 +405,10 @@ void pipeline::save_state(const std::filesystem::path& directory, const torch::o
   for (int stage = 0; stage < shape_.stages; ++stage) {
     const int owner = shape_.process_of(stage);
     for (const auto& [name, parameter] : stage_parameters(stage)) {
-      auto bytes = gather_bytes(links_.rank == owner ? state_bytes(optimizer, parameter) : std::vector<char>{}, owner,
-                                first_tag + 2 * message++);
+      std::vector<char> mine;
+      if (links_.rank == owner && shards_.empty()) mine = state_bytes(optimizer, parameter);
+      if (links_.rank == owner && !shards_.empty()) mine = std::move(whole[parameter.unsafeGetTensorImpl()]);
+      auto bytes = gather_bytes(std::move(mine), owner, first_tag + 2 * message++);
       if (links_.rank == 0 && !bytes.empty())
         archive.write(name, at::from_blob(bytes.data(), {static_cast<std::int64_t>(bytes.size())}, at::kByte).clone());
     }
@@ -309,8 +453,15 @@ void pipeline::load_state(const std::filesystem::path& directory, torch::optim::
       states.emplace_back(parameter, std::move(state));
     }
   load_model(directory);
+  const auto parameters = module_->parameters();
   for (auto& [parameter, state] : states) {
-    const auto key = detail::compat::optimizer_state_key(parameter);
+    auto updated = parameter;  // what the optimizer updates: under dp_shard, the parameter's shard
+    if (!shards_.empty()) {
+      const auto index = detail::pp::index_of(parameters, parameter);
+      updated = shards_[index];
+      if (state) cut_to_shard(*state, index);
+    }
+    const auto key = detail::compat::optimizer_state_key(updated);
     if (state)
       optimizer.state()[key] = std::move(state);
     else
@@ -318,7 +469,10 @@ void pipeline::load_state(const std::filesystem::path& directory, torch::optim::
   }
 }
 
-void pipeline::load_model(const std::filesystem::path& where) { accel::load_model(*whole_, where); }
+void pipeline::load_model(const std::filesystem::path& where) {
+  const auto whole = whole_parameters();  // under dp_shard: the shards cut again from what was loaded
+  accel::load_model(*whole_, where);
+}
 
 at::Tensor pipeline::step(const at::Tensor& input, const at::Tensor& target, const loss_function& loss) {
   const auto m = shape_.micro_batches;
@@ -327,6 +481,7 @@ at::Tensor pipeline::step(const at::Tensor& input, const at::Tensor& target, con
                                 " samples (targets: " + std::to_string(target.size(0)) + ") does not cut into " +
                                 std::to_string(m) +
                                 " equal micro-batches; give batches of a multiple of micro_batches (drop_last)");
+  unshard();
   step_state state;
   state.inputs = input.split(input.size(0) / m);
   state.targets = target.split(target.size(0) / m);
@@ -345,7 +500,12 @@ at::Tensor pipeline::step(const at::Tensor& input, const at::Tensor& target, con
     known_target_ = target.sizes().vec();
   }
   for (auto& [tag, send] : state.sends) detail::pp::finish(send);
-  if (links_.replicas > 1) average_over_replicas();
+  if (!shards_.empty()) {
+    reduce_gradients_into_shards();
+    reshard();
+  } else if (links_.replicas > 1) {
+    average_over_replicas();
+  }
   if (links_.size > 1) links_.broadcast(state.loss_sum, shape_.process_of(shape_.stages - 1));
   return state.loss_sum;
 }

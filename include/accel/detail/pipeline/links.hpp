@@ -27,9 +27,17 @@ struct links {
   /// Start a send (receive) of message `tag` to (from) `peer` in the pp group; the function returned waits for it.
   std::function<std::function<void()>(at::Tensor&, int peer, int tag)> send{}, receive{};
   std::function<void(at::Tensor&, int root)> broadcast{};  ///< over the pp group
-  std::function<void(at::Tensor&)> sum_over_replicas{};    ///< over the dp group; empty: no replicas
-  int replicas = 1;
-  int replica_index = 0;  ///< in the dp group
+  int replicas = 1;                                        ///< the data-parallel ranks: dp_replicate x dp_shard
+  int replica_index = 0;                                   ///< in the dp group
+  /// Sums a gradient over the copies of what this process holds of it: the dp group, or under dp_shard the
+  /// dp_replicate group (each shard's copies); empty: no copies.
+  std::function<void(at::Tensor&)> sum_over_replicas{};
+  /// dp_shard: each stage's parameters cut across the dp_shard group (FSDP's), gathered whole for a step.
+  int shards = 1;
+  int shard_index = 0;
+  /// `whole` (shards x n) receives every member's `mine` (n) in rank order; `mine` receives the sum of every
+  /// member's segment of `whole` for this one.
+  std::function<void(at::Tensor& whole, at::Tensor& mine)> all_gather_shards{}, reduce_scatter_shards{};
   /// The precision policy's scope around each stage's forward (bf16: autocast), held while it lives; and whether
   /// the last stage's floating output goes to the loss in float32, as a prepared model's does.
   std::function<std::shared_ptr<void>()> forward_scope{};
@@ -47,6 +55,17 @@ void add_precision(links& made, Accelerator& acc) {
     made.forward_scope = [&acc] { return std::shared_ptr<void>(new auto(acc.autocast())); };
     made.float_output = true;
   }
+}
+
+/// The dp_shard group's collectives in `made`.
+template <class Group>
+void add_shards(links& made, Group& group) {
+  made.shards = group.size();
+  made.shard_index = group.rank();
+  made.all_gather_shards = [&group](at::Tensor& whole, at::Tensor& mine) { group.all_gather_into(whole, mine).wait(); };
+  made.reduce_scatter_shards = [&group](at::Tensor& whole, at::Tensor& mine) {
+    group.reduce_scatter_into(mine, whole).wait();
+  };
 }
 
 /// A message's shape and dtype, as its header gave them.
@@ -69,10 +88,10 @@ links links_of(Accelerator& acc) {
                      " processes but no pp dimension to place stages on; set options::parallelism_config.pp_size "
                      "(or accel launch --parallelism_config_pp_size)");
   const auto& sizes = mesh->sizes();
-  if (sizes.dp_shard > 1 || sizes.cp > 1 || sizes.tp > 1)
+  if (sizes.cp > 1 || sizes.tp > 1)
     throw mesh_error("accel::pipeline: the mesh " + describe(sizes) +
-                     " puts dp_shard, cp or tp beside pp, which the pipeline does not compose with yet; use pp "
-                     "alone or with dp_replicate");
+                     " puts cp or tp beside pp, which the pipeline does not compose with yet; use pp alone or with "
+                     "dp_replicate and dp_shard");
   auto& parallel = accelerator_access::parallel(acc);
   if constexpr (!requires(at::Tensor& tensor) { parallel.communicator().send(tensor, 0, 0); }) {
     throw mesh_error("accel::pipeline: pp_size " + std::to_string(sizes.pp) +
@@ -91,11 +110,16 @@ links links_of(Accelerator& acc) {
     };
     made.broadcast = [&stages](at::Tensor& tensor, int root) { stages.broadcast(tensor, root); };
     if (mesh->has("dp")) {
-      auto& replicas = mesh_group(world, "dp", mesh->group_of("dp", world.rank()));
-      made.replicas = replicas.size();
-      made.replica_index = replicas.rank();
-      made.sum_over_replicas = [&replicas](at::Tensor& tensor) { replicas.all_reduce(tensor, reduction::sum).wait(); };
+      auto& data = mesh_group(world, "dp", mesh->group_of("dp", world.rank()));
+      made.replicas = data.size();
+      made.replica_index = data.rank();
     }
+    if (sizes.dp_replicate > 1) {
+      const std::string copies_of = sizes.dp_shard > 1 ? "dp_replicate" : "dp";
+      auto& copies = mesh_group(world, copies_of, mesh->group_of(copies_of, world.rank()));
+      made.sum_over_replicas = [&copies](at::Tensor& tensor) { copies.all_reduce(tensor, reduction::sum).wait(); };
+    }
+    if (sizes.dp_shard > 1) add_shards(made, mesh_group(world, "dp_shard", mesh->group_of("dp_shard", world.rank())));
     add_precision(made, acc);
     return made;
   }
