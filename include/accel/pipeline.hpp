@@ -21,10 +21,12 @@
 /// step. With dp_shard above 1 (pp x dp_shard, and with dp_replicate pp x HSDP), each stage's parameters are cut
 /// across the dp_shard group as FSDP cuts them: `parameters()` are this process's shards, which the optimizer is
 /// built over; a step gathers the whole parameters, and at its end reduce-scatters the gradients into the shards'
-/// and frees the whole parameters again. The pipeline's module is not given to `acc.prepare`: the pipeline is what
-/// places and synchronises it, and runs it in the accelerator's precision: fp32, or bf16 (each stage's forward under
-/// autocast, the last stage's output in float32 before the loss, as a prepared model's); fp16 and fp8 do not compile
-/// with it yet.
+/// and frees the whole parameters again. With tp above 1 (pp x tp, and with dp_replicate), the stages' layers are
+/// those `accel::parallelize_module` split under `tensor_parallel<gloo>`: each stage's forward runs with the split
+/// layers routed, the processes of one tp index forming a pipeline. The pipeline's module is not given to
+/// `acc.prepare`: the pipeline is what places and synchronises it, and runs it in the accelerator's precision: fp32, or
+/// bf16 (each stage's forward under autocast, the last stage's output in float32 before the loss, as a prepared
+/// model's); fp16 and fp8 do not compile with it yet.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -92,7 +94,8 @@ class pipeline {
   /// `save_model`, and the state `optimizer` (one over `parameters()`: SGD, Adam, AdamW, Adagrad or RMSprop) keeps
   /// for each parameter (momentum, moments, step counts) in `pipeline_optimizer.pt`, gathered the same way under the
   /// whole model's parameter names: `load_state` restores both at any pp, one process included, so that training
-  /// resumes where it stopped. The optimizer's options (learning rate, ...) are what it is constructed with.
+  /// resumes where it stopped. The optimizer's options (learning rate, ...) are what it is constructed with. Under tp
+  /// it throws std::invalid_argument, as `load_state` does: the split layers' optimizer state is not gathered yet.
   ACCEL_DECL void save_state(const std::filesystem::path& directory, const torch::optim::Optimizer& optimizer);
   /// Loads what `save_state` wrote into this process's stages and `optimizer`'s state for their parameters, checking
   /// the weights first (`load_model`); throws std::invalid_argument for an optimizer of another kind.
@@ -117,6 +120,11 @@ class pipeline {
 
   ACCEL_DECL pipeline(const torch::nn::Sequential& model, pipeline_options how, detail::pp::links links,
                       c10::Device device);
+  /// save_model's writing, once the parameters are whole: the stages gathered on the pp group's first process.
+  ACCEL_DECL void write_model(const std::filesystem::path& directory);
+  /// Throws, naming `what`, when the stages' layers are split across a tp group (their optimizer state is not
+  /// gathered yet).
+  ACCEL_DECL void refuse_split_state(const char* what) const;
   ACCEL_DECL void average_over_replicas();
   /// Under dp_shard: the whole parameters gathered from the shards (`unshard`); the gradients summed into the shards'
   /// and averaged, the whole parameters' cleared (`reduce_gradients_into_shards`); each shard set from its whole

@@ -9,6 +9,11 @@
 //     accelerator<bf16>: each stage's forward under bfloat16 autocast, against the one process's forward under
 //     autocast, its output in float32 before the loss (a prepared model's bf16), within 1e-6, and further than
 //     1e-6 from the same training in float32.
+//   `pipeline_training train_tp SCHEDULE STAGES_PER_PROCESS MICRO_BATCHES STEPS`: the same under tensor_parallel,
+//     each Linear pair split column- then row-parallel across the tp group, each split parameter's slice against
+//     the same slice of one process's.
+//   `pipeline_training checkpoint_tp DIR`: under pp x tp, save_model gathers the split layers whole and load_model
+//     slices them again; save_state is refused.
 //   `pipeline_training save DIR` / `load DIR`: 20 steps of 1F1B (4 micro-batches) at this job's pp, then the whole
 //     model's weights saved to DIR; loaded at another pp (or in one process), every stage equal bit for bit to the
 //     model trained so in one process.
@@ -46,6 +51,7 @@ namespace {
 
 using accelerator_t = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
 using bf16_accelerator = accel::accelerator<accel::bf16, accel::data_parallel<accel::gloo>>;
+using tp_accelerator = accel::accelerator<accel::fp32, accel::tensor_parallel<accel::gloo>>;
 constexpr double learning_rate = 0.2;
 
 torch::nn::Sequential make_model(int width) {
@@ -134,16 +140,34 @@ std::vector<std::vector<double>> train_in_one_process(torch::nn::Sequential& mod
   return losses;
 }
 
-/// The index of this process in its dp_shard group (0 without one).
+/// The index of this process along a mesh dimension (0 without one).
 template <class Accelerator>
-int shard_index(const Accelerator& acc) {
+int index_along(const Accelerator& acc, const std::string& dimension) {
   const auto& mesh = acc.parallelism_config();
-  return mesh && mesh->sizes().dp_shard > 1 ? mesh->index_along("dp_shard", acc.process_index()) : 0;
+  return mesh && mesh->has(dimension) ? mesh->index_along(dimension, acc.process_index()) : 0;
+}
+
+/// The model, under tensor_parallel split as Megatron splits an MLP: each Linear pair (children 0 and 2, 4 and 6,
+/// ...) column- then row-parallel across the tp group.
+template <class Accelerator>
+torch::nn::Sequential model_for(Accelerator& acc, int width) {
+  auto model = make_model(width);
+  if constexpr (std::is_same_v<Accelerator, tp_accelerator>) {
+    accel::tensor_parallel_plan plan;
+    for (int pair = 0; pair < 4; ++pair) {
+      plan.emplace_back(std::to_string(4 * pair), accel::colwise_parallel{});
+      plan.emplace_back(std::to_string(4 * pair + 2), accel::rowwise_parallel{});
+    }
+    accel::parallelize_module(acc, model, plan);
+  }
+  return model;
 }
 
 /// The largest difference between what `pipe` updates and the parameters of the same names in `reference`: under
-/// dp_shard, this process's shard of each (`shard_index`), against the same part of the reference's, zero-padded.
-double distance(const accel::pipeline& pipe, const torch::nn::Sequential& reference, int shard_index = 0) {
+/// dp_shard, this process's shard of each (`shard_index`), against the same part of the reference's, zero-padded;
+/// under tp, a split parameter's slice (`tp_index`) against the same slice of the reference's.
+double distance(const accel::pipeline& pipe, const torch::nn::Sequential& reference, int shard_index = 0,
+                int tp_index = 0) {
   const auto expected = reference->named_parameters();
   const auto names = pipe.module()->named_parameters().keys();
   const auto held = pipe.parameters();
@@ -152,6 +176,9 @@ double distance(const accel::pipeline& pipe, const torch::nn::Sequential& refere
     const auto* found = expected.find(names[i]);
     if (found == nullptr) throw std::runtime_error("the pipeline's " + names[i] + " is not in the whole model");
     auto want = found->detach();
+    for (std::int64_t dimension = 0; dimension < want.dim() && pipe.shards() == 1; ++dimension)
+      if (held[i].size(dimension) != want.size(dimension))  // split by tp
+        want = want.narrow(dimension, tp_index * held[i].size(dimension), held[i].size(dimension));
     if (pipe.shards() > 1) {
       const auto length = held[i].numel();
       auto padded = torch::zeros({length * pipe.shards()}, want.options());
@@ -161,6 +188,23 @@ double distance(const accel::pipeline& pipe, const torch::nn::Sequential& refere
     largest = std::max(largest, (held[i] - want).abs().max().item<double>());
   }
   return largest;
+}
+
+/// Under tp: each split parameter holds 1/tp of the whole (a column-parallel layer's weight and bias, a row-parallel
+/// layer's weight; not its bias).
+void check_split(const accel::pipeline& pipe, const torch::nn::Sequential& reference, int tp) {
+  if (tp == 1) return;
+  std::int64_t held = 0, expected = 0;
+  for (const auto& shard : pipe.parameters()) held += shard.numel();
+  const auto whole = reference->named_parameters();
+  for (const auto& name : pipe.module()->named_parameters().keys()) {
+    const bool row_bias = std::stoi(name) % 4 == 2 && name.ends_with("bias");
+    expected += whole[name].numel() / (row_bias ? 1 : tp);
+  }
+  std::printf("pipeline_training: the stages hold %lld parameter elements of their split layers (expected %lld)\n",
+              static_cast<long long>(held), static_cast<long long>(expected));
+  std::fflush(stdout);
+  if (held != expected) throw std::runtime_error("the pipeline's layers are not split across the tp group");
 }
 
 /// Under dp_shard, between steps: the module's parameters hold nothing, and the shards 1/dp_shard of each whole
@@ -197,7 +241,7 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   auto prepared = acc.prepare(loader);
 
   accel::pipeline pipe(
-      acc, make_model(width),
+      acc, model_for(acc, width),
       {.schedule = schedule_named(schedule), .micro_batches = micro_batches, .stages_per_process = stages_per_process});
   torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(learning_rate));
   std::vector<double> losses;
@@ -225,14 +269,16 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
     }
   }
   check_sharded(pipe, reference);
-  const double gap = distance(pipe, reference, shard_index(acc));
+  check_split(pipe, reference, mesh ? mesh->sizes().tp : 1);
+  const double gap = distance(pipe, reference, index_along(acc, "dp_shard"), index_along(acc, "tp"));
   std::printf("pipeline_training: process %d (stages", acc.process_index());
   for (int stage : pipe.local_stages()) std::printf(" %d", stage);
   std::printf(
       ") %s%s: %zu actions; loss %.6f -> %.6f; parameters %.3g from one process (%s), losses %.3g; %.3g from "
       "one process taking whole batches\n",
       schedule.c_str(), bf16 ? " in bf16" : "", pipe.actions().size(), losses.front(), losses.back(), gap,
-      gap == 0 ? "bit for bit" : "not bitwise", loss_gap, distance(pipe, whole_batches, shard_index(acc)));
+      gap == 0 ? "bit for bit" : "not bitwise", loss_gap,
+      distance(pipe, whole_batches, index_along(acc, "dp_shard"), index_along(acc, "tp")));
   std::fflush(stdout);
   std::printf("pipeline_training: the last 10 steps' loss is %.3f of the first 10's\n", last_losses / first_losses);
   std::fflush(stdout);
@@ -241,7 +287,7 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   if constexpr (bf16) {  // the stages' autocast mattered: the same training in float32 ends elsewhere
     auto in_float32 = make_model(width);
     (void)train_in_one_process(in_float32, batches, steps, replicas, micro_batches, /*whole=*/false);
-    const double float32_gap = distance(pipe, in_float32, shard_index(acc));
+    const double float32_gap = distance(pipe, in_float32, index_along(acc, "dp_shard"), index_along(acc, "tp"));
     std::printf("pipeline_training: %.3g from one process in float32\n", float32_gap);
     if (!(float32_gap > 1e-6)) throw std::runtime_error("the bf16 pipeline trained as float32 does");
   }
@@ -303,6 +349,17 @@ int memory(int micro_batches) {
   return 0;
 }
 
+/// Steps [first, last) of training through `pipe`, each on its batch of `batches` (every tenth halved).
+void run_steps(accel::pipeline& pipe, torch::optim::Optimizer& optimizer, const std::vector<accel_test::batch>& batches,
+               int first, int last) {
+  for (int step = first; step < last; ++step) {
+    const auto [x, y] = every_tenth_halved(batches[static_cast<std::size_t>(step)], step);
+    (void)pipe.step(x, y, mse);
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+}
+
 /// 20 steps of 1F1B then a save to `directory` (`save`), or a load from it (`load`), compared with one process.
 int checkpoint(const std::string& mode, const std::string& directory) {
   constexpr int width = 32, rows = 16, steps = 20, micro_batches = 4;
@@ -310,24 +367,59 @@ int checkpoint(const std::string& mode, const std::string& directory) {
   accel::pipeline pipe(acc, make_model(width), {.micro_batches = micro_batches});
   if (mode == "save") {
     torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(learning_rate));
-    const auto batches = global_batches(steps, 1, rows, width);
-    for (int step = 0; step < steps; ++step) {
-      const auto [x, y] = every_tenth_halved(batches[static_cast<std::size_t>(step)], step);
-      (void)pipe.step(x, y, mse);
-      optimizer.step();
-      optimizer.zero_grad();
-    }
+    run_steps(pipe, optimizer, global_batches(steps, 1, rows, width), 0, steps);
     pipe.save_model(directory);
     return 0;
   }
   pipe.load_model(directory);
   auto reference = make_model(width);
   (void)train_in_one_process(reference, global_batches(steps, 1, rows, width), steps, 1, micro_batches, false);
-  const double gap = distance(pipe, reference, shard_index(acc));
+  const double gap = distance(pipe, reference, index_along(acc, "dp_shard"), index_along(acc, "tp"));
   std::printf("pipeline_training: process %d of %d loaded %zu tensors, %.3g from one process\n", acc.process_index(),
               acc.num_processes(), pipe.module()->named_parameters().size(), gap);
   std::fflush(stdout);
   if (gap != 0) throw std::runtime_error("the loaded weights differ from one process's");
+  return 0;
+}
+
+/// Under pp x tp: 20 steps of 1F1B, then `save_model` (the split layers gathered whole) to `directory`: loaded into a
+/// fresh pipeline of the same layout (sliced again) it equals the trained one bit for bit, and loaded in one process
+/// into the whole model it is within 1e-6 of one process's training; `save_state` is refused by name.
+int checkpoint_tp(const std::string& directory) {
+  constexpr int width = 32, rows = 16, steps = 20, micro_batches = 4;
+  tp_accelerator acc{accel::options{.cpu = true}};
+  accel::pipeline pipe(acc, model_for(acc, width), {.micro_batches = micro_batches});
+  torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(learning_rate));
+  const auto batches = global_batches(steps, 1, rows, width);
+  run_steps(pipe, optimizer, batches, 0, steps);
+  pipe.save_model(directory);
+  acc.wait_for_everyone();
+  accel::pipeline loaded(acc, model_for(acc, width), {.micro_batches = micro_batches});
+  loaded.load_model(directory);
+  double reloaded = 0;
+  for (std::size_t i = 0; i < pipe.parameters().size(); ++i)
+    reloaded = std::max(reloaded, (loaded.parameters()[i] - pipe.parameters()[i]).abs().max().item<double>());
+  auto whole = make_model(width);
+  accel::load_model(*whole, directory);
+  auto reference = make_model(width);
+  (void)train_in_one_process(reference, batches, steps, 1, micro_batches, false);
+  double from_one = 0;
+  const auto expected = reference->named_parameters();
+  for (const auto& named : whole->named_parameters())
+    from_one = std::max(from_one, (named.value() - expected[named.key()]).abs().max().item<double>());
+  std::string refused;
+  try {
+    pipe.save_state(directory + "-state", optimizer);
+  } catch (const std::invalid_argument& e) {
+    refused = e.what();
+  }
+  std::printf(
+      "pipeline_training: process %d (tp index %d): reloaded %.3g from the trained slices; the file %.3g from "
+      "one process\n%s\n",
+      acc.process_index(), index_along(acc, "tp"), reloaded, from_one, refused.c_str());
+  std::fflush(stdout);
+  if (reloaded != 0 || from_one > 1e-6 || refused.find("split across the tp group") == std::string::npos)
+    throw std::runtime_error("pp x tp's weights did not save and load whole, or save_state was not refused");
   return 0;
 }
 
@@ -391,19 +483,14 @@ int resume(const std::string& mode, const std::string& directory) {
     refused_state(pipe, directory);
     pipe.load_state(directory, optimizer);
   }
-  for (int step = saving ? 0 : steps / 2; step < (saving ? steps / 2 : steps); ++step) {
-    const auto [x, y] = every_tenth_halved(batches[static_cast<std::size_t>(step)], step);
-    (void)pipe.step(x, y, mse);
-    optimizer.step();
-    optimizer.zero_grad();
-  }
+  run_steps(pipe, optimizer, batches, saving ? 0 : steps / 2, saving ? steps / 2 : steps);
   if (saving) {
     pipe.save_state(directory, optimizer);
     return 0;
   }
   auto reference = make_model(width);
   (void)train_in_one_process(reference, batches, steps, 1, micro_batches, false, false, momentum);
-  const double gap = distance(pipe, reference, shard_index(acc));
+  const double gap = distance(pipe, reference, index_along(acc, "dp_shard"), index_along(acc, "tp"));
   std::printf("pipeline_training: process %d of %d resumed at step %d, %.3g from one process after %d steps\n",
               acc.process_index(), acc.num_processes(), steps / 2, gap, steps);
   std::fflush(stdout);
@@ -452,6 +539,9 @@ int run(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "train" && argc == 6)
     return train<accelerator_t>(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+  if (mode == "train_tp" && argc == 6)
+    return train<tp_accelerator>(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+  if (mode == "checkpoint_tp" && argc == 3) return checkpoint_tp(argv[2]);
   if (mode == "train_bf16" && argc == 6)
     return train<bf16_accelerator>(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
   if (mode == "memory" && argc == 3) return memory(std::atoi(argv[2]));

@@ -317,8 +317,13 @@ std::vector<at::Tensor> pipeline::stage_tensors(int stage) const {
 
 void pipeline::save_model(const std::filesystem::path& directory) {
   const auto whole = whole_parameters();
-  if (links_.replica_index != 0) return;  // the first replica's pp group writes; the others hold the same weights
-  constexpr int first_tag = 1 << 28;      // above every step's tags
+  links_.with_whole_layers(*whole_, [&] { write_model(directory); });
+}
+
+void pipeline::write_model(const std::filesystem::path& directory) {
+  // The first replica's pp group of tp index 0 writes; the others hold the same weights.
+  if (links_.replica_index != 0 || links_.tp_index != 0) return;
+  constexpr int first_tag = 1 << 28;  // above every step's tags
   int tag = first_tag;
   std::vector<std::function<void()>> pending;
   std::vector<at::Tensor> sent;
@@ -395,7 +400,16 @@ std::vector<char> pipeline::gather_bytes(std::vector<char> bytes, int owner, int
   return received;
 }
 
+void pipeline::refuse_split_state(const char* what) const {
+  if (links_.tp > 1)
+    throw std::invalid_argument(std::string("accel::pipeline::") + what +
+                                ": the stages' layers are split across the tp group, whose optimizer state a pipeline "
+                                "checkpoint does not gather yet; save the weights alone (save_model, which load_model "
+                                "loads at any layout), or run pp without tp");
+}
+
 void pipeline::save_state(const std::filesystem::path& directory, const torch::optim::Optimizer& optimizer) {
+  refuse_split_state("save_state");
   auto whole = whole_states(optimizer);  // under dp_shard: every member gathers, before the other replicas return
   save_model(directory);
   if (links_.replica_index != 0) return;  // the first replica's pp group writes, as for the weights
@@ -426,6 +440,7 @@ void pipeline::save_state(const std::filesystem::path& directory, const torch::o
 }
 
 void pipeline::load_state(const std::filesystem::path& directory, torch::optim::Optimizer& optimizer) {
+  refuse_split_state("load_state");
   const auto path = directory / "pipeline_optimizer.pt";
   if (!std::filesystem::exists(path))
     throw checkpoint_error("accel::pipeline::load_state: " + path.string() +
@@ -471,7 +486,7 @@ void pipeline::load_state(const std::filesystem::path& directory, torch::optim::
 
 void pipeline::load_model(const std::filesystem::path& where) {
   const auto whole = whole_parameters();  // under dp_shard: the shards cut again from what was loaded
-  accel::load_model(*whole_, where);
+  links_.with_whole_layers(*whole_, [&] { accel::load_model(*whole_, where); });  // tp: sliced again
 }
 
 at::Tensor pipeline::step(const at::Tensor& input, const at::Tensor& target, const loss_function& loss) {
@@ -549,7 +564,7 @@ void pipeline::forward(int stage, int micro_batch, step_state& state, const loss
   }
   at::Tensor output;
   {
-    const auto precision = links_.forward_scope ? links_.forward_scope() : nullptr;
+    const auto scopes = links_.forward_scope ? links_.forward_scope() : nullptr;
     output = stage_module(stage)->forward(input);
   }
   if (stage == shape_.stages - 1) {

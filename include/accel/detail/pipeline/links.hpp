@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
+#include <torch/nn/module.h>
 
 #include <cstdint>
 #include <functional>
@@ -38,23 +39,40 @@ struct links {
   /// `whole` (shards x n) receives every member's `mine` (n) in rank order; `mine` receives the sum of every
   /// member's segment of `whole` for this one.
   std::function<void(at::Tensor& whole, at::Tensor& mine)> all_gather_shards{}, reduce_scatter_shards{};
-  /// The precision policy's scope around each stage's forward (bf16: autocast), held while it lives; and whether
-  /// the last stage's floating output goes to the loss in float32, as a prepared model's does.
+  /// tp: the stages' layers split across the tp group (`accel::parallelize_module` under `tensor_parallel`), each
+  /// stage's copies on the tp group's processes exchanging their activations with the same tp index.
+  int tp = 1;
+  int tp_index = 0;
+  /// Runs an action (a save or load of the whole model) with the split layers' parameters whole, slicing again
+  /// what it wrote into them (the policy's `with_full_parameters`; a collective of the tp group).
+  std::function<void(torch::nn::Module&, const std::function<void()>&)> with_whole_layers =
+      [](torch::nn::Module&, const std::function<void()>& action) { action(); };
+  /// The policies' scope around each stage's forward (bf16: autocast; tp: the split layers routed), held while it
+  /// lives; and whether the last stage's floating output goes to the loss in float32, as a prepared model's does.
   std::function<std::shared_ptr<void>()> forward_scope{};
   bool float_output = false;
 };
 
-/// The precision of `acc`'s policy in `made`: its forward scope around each stage, its output conversion.
+/// Two scopes held together.
+template <class First, class Second>
+struct scope_pair {
+  First first;
+  Second second;
+};
+
+/// The forward scopes of `acc`'s policies in `made`, around each stage (precision's autocast, the parallel policy's
+/// routing of split layers), and the precision's output conversion.
 template <class Accelerator>
-void add_precision(links& made, Accelerator& acc) {
+void add_forward_scope(links& made, Accelerator& acc) {
   using precision = typename Accelerator::precision_type;
   static_assert(precision::mixed_precision() == "no" || precision::mixed_precision() == "bf16",
                 "accel::pipeline runs its stages in fp32 or bf16: fp16's loss scaling and fp8's float8 layers do "
                 "not compose with pipeline stages yet");
-  if constexpr (precision::mixed_precision() == "bf16") {
-    made.forward_scope = [&acc] { return std::shared_ptr<void>(new auto(acc.autocast())); };
-    made.float_output = true;
-  }
+  made.forward_scope = [&acc] {
+    using scopes = scope_pair<decltype(accelerator_access::parallel_forward_scope(acc)), decltype(acc.autocast())>;
+    return std::shared_ptr<void>(new scopes{accelerator_access::parallel_forward_scope(acc), acc.autocast()});
+  };
+  made.float_output = precision::mixed_precision() == "bf16";
 }
 
 /// The dp_shard group's collectives in `made`.
@@ -79,7 +97,7 @@ template <class Accelerator>
 links links_of(Accelerator& acc) {
   if (acc.num_processes() == 1) {
     links alone;
-    add_precision(alone, acc);
+    add_forward_scope(alone, acc);
     return alone;
   }
   const auto& mesh = acc.parallelism_config();
@@ -88,10 +106,10 @@ links links_of(Accelerator& acc) {
                      " processes but no pp dimension to place stages on; set options::parallelism_config.pp_size "
                      "(or accel launch --parallelism_config_pp_size)");
   const auto& sizes = mesh->sizes();
-  if (sizes.cp > 1 || sizes.tp > 1)
+  if (sizes.cp > 1 || (sizes.tp > 1 && sizes.dp_shard > 1))
     throw mesh_error("accel::pipeline: the mesh " + describe(sizes) +
-                     " puts cp or tp beside pp, which the pipeline does not compose with yet; use pp alone or with "
-                     "dp_replicate and dp_shard");
+                     " puts cp, or tp and dp_shard together, beside pp, which the pipeline does not compose with yet; "
+                     "use pp with dp_replicate and dp_shard, or with dp_replicate and tp");
   auto& parallel = accelerator_access::parallel(acc);
   if constexpr (!requires(at::Tensor& tensor) { parallel.communicator().send(tensor, 0, 0); }) {
     throw mesh_error("accel::pipeline: pp_size " + std::to_string(sizes.pp) +
@@ -120,7 +138,14 @@ links links_of(Accelerator& acc) {
       made.sum_over_replicas = [&copies](at::Tensor& tensor) { copies.all_reduce(tensor, reduction::sum).wait(); };
     }
     if (sizes.dp_shard > 1) add_shards(made, mesh_group(world, "dp_shard", mesh->group_of("dp_shard", world.rank())));
-    add_precision(made, acc);
+    if (sizes.tp > 1) {
+      made.tp = sizes.tp;
+      made.tp_index = mesh->index_along("tp", world.rank());
+      made.with_whole_layers = [&parallel](torch::nn::Module& module, const std::function<void()>& action) {
+        parallel.with_full_parameters(module, action);
+      };
+    }
+    add_forward_scope(made, acc);
     return made;
   }
 }
