@@ -95,8 +95,8 @@ class pipeline {
   /// for each parameter (momentum, moments, step counts) in `pipeline_optimizer.pt`, gathered the same way under the
   /// whole model's parameter names: `load_state` restores both at any pp, one process included, so that training
   /// resumes where it stopped. The optimizer's options (learning rate, ...) are what it is constructed with. Under tp
-  /// it throws std::invalid_argument, as `load_state` does: the split layers' optimizer state is not gathered yet.
-  ACCEL_DECL void save_state(const std::filesystem::path& directory, const torch::optim::Optimizer& optimizer);
+  /// the split layers' state is gathered whole into `optimizer` while it is written, and put back after.
+  ACCEL_DECL void save_state(const std::filesystem::path& directory, torch::optim::Optimizer& optimizer);
   /// Loads what `save_state` wrote into this process's stages and `optimizer`'s state for their parameters, checking
   /// the weights first (`load_model`); throws std::invalid_argument for an optimizer of another kind.
   ACCEL_DECL void load_state(const std::filesystem::path& directory, torch::optim::Optimizer& optimizer);
@@ -122,9 +122,8 @@ class pipeline {
                       c10::Device device);
   /// save_model's writing, once the parameters are whole: the stages gathered on the pp group's first process.
   ACCEL_DECL void write_model(const std::filesystem::path& directory);
-  /// Throws, naming `what`, when the stages' layers are split across a tp group (their optimizer state is not
-  /// gathered yet).
-  ACCEL_DECL void refuse_split_state(const char* what) const;
+  /// save_state's writing, once the optimizer's state is whole.
+  ACCEL_DECL void write_state(const std::filesystem::path& directory, const torch::optim::Optimizer& optimizer);
   ACCEL_DECL void average_over_replicas();
   /// Under dp_shard: the whole parameters gathered from the shards (`unshard`); the gradients summed into the shards'
   /// and averaged, the whole parameters' cleared (`reduce_gradients_into_shards`); each shard set from its whole

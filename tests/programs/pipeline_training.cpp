@@ -13,7 +13,9 @@
 //     each Linear pair split column- then row-parallel across the tp group, each split parameter's slice against
 //     the same slice of one process's.
 //   `pipeline_training checkpoint_tp DIR`: under pp x tp, save_model gathers the split layers whole and load_model
-//     slices them again; save_state is refused.
+//     slices them again. `resume_save_tp DIR` / `resume_load_tp DIR`: resume's modes under pp x tp (the split
+//     layers' momentum gathered whole, and sliced again), and `resume_load_after_tp DIR` what tp saved resumed
+//     without it, each within 1e-6 of one process.
 //   `pipeline_training save DIR` / `load DIR`: 20 steps of 1F1B (4 micro-batches) at this job's pp, then the whole
 //     model's weights saved to DIR; loaded at another pp (or in one process), every stage equal bit for bit to the
 //     model trained so in one process.
@@ -384,7 +386,7 @@ int checkpoint(const std::string& mode, const std::string& directory) {
 
 /// Under pp x tp: 20 steps of 1F1B, then `save_model` (the split layers gathered whole) to `directory`: loaded into a
 /// fresh pipeline of the same layout (sliced again) it equals the trained one bit for bit, and loaded in one process
-/// into the whole model it is within 1e-6 of one process's training; `save_state` is refused by name.
+/// into the whole model it is within 1e-6 of one process's training.
 int checkpoint_tp(const std::string& directory) {
   constexpr int width = 32, rows = 16, steps = 20, micro_batches = 4;
   tp_accelerator acc{accel::options{.cpu = true}};
@@ -407,19 +409,12 @@ int checkpoint_tp(const std::string& directory) {
   const auto expected = reference->named_parameters();
   for (const auto& named : whole->named_parameters())
     from_one = std::max(from_one, (named.value() - expected[named.key()]).abs().max().item<double>());
-  std::string refused;
-  try {
-    pipe.save_state(directory + "-state", optimizer);
-  } catch (const std::invalid_argument& e) {
-    refused = e.what();
-  }
   std::printf(
       "pipeline_training: process %d (tp index %d): reloaded %.3g from the trained slices; the file %.3g from "
-      "one process\n%s\n",
-      acc.process_index(), index_along(acc, "tp"), reloaded, from_one, refused.c_str());
+      "one process\n",
+      acc.process_index(), index_along(acc, "tp"), reloaded, from_one);
   std::fflush(stdout);
-  if (reloaded != 0 || from_one > 1e-6 || refused.find("split across the tp group") == std::string::npos)
-    throw std::runtime_error("pp x tp's weights did not save and load whole, or save_state was not refused");
+  if (reloaded != 0 || from_one > 1e-6) throw std::runtime_error("pp x tp's weights did not save and load whole");
   return 0;
 }
 
@@ -470,15 +465,18 @@ void refused_state(accel::pipeline& pipe, const std::string& directory) {
 
 /// `resume_save DIR`: 10 steps of 1F1B (4 micro-batches) with SGD and momentum, then `save_state`. `resume_load DIR`:
 /// at this job's pp (another, or one process), `load_state` and 10 more steps: the parameters must equal one process
-/// trained 20 steps straight, bit for bit, which they cannot without the momentum buffers restored.
-int resume(const std::string& mode, const std::string& directory) {
+/// trained 20 steps straight, bit for bit, which they cannot without the momentum buffers restored (they end 0.03 to
+/// 0.05 away). Under tp (`resume_save_tp`, `resume_load_tp`), or loading what tp saved (`resume_load_after_tp`),
+/// within 1e-6: the split layers' all-reduces round otherwise.
+template <class Accelerator>
+int resume(const std::string& mode, const std::string& directory, double tolerance) {
   constexpr int width = 32, rows = 16, steps = 20, micro_batches = 4;
   constexpr double momentum = 0.9;
-  accelerator_t acc{accel::options{.cpu = true}};
-  accel::pipeline pipe(acc, make_model(width), {.micro_batches = micro_batches});
+  Accelerator acc{accel::options{.cpu = true}};
+  accel::pipeline pipe(acc, model_for(acc, width), {.micro_batches = micro_batches});
   torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(learning_rate).momentum(momentum));
   const auto batches = global_batches(steps, 1, rows, width);
-  const bool saving = mode == "resume_save";
+  const bool saving = mode.starts_with("resume_save");
   if (!saving) {
     refused_state(pipe, directory);
     pipe.load_state(directory, optimizer);
@@ -494,7 +492,7 @@ int resume(const std::string& mode, const std::string& directory) {
   std::printf("pipeline_training: process %d of %d resumed at step %d, %.3g from one process after %d steps\n",
               acc.process_index(), acc.num_processes(), steps / 2, gap, steps);
   std::fflush(stdout);
-  if (gap != 0) throw std::runtime_error("the resumed training differs from one process's");
+  if (gap > tolerance) throw std::runtime_error("the resumed training differs from one process's");
   return 0;
 }
 
@@ -547,7 +545,10 @@ int run(int argc, char** argv) {
   if (mode == "memory" && argc == 3) return memory(std::atoi(argv[2]));
   if (mode == "split" && argc == 2) return split();
   if (mode == "metrics" && argc == 2) return metrics();
-  if ((mode == "resume_save" || mode == "resume_load") && argc == 3) return resume(mode, argv[2]);
+  if ((mode == "resume_save" || mode == "resume_load") && argc == 3) return resume<accelerator_t>(mode, argv[2], 0);
+  if ((mode == "resume_save_tp" || mode == "resume_load_tp") && argc == 3)
+    return resume<tp_accelerator>(mode, argv[2], 1e-6);
+  if (mode == "resume_load_after_tp" && argc == 3) return resume<accelerator_t>(mode, argv[2], 1e-6);
   if ((mode == "save" || mode == "load") && argc == 3) return checkpoint(mode, argv[2]);
   std::fprintf(stderr,
                "usage: pipeline_training train|train_bf16 gpipe|1f1b|interleaved|zero_bubble STAGES_PER_PROCESS "

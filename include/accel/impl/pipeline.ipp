@@ -400,16 +400,11 @@ std::vector<char> pipeline::gather_bytes(std::vector<char> bytes, int owner, int
   return received;
 }
 
-void pipeline::refuse_split_state(const char* what) const {
-  if (links_.tp > 1)
-    throw std::invalid_argument(std::string("accel::pipeline::") + what +
-                                ": the stages' layers are split across the tp group, whose optimizer state a pipeline "
-                                "checkpoint does not gather yet; save the weights alone (save_model, which load_model "
-                                "loads at any layout), or run pp without tp");
+void pipeline::save_state(const std::filesystem::path& directory, torch::optim::Optimizer& optimizer) {
+  links_.with_whole_optimizer_state(optimizer, [&] { write_state(directory, optimizer); });
 }
 
-void pipeline::save_state(const std::filesystem::path& directory, const torch::optim::Optimizer& optimizer) {
-  refuse_split_state("save_state");
+void pipeline::write_state(const std::filesystem::path& directory, const torch::optim::Optimizer& optimizer) {
   auto whole = whole_states(optimizer);  // under dp_shard: every member gathers, before the other replicas return
   save_model(directory);
   if (links_.replica_index != 0) return;  // the first replica's pp group writes, as for the weights
@@ -440,7 +435,6 @@ void pipeline::save_state(const std::filesystem::path& directory, const torch::o
 }
 
 void pipeline::load_state(const std::filesystem::path& directory, torch::optim::Optimizer& optimizer) {
-  refuse_split_state("load_state");
   const auto path = directory / "pipeline_optimizer.pt";
   if (!std::filesystem::exists(path))
     throw checkpoint_error("accel::pipeline::load_state: " + path.string() +
@@ -469,19 +463,21 @@ void pipeline::load_state(const std::filesystem::path& directory, torch::optim::
     }
   load_model(directory);
   const auto parameters = module_->parameters();
-  for (auto& [parameter, state] : states) {
-    auto updated = parameter;  // what the optimizer updates: under dp_shard, the parameter's shard
-    if (!shards_.empty()) {
-      const auto index = detail::pp::index_of(parameters, parameter);
-      updated = shards_[index];
-      if (state) cut_to_shard(*state, index);
+  links_.load_whole_optimizer_state(optimizer, [&] {  // tp: each split layer's state sliced after
+    for (auto& [parameter, state] : states) {
+      auto updated = parameter;  // what the optimizer updates: under dp_shard, the parameter's shard
+      if (!shards_.empty()) {
+        const auto index = detail::pp::index_of(parameters, parameter);
+        updated = shards_[index];
+        if (state) cut_to_shard(*state, index);
+      }
+      const auto key = detail::compat::optimizer_state_key(updated);
+      if (state)
+        optimizer.state()[key] = std::move(state);
+      else
+        optimizer.state().erase(key);  // none saved: the parameter had not been stepped
     }
-    const auto key = detail::compat::optimizer_state_key(updated);
-    if (state)
-      optimizer.state()[key] = std::move(state);
-    else
-      optimizer.state().erase(key);  // none saved: the parameter had not been stepped
-  }
+  });
 }
 
 void pipeline::load_model(const std::filesystem::path& where) {

@@ -18,6 +18,10 @@
 #include "../../device_mesh.hpp"
 #include "../prepared/accelerator_access.hpp"
 
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
 namespace accel::detail::pp {
 
 /// What a pipeline needs of the job: its place in the "pp" group and the messages and collectives over it and over
@@ -47,6 +51,13 @@ struct links {
   /// what it wrote into them (the policy's `with_full_parameters`; a collective of the tp group).
   std::function<void(torch::nn::Module&, const std::function<void()>&)> with_whole_layers =
       [](torch::nn::Module&, const std::function<void()>& action) { action(); };
+  /// Runs a write of the optimizer's state with each split layer's state whole (gathered over the tp group, put
+  /// back after), and a load of whole states followed by each split layer's slicing (the policy's
+  /// `with_full_optimizer_state` and `load_full_optimizer_state`).
+  std::function<void(torch::optim::Optimizer&, const std::function<void()>&)> with_whole_optimizer_state =
+      [](torch::optim::Optimizer&, const std::function<void()>& action) { action(); };
+  std::function<void(torch::optim::Optimizer&, const std::function<void()>&)> load_whole_optimizer_state =
+      [](torch::optim::Optimizer&, const std::function<void()>& action) { action(); };
   /// The policies' scope around each stage's forward (bf16: autocast; tp: the split layers routed), held while it
   /// lives; and whether the last stage's floating output goes to the loss in float32, as a prepared model's does.
   std::function<std::shared_ptr<void>()> forward_scope{};
@@ -143,6 +154,14 @@ links links_of(Accelerator& acc) {
       made.tp_index = mesh->index_along("tp", world.rank());
       made.with_whole_layers = [&parallel](torch::nn::Module& module, const std::function<void()>& action) {
         parallel.with_full_parameters(module, action);
+      };
+      made.with_whole_optimizer_state = [&parallel](torch::optim::Optimizer& optimizer,
+                                                    const std::function<void()>& action) {
+        parallel.with_full_optimizer_state(optimizer, action);
+      };
+      made.load_whole_optimizer_state = [&parallel](torch::optim::Optimizer& optimizer,
+                                                    const std::function<void()>& action) {
+        parallel.load_full_optimizer_state(optimizer, action);
       };
     }
     add_forward_scope(made, acc);
