@@ -9,6 +9,8 @@ pass over each stage's graph that LibTorch's split backward costs. Every job run
 their order; the table reports medians.
 
 Usage: pipeline_compare.py LAUNCHER BENCH_PIPELINE_STEP [ROUNDS]
+Environment: PP_SHAPE=WIDTHxROWS (512x32: the layers' width, a micro-batch's rows), PP_STEPS (10) and PP_WARMUP (3)
+steps per job; a larger shape gives each message more computation to hide behind.
 """
 import os
 import statistics
@@ -20,12 +22,13 @@ from launch_job import run_job
 PROCESSES = 2
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero_bubble", 1))
 MICRO_BATCHES = (4, 8)
-STEPS, WARMUP = "10", "3"
+STEPS, WARMUP = os.environ.get("PP_STEPS", "10"), os.environ.get("PP_WARMUP", "3")
+SHAPE = os.environ.get("PP_SHAPE", "512x32").split("x")  # width, rows
 
 
 def one_process(bench, micro_batches):
-    out = subprocess.run([bench, "1f1b", "1", str(micro_batches), STEPS, WARMUP], capture_output=True, text=True,
-                         timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
+    out = subprocess.run([bench, "1f1b", "1", str(micro_batches), STEPS, WARMUP, *SHAPE], capture_output=True,
+                         text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
     if out.returncode != 0:
         sys.exit(f"one-process job failed ({out.returncode})\n{out.stdout}\n{out.stderr}")
     return float(out.stdout.split()[4])
@@ -41,12 +44,13 @@ def main():
             if name == "one":
                 times.setdefault((name, m), []).append(one_process(bench, m))
                 continue
-            fields = run_job(launcher, [bench, name, str(v), str(m), STEPS, WARMUP],
+            fields = run_job(launcher, [bench, name, str(v), str(m), STEPS, WARMUP, *SHAPE],
                              launch_flags=("--nproc_per_node", str(PROCESSES), "--parallelism_config_pp_size",
                                            str(PROCESSES)))
             times.setdefault((name, m), []).append(float(fields[4]))
             formula[(name, m)] = float(fields[5])
-    print(f"pp = {PROCESSES}, medians of {rounds} rounds, seconds per step")
+    print(f"pp = {PROCESSES}, Linear({SHAPE[0]}, {SHAPE[0]}) x 8, micro-batches of {SHAPE[1]} rows, medians of "
+          f"{rounds} rounds, seconds per step")
     print("| schedule | micro-batches | pp = 2 | one process | measured bubble | formula |")
     print("|---|---|---|---|---|---|")
     for name, v in SCHEDULES:

@@ -1,9 +1,9 @@
 // One job of the pipeline benchmark (bench/pipeline_compare.py runs it under `accel launch
 // --parallelism_config_pp_size P`, or alone for one process): one thread per process, Gloo.
-//   bench_pipeline_step SCHEDULE STAGES_PER_PROCESS MICRO_BATCHES STEPS WARMUP
-// trains an MLP of 8 Linear(512, 512) + Tanh pairs through accel::pipeline (SCHEDULE: gpipe, 1f1b, interleaved,
-// zero_bubble), micro-batches of 32 rows, and prints on process 0: `schedule processes stages_per_process
-// micro_batches seconds_per_step bubble_formula`.
+//   bench_pipeline_step SCHEDULE STAGES_PER_PROCESS MICRO_BATCHES STEPS WARMUP [WIDTH ROWS]
+// trains an MLP of 8 Linear(WIDTH, WIDTH) + Tanh pairs (512) through accel::pipeline (SCHEDULE: gpipe, 1f1b,
+// interleaved, zero_bubble), micro-batches of ROWS rows (32), and prints on process 0: `schedule processes
+// stages_per_process micro_batches seconds_per_step bubble_formula`.
 #include <accel/accel.hpp>
 #include <accel/pipeline.hpp>
 #include <torch/torch.h>
@@ -16,10 +16,10 @@
 #include "support.hpp"
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
+  if (argc != 6 && argc != 8) {
     std::fprintf(stderr,
                  "usage: bench_pipeline_step gpipe|1f1b|interleaved|zero_bubble STAGES_PER_PROCESS "
-                 "MICRO_BATCHES STEPS WARMUP\n");
+                 "MICRO_BATCHES STEPS WARMUP [WIDTH ROWS]\n");
     return 2;
   }
   const std::map<std::string, accel::pipeline_schedule> schedules{
@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   const std::string schedule = argv[1];
   const int stages_per_process = std::atoi(argv[2]), micro_batches = std::atoi(argv[3]);
   const int steps = std::atoi(argv[4]), warmup = std::atoi(argv[5]);
-  constexpr int width = 512, rows = 32;
+  const int width = argc == 8 ? std::atoi(argv[6]) : 512, rows = argc == 8 ? std::atoi(argv[7]) : 32;
   accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>> acc{accel::options{.cpu = true}};
   torch::manual_seed(0);
   torch::nn::Sequential model;

@@ -9,6 +9,9 @@
 //     accelerator<bf16>: each stage's forward under bfloat16 autocast, against the one process's forward under
 //     autocast, its output in float32 before the loss (a prepared model's bf16), within 1e-6, and further than
 //     1e-6 from the same training in float32.
+//   `pipeline_training train_fully_sharded SCHEDULE STAGES_PER_PROCESS MICRO_BATCHES STEPS`: the same under an
+//     accelerator<fp32, fully_sharded<gloo>> (pp x dp_shard, the stages sharded by the pipeline);
+//     `train_hybrid_sharded ...` under hybrid_sharded<gloo> (pp x dp_replicate x dp_shard).
 //   `pipeline_training train_tp SCHEDULE STAGES_PER_PROCESS MICRO_BATCHES STEPS`: the same under tensor_parallel,
 //     each Linear pair split column- then row-parallel across the tp group, each split parameter's slice against
 //     the same slice of one process's.
@@ -54,6 +57,8 @@ namespace {
 using accelerator_t = accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>>;
 using bf16_accelerator = accel::accelerator<accel::bf16, accel::data_parallel<accel::gloo>>;
 using tp_accelerator = accel::accelerator<accel::fp32, accel::tensor_parallel<accel::gloo>>;
+using fully_sharded_accelerator = accel::accelerator<accel::fp32, accel::fully_sharded<accel::gloo>>;
+using hybrid_sharded_accelerator = accel::accelerator<accel::fp32, accel::hybrid_sharded<accel::gloo>>;
 constexpr double learning_rate = 0.2;
 
 torch::nn::Sequential make_model(int width) {
@@ -537,6 +542,10 @@ int run(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "train" && argc == 6)
     return train<accelerator_t>(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+  if (mode == "train_fully_sharded" && argc == 6)
+    return train<fully_sharded_accelerator>(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+  if (mode == "train_hybrid_sharded" && argc == 6)
+    return train<hybrid_sharded_accelerator>(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
   if (mode == "train_tp" && argc == 6)
     return train<tp_accelerator>(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
   if (mode == "checkpoint_tp" && argc == 3) return checkpoint_tp(argv[2]);
