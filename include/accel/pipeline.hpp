@@ -128,6 +128,14 @@ class pipeline {
   /// Under dp_shard: the whole parameters gathered from the shards (`unshard`); the gradients summed into the shards'
   /// and averaged, the whole parameters' cleared (`reduce_gradients_into_shards`); each shard set from its whole
   /// parameter, which is then freed (`reshard`).
+  /// Zero bubble's weight pass computed from each Linear's input and output gradient (`dW = dY^T X`), not by a
+  /// second pass over the stage's graph: where every stage's parameters are Linear layers' (fp32, no tp).
+  [[nodiscard]] ACCEL_DECL bool weights_split_by_hand() const;
+  [[nodiscard]] ACCEL_DECL at::Tensor forward_recording(int stage, const at::Tensor& input,
+                                                        std::vector<detail::pp::linear_pass>& linears);
+  ACCEL_DECL void input_pass(std::size_t local, std::size_t mb, bool needs_input_gradient,
+                             const std::vector<at::Tensor>& root_gradient, step_state& state);
+  ACCEL_DECL static void weight_pass(std::vector<detail::pp::linear_pass>& linears);
   ACCEL_DECL void make_shards();
   ACCEL_DECL void unshard();
   ACCEL_DECL void reduce_gradients_into_shards();
@@ -182,6 +190,7 @@ class pipeline {
   std::vector<at::Tensor> shards_;
   std::vector<std::int64_t> shard_offsets_;
   std::vector<std::vector<std::int64_t>> whole_sizes_;
+  bool split_weights_ = false;  // weights_split_by_hand()
 };
 
 }  // namespace accel

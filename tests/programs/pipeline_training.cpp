@@ -349,10 +349,12 @@ int memory(int micro_batches) {
           beside);
   }
   std::fflush(stdout);
-  // The first stage holds every micro-batch under GPipe, at most pp of them under 1F1B and zero bubble.
-  if (acc.process_index() == 0 &&
-      (held["gpipe"] < micro_batches - 0.5 || held["1f1b"] > processes + 0.5 || held["zero_bubble"] > processes + 0.5))
-    throw std::runtime_error("the activations held are not the schedules' (GPipe m, 1F1B and zero bubble at most pp)");
+  // The first stage holds every micro-batch under GPipe, at most pp of them under 1F1B; under zero bubble at most pp
+  // too, each one that waits for its weight pass holding its Linear layers' inputs and output gradients (twice).
+  if (acc.process_index() == 0 && (held["gpipe"] < micro_batches - 0.5 || held["1f1b"] > processes + 0.5 ||
+                                   held["zero_bubble"] > 2 * processes + 0.5))
+    throw std::runtime_error(
+        "the activations held are not the schedules' (GPipe m, 1F1B at most pp, zero bubble at most 2 pp)");
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/utils/tensor_flatten.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
@@ -125,6 +126,22 @@ inline std::size_t index_of(const std::vector<at::Tensor>& parameters, const at:
                                   parameters.begin());
 }
 
+/// A Linear layer's forward in a stage whose weight gradients zero bubble's weight pass computes itself: the layer's
+/// input, its output, and the output's gradient once the input pass has computed it.
+struct linear_pass {
+  torch::nn::LinearImpl* layer;
+  at::Tensor input, output, output_gradient;
+};
+
+/// Adds `gradient` to `parameter`'s, as autograd accumulates it.
+inline void accumulate_gradient(const at::Tensor& parameter, const at::Tensor& gradient) {
+  auto& held = parameter.mutable_grad();
+  if (held.defined())
+    held.add_(gradient);
+  else
+    held = gradient.contiguous();
+}
+
 inline void finish(in_flight& send) {
   if (send.header_sent) std::exchange(send.header_sent, {})();
   if (send.data_sent) std::exchange(send.data_sent, {})();
@@ -148,6 +165,8 @@ struct pipeline::step_state {
   std::map<int, detail::pp::posted_receive> receives;  // by tag, posted ahead of their receive actions
   bool headers = true;  // whether each message is preceded by its shape (the batch's shape is new)
   at::Tensor loss_sum;
+  // By local stage, then micro-batch, when the weight pass is split by hand (split_weights_): each Linear's pass.
+  std::vector<std::vector<std::vector<detail::pp::linear_pass>>> linears;
 };
 
 pipeline::pipeline(const torch::nn::Sequential& model, pipeline_options how, detail::pp::links links,
@@ -177,6 +196,71 @@ pipeline::pipeline(const torch::nn::Sequential& model, pipeline_options how, det
   actions_ = make_pipeline_schedule(how_.schedule, shape_).at(static_cast<std::size_t>(links_.rank));
   message_shapes_.resize(static_cast<std::size_t>(2 * shape_.stages * shape_.micro_batches));
   if (links_.shards > 1) make_shards();
+  split_weights_ = weights_split_by_hand();
+}
+
+bool pipeline::weights_split_by_hand() const {
+  // Autocast computes in another dtype than the weights', and tp's split layers are routed: autograd's pass there.
+  if (how_.schedule != pipeline_schedule::zero_bubble || links_.tp > 1 || links_.float_output) return false;
+  for (const auto& stage : stage_modules_)
+    for (const auto& child : *stage) {
+      const auto* linear = child.ptr()->as<torch::nn::LinearImpl>();
+      if (linear == nullptr && !child.ptr()->parameters().empty()) return false;
+      if (linear != nullptr)
+        for (const auto& parameter : linear->parameters())
+          if (!parameter.requires_grad()) return false;
+    }
+  return true;
+}
+
+at::Tensor pipeline::forward_recording(int stage, const at::Tensor& input,
+                                       std::vector<detail::pp::linear_pass>& linears) {
+  at::Tensor current = input;
+  for (auto& child : *stage_module(stage)) {
+    auto* linear = child.ptr()->as<torch::nn::LinearImpl>();
+    at::Tensor output = child.forward(current);
+    if (linear != nullptr) linears.push_back({linear, current.detach(), output, {}});
+    current = std::move(output);
+  }
+  return current;
+}
+
+void pipeline::input_pass(std::size_t local, std::size_t mb, bool needs_input_gradient,
+                          const std::vector<at::Tensor>& root_gradient, step_state& state) {
+  auto& linears = state.linears[local][mb];
+  std::vector<at::Tensor> targets;
+  for (const auto& pass : linears) targets.push_back(pass.output);
+  if (needs_input_gradient) targets.push_back(state.stage_input[local][mb]);
+  // Each Linear's output gradient and the input's, and nothing of the weights': the weight pass computes those
+  // from them, without a second pass over the graph, which is freed here.
+  const auto gradients = torch::autograd::grad({state.stage_output[local][mb]}, targets, root_gradient,
+                                               /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+  for (std::size_t i = 0; i < linears.size(); ++i) {
+    linears[i].output_gradient = gradients[i];
+    linears[i].output = at::Tensor();
+  }
+  if (needs_input_gradient) state.input_gradient[local][mb] = gradients.back();
+  state.stage_output[local][mb] = at::Tensor();
+  state.stage_input[local][mb] = at::Tensor();
+  state.output_gradient[local][mb] = at::Tensor();
+}
+
+void pipeline::weight_pass(std::vector<detail::pp::linear_pass>& linears) {
+  at::NoGradGuard no_grad;
+  for (auto& pass : linears) {
+    if (!pass.output_gradient.defined()) continue;  // the output did not reach the loss
+    const auto gradient = pass.output_gradient.reshape({-1, pass.output_gradient.size(-1)});
+    const auto input = pass.input.reshape({-1, pass.input.size(-1)});
+    // dW = dY^T X, computed into the weight gradient's own layout: a transposed product added to it would be a
+    // strided pass over the whole matrix per micro-batch.
+    auto& weight_gradient = pass.layer->weight.mutable_grad();
+    if (weight_gradient.defined())
+      weight_gradient.addmm_(gradient.t(), input);
+    else
+      weight_gradient = at::mm(gradient.t(), input);
+    if (pass.layer->bias.defined()) detail::pp::accumulate_gradient(pass.layer->bias, gradient.sum(0));
+  }
+  linears.clear();
 }
 
 void pipeline::make_shards() {
@@ -499,6 +583,7 @@ at::Tensor pipeline::step(const at::Tensor& input, const at::Tensor& target, con
   const auto local = stage_modules_.size();
   for (auto* slots : {&state.stage_input, &state.stage_output, &state.output_gradient, &state.input_gradient})
     slots->assign(local, std::vector<at::Tensor>(static_cast<std::size_t>(m)));
+  if (split_weights_) state.linears.assign(local, std::vector<std::vector<detail::pp::linear_pass>>(m));
   state.loss_sum = at::zeros({}, input.options().dtype(at::kFloat));
   state.headers = input.sizes().vec() != known_input_ || target.sizes().vec() != known_target_;
   post_receives_from(0, state);
@@ -561,7 +646,8 @@ void pipeline::forward(int stage, int micro_batch, step_state& state, const loss
   at::Tensor output;
   {
     const auto scopes = links_.forward_scope ? links_.forward_scope() : nullptr;
-    output = stage_module(stage)->forward(input);
+    output = split_weights_ ? forward_recording(stage, input, state.linears[local][mb])
+                            : stage_module(stage)->forward(input);
   }
   if (stage == shape_.stages - 1) {
     if (links_.float_output && output.is_floating_point()) output = output.to(at::kFloat);
@@ -579,14 +665,18 @@ void pipeline::backward(const pipeline_action& action, step_state& state) {
   const bool last = action.stage == shape_.stages - 1;
   std::vector<at::Tensor> root_gradient;
   if (!last) root_gradient.push_back(state.output_gradient[local][mb]);
-  const bool needs_input_gradient = action.stage > 0 && input.requires_grad();
+  const bool needs_input_gradient = action.stage > 0 && input.defined() && input.requires_grad();
   // The next stage has sent this output's gradient: it received the output long ago.
   if (const auto sent = state.sends.find(detail::pp::message_tag(false, action.stage + 1, action.micro_batch, shape_));
       sent != state.sends.end()) {
     detail::pp::finish(sent->second);
     state.sends.erase(sent);
   }
-  if (action.op == pipeline_op::backward_input) {
+  if (split_weights_ && action.op == pipeline_op::backward_input) {
+    input_pass(local, mb, needs_input_gradient, root_gradient, state);
+  } else if (split_weights_ && action.op == pipeline_op::backward_weight) {
+    weight_pass(state.linears[local][mb]);
+  } else if (action.op == pipeline_op::backward_input) {
     if (needs_input_gradient)
       state.input_gradient[local][mb] =
           torch::autograd::grad({root}, {input}, root_gradient, /*retain_graph=*/true).at(0);

@@ -97,6 +97,8 @@ void add_shards(links& made, Group& group) {
   };
 }
 
+struct linear_pass;  // pipeline.ipp: a Linear layer's forward, kept for zero bubble's weight pass
+
 /// A message's shape and dtype, as its header gave them.
 struct message_shape {
   std::vector<std::int64_t> sizes{};
