@@ -233,8 +233,10 @@ void pipeline::input_pass(std::size_t local, std::size_t mb, bool needs_input_gr
   if (needs_input_gradient) targets.push_back(state.stage_input[local][mb]);
   // Each Linear's output gradient and the input's, and nothing of the weights': the weight pass computes those
   // from them, without a second pass over the graph, which is freed here.
-  const auto gradients = torch::autograd::grad({state.stage_output[local][mb]}, targets, root_gradient,
-                                               /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+  const auto gradients =
+      targets.empty() ? std::vector<at::Tensor>{}  // a first stage without parameters: nothing to compute
+                      : torch::autograd::grad({state.stage_output[local][mb]}, targets, root_gradient,
+                                              /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
   for (std::size_t i = 0; i < linears.size(); ++i) {
     linears[i].output_gradient = gradients[i];
     linears[i].output = at::Tensor();
