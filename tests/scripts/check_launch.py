@@ -538,7 +538,9 @@ class PlayedMainNode:
         self.socket, self.pending, self.received = connection, b"", 0
         self.challenge = secrets.token_hex(16)
         self.socket.sendall(f"challenge {self.challenge}\n".encode())
-        words, self.nonce, proof = self.raw_line().rsplit(" ", 2)
+        hello = self.raw_line()
+        check(hello is not None and hello.count(" ") >= 2, f"no hello came after the challenge: {hello!r}")
+        words, self.nonce, proof = hello.rsplit(" ", 2)
         check(proof == keyed(JOB_SECRET, "node", self.challenge, self.nonce, words), f"a hello not proved: {words!r}")
         self.key = keyed(JOB_SECRET, "connection", self.challenge, self.nonce)
 
@@ -709,7 +711,7 @@ def case_heartbeat_ends_before_welcome():
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(20)
         flags = ["--heartbeat_interval", "0.2", "--heartbeat_timeout", "5"]
-        program = ["sh", "-c", "touch ended.$RANK"]
+        program = ["sh", "-c", "sleep 1; touch ended.$RANK"]  # after the hello, on a loaded machine too
         launcher = start_launcher(node_command(2, 1, free_port(), server.getsockname()[1], flags, program),
                                   {"ACCEL_JOB_SECRET": JOB_SECRET})
         try:
