@@ -84,9 +84,9 @@ class pipeline {
   ACCEL_DECL at::Tensor step(const at::Tensor& input, const at::Tensor& target, const loss_function& loss);
 
   /// Writes the whole model's weights (`accel::save_model`'s files: model.safetensors) from the first process of the
-  /// first replica's pp group, where every stage's parameters and buffers are gathered first. Every process calls it;
-  /// on that pp group it returns once the files are written or throws on all of its processes; the other replicas,
-  /// which hold the same weights, return at once.
+  /// first replica's pp group (of tp index 0), where every stage's parameters and buffers are gathered first. Every
+  /// process calls it; on that pp group it returns once the files are written or throws on all of its processes; the
+  /// other replicas, which hold the same weights, return at once.
   ACCEL_DECL void save_model(const std::filesystem::path& directory);
   /// Loads weights of the whole model (what `save_model` wrote, at any pp, or `accel::save_model` of the whole model
   /// in one process) into this process's stages, checking every name, shape and dtype first (`accel::load_model`).
@@ -120,6 +120,9 @@ class pipeline {
 
   ACCEL_DECL pipeline(const torch::nn::Sequential& model, pipeline_options how, detail::pp::links links,
                       c10::Device device);
+  /// Whether this process's pp group writes the checkpoint files: the first data-parallel replica's, of tp index 0
+  /// (the others hold the same weights and state, whole).
+  [[nodiscard]] ACCEL_DECL bool writes_checkpoints() const noexcept;
   /// save_model's writing, once the parameters are whole: the stages gathered on the pp group's first process.
   ACCEL_DECL void write_model(const std::filesystem::path& directory);
   /// save_state's writing, once the optimizer's state is whole.

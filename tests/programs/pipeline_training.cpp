@@ -197,6 +197,12 @@ double distance(const accel::pipeline& pipe, const torch::nn::Sequential& refere
   return largest;
 }
 
+/// `distance` at this process's place in the mesh: its dp_shard and tp indices.
+template <class Accelerator>
+double distance(const Accelerator& acc, const accel::pipeline& pipe, const torch::nn::Sequential& reference) {
+  return distance(pipe, reference, index_along(acc, "dp_shard"), index_along(acc, "tp"));
+}
+
 /// Under tp: each split parameter holds 1/tp of the whole (a column-parallel layer's weight and bias, a row-parallel
 /// layer's weight; not its bias).
 void check_split(const accel::pipeline& pipe, const torch::nn::Sequential& reference, int tp) {
@@ -277,15 +283,14 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   }
   check_sharded(pipe, reference);
   check_split(pipe, reference, mesh ? mesh->sizes().tp : 1);
-  const double gap = distance(pipe, reference, index_along(acc, "dp_shard"), index_along(acc, "tp"));
+  const double gap = distance(acc, pipe, reference);
   std::printf("pipeline_training: process %d (stages", acc.process_index());
   for (int stage : pipe.local_stages()) std::printf(" %d", stage);
   std::printf(
       ") %s%s: %zu actions; loss %.6f -> %.6f; parameters %.3g from one process (%s), losses %.3g; %.3g from "
       "one process taking whole batches\n",
       schedule.c_str(), bf16 ? " in bf16" : "", pipe.actions().size(), losses.front(), losses.back(), gap,
-      gap == 0 ? "bit for bit" : "not bitwise", loss_gap,
-      distance(pipe, whole_batches, index_along(acc, "dp_shard"), index_along(acc, "tp")));
+      gap == 0 ? "bit for bit" : "not bitwise", loss_gap, distance(acc, pipe, whole_batches));
   std::fflush(stdout);
   std::printf("pipeline_training: the last 10 steps' loss is %.3f of the first 10's\n", last_losses / first_losses);
   std::fflush(stdout);
@@ -294,7 +299,7 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   if constexpr (bf16) {  // the stages' autocast mattered: the same training in float32 ends elsewhere
     auto in_float32 = make_model(width);
     (void)train_in_one_process(in_float32, batches, steps, replicas, micro_batches, /*whole=*/false);
-    const double float32_gap = distance(pipe, in_float32, index_along(acc, "dp_shard"), index_along(acc, "tp"));
+    const double float32_gap = distance(acc, pipe, in_float32);
     std::printf("pipeline_training: %.3g from one process in float32\n", float32_gap);
     if (!(float32_gap > 1e-6)) throw std::runtime_error("the bf16 pipeline trained as float32 does");
   }
@@ -383,7 +388,7 @@ int checkpoint(const std::string& mode, const std::string& directory) {
   pipe.load_model(directory);
   auto reference = make_model(width);
   (void)train_in_one_process(reference, global_batches(steps, 1, rows, width), steps, 1, micro_batches, false);
-  const double gap = distance(pipe, reference, index_along(acc, "dp_shard"), index_along(acc, "tp"));
+  const double gap = distance(acc, pipe, reference);
   std::printf("pipeline_training: process %d of %d loaded %zu tensors, %.3g from one process\n", acc.process_index(),
               acc.num_processes(), pipe.module()->named_parameters().size(), gap);
   std::fflush(stdout);
@@ -495,7 +500,7 @@ int resume(const std::string& mode, const std::string& directory, double toleran
   }
   auto reference = make_model(width);
   (void)train_in_one_process(reference, batches, steps, 1, micro_batches, false, false, momentum);
-  const double gap = distance(pipe, reference, index_along(acc, "dp_shard"), index_along(acc, "tp"));
+  const double gap = distance(acc, pipe, reference);
   std::printf("pipeline_training: process %d of %d resumed at step %d, %.3g from one process after %d steps\n",
               acc.process_index(), acc.num_processes(), steps / 2, gap, steps);
   std::fflush(stdout);
@@ -561,10 +566,12 @@ int run(int argc, char** argv) {
     return resume<tp_accelerator>(mode, argv[2], 1e-6);
   if (mode == "resume_load_after_tp" && argc == 3) return resume<accelerator_t>(mode, argv[2], 1e-6);
   if ((mode == "save" || mode == "load") && argc == 3) return checkpoint(mode, argv[2]);
-  std::fprintf(stderr,
-               "usage: pipeline_training train|train_bf16 gpipe|1f1b|interleaved|zero_bubble STAGES_PER_PROCESS "
-               "MICRO_BATCHES STEPS | memory MICRO_BATCHES | save DIR | load DIR | resume_save DIR | resume_load DIR | "
-               "split | metrics\n");
+  std::fprintf(
+      stderr,
+      "usage: pipeline_training train|train_bf16 gpipe|1f1b|interleaved|zero_bubble STAGES_PER_PROCESS "
+      "MICRO_BATCHES STEPS (also train_tp, train_fully_sharded, train_hybrid_sharded) | memory MICRO_BATCHES | "
+      "save DIR | load DIR | checkpoint_tp DIR | resume_save[_tp] DIR | resume_load[_tp|_after_tp] DIR | "
+      "split | metrics\n");
   return 2;
 }
 

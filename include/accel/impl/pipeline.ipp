@@ -133,13 +133,14 @@ struct linear_pass {
   at::Tensor input, output, output_gradient;
 };
 
-/// Adds `gradient` to `parameter`'s, as autograd accumulates it.
+/// Adds `gradient` to `parameter`'s, as autograd accumulates it; a first one is copied, so that no gradient shares
+/// another tensor's storage.
 inline void accumulate_gradient(const at::Tensor& parameter, const at::Tensor& gradient) {
   auto& held = parameter.mutable_grad();
   if (held.defined())
     held.add_(gradient);
   else
-    held = gradient.contiguous();
+    held = gradient.clone(at::MemoryFormat::Contiguous);
 }
 
 inline void finish(in_flight& send) {
@@ -267,8 +268,9 @@ void pipeline::weight_pass(std::vector<detail::pp::linear_pass>& linears) {
 
 void pipeline::make_shards() {
   std::int64_t offset = 0;
-  for (const auto& parameter : module_->parameters()) {
-    if (parameter.scalar_type() != module_->parameters().front().scalar_type())
+  const auto parameters = module_->parameters();
+  for (const auto& parameter : parameters) {
+    if (parameter.scalar_type() != parameters.front().scalar_type())
       throw std::invalid_argument(
           "accel::pipeline: under dp_shard the stages' parameters are gathered and reduced in one flat buffer, so "
           "they must share one dtype; convert the model to one (model->to(torch::kFloat)) before cutting it");
@@ -327,14 +329,9 @@ void pipeline::reduce_gradients_into_shards() {
   links_.reduce_scatter_shards(flat, mine);
   if (links_.sum_over_replicas) links_.sum_over_replicas(mine);
   mine.div_(links_.replicas);
-  for (std::size_t i = 0; i < shards_.size(); ++i) {
-    auto part = mine.narrow(0, shard_offsets_[i], shards_[i].numel());
-    auto& grad = shards_[i].mutable_grad();
-    if (grad.defined())
-      grad.add_(part);  // gradients accumulated over steps without zero_grad, as the whole parameters' would be
-    else
-      grad = part.clone();
-  }
+  // Accumulated over steps without zero_grad, as the whole parameters' gradients would be.
+  for (std::size_t i = 0; i < shards_.size(); ++i)
+    detail::pp::accumulate_gradient(shards_[i], mine.narrow(0, shard_offsets_[i], shards_[i].numel()));
 }
 
 void pipeline::reshard() {
@@ -406,9 +403,10 @@ void pipeline::save_model(const std::filesystem::path& directory) {
   links_.with_whole_layers(*whole_, [&] { write_model(directory); });
 }
 
+bool pipeline::writes_checkpoints() const noexcept { return links_.replica_index == 0 && links_.tp_index == 0; }
+
 void pipeline::write_model(const std::filesystem::path& directory) {
-  // The first replica's pp group of tp index 0 writes; the others hold the same weights.
-  if (links_.replica_index != 0 || links_.tp_index != 0) return;
+  if (!writes_checkpoints()) return;
   constexpr int first_tag = 1 << 28;  // above every step's tags
   int tag = first_tag;
   std::vector<std::function<void()>> pending;
@@ -493,8 +491,8 @@ void pipeline::save_state(const std::filesystem::path& directory, torch::optim::
 void pipeline::write_state(const std::filesystem::path& directory, const torch::optim::Optimizer& optimizer) {
   auto whole = whole_states(optimizer);  // under dp_shard: every member gathers, before the other replicas return
   save_model(directory);
-  if (links_.replica_index != 0) return;  // the first replica's pp group writes, as for the weights
-  constexpr int first_tag = 1 << 29;      // above save_model's
+  if (!writes_checkpoints()) return;
+  constexpr int first_tag = 1 << 29;  // above save_model's
   int message = 0;
   torch::serialize::OutputArchive archive;  // written on the pp group's first process
   for (int stage = 0; stage < shape_.stages; ++stage) {
