@@ -3,9 +3,11 @@ programs written with accel against the same programs written with LibTorch alon
 (the order alternating), at -O2, with the flags of the benchmark build; medians over the rounds, and the median of
 each round's ratio. Run by `scripts/bench.sh compile` (docs/performance.md).
 
-    compile_times.py BUILD_DIR ROUNDS [--headers] [--suite SOURCE_DIR]
+    compile_times.py BUILD_DIR ROUNDS [--headers] [--cumulative] [--suite SOURCE_DIR]
 
 --headers   also each public header alone (-fsyntax-only, header-only and compiled modes)
+--cumulative  also what each header of accel.hpp adds, in its order, after torch/torch.h and the headers before it:
+            the compiler's total allocation (-ftime-report's GGC total, deterministic), -fsyntax-only, compiled mode
 --suite     also a clean build of the test suite with the compiler cache off (the sum of its compile times, from
             ninja's log) and the rebuild after touching include/accel/tracking.hpp, in a new directory under BUILD_DIR
 """
@@ -87,6 +89,36 @@ def headers(build, words, directory):
                                          syntax_only(words, text, directory)), flush=True)
 
 
+def allocated_mb(words, source_text, directory):
+    """The compiler's total allocation (MB) for `source_text`, -fsyntax-only, from -ftime-report's TOTAL line."""
+    handle, path = tempfile.mkstemp(suffix='.cpp')
+    with os.fdopen(handle, 'w') as f:
+        f.write(source_text)
+    command = [w for w in words if w not in ('-o', '/dev/null', '-c') and not w.endswith('.cpp')]
+    try:
+        result = subprocess.run(command + ['-fsyntax-only', '-ftime-report', path], cwd=directory,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True)
+    finally:
+        os.unlink(path)
+    total = re.search(r'^ TOTAL\s*:.*?(\d+)([kMG])\s*$', result.stderr, re.M)
+    return int(total.group(1)) * {'k': 1 / 1024, 'M': 1, 'G': 1024}[total.group(2)]
+
+
+def cumulative(words, directory):
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'include', 'accel')
+    names = re.findall(r'^#include "(.+)"', open(os.path.join(root, 'accel.hpp')).read(), re.M)
+    text = '#include <torch/torch.h>\n'
+    before = allocated_mb(words, text, directory)
+    print('\n| accel.hpp\'s headers in order, after torch/torch.h (%d MB), compiled mode | MB in all | MB added |'
+          % before)
+    print('|---|---|---|')
+    for name in names:
+        text += '#include <accel/%s>\n' % name
+        now = allocated_mb(words, text, directory)
+        print('| %s | %d | %+d |' % (name, now, now - before), flush=True)
+        before = now
+
+
 def ninja_compile_seconds(build):
     """Summed compile time of the last build in `build` (ninja's log: start and end of each step, in ms)."""
     total, seen = 0, {}
@@ -159,6 +191,8 @@ def main():
            lambda: syntax_only(words, '#include <torch/torch.h>\n', directory), rounds)
     if '--headers' in sys.argv:
         headers(build, words, directory)
+    if '--cumulative' in sys.argv:
+        cumulative(words, directory)
     if '--suite' in sys.argv:
         suite(build, sys.argv[sys.argv.index('--suite') + 1])
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Pipeline benchmark: bench_pipeline_step (an MLP of 8 Linear(512, 512) + Tanh pairs, micro-batches of 32 rows)
 through each schedule on pp = 2 Gloo processes (one thread each, so each process has a core of this 2-core machine)
-against the same micro-batches through the whole model in one process. The measured bubble of a schedule is the
-share of the pp processes' time not spent on the one process's work: 1 - T(1) / (pp x T(pp)); it is compared with the
-schedule's formula (accel::pipeline_bubble_formula). What the formula leaves out shows as the difference: the
-messages (a header and the activation or gradient, through Gloo over loopback) and, for zero bubble, the second
-pass over each stage's graph that LibTorch's split backward costs. Every job runs once per round, rounds rotating
-their order; the table reports medians.
+against the same micro-batches through the whole model in one process. Two bubbles per schedule:
+- measured: the share of each process's schedule it spent waiting for messages rather than computing
+  (`accel::pipeline::last_step_timing`), averaged over the steps and processes; the schedule's formula
+  (accel::pipeline_bubble_formula) predicts it for stages of equal cost and free messages;
+- against one process: 1 - T(1) / (pp x T(pp)), everything the pp processes spend beyond the one process's work: the
+  bubble, the messages (Gloo over loopback, whose threads share the cores with the computing ones, slowing the
+  computation too), and, for zero bubble, what its split backward costs beyond autograd's one pass.
+Every job runs once per round, rounds rotating their order; the table reports medians.
 
 Usage: pipeline_compare.py LAUNCHER BENCH_PIPELINE_STEP [ROUNDS]
 Environment: PP_SHAPE=WIDTHxROWS (512x32: the layers' width, a micro-batch's rows), PP_STEPS (10) and PP_WARMUP (3)
@@ -38,7 +40,7 @@ def main():
     launcher, bench = sys.argv[1], sys.argv[2]
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     jobs = [("one", 1, m) for m in MICRO_BATCHES] + [(s, v, m) for s, v in SCHEDULES for m in MICRO_BATCHES]
-    times, formula = {}, {}
+    times, formula, measured = {}, {}, {}
     for r in range(rounds):
         for name, v, m in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
             if name == "one":
@@ -49,17 +51,20 @@ def main():
                                            str(PROCESSES)))
             times.setdefault((name, m), []).append(float(fields[4]))
             formula[(name, m)] = float(fields[5])
+            measured.setdefault((name, m), []).append(float(fields[6]))
     print(f"pp = {PROCESSES}, Linear({SHAPE[0]}, {SHAPE[0]}) x 8, micro-batches of {SHAPE[1]} rows, medians of "
           f"{rounds} rounds, seconds per step")
-    print("| schedule | micro-batches | pp = 2 | one process | measured bubble | formula |")
-    print("|---|---|---|---|---|---|")
+    print("| schedule | micro-batches | pp = 2 | one process | measured bubble | formula | measured / formula | "
+          "1 - T(1) / (2 T(2)) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, v in SCHEDULES:
         for m in MICRO_BATCHES:
             one = statistics.median(times[("one", m)])
-            bubbles = [1 - o / (PROCESSES * t) for o, t in zip(times[("one", m)], times[(name, m)])]
+            overall = [1 - o / (PROCESSES * t) for o, t in zip(times[("one", m)], times[(name, m)])]
+            bubble = statistics.median(measured[(name, m)])
             label = name if v == 1 else f"{name} (v = {v})"
-            print(f"| {label} | {m} | {statistics.median(times[(name, m)]):.4f} | {one:.4f} | "
-                  f"{statistics.median(bubbles):.3f} | {formula[(name, m)]:.3f} |")
+            print(f"| {label} | {m} | {statistics.median(times[(name, m)]):.4f} | {one:.4f} | {bubble:.3f} | "
+                  f"{formula[(name, m)]:.3f} | {bubble / formula[(name, m)]:.2f} | {statistics.median(overall):.3f} |")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 //   bench_pipeline_step SCHEDULE STAGES_PER_PROCESS MICRO_BATCHES STEPS WARMUP [WIDTH ROWS]
 // trains an MLP of 8 Linear(WIDTH, WIDTH) + Tanh pairs (512) through accel::pipeline (SCHEDULE: gpipe, 1f1b,
 // interleaved, zero_bubble), micro-batches of ROWS rows (32), and prints on process 0: `schedule processes
-// stages_per_process micro_batches seconds_per_step bubble_formula`.
+// stages_per_process micro_batches seconds_per_step bubble_formula measured_bubble` (the last: the share of each
+// step's span the processes spent not computing, from `pipeline::last_step_timing`, averaged over the steps).
 #include <accel/accel.hpp>
 #include <accel/pipeline.hpp>
 #include <torch/torch.h>
@@ -52,14 +53,28 @@ int main(int argc, char** argv) {
   for (int i = 0; i < warmup; ++i) step();
   acc.wait_for_everyone();
   const auto start = bench::clock_type::now();
-  for (int i = 0; i < steps; ++i) step();
+  // Each step's schedule time and the part of it computing, on this process.
+  auto timings = torch::zeros({steps, 2}, torch::kDouble);
+  for (int i = 0; i < steps; ++i) {
+    // Every step's schedule starts on every process at once, as the formula's does: a process's optimizer step
+    // does not overlap the others' next schedule.
+    acc.wait_for_everyone();
+    step();
+    timings[i][0] = pipe.last_step_timing().seconds;
+    timings[i][1] = pipe.last_step_timing().computing;
+  }
   acc.wait_for_everyone();
   const double seconds = bench::seconds_since(start) / steps;
+  // The measured bubble, as the formula counts it: of each step's span (from the common start to the last process's
+  // end), the share the processes spent not computing, averaged over the processes, then over the steps.
+  const auto all = acc.gather(timings).view({acc.num_processes(), steps, 2});
+  const auto span = std::get<0>(all.select(2, 0).max(0));
+  const auto measured_bubble = (1 - all.select(2, 1).mean(0) / span).mean().item<double>();
   const accel::pipeline_shape shape{.stages = acc.num_processes() * stages_per_process,
                                     .micro_batches = micro_batches,
                                     .processes = acc.num_processes()};
   if (acc.is_main_process())
-    std::printf("%s %d %d %d %.6f %.6f\n", schedule.c_str(), acc.num_processes(), stages_per_process, micro_batches,
-                seconds, accel::pipeline_bubble_formula(schedules.at(schedule), shape));
+    std::printf("%s %d %d %d %.6f %.6f %.6f\n", schedule.c_str(), acc.num_processes(), stages_per_process,
+                micro_batches, seconds, accel::pipeline_bubble_formula(schedules.at(schedule), shape), measured_bubble);
   return 0;
 }

@@ -6,7 +6,7 @@
 #   scripts/bench.sh compile  compiler CPU time of the README's program and of a bf16 data-parallel loop with accel
 #                             (compiled and header-only) against the same programs written with LibTorch alone, and
 #                             accel.hpp alone against torch/torch.h alone (bench/compile_times.py; HEADERS=1 adds
-#                             each public header alone)
+#                             each public header alone, CUMULATIVE=1 what each of accel.hpp's headers adds in turn)
 #   scripts/bench.sh compile-suite  the same, then a clean build of the test suite with the compiler cache off and
 #                             the rebuild after touching include/accel/tracking.hpp
 #   scripts/bench.sh step     the single-process step overhead against raw LibTorch (bench/mlp_step.cpp), built
@@ -73,7 +73,8 @@ if [[ $which == compile || $which == compile-suite ]]; then
   # Compiler CPU time of a user's file: accel against LibTorch alone, paired rounds (bench/compile_times.py).
   extra=()
   [[ $which == compile-suite ]] && extra=(--suite "$root")
-  "$venv_python" "$root/bench/compile_times.py" "$build" "${ROUNDS:-5}" ${HEADERS:+--headers} "${extra[@]}"
+  "$venv_python" "$root/bench/compile_times.py" "$build" "${ROUNDS:-5}" ${HEADERS:+--headers} ${CUMULATIVE:+--cumulative} \
+    "${extra[@]}"
   exit 0
 fi
 if [[ $which == all || $which == step || $which == overhead ]]; then

@@ -65,6 +65,17 @@ struct pipeline_options {
   std::vector<std::string> split_before{};
 };
 
+/// Where this process's time went in a step's schedule (from its first action to the end of its sends): the wall
+/// time, and the part spent computing (forward and backward actions). The rest it waited for messages: the pipeline's
+/// bubble, and what moving the messages costs beyond it.
+struct pipeline_timing {
+  double seconds = 0;
+  double computing = 0;
+  /// The share of the schedule spent waiting, which `pipeline_bubble_formula` predicts for stages of equal cost
+  /// and free messages.
+  [[nodiscard]] double bubble() const noexcept { return seconds > 0 ? 1 - computing / seconds : 0; }
+};
+
 /// A model cut into pipeline stages on this process's "pp" group (see the file comment).
 class pipeline {
  public:
@@ -114,6 +125,8 @@ class pipeline {
   [[nodiscard]] int stages() const noexcept { return shape_.stages; }
   /// This process's actions in each step.
   [[nodiscard]] const std::vector<pipeline_action>& actions() const noexcept { return actions_; }
+  /// How the last `step`'s schedule spent this process's time.
+  [[nodiscard]] const pipeline_timing& last_step_timing() const noexcept { return timing_; }
 
  private:
   struct step_state;  // one step's micro-batches: inputs, outputs, received tensors, sends in flight
@@ -194,6 +207,7 @@ class pipeline {
   std::vector<std::int64_t> shard_offsets_;
   std::vector<std::vector<std::int64_t>> whole_sizes_;
   bool split_weights_ = false;  // weights_split_by_hand()
+  pipeline_timing timing_;
 };
 
 }  // namespace accel

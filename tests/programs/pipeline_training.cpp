@@ -40,6 +40,7 @@
 
 #include "support.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -238,6 +239,17 @@ void check_sharded(const accel::pipeline& pipe, const torch::nn::Sequential& ref
   if (left != 0 || held != expected) throw std::runtime_error("the pipeline's parameters are not sharded");
 }
 
+/// The step's timing lies within the step: some computing, no more than the schedule's time, itself no more than
+/// the call's.
+void check_timing(const accel::pipeline_timing& timing, std::chrono::steady_clock::duration call) {
+  const double wall = std::chrono::duration<double>(call).count();
+  if (!(timing.computing > 0 && timing.computing <= timing.seconds && timing.seconds <= wall && timing.bubble() >= 0 &&
+        timing.bubble() < 1))
+    throw std::runtime_error("the pipeline's step timing is inconsistent: " + std::to_string(timing.computing) +
+                             " s computing of " + std::to_string(timing.seconds) + " s in a call of " +
+                             std::to_string(wall) + " s");
+}
+
 template <class Accelerator>
 int train(const std::string& schedule, int stages_per_process, int micro_batches, int steps) {
   constexpr int width = 32, rows = 16;
@@ -260,7 +272,9 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   std::vector<double> losses;
   for (auto&& batch : prepared) {
     const auto [x, y] = every_tenth_halved(batch, static_cast<int>(losses.size()));
+    const auto begun = std::chrono::steady_clock::now();
     losses.push_back(pipe.step(x, y, mse).template item<double>());
+    check_timing(pipe.last_step_timing(), std::chrono::steady_clock::now() - begun);
     optimizer.step();
     optimizer.zero_grad();
   }

@@ -15,6 +15,7 @@
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -586,16 +587,23 @@ at::Tensor pipeline::step(const at::Tensor& input, const at::Tensor& target, con
   if (split_weights_) state.linears.assign(local, std::vector<std::vector<detail::pp::linear_pass>>(m));
   state.loss_sum = at::zeros({}, input.options().dtype(at::kFloat));
   state.headers = input.sizes().vec() != known_input_ || target.sizes().vec() != known_target_;
+  const auto started = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration computing{};
   post_receives_from(0, state);
   for (std::size_t i = 0; i < actions_.size(); ++i) {
-    if (detail::pp::computes(actions_[i])) post_receives_from(i + 1, state);
+    const bool computes = detail::pp::computes(actions_[i]);
+    if (computes) post_receives_from(i + 1, state);
+    const auto begun = std::chrono::steady_clock::now();
     run(actions_[i], state, loss);
+    if (computes) computing += std::chrono::steady_clock::now() - begun;
   }
   if (state.headers) {  // every process alike: the peers see the same batch
     known_input_ = input.sizes().vec();
     known_target_ = target.sizes().vec();
   }
   for (auto& [tag, send] : state.sends) detail::pp::finish(send);
+  const auto seconds = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  timing_ = {.seconds = seconds(std::chrono::steady_clock::now() - started), .computing = seconds(computing)};
   if (!shards_.empty()) {
     reduce_gradients_into_shards();
     reshard();
