@@ -2,9 +2,10 @@
 """Pipeline benchmark: bench_pipeline_step (an MLP of 8 Linear(512, 512) + Tanh pairs, micro-batches of 32 rows)
 through each schedule on pp = 2 Gloo processes (one thread each, so each process has a core of this 2-core machine)
 against the same micro-batches through the whole model in one process. Two bubbles per schedule:
-- measured: the share of each process's schedule it spent waiting for messages rather than computing
-  (`accel::pipeline::last_step_timing`), averaged over the steps and processes; the schedule's formula
-  (accel::pipeline_bubble_formula) predicts it for stages of equal cost and free messages;
+- measured: of each step's span (the processes start its schedule together, after a barrier; it ends with the last
+  process's end), the share the processes spent not computing (`accel::pipeline::last_step_timing`), averaged over
+  the processes, then over the steps; the schedule's formula (accel::pipeline_bubble_formula) predicts it for stages
+  of equal cost and free messages;
 - against one process: 1 - T(1) / (pp x T(pp)), everything the pp processes spend beyond the one process's work: the
   bubble, the messages (Gloo over loopback, whose threads share the cores with the computing ones, slowing the
   computation too), and, for zero bubble, what its split backward costs beyond autograd's one pass.

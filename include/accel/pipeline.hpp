@@ -141,9 +141,6 @@ class pipeline {
   /// save_state's writing, once the optimizer's state is whole.
   ACCEL_DECL void write_state(const std::filesystem::path& directory, const torch::optim::Optimizer& optimizer);
   ACCEL_DECL void average_over_replicas();
-  /// Under dp_shard: the whole parameters gathered from the shards (`unshard`); the gradients summed into the shards'
-  /// and averaged, the whole parameters' cleared (`reduce_gradients_into_shards`); each shard set from its whole
-  /// parameter, which is then freed (`reshard`).
   /// Zero bubble's weight pass computed from each Linear's input and output gradient (`dW = dY^T X`), not by a
   /// second pass over the stage's graph: where every stage's parameters are Linear layers' (fp32, no tp).
   [[nodiscard]] ACCEL_DECL bool weights_split_by_hand() const;
@@ -152,6 +149,9 @@ class pipeline {
   ACCEL_DECL void input_pass(std::size_t local, std::size_t mb, bool needs_input_gradient,
                              const std::vector<at::Tensor>& root_gradient, step_state& state);
   ACCEL_DECL static void weight_pass(std::vector<detail::pp::linear_pass>& linears);
+  /// Under dp_shard: the whole parameters gathered from the shards (`unshard`); the gradients summed into the shards'
+  /// and averaged, the whole parameters' cleared (`reduce_gradients_into_shards`); each shard set from its whole
+  /// parameter, which is then freed (`reshard`).
   ACCEL_DECL void make_shards();
   ACCEL_DECL void unshard();
   ACCEL_DECL void reduce_gradients_into_shards();
