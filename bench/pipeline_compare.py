@@ -5,7 +5,7 @@ against the same micro-batches through the whole model in one process. Two bubbl
 - measured: of each step's span (the processes start its schedule together, after a barrier; it ends with the last
   process's end), the share the processes spent not computing (`accel::pipeline::last_step_timing`), averaged over
   the processes, then over the steps; the schedule's formula (accel::pipeline_bubble_formula) predicts it for stages
-  of equal cost and free messages;
+  of equal cost and free messages (the input requires grad, so that the first stage computes as much as the others);
 - against one process: 1 - T(1) / (pp x T(pp)), everything the pp processes spend beyond the one process's work: the
   bubble, the messages (Gloo over loopback, whose threads share the cores with the computing ones, slowing the
   computation too), and, for zero bubble, what its split backward costs beyond autograd's one pass.

@@ -43,7 +43,10 @@ int main(int argc, char** argv) {
       acc, model,
       {.schedule = schedules.at(schedule), .micro_batches = micro_batches, .stages_per_process = stages_per_process});
   torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(1e-3));
-  const auto x = torch::randn({rows * micro_batches, width}), y = torch::randn({rows * micro_batches, width});
+  // The input requires grad, so that every stage computes the same: the formula counts equal stages, and a first
+  // stage that skips its input's gradient does 11 of the others' 12 products, which its peers then wait for.
+  const auto x = torch::randn({rows * micro_batches, width}).requires_grad_();
+  const auto y = torch::randn({rows * micro_batches, width});
   const auto mse = [](const at::Tensor& output, const at::Tensor& target) { return torch::mse_loss(output, target); };
   const auto step = [&] {
     (void)pipe.step(x, y, mse);

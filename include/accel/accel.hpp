@@ -1,5 +1,7 @@
 /// \file
-/// The umbrella header: `#include <accel/accel.hpp>` and nothing else.
+/// The umbrella header: `#include <accel/accel.hpp>` and nothing else, for everything but pipeline parallelism,
+/// whose `accel::pipeline` comes with `#include <accel/pipeline.hpp>` (as Accelerate's `prepare_pippy` comes from
+/// `accelerate.inference`): a training loop without it does not compile it (docs/performance-compile.md).
 #pragma once
 
 // IWYU pragma: begin_exports
@@ -14,7 +16,6 @@
 #include "tensor_parallel.hpp"
 #include "fully_sharded_tensor_parallel.hpp"
 #include "context_parallel.hpp"
-#include "pipeline.hpp"
 #include "shard_unit.hpp"
 #include "construct_sharded.hpp"
 #include "accumulation.hpp"

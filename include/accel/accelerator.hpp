@@ -443,10 +443,10 @@ class accelerator {
   /// The same with `load_options`: also `allow_unchecked`, for a checkpoint without a manifest (written by accel
   /// 0.1), whose files nothing checks: `acc.load_state(dir, {.allow_unchecked = true})`, then save it again.
   void load_state(const std::filesystem::path& directory, const load_options& how);
-  /// The checkpoint this run last loaded (by `load_state` or `options::project.resume`); empty when none.
+  /// The checkpoint this run last loaded (by `load_state` or `checkpoint_automatically`'s resume); empty when none.
   [[nodiscard]] const std::optional<std::filesystem::path>& resumed_from() const noexcept { return resumed_from_; }
   /// Optimizer steps taken (batches on which a prepared optimizer stepped), over the whole run: a checkpoint holds
-  /// the count, so a resumed run goes on from it. What `options::project.save_every_steps` counts.
+  /// the count, so a resumed run goes on from it. What `checkpoint_automatically`'s `every_steps` counts.
   [[nodiscard]] std::int64_t completed_steps() const noexcept { return schedule_.steps(); }
 
   /// Within the returned scope, backward through `model` accumulates gradients locally without communicating
@@ -607,10 +607,9 @@ class accelerator {
   /// Called by `prepared_optimizer::step()`: steps only when gradients are synchronised; the precision policy
   /// decides whether (fp16 may skip), the parallel policy how.
   void step_optimizer(torch::optim::Optimizer& optimizer);
-  /// A prepared range starts a pass: resuming, the newest checkpoint loads first (its data position included).
-  void before_pass();
-  /// A prepared range moves on from a batch: the automatic checkpoint, when one is due.
-  void after_batch(const void* range);
+  /// `resume::latest` at the first pass: the newest checkpoint complete on every process loads (its data position
+  /// included).
+  void resume_from_newest();
 
   /// join_uneven_inputs' override of even_batches on every prepared range that can take it; each one's value before.
   std::vector<std::pair<std::shared_ptr<detail::even_batches_switch>, bool>> override_even_batches(bool even);
@@ -620,7 +619,7 @@ class accelerator {
   template <class Policy = Parallel>  // a template: only the policies that join uneven inputs have finish_join
   void finish_join() {
     state_.share_from(parallel_.finish_join());
-    if (detail::on_any_process(parallel_, schedule_.release_saves())) save_state();
+    if (detail::on_any_process(parallel_, schedule_.release_saves())) schedule_.save_now();
   }
 
   template <class Model>
@@ -667,7 +666,6 @@ accelerator<Precision, Parallel, Accumulation>::accelerator(const accel::options
       accumulation_(opts),
       options_(opts),
       parallelism_(configured_mesh(opts.parallelism_config, parallel_.num_processes())),
-      schedule_(opts.project),
       state_(parallel_, registry_, opts.project, precision_, accumulation_, parallel_, schedule_),
       stragglers_(opts.straggler_window) {}
 
@@ -824,14 +822,8 @@ void accelerator<Precision, Parallel, Accumulation>::report_stragglers(double se
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
-void accelerator<Precision, Parallel, Accumulation>::before_pass() {
-  if (!schedule_.resume_due()) return;
+void accelerator<Precision, Parallel, Accumulation>::resume_from_newest() {
   if (auto newest = detail::agreed_newest_checkpoint(options_.project, parallel_)) load_state(*newest);
-}
-
-template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
-void accelerator<Precision, Parallel, Accumulation>::after_batch(const void* range) {
-  if (schedule_.batch_done(range)) save_state(options_.project.scheduled_save);
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>

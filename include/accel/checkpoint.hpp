@@ -54,6 +54,17 @@ std::optional<std::filesystem::path> wait_for_checkpoint(Accelerator& acc) {
   return detail::accelerator_access::finish_background_save(acc);
 }
 
+/// The accelerator saves and resumes by itself, into the project's numbered checkpoints
+/// (`options::project.automatic_checkpoint_naming`): every `how.every_steps` optimizer steps a `save_state(how.save)`
+/// once the step's batch is done, and with `resume::latest` the newest checkpoint complete on every process loads
+/// when the first pass over a prepared range starts, so that a program restarted by `accel launch --max_restarts`
+/// goes on mid-epoch. Accelerate leaves both to the loop. Call it on every process, before the training loop. A
+/// loop that does not call it compiles none of the checkpoint code.
+template <class Accelerator>
+void checkpoint_automatically(Accelerator& acc, const automatic_checkpoint_options& how) {
+  detail::accelerator_access::plan_checkpoints(acc, how);
+}
+
 }  // namespace accel
 
 #if ACCEL_HEADER_ONLY

@@ -155,7 +155,7 @@ struct fp8_options {
   bool enable_fsdp_float8_all_gather = false;
 };
 
-/// Whether a program picks up where an earlier run of it stopped (`project_options::resume`).
+/// Whether a program picks up where an earlier run of it stopped (`automatic_checkpoint_options::resume`).
 enum class resume {
   /// Start afresh; `load_state()` loads by hand.
   none,
@@ -197,6 +197,19 @@ struct save_options {
   double write_duty_cycle = 0.5;
 };
 
+/// `accel::checkpoint_automatically`'s plan (accel/checkpoint.hpp): when the accelerator saves and resumes by itself,
+/// into the project's numbered checkpoints.
+struct automatic_checkpoint_options {
+  /// When positive, `save_state()` every that many optimizer steps, once the step's batch is done (when the
+  /// prepared range moves on from it): how much work a failure can cost. Counted over the whole run, a resumed
+  /// one included (the count is in the checkpoint).
+  std::int64_t every_steps = 0;
+  /// `resume::latest`: load the newest complete checkpoint when the first pass over a prepared range starts.
+  accel::resume resume = accel::resume::none;
+  /// How the saves are made: `{.asynchronous = true}` writes them in the background.
+  save_options save = {};
+};
+
 /// Where `save_state()` without a path writes (Accelerate's `ProjectConfiguration`): with
 /// `automatic_checkpoint_naming`, `{project_dir}/checkpoints/checkpoint_{i}` for i = 0, 1, ..., keeping at most
 /// `total_limit` of them (the oldest are removed first; 0: keep all). `load_state()` without a path loads the
@@ -206,14 +219,6 @@ struct project_options {
   bool automatic_checkpoint_naming = false;
   int total_limit = 0;
   std::string logging_dir = {};
-  /// `resume::latest`: load the newest automatic checkpoint when the first pass over a prepared range starts.
-  accel::resume resume = accel::resume::none;
-  /// When positive, `save_state()` every that many optimizer steps, once the step's batch is done (when the
-  /// prepared range moves on from it): how much work a failure can cost. Counted over the whole run, a resumed
-  /// one included (the count is in the checkpoint).
-  std::int64_t save_every_steps = 0;
-  /// How those saves are made: `{.asynchronous = true}` writes them in the background.
-  save_options scheduled_save = {};
   /// The number of the next automatic checkpoint (Accelerate's `ProjectConfiguration.iteration`): when set,
   /// `save_state()` writes `checkpoint_{iteration}` and counts up from there, refusing a directory that exists.
   /// Unset, the next is numbered after the highest `checkpoint_{i}` there is. After `load_state` of `checkpoint_{k}`,

@@ -91,7 +91,8 @@ class pipeline {
   /// One batch through every stage, forward and backward, micro-batch by micro-batch in the schedule's order;
   /// the gradients of this process's parameters accumulate (then average over dp replicas). Returns the batch's
   /// loss (the mean of the micro-batches' losses) on every process. `input` goes to the first stage and `target`
-  /// to the loss after the last; each is cut along dimension 0.
+  /// to the loss after the last; each is cut along dimension 0. An `input` that requires grad gets its gradient on
+  /// the first stage's process, under every schedule, as a plain backward gives it.
   ACCEL_DECL at::Tensor step(const at::Tensor& input, const at::Tensor& target, const loss_function& loss);
 
   /// Writes the whole model's weights (`accel::save_model`'s files: model.safetensors) from the first process of the
@@ -130,6 +131,9 @@ class pipeline {
 
  private:
   struct step_state;  // one step's micro-batches: inputs, outputs, received tensors, sends in flight
+  /// Where a stage's input gradient goes: nowhere (the input needs none), to the previous stage, or on the first
+  /// stage into the caller's input.
+  enum class input_gradient_use : std::uint8_t { none, previous_stage, callers_input };
 
   ACCEL_DECL pipeline(const torch::nn::Sequential& model, pipeline_options how, detail::pp::links links,
                       c10::Device device);
@@ -146,8 +150,10 @@ class pipeline {
   [[nodiscard]] ACCEL_DECL bool weights_split_by_hand() const;
   [[nodiscard]] ACCEL_DECL at::Tensor forward_recording(int stage, const at::Tensor& input,
                                                         std::vector<detail::pp::linear_pass>& linears);
-  ACCEL_DECL void input_pass(std::size_t local, std::size_t mb, bool needs_input_gradient,
+  ACCEL_DECL void input_pass(std::size_t local, std::size_t mb, input_gradient_use use,
                              const std::vector<at::Tensor>& root_gradient, step_state& state);
+  ACCEL_DECL static void deliver_input_gradient(input_gradient_use use, at::Tensor gradient, std::size_t local,
+                                                std::size_t mb, step_state& state);
   ACCEL_DECL static void weight_pass(std::vector<detail::pp::linear_pass>& linears);
   /// Under dp_shard: the whole parameters gathered from the shards (`unshard`); the gradients summed into the shards'
   /// and averaged, the whole parameters' cleared (`reduce_gradients_into_shards`); each shard set from its whole

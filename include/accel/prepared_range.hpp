@@ -146,8 +146,8 @@ class prepared_range : detail::prepared_tag {
         registration_(detail::accelerator_access::register_state(accelerator, slot())),
         range_registration_(detail::accelerator_access::register_range(accelerator, even_batches_control())) {}
 
-  /// Starts a pass over the underlying range (a LibTorch loader starts a new epoch here). With
-  /// `options::project.resume`, the first pass loads the newest checkpoint first.
+  /// Starts a pass over the underlying range (a LibTorch loader starts a new epoch here). After
+  /// `checkpoint_automatically` with `resume::latest`, the first pass loads the newest checkpoint first.
   [[nodiscard]] iterator begin() const {
     detail::accelerator_access::before_pass(*accelerator_);
     auto& range = range_.get();

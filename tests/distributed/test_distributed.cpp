@@ -947,12 +947,13 @@ namespace {
 /// checkpoints of the resume::latest agreement case, saved with weights all equal to the checkpoint's number.
 struct project_run {
   explicit project_run(const std::filesystem::path& project_dir, accel::resume resume = accel::resume::none)
-      : acc(accel::options{
-            .cpu = true,
-            .project = {.project_dir = project_dir.string(), .automatic_checkpoint_naming = true, .resume = resume}}),
+      : acc(accel::options{.cpu = true,
+                           .project = {.project_dir = project_dir.string(), .automatic_checkpoint_naming = true}}),
         net(torch::nn::Linear(torch::nn::LinearOptions(3, 1).bias(false))),
         model(acc.prepare(net)),
-        batches(acc.prepare(loader)) {}
+        batches(acc.prepare(loader)) {
+    accel::checkpoint_automatically(acc, {.resume = resume});
+  }
   /// The first pass's start: resume::latest loads the agreed checkpoint there. Returns what the main process printed.
   std::string start_pass() {
     std::ostringstream printed;

@@ -317,13 +317,14 @@ TEST_CASE(
 
 // Issue 39, item 2: an automatic save that came due while another process had left the loop aborted the job inside
 // Gloo. Saves that come due during a join are held, and made once by every process when it ends.
-TEST_CASE("redteam 2: save_every_steps inside join_uneven_inputs saves once, agreed, when the join ends", "[redteam]") {
+TEST_CASE("redteam 2: an automatic save inside join_uneven_inputs is made once, agreed, when the join ends",
+          "[redteam]") {
   const int P = accel::read_process_environment().world_size;
   const auto dir = accel_test::job_directory("accel_join_saves_");
-  const accel::options options{
-      .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true, .save_every_steps = 1},
-      .even_batches = false};
+  const accel::options options{.project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true},
+                               .even_batches = false};
   gloo_accelerator acc(options);
+  accel::checkpoint_automatically(acc, {.every_steps = 1});
   if (acc.is_main_process()) accel::detail::remove_tree(dir);
   acc.wait_for_everyone();
   torch::manual_seed(5);

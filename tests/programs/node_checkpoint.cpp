@@ -13,7 +13,7 @@
 //           load_state(DIR) into objects built from another seed, then the main process writes the full parameters
 //           to FILE (safetensors): what a checkpoint made under another number of processes loads as.
 //   node_checkpoint [POLICY] latest PROJECT_DIR stop|resume [on_each_node]
-//           options::project.resume = resume::latest, an automatic checkpoint every 2 steps under PROJECT_DIR:
+//           checkpoint_automatically's resume::latest, an automatic checkpoint every 2 steps under PROJECT_DIR:
 //           `stop` trains 7 steps and ends (checkpoint_0..2 saved); `resume` trains 10 uninterrupted steps, and a run
 //           built from another seed, which resumes by itself from the newest checkpoint complete on every process,
 //           up to step 10: both must end with the same parameters, bit for bit.
@@ -151,10 +151,13 @@ struct save_marker {
   }
 };
 
+/// An automatic checkpoint every 2 steps, and resume::latest.
+constexpr accel::automatic_checkpoint_options every_two_steps{.every_steps = 2, .resume = accel::resume::latest};
+
 template <class Accelerator>
 int lose_in_save(accel::options options) {
   options.timeout = std::chrono::seconds(600);  // the launchers' heartbeat, not a collective, must end a survivor
-  accel_test::resumable_run<Accelerator> run(1, 64, options);
+  accel_test::resumable_run<Accelerator> run(1, 64, options, every_two_steps);
   save_marker marker{run.acc.process_index(), /*slow=*/true};
   run.acc.register_for_checkpointing(marker);
   // The loop of train(), each step printed: the automatic save due at a step is made when the loader moves on.
@@ -177,11 +180,9 @@ int latest(const std::filesystem::path& project_dir, std::string_view phase, con
   auto options = plain;
   options.project.project_dir = project_dir.string();
   options.project.automatic_checkpoint_naming = true;
-  options.project.resume = accel::resume::latest;
-  options.project.save_every_steps = 2;
   if (phase == "lose_in_save") return lose_in_save<Accelerator>(options);
   if (phase == "stop") {
-    accel_test::resumable_run<Accelerator> stopped(1, 64, options);
+    accel_test::resumable_run<Accelerator> stopped(1, 64, options, every_two_steps);
     save_marker marker{stopped.acc.process_index()};
     stopped.acc.register_for_checkpointing(marker);
     stopped.train(7);
@@ -191,7 +192,7 @@ int latest(const std::filesystem::path& project_dir, std::string_view phase, con
   }
   accel_test::resumable_run<Accelerator> uninterrupted(1, 64, plain);
   uninterrupted.train(10);
-  accel_test::resumable_run<Accelerator> resumed(99, 64, options);
+  accel_test::resumable_run<Accelerator> resumed(99, 64, options, every_two_steps);
   const int rank = resumed.acc.process_index();
   save_marker marker{rank};
   resumed.acc.register_for_checkpointing(marker);
@@ -217,14 +218,11 @@ int latest(const std::filesystem::path& project_dir, std::string_view phase, con
 template <class Accelerator>
 int restarts(const std::filesystem::path& project_dir, const std::filesystem::path& file, int failing_attempts) {
   accel::options options{.cpu = true, .timeout = std::chrono::seconds(60)};
-  options.project = {.project_dir = project_dir.string(),
-                     .automatic_checkpoint_naming = true,
-                     .resume = accel::resume::latest,
-                     .save_every_steps = 2,
-                     .save_on_each_node = true};
+  options.project = {
+      .project_dir = project_dir.string(), .automatic_checkpoint_naming = true, .save_on_each_node = true};
   const char* restart_count = std::getenv("ACCEL_RESTART_COUNT");
   const int attempt = restart_count != nullptr ? std::atoi(restart_count) : 0;
-  accel_test::resumable_run<Accelerator> run(1, 64, options);
+  accel_test::resumable_run<Accelerator> run(1, 64, options, every_two_steps);
   const int rank = run.acc.process_index();
   bool announced = false;
   while (run.acc.completed_steps() < 10)
@@ -261,14 +259,11 @@ template <class Accelerator>
 int elastic(const std::filesystem::path& project_dir, const std::filesystem::path& file, int failing_attempt,
             bool shared_disk) {
   accel::options options{.cpu = true, .timeout = std::chrono::seconds(60)};
-  options.project = {.project_dir = project_dir.string(),
-                     .automatic_checkpoint_naming = true,
-                     .resume = accel::resume::latest,
-                     .save_every_steps = 2,
-                     .save_on_each_node = !shared_disk};
+  options.project = {
+      .project_dir = project_dir.string(), .automatic_checkpoint_naming = true, .save_on_each_node = !shared_disk};
   const char* restart_count = std::getenv("ACCEL_RESTART_COUNT");
   const int attempt = restart_count != nullptr ? std::atoi(restart_count) : 0;
-  accel_test::resumable_run<Accelerator> run(1, 64, options);
+  accel_test::resumable_run<Accelerator> run(1, 64, options, every_two_steps);
   const int rank = run.acc.process_index();
   bool announced = false;
   while (run.acc.completed_steps() < 30)

@@ -40,6 +40,7 @@
 
 #include "support.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -105,11 +106,13 @@ accel_test::batch every_tenth_halved(const accel_test::batch& batch, int step) {
 
 /// The same training in one process: each replica's micro-batches accumulated in order, the replicas' gradients
 /// summed in rank order and averaged, as the pipeline and its all-reduce do. `whole`: each batch whole instead.
-/// Returns every step's loss for each replica's batch ([step][replica]).
+/// Returns every step's loss for each replica's batch ([step][replica]); `first_input_gradients`, where given,
+/// receives each replica's input gradient at the first step.
 std::vector<std::vector<double>> train_in_one_process(torch::nn::Sequential& model,
                                                       const std::vector<accel_test::batch>& batches, int steps,
                                                       int replicas, int micro_batches, bool whole, bool bf16 = false,
-                                                      double momentum = 0) {
+                                                      double momentum = 0,
+                                                      std::vector<at::Tensor>* first_input_gradients = nullptr) {
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(learning_rate).momentum(momentum));
   std::vector<std::vector<double>> losses;
   for (int step = 0; step < steps; ++step) {
@@ -117,7 +120,9 @@ std::vector<std::vector<double>> train_in_one_process(torch::nn::Sequential& mod
     losses.emplace_back();
     for (int replica = 0; replica < replicas; ++replica) {
       optimizer.zero_grad();
-      const auto [x, y] = every_tenth_halved(batches[static_cast<std::size_t>(step * replicas + replica)], step);
+      const auto [batch_input, y] =
+          every_tenth_halved(batches[static_cast<std::size_t>(step * replicas + replica)], step);
+      const auto x = step == 0 && first_input_gradients ? batch_input.detach().requires_grad_() : batch_input;
       const int parts = whole ? 1 : micro_batches;
       auto loss = torch::zeros({});
       for (int mb = 0; mb < parts; ++mb) {
@@ -133,6 +138,7 @@ std::vector<std::vector<double>> train_in_one_process(torch::nn::Sequential& mod
         loss += part.detach();
       }
       losses.back().push_back(loss.item<double>());
+      if (x.requires_grad()) first_input_gradients->push_back(x.grad());
       std::vector<at::Tensor> grads;
       for (const auto& parameter : model->parameters()) grads.push_back(parameter.grad().clone());
       replica_grads.push_back(std::move(grads));
@@ -250,6 +256,19 @@ void check_timing(const accel::pipeline_timing& timing, std::chrono::steady_cloc
                              std::to_string(wall) + " s");
 }
 
+/// On the first stage's process, the input's gradient equals one process's; elsewhere it has none.
+void check_input_gradient(const accel::pipeline& pipe, const at::Tensor& input, const at::Tensor& expected) {
+  const auto& stages = pipe.local_stages();
+  const bool first = std::find(stages.begin(), stages.end(), 0) != stages.end();
+  if (first != input.grad().defined())
+    throw std::runtime_error(first ? "the input requires grad but got none on the first stage's process"
+                                   : "the input got a gradient on a process without the first stage");
+  if (!first) return;
+  const double gap = (input.grad() - expected).abs().max().item<double>();
+  std::printf("pipeline_training: the input's gradient %.3g from one process's\n", gap);
+  if (gap > 1e-6) throw std::runtime_error("the input's gradient differs from one process's");
+}
+
 template <class Accelerator>
 int train(const std::string& schedule, int stages_per_process, int micro_batches, int steps) {
   constexpr int width = 32, rows = 16;
@@ -270,8 +289,12 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
       {.schedule = schedule_named(schedule), .micro_batches = micro_batches, .stages_per_process = stages_per_process});
   torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(learning_rate));
   std::vector<double> losses;
+  at::Tensor first_input;
   for (auto&& batch : prepared) {
-    const auto [x, y] = every_tenth_halved(batch, static_cast<int>(losses.size()));
+    const auto [batch_input, y] = every_tenth_halved(batch, static_cast<int>(losses.size()));
+    // The first step's input requires grad: it gets its gradient on the first stage's process, as in one process.
+    const auto x = losses.empty() ? batch_input.detach().requires_grad_() : batch_input;
+    if (losses.empty()) first_input = x;
     const auto begun = std::chrono::steady_clock::now();
     losses.push_back(pipe.step(x, y, mse).template item<double>());
     check_timing(pipe.last_step_timing(), std::chrono::steady_clock::now() - begun);
@@ -280,7 +303,9 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   }
 
   auto reference = make_model(width);
-  const auto expected = train_in_one_process(reference, batches, steps, replicas, micro_batches, /*whole=*/false, bf16);
+  std::vector<at::Tensor> first_input_gradients;
+  const auto expected = train_in_one_process(reference, batches, steps, replicas, micro_batches, /*whole=*/false, bf16,
+                                             0, &first_input_gradients);
   auto whole_batches = make_model(width);
   (void)train_in_one_process(whole_batches, batches, steps, replicas, micro_batches, /*whole=*/true, bf16);
   // Each process's loss is its replica's batch's (as any data-parallel loss); the model learns over the steps.
@@ -297,6 +322,7 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   }
   check_sharded(pipe, reference);
   check_split(pipe, reference, mesh ? mesh->sizes().tp : 1);
+  check_input_gradient(pipe, first_input, first_input_gradients.at(static_cast<std::size_t>(replica)));
   const double gap = distance(acc, pipe, reference);
   std::printf("pipeline_training: process %d (stages", acc.process_index());
   for (int stage : pipe.local_stages()) std::printf(" %d", stage);

@@ -29,14 +29,10 @@ int run(int argc, char** argv) {
   // Wide enough (~1 MB of weights, ~3 MB of AdamW state) that a save lasts long enough for the harness to kill a
   // process during it; 400 samples of 16 features: 25 batches of 8 an epoch, 13 a process.
   constexpr int features = 16, hidden = 16384, sample_count = 400;
-  accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>> acc{
-      accel::options{.cpu = true,
-                     .project = {.project_dir = argv[1],
-                                 .automatic_checkpoint_naming = true,
-                                 .total_limit = 2,
-                                 .resume = accel::resume::latest,
-                                 .save_every_steps = 20,
-                                 .scheduled_save = {.asynchronous = in_background}}}};
+  accel::accelerator<accel::fp32, accel::data_parallel<accel::gloo>> acc{accel::options{
+      .cpu = true, .project = {.project_dir = argv[1], .automatic_checkpoint_naming = true, .total_limit = 2}}};
+  accel::checkpoint_automatically(
+      acc, {.every_steps = 20, .resume = accel::resume::latest, .save = {.asynchronous = in_background}});
   // Every attempt starts from the same weights and data; what differs after a restart comes from the checkpoint.
   torch::manual_seed(7);
   accel_test::mlp net(features, hidden, 1, /*dropout=*/0.3);

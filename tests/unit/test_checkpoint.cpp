@@ -296,16 +296,13 @@ TEST_CASE("I2 I3 automatic checkpoint naming: total_limit keeps the newest, load
 }
 
 TEST_CASE(
-    "save_every_steps saves after every N-th step, restarted with resume::latest, a run ends where an uninterrupted "
-    "one does, bit for bit",
+    "checkpoint_automatically saves after every N-th step, restarted with resume::latest, a run ends where an "
+    "uninterrupted one does, bit for bit",
     "[checkpoint][resume]") {
   const auto dir = scratch("auto-resume");
-  const accel::options options{.cpu = true,
-                               .project = {.project_dir = dir.string(),
-                                           .automatic_checkpoint_naming = true,
-                                           .total_limit = 2,
-                                           .resume = accel::resume::latest,
-                                           .save_every_steps = 3}};
+  const accel::options options{
+      .cpu = true, .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true, .total_limit = 2}};
+  const accel::automatic_checkpoint_options every_three{.every_steps = 3, .resume = accel::resume::latest};
   const auto checkpoints = [&] {
     std::vector<std::string> names;
     for (const auto& [number, path] : accel::detail::numbered_checkpoints(dir / "checkpoints"))
@@ -315,13 +312,13 @@ TEST_CASE(
   training_run uninterrupted(1, 32);  // 8 batches per epoch, dropout: 20 steps cross two epochs' ends
   uninterrupted.train(20);
   {
-    training_run killed(1, 32, options);
+    training_run killed(1, 32, options, every_three);
     killed.train_until(10);  // saves after steps 3, 6 and 9, then stops (is killed) after step 10
     CHECK(killed.acc.completed_steps() == 10);
     CHECK_FALSE(killed.acc.resumed_from().has_value());  // nothing to resume from at first
   }
   CHECK(checkpoints() == std::vector<std::string>{"checkpoint_1", "checkpoint_2"});
-  training_run restarted(99, 32, options);  // other weights, another RNG state: all from the checkpoint
+  training_run restarted(99, 32, options, every_three);  // other weights, another RNG state: all from the checkpoint
   restarted.train_until(20);
   REQUIRE(restarted.acc.resumed_from().has_value());
   CHECK(restarted.acc.resumed_from()->filename() == "checkpoint_2");
@@ -358,15 +355,13 @@ TEST_CASE(
     "[checkpoint][resume]") {
   const auto dir = scratch("resume-past-incomplete");
   const accel::options options{.cpu = true,
-                               .project = {.project_dir = dir.string(),
-                                           .automatic_checkpoint_naming = true,
-                                           .resume = accel::resume::latest,
-                                           .save_every_steps = 3}};
+                               .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true}};
+  const accel::automatic_checkpoint_options every_three{.every_steps = 3, .resume = accel::resume::latest};
   const auto root = dir / "checkpoints";
   training_run uninterrupted(1, 32);
   uninterrupted.train(12);
   {
-    training_run killed(1, 32, options);
+    training_run killed(1, 32, options, every_three);
     killed.train_until(7);  // saves checkpoint_0 after step 3 and checkpoint_1 after step 6
   }
   // The save after step 9 was cut short: checkpoint_2 holds files but no manifest.
@@ -374,7 +369,7 @@ TEST_CASE(
   std::filesystem::remove(root / "checkpoint_2" / "accel_checksums.txt");
   const auto left = accel_test::text_of(root / "checkpoint_2" / "random_states_0.bin");
   for (int restart = 0; restart < 2; ++restart) {  // before the fix, every restart failed at its first save
-    training_run restarted(99, 32, options);
+    training_run restarted(99, 32, options, every_three);
     restarted.train_until(12 + 3 * restart);  // saves after step 9, then after step 12
     REQUIRE(restarted.acc.resumed_from().has_value());
     CHECK(restarted.acc.resumed_from()->filename() == (restart == 0 ? "checkpoint_1" : "checkpoint_3"));
@@ -396,10 +391,9 @@ TEST_CASE(
 TEST_CASE("redteam 8: the loop of docs/distributed-nodes.md saves its final state, and says so",
           "[checkpoint][resume]") {
   const auto dir = scratch("documented-loop");
-  const accel::options options{
-      .cpu = true,
-      .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true, .save_every_steps = 5}};
-  training_run run(1, 32, options);
+  const accel::options options{.cpu = true,
+                               .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true}};
+  training_run run(1, 32, options, {.every_steps = 5});
   run.train_until(40);   // the documented loop: `if (acc.completed_steps() == 40) break;`
   run.acc.save_state();  // its last line
   training_run loaded(99, 32,
@@ -414,12 +408,12 @@ TEST_CASE("redteam 8: the loop of docs/distributed-nodes.md saves its final stat
   accel::detail::remove_tree(dir);
 }
 
-TEST_CASE("save_every_steps counts the training range's steps: an evaluation loop inside it neither counts nor saves",
+TEST_CASE("every_steps counts the training range's steps: an evaluation loop inside it neither counts nor saves",
           "[checkpoint][resume]") {
   const auto dir = scratch("auto-save-eval");
   accel::accelerator<> acc{
-      {.cpu = true,
-       .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true, .save_every_steps = 2}}};
+      {.cpu = true, .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true}}};
+  accel::checkpoint_automatically(acc, {.every_steps = 2});
   torch::nn::Linear net(3, 1);
   torch::optim::SGD sgd(net->parameters(), 0.1);
   auto [model, opt, train, evaluation] =
@@ -435,15 +429,25 @@ TEST_CASE("save_every_steps counts the training range's steps: an evaluation loo
   accel::detail::remove_tree(dir);
 }
 
-TEST_CASE("save_every_steps and resume::latest need automatic checkpoint naming", "[checkpoint][resume]") {
-  CHECK_THROWS_WITH(accel::accelerator<>({.cpu = true, .project = {.save_every_steps = 5}}),
-                    Catch::Contains("project.save_every_steps works with the numbered checkpoints of "
-                                    "project.automatic_checkpoint_naming; set it to true"));
-  CHECK_THROWS_WITH(accel::accelerator<>({.cpu = true, .project = {.resume = accel::resume::latest}}),
+TEST_CASE("checkpoint_automatically needs automatic checkpoint naming, a count of steps, and to come before the loop",
+          "[checkpoint][resume]") {
+  accel::accelerator<> unnamed{{.cpu = true}};
+  CHECK_THROWS_WITH(accel::checkpoint_automatically(unnamed, {.every_steps = 5}),
+                    Catch::Contains("every_steps works with the numbered checkpoints of "
+                                    "options::project.automatic_checkpoint_naming; set it to true"));
+  CHECK_THROWS_WITH(accel::checkpoint_automatically(unnamed, {.resume = accel::resume::latest}),
                     Catch::Contains("resume = resume::latest works with"));
-  CHECK_THROWS_WITH(
-      accel::accelerator<>({.cpu = true, .project = {.automatic_checkpoint_naming = true, .save_every_steps = -1}}),
-      Catch::Contains("must be 0 (no automatic saves) or a number of optimizer steps"));
+  const auto dir = scratch("auto-resume-late");
+  training_run run(1, 32, {.cpu = true, .project = {.project_dir = dir.string(), .automatic_checkpoint_naming = true}});
+  CHECK_THROWS_WITH(accel::checkpoint_automatically(run.acc, {.every_steps = -1}),
+                    Catch::Contains("must be 0 (no automatic saves) or a number of optimizer steps"));
+  run.train(1);
+  CHECK_THROWS_WITH(accel::checkpoint_automatically(run.acc, {.resume = accel::resume::latest}),
+                    Catch::Contains("call it before the training loop"));
+  accel::checkpoint_automatically(run.acc, {.every_steps = 1});  // saving may start at any step
+  run.train(2);  // a save when the range moves on from the first step's batch; train() leaves the second's early
+  CHECK(accel::detail::numbered_checkpoints(dir / "checkpoints").size() == 1);
+  accel::detail::remove_tree(dir);
 }
 
 TEST_CASE("load_state takes a checkpoint saved by another number of processes, a damaged count is refused",

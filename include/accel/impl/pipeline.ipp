@@ -227,12 +227,13 @@ at::Tensor pipeline::forward_recording(int stage, const at::Tensor& input,
   return current;
 }
 
-void pipeline::input_pass(std::size_t local, std::size_t mb, bool needs_input_gradient,
+void pipeline::input_pass(std::size_t local, std::size_t mb, input_gradient_use use,
                           const std::vector<at::Tensor>& root_gradient, step_state& state) {
   auto& linears = state.linears[local][mb];
+  auto& input = state.stage_input[local][mb];
   std::vector<at::Tensor> targets;
   for (const auto& pass : linears) targets.push_back(pass.output);
-  if (needs_input_gradient) targets.push_back(state.stage_input[local][mb]);
+  if (use != input_gradient_use::none) targets.push_back(input);
   // Each Linear's output gradient and the input's, and nothing of the weights': the weight pass computes those
   // from them, without a second pass over the graph, which is freed here.
   const auto gradients =
@@ -243,10 +244,18 @@ void pipeline::input_pass(std::size_t local, std::size_t mb, bool needs_input_gr
     linears[i].output_gradient = gradients[i];
     linears[i].output = at::Tensor();
   }
-  if (needs_input_gradient) state.input_gradient[local][mb] = gradients.back();
+  deliver_input_gradient(use, use == input_gradient_use::none ? at::Tensor() : gradients.back(), local, mb, state);
   state.stage_output[local][mb] = at::Tensor();
-  state.stage_input[local][mb] = at::Tensor();
+  input = at::Tensor();
   state.output_gradient[local][mb] = at::Tensor();
+}
+
+void pipeline::deliver_input_gradient(input_gradient_use use, at::Tensor gradient, std::size_t local, std::size_t mb,
+                                      step_state& state) {
+  if (use == input_gradient_use::previous_stage)
+    state.input_gradient[local][mb] = std::move(gradient);
+  else if (use == input_gradient_use::callers_input && gradient.defined())  // through the split, into input.grad
+    torch::autograd::backward({state.stage_input[local][mb]}, {gradient});
 }
 
 void pipeline::weight_pass(std::vector<detail::pp::linear_pass>& linears) {
@@ -673,7 +682,12 @@ void pipeline::backward(const pipeline_action& action, step_state& state) {
   const bool last = action.stage == shape_.stages - 1;
   std::vector<at::Tensor> root_gradient;
   if (!last) root_gradient.push_back(state.output_gradient[local][mb]);
-  const bool needs_input_gradient = action.stage > 0 && input.defined() && input.requires_grad();
+  // The input's gradient goes to the previous stage, or to the caller's input on the first (a plain backward
+  // accumulates it there); the split passes compute it only then.
+  const bool input_requires_grad = input.defined() && input.requires_grad();
+  const auto use = !input_requires_grad ? input_gradient_use::none
+                   : action.stage > 0   ? input_gradient_use::previous_stage
+                                        : input_gradient_use::callers_input;
   // The next stage has sent this output's gradient: it received the output long ago.
   if (const auto sent = state.sends.find(detail::pp::message_tag(false, action.stage + 1, action.micro_batch, shape_));
       sent != state.sends.end()) {
@@ -681,19 +695,21 @@ void pipeline::backward(const pipeline_action& action, step_state& state) {
     state.sends.erase(sent);
   }
   if (split_weights_ && action.op == pipeline_op::backward_input) {
-    input_pass(local, mb, needs_input_gradient, root_gradient, state);
+    input_pass(local, mb, use, root_gradient, state);
   } else if (split_weights_ && action.op == pipeline_op::backward_weight) {
     weight_pass(state.linears[local][mb]);
   } else if (action.op == pipeline_op::backward_input) {
-    if (needs_input_gradient)
-      state.input_gradient[local][mb] =
-          torch::autograd::grad({root}, {input}, root_gradient, /*retain_graph=*/true).at(0);
+    if (use != input_gradient_use::none)
+      deliver_input_gradient(use, torch::autograd::grad({root}, {input}, root_gradient, /*retain_graph=*/true).at(0),
+                             local, mb, state);
   } else {
-    // backward_weight leaves the input's gradient to backward_input; backward computes both in one pass.
+    // backward_weight leaves the input's gradient to backward_input; backward computes both in one pass (and
+    // accumulates the caller's input's).
     std::vector<at::Tensor> only;
     if (action.op == pipeline_op::backward_weight) only = stage_module(action.stage)->parameters();
     torch::autograd::backward({root}, root_gradient, /*retain_graph=*/false, /*create_graph=*/false, only);
-    if (action.op == pipeline_op::backward && needs_input_gradient) state.input_gradient[local][mb] = input.grad();
+    if (action.op == pipeline_op::backward && use == input_gradient_use::previous_stage)
+      state.input_gradient[local][mb] = input.grad();
     root = at::Tensor();
     input = at::Tensor();
     state.output_gradient[local][mb] = at::Tensor();

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "../../options.hpp"
 #include "registry.hpp"
 
 namespace accel::detail {
@@ -42,10 +43,11 @@ struct accelerator_access {
     acc.gradient_state_.remainder = remainder;
   }
   /// `prepared_range`, when a pass starts (resuming from the newest checkpoint), when it yields a batch and when it
-  /// moves on from one (an automatic checkpoint); `range` identifies it.
+  /// moves on from one (an automatic checkpoint); `range` identifies it. What resuming and saving do the schedule
+  /// calls as `checkpoint_automatically` bound them, so a loop alone instantiates neither.
   template <class Accelerator>
   static void before_pass(Accelerator& acc) {
-    acc.before_pass();
+    acc.schedule_.pass_starts();
   }
   template <class Accelerator>
   static void batch_yielded(Accelerator& acc, const void* range) noexcept {
@@ -53,7 +55,14 @@ struct accelerator_access {
   }
   template <class Accelerator>
   static void after_batch(Accelerator& acc, const void* range) {
-    acc.after_batch(range);
+    acc.schedule_.batch_done(range);
+  }
+  /// `checkpoint_automatically`.
+  template <class Accelerator>
+  static void plan_checkpoints(Accelerator& acc, const automatic_checkpoint_options& how) {
+    acc.schedule_.plan(how, acc.options_.project,
+                       {.resume_from_newest = [&acc] { acc.resume_from_newest(); },
+                        .save = [&acc, save = how.save] { (void)acc.save_state(save); }});
   }
   /// `prepared_model`, before each forward (data parallel: arm the gradient hooks, sync buffers).
   template <class Accelerator>
