@@ -217,7 +217,7 @@ struct resumable_run {
     for (int i = 0; i < count; ++i) samples.emplace_back(torch::randn({3}), torch::randn({1}));
     return samples;
   }
-  /// `checkpoints`, where it plans any: `accel::checkpoint_automatically` before the first pass.
+  /// `checkpoints`: `accel::checkpoint_automatically`'s plan, made before the first pass (by default, none).
   resumable_run(std::uint64_t seed, int samples_count, const accel::options& options = {.cpu = true},
                 const accel::automatic_checkpoint_options& checkpoints = {})
       : acc(options),
@@ -230,8 +230,7 @@ struct resumable_run {
         opt(acc.prepare(optimizer)),
         sched(acc.prepare(schedule)),
         batches(acc.prepare(loader)) {
-    if (checkpoints.every_steps != 0 || checkpoints.resume != accel::resume::none)
-      accel::checkpoint_automatically(acc, checkpoints);
+    accel::checkpoint_automatically(acc, checkpoints);
     torch::manual_seed(1000 + acc.process_index());
   }
   /// `steps` micro-steps, each inside `acc.accumulate(model)`.

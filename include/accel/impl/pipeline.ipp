@@ -244,7 +244,7 @@ void pipeline::input_pass(std::size_t local, std::size_t mb, input_gradient_use 
     linears[i].output_gradient = gradients[i];
     linears[i].output = at::Tensor();
   }
-  deliver_input_gradient(use, use == input_gradient_use::none ? at::Tensor() : gradients.back(), local, mb, state);
+  if (use != input_gradient_use::none) deliver_input_gradient(use, gradients.back(), local, mb, state);
   state.stage_output[local][mb] = at::Tensor();
   input = at::Tensor();
   state.output_gradient[local][mb] = at::Tensor();
