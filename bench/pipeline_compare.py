@@ -6,14 +6,17 @@ against the same micro-batches through the whole model in one process. Two bubbl
   process's end), the share the processes spent not computing (`accel::pipeline::last_step_timing`), averaged over
   the processes, then over the steps; the schedule's formula (accel::pipeline_bubble_formula) predicts it for stages
   of equal cost and free messages (the input requires grad, so that the first stage computes as much as the others);
+- at the measured costs: the schedule's bubble, messages free, when each forward, backward (or its input part) and
+  weight part costs what it did in the job (the processes' means, through accel::simulate_pipeline): the formula of
+  zero bubble depends on them (ZB-H1's (p - 1)(F + B - W) idle per process), the others' do not;
 - against one process: 1 - T(1) / (pp x T(pp)), everything the pp processes spend beyond the one process's work: the
   bubble, the messages (Gloo over loopback, whose threads share the cores with the computing ones, slowing the
   computation too), and, for zero bubble, what its split backward costs beyond autograd's one pass.
 Every job runs once per round, rounds rotating their order; the table reports medians.
 
 Usage: pipeline_compare.py LAUNCHER BENCH_PIPELINE_STEP [ROUNDS]
-Environment: PP_SHAPE=WIDTHxROWS (512x32: the layers' width, a micro-batch's rows), PP_STEPS (10) and PP_WARMUP (3)
-steps per job; a larger shape gives each message more computation to hide behind.
+Environment: PP_SHAPE=WIDTHxROWS[xLAYERS] (512x32x8: the layers' width, a micro-batch's rows, the Linear layers),
+PP_STEPS (10) and PP_WARMUP (3) steps per job; a larger shape gives each message more computation to hide behind.
 """
 import os
 import statistics
@@ -26,7 +29,8 @@ PROCESSES = 2
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero_bubble", 1))
 MICRO_BATCHES = (4, 8)
 STEPS, WARMUP = os.environ.get("PP_STEPS", "10"), os.environ.get("PP_WARMUP", "3")
-SHAPE = os.environ.get("PP_SHAPE", "512x32").split("x")  # width, rows
+SHAPE = os.environ.get("PP_SHAPE", "512x32").split("x")  # width, rows[, layers]
+LAYERS = SHAPE[2] if len(SHAPE) > 2 else "8"
 
 
 def one_process(bench, micro_batches):
@@ -41,7 +45,7 @@ def main():
     launcher, bench = sys.argv[1], sys.argv[2]
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     jobs = [("one", 1, m) for m in MICRO_BATCHES] + [(s, v, m) for s, v in SCHEDULES for m in MICRO_BATCHES]
-    times, formula, measured = {}, {}, {}
+    times, formula, measured, at_costs = {}, {}, {}, {}
     for r in range(rounds):
         for name, v, m in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
             if name == "one":
@@ -53,19 +57,22 @@ def main():
             times.setdefault((name, m), []).append(float(fields[4]))
             formula[(name, m)] = float(fields[5])
             measured.setdefault((name, m), []).append(float(fields[6]))
-    print(f"pp = {PROCESSES}, Linear({SHAPE[0]}, {SHAPE[0]}) x 8, micro-batches of {SHAPE[1]} rows, medians of "
+            at_costs.setdefault((name, m), []).append(float(fields[7]))
+    print(f"pp = {PROCESSES}, Linear({SHAPE[0]}, {SHAPE[0]}) x {LAYERS}, micro-batches of {SHAPE[1]} rows, medians of "
           f"{rounds} rounds, seconds per step")
     print("| schedule | micro-batches | pp = 2 | one process | measured bubble | formula | measured / formula | "
-          "1 - T(1) / (2 T(2)) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "at the measured costs | measured / that | 1 - T(1) / (2 T(2)) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, v in SCHEDULES:
         for m in MICRO_BATCHES:
             one = statistics.median(times[("one", m)])
             overall = [1 - o / (PROCESSES * t) for o, t in zip(times[("one", m)], times[(name, m)])]
             bubble = statistics.median(measured[(name, m)])
+            costed = statistics.median(at_costs[(name, m)])
             label = name if v == 1 else f"{name} (v = {v})"
             print(f"| {label} | {m} | {statistics.median(times[(name, m)]):.4f} | {one:.4f} | {bubble:.3f} | "
-                  f"{formula[(name, m)]:.3f} | {bubble / formula[(name, m)]:.2f} | {statistics.median(overall):.3f} |")
+                  f"{formula[(name, m)]:.3f} | {bubble / formula[(name, m)]:.2f} | {costed:.3f} | {bubble / costed:.2f} | "
+                  f"{statistics.median(overall):.3f} |")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@
 #                             (bench/cp_compare.py)
 #   scripts/bench.sh pp       pipeline parallelism's schedules (GPipe, 1F1B, interleaved 1F1B, zero bubble) on pp = 2
 #                             Gloo processes: step time against one process, measured bubble against the formula
-#                             (bench/pipeline_compare.py; PP_SHAPE=WIDTHxROWS, PP_STEPS, PP_WARMUP change the jobs)
+#                             (bench/pipeline_compare.py; PP_SHAPE=WIDTHxROWS[xLAYERS], PP_STEPS, PP_WARMUP change the jobs)
 #   scripts/bench.sh load     loading a 1 GB checkpoint into a 4-process fully_sharded model (its sharded and its full
 #                             format) against DCP's load into FSDP2: time and peak resident set (bench/load_compare.py)
 #   scripts/bench.sh checkpoint   how long a save of a 315 MB training state stops training: save_state waited for

@@ -71,6 +71,9 @@ struct pipeline_options {
 struct pipeline_timing {
   double seconds = 0;
   double computing = 0;
+  /// This process's mean time per compute action of each kind (0 for a kind it did not run; a whole backward counts
+  /// as backward_input): what `simulate_pipeline` takes to predict the bubble of stages that cost as these did.
+  pipeline_costs costs{.forward = 0, .backward_input = 0, .backward_weight = 0};
   /// The share of the schedule spent waiting, which `pipeline_bubble_formula` predicts for stages of equal cost
   /// and free messages.
   [[nodiscard]] double bubble() const noexcept { return seconds > 0 ? 1 - computing / seconds : 0; }
@@ -154,6 +157,8 @@ class pipeline {
                              const std::vector<at::Tensor>& root_gradient, step_state& state);
   ACCEL_DECL static void deliver_input_gradient(input_gradient_use use, at::Tensor gradient, std::size_t local,
                                                 std::size_t mb, step_state& state);
+  /// The first stage's input gradients, micro-batch by micro-batch, into the caller's input: one backward.
+  ACCEL_DECL static void backward_into_callers_input(const at::Tensor& input, step_state& state);
   ACCEL_DECL static void weight_pass(std::vector<detail::pp::linear_pass>& linears);
   /// Under dp_shard: the whole parameters gathered from the shards (`unshard`); the gradients summed into the shards'
   /// and averaged, the whole parameters' cleared (`reduce_gradients_into_shards`); each shard set from its whole

@@ -110,6 +110,8 @@ ACCEL_DECL pipeline_simulation simulate_pipeline(const std::vector<std::vector<p
 ///   - gpipe, one_f_one_b, interleaved_1f1b: 1 - v m / (v max(m, p) + min(m, p) - 1), the textbook (p - 1) /
 ///     (v m + p - 1) when m >= p, and GPipe's and 1F1B's (p - 1) / (m + p - 1) for every m when v = 1;
 ///   - zero_bubble: ZB-H1's (p - 1) / (3m + p - 1) when m >= p; 1 - 3m / (2m + 2p - 1) when m < p.
+/// At unequal costs the first three do not change; zero bubble's idle time per process is ZB-H1's (p - 1)(F + B - W)
+/// when m >= p and a weight part costs no more than a forward or an input part (the simulator's; pp.schedule checks).
 ACCEL_DECL double pipeline_bubble_formula(pipeline_schedule schedule, pipeline_shape shape);
 
 }  // namespace accel

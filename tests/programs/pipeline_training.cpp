@@ -246,14 +246,24 @@ void check_sharded(const accel::pipeline& pipe, const torch::nn::Sequential& ref
 }
 
 /// The step's timing lies within the step: some computing, no more than the schedule's time, itself no more than
-/// the call's.
-void check_timing(const accel::pipeline_timing& timing, std::chrono::steady_clock::duration call) {
+/// the call's; its mean cost per kind of action, times the `actions` of each kind this process ran, is its computing
+/// time, with a weight part only where the schedule splits the backward.
+void check_timing(const accel::pipeline_timing& timing, std::chrono::steady_clock::duration call, std::size_t actions,
+                  bool split_backward) {
   const double wall = std::chrono::duration<double>(call).count();
   if (!(timing.computing > 0 && timing.computing <= timing.seconds && timing.seconds <= wall && timing.bubble() >= 0 &&
         timing.bubble() < 1))
     throw std::runtime_error("the pipeline's step timing is inconsistent: " + std::to_string(timing.computing) +
                              " s computing of " + std::to_string(timing.seconds) + " s in a call of " +
                              std::to_string(wall) + " s");
+  const auto& costs = timing.costs;
+  const double summed = static_cast<double>(actions) * (costs.forward + costs.backward_input + costs.backward_weight);
+  if (!(costs.forward > 0 && costs.backward_input > 0 && (costs.backward_weight > 0) == split_backward &&
+        std::abs(summed - timing.computing) <= 1e-9 * timing.computing + 1e-12))
+    throw std::runtime_error("the pipeline's costs per action (forward " + std::to_string(costs.forward) +
+                             " s, backward " + std::to_string(costs.backward_input) + " s, weight " +
+                             std::to_string(costs.backward_weight) + " s, " + std::to_string(actions) +
+                             " of each) do not make its " + std::to_string(timing.computing) + " s computing");
 }
 
 /// On the first stage's process, the input's gradient equals one process's; elsewhere it has none.
@@ -293,11 +303,13 @@ int train(const std::string& schedule, int stages_per_process, int micro_batches
   for (auto&& batch : prepared) {
     const auto [batch_input, y] = every_tenth_halved(batch, static_cast<int>(losses.size()));
     // The first step's input requires grad: it gets its gradient on the first stage's process, as in one process.
-    const auto x = losses.empty() ? batch_input.detach().requires_grad_() : batch_input;
-    if (losses.empty()) first_input = x;
+    // It is made by an op that saves tensors for its backward (a product), which one backward through it may free.
+    if (losses.empty()) first_input = batch_input.detach().requires_grad_();
+    const auto x = losses.empty() ? first_input * torch::ones_like(first_input) : batch_input;
     const auto begun = std::chrono::steady_clock::now();
     losses.push_back(pipe.step(x, y, mse).template item<double>());
-    check_timing(pipe.last_step_timing(), std::chrono::steady_clock::now() - begun);
+    check_timing(pipe.last_step_timing(), std::chrono::steady_clock::now() - begun,
+                 pipe.local_stages().size() * static_cast<std::size_t>(micro_batches), schedule == "zero_bubble");
     optimizer.step();
     optimizer.zero_grad();
   }

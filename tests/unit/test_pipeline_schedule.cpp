@@ -407,6 +407,34 @@ TEST_CASE("costs: compute takes its cost, a receive waits for its send", "[pp_sc
   CHECK(run.bubble == Approx(0.5));
 }
 
+TEST_CASE("at unequal costs: ZB-H1's (p - 1)(F + B - W) idle per process, the others' bubble unchanged",
+          "[pp_schedule]") {
+  // What scripts/bench.sh pp compares a measured bubble with: the simulator at the job's own mean costs. ZB-H1's
+  // formula holds where a weight part costs no more than a forward or an input part (W <= F, B), as a Linear layer's
+  // does.
+  for (const accel::pipeline_costs costs : {accel::pipeline_costs{1, 1, 0.87}, accel::pipeline_costs{1, 0.95, 0.92},
+                                            accel::pipeline_costs{1, 1.3, 0.6}, accel::pipeline_costs{1.2, 1, 0.9}}) {
+    for (int p = 2; p <= 8; ++p) {
+      for (int m = p; m <= 16; ++m) {
+        CAPTURE(costs.forward, costs.backward_input, costs.backward_weight, p, m);
+        const pipeline_shape shape{p, m, p};
+        const double idle = (p - 1) * (costs.forward + costs.backward_input - costs.backward_weight);
+        const double busy = m * (costs.forward + costs.backward_input + costs.backward_weight);
+        CHECK(
+            accel::simulate_pipeline(accel::make_pipeline_schedule(pipeline_schedule::zero_bubble, shape), shape, costs)
+                .bubble == Approx(idle / (busy + idle)));
+        for (const auto schedule : {pipeline_schedule::gpipe, pipeline_schedule::one_f_one_b})
+          CHECK(accel::simulate_pipeline(accel::make_pipeline_schedule(schedule, shape), shape, costs).bubble ==
+                Approx(accel::pipeline_bubble_formula(schedule, shape)));
+        const pipeline_shape interleaved{2 * p, m, p};
+        CHECK(accel::simulate_pipeline(accel::make_pipeline_schedule(pipeline_schedule::interleaved_1f1b, interleaved),
+                                       interleaved, costs)
+                  .bubble == Approx(accel::pipeline_bubble_formula(pipeline_schedule::interleaved_1f1b, interleaved)));
+      }
+    }
+  }
+}
+
 TEST_CASE("bad shapes are refused, naming the fix", "[pp_schedule]") {
   CHECK_THAT(refusal(pipeline_schedule::one_f_one_b, {4, 4, 2}), Catch::Contains("use interleaved_1f1b"));
   CHECK_THAT(refusal(pipeline_schedule::zero_bubble, {6, 4, 3}), Catch::Contains("use interleaved_1f1b"));

@@ -15,6 +15,7 @@
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -99,6 +100,27 @@ inline bool computes(const pipeline_action& action) {
          action.op == pipeline_op::backward_input || action.op == pipeline_op::backward_weight;
 }
 
+/// A step's compute time, in all and by kind of action.
+class compute_clock {
+ public:
+  void add(pipeline_op op, std::chrono::steady_clock::duration spent) {
+    const auto kind = op == pipeline_op::forward ? 0 : op == pipeline_op::backward_weight ? 2 : 1;
+    spent_[kind] += spent;
+    ++count_[kind];
+  }
+  [[nodiscard]] pipeline_timing timing(std::chrono::steady_clock::duration span) const {
+    const auto mean = [&](int kind) { return count_[kind] ? seconds(spent_[kind]) / count_[kind] : 0.0; };
+    return {.seconds = seconds(span),
+            .computing = seconds(spent_[0] + spent_[1] + spent_[2]),
+            .costs = {.forward = mean(0), .backward_input = mean(1), .backward_weight = mean(2)}};
+  }
+
+ private:
+  static double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  std::array<std::chrono::steady_clock::duration, 3> spent_{};  // forward, backward (or its input part), weight
+  std::array<int, 3> count_{};
+};
+
 /// A message being sent, and its buffers, which must live until it is.
 struct in_flight {
   std::function<void()> header_sent, data_sent;
@@ -155,7 +177,10 @@ inline void finish(in_flight& send) {
 namespace accel {
 
 struct pipeline::step_state {
-  std::vector<at::Tensor> inputs, targets;  // the micro-batches
+  // The micro-batches. Those of an input that requires grad are leaves of their own: autograd through the split
+  // would build the whole input's gradient for each micro-batch (m times the work of one backward through it).
+  std::vector<at::Tensor> inputs, targets;
+  std::vector<at::Tensor> callers_input_gradient;  // by micro-batch, on the first stage's process
   // By local stage, then micro-batch:
   std::vector<std::vector<at::Tensor>> stage_input;      // received, or the previous local stage's output detached
   std::vector<std::vector<at::Tensor>> stage_output;     // the output, or the loss after the last stage
@@ -254,8 +279,18 @@ void pipeline::deliver_input_gradient(input_gradient_use use, at::Tensor gradien
                                       step_state& state) {
   if (use == input_gradient_use::previous_stage)
     state.input_gradient[local][mb] = std::move(gradient);
-  else if (use == input_gradient_use::callers_input && gradient.defined())  // through the split, into input.grad
-    torch::autograd::backward({state.stage_input[local][mb]}, {gradient});
+  else if (use == input_gradient_use::callers_input)  // into the caller's input at the step's end
+    state.callers_input_gradient[mb] = std::move(gradient);
+}
+
+void pipeline::backward_into_callers_input(const at::Tensor& input, step_state& state) {
+  auto& pieces = state.callers_input_gradient;
+  if (std::none_of(pieces.begin(), pieces.end(), [](const at::Tensor& piece) { return piece.defined(); }))
+    return;  // not the first stage's process, or no micro-batch's loss reached the input
+  for (std::size_t mb = 0; mb < pieces.size(); ++mb)
+    if (!pieces[mb].defined()) pieces[mb] = at::zeros_like(state.inputs[mb]);
+  // One backward, as one process's: it accumulates into input.grad, or goes on through the graph that made input.
+  torch::autograd::backward({input}, {at::cat(pieces)});
 }
 
 void pipeline::weight_pass(std::vector<detail::pp::linear_pass>& linears) {
@@ -589,6 +624,9 @@ at::Tensor pipeline::step(const at::Tensor& input, const at::Tensor& target, con
   unshard();
   step_state state;
   state.inputs = input.split(input.size(0) / m);
+  if (input.requires_grad())
+    for (auto& piece : state.inputs) piece = piece.detach().requires_grad_(true);
+  state.callers_input_gradient.assign(static_cast<std::size_t>(m), at::Tensor());
   state.targets = target.split(target.size(0) / m);
   const auto local = stage_modules_.size();
   for (auto* slots : {&state.stage_input, &state.stage_output, &state.output_gradient, &state.input_gradient})
@@ -597,22 +635,22 @@ at::Tensor pipeline::step(const at::Tensor& input, const at::Tensor& target, con
   state.loss_sum = at::zeros({}, input.options().dtype(at::kFloat));
   state.headers = input.sizes().vec() != known_input_ || target.sizes().vec() != known_target_;
   const auto started = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::duration computing{};
+  detail::pp::compute_clock clock;
   post_receives_from(0, state);
   for (std::size_t i = 0; i < actions_.size(); ++i) {
     const bool computes = detail::pp::computes(actions_[i]);
     if (computes) post_receives_from(i + 1, state);
     const auto begun = std::chrono::steady_clock::now();
     run(actions_[i], state, loss);
-    if (computes) computing += std::chrono::steady_clock::now() - begun;
+    if (computes) clock.add(actions_[i].op, std::chrono::steady_clock::now() - begun);
   }
   if (state.headers) {  // every process alike: the peers see the same batch
     known_input_ = input.sizes().vec();
     known_target_ = target.sizes().vec();
   }
   for (auto& [tag, send] : state.sends) detail::pp::finish(send);
-  const auto seconds = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); };
-  timing_ = {.seconds = seconds(std::chrono::steady_clock::now() - started), .computing = seconds(computing)};
+  timing_ = clock.timing(std::chrono::steady_clock::now() - started);
+  if (input.requires_grad()) backward_into_callers_input(input, state);
   if (!shards_.empty()) {
     reduce_gradients_into_shards();
     reshard();
@@ -682,8 +720,8 @@ void pipeline::backward(const pipeline_action& action, step_state& state) {
   const bool last = action.stage == shape_.stages - 1;
   std::vector<at::Tensor> root_gradient;
   if (!last) root_gradient.push_back(state.output_gradient[local][mb]);
-  // The input's gradient goes to the previous stage, or to the caller's input on the first (a plain backward
-  // accumulates it there); the split passes compute it only then.
+  // The input's gradient goes to the previous stage, or on the first to the caller's input (at the step's end);
+  // the split passes compute it only then.
   const bool input_requires_grad = input.defined() && input.requires_grad();
   const auto use = !input_requires_grad ? input_gradient_use::none
                    : action.stage > 0   ? input_gradient_use::previous_stage
@@ -703,13 +741,12 @@ void pipeline::backward(const pipeline_action& action, step_state& state) {
       deliver_input_gradient(use, torch::autograd::grad({root}, {input}, root_gradient, /*retain_graph=*/true).at(0),
                              local, mb, state);
   } else {
-    // backward_weight leaves the input's gradient to backward_input; backward computes both in one pass (and
-    // accumulates the caller's input's).
+    // backward_weight leaves the input's gradient to backward_input; backward computes both in one pass.
     std::vector<at::Tensor> only;
     if (action.op == pipeline_op::backward_weight) only = stage_module(action.stage)->parameters();
     torch::autograd::backward({root}, root_gradient, /*retain_graph=*/false, /*create_graph=*/false, only);
-    if (action.op == pipeline_op::backward && use == input_gradient_use::previous_stage)
-      state.input_gradient[local][mb] = input.grad();
+    if (action.op == pipeline_op::backward && use != input_gradient_use::none)
+      deliver_input_gradient(use, input.grad(), local, mb, state);
     root = at::Tensor();
     input = at::Tensor();
     state.output_gradient[local][mb] = at::Tensor();
