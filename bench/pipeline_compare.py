@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pipeline benchmark: bench_pipeline_step (an MLP of 8 Linear(512, 512) + Tanh pairs, micro-batches of 32 rows)
+"""Pipeline benchmark: bench_pipeline_step (an MLP of 16 Linear(2048, 2048) + Tanh pairs, micro-batches of 256 rows)
 through each schedule on pp = 2 Gloo processes (one thread each, so each process has a core of this 2-core machine)
 against the same micro-batches through the whole model in one process. Two bubbles per schedule:
 - measured: of each step's span (the processes start its schedule together, after a barrier; it ends with the last
@@ -15,8 +15,9 @@ against the same micro-batches through the whole model in one process. Two bubbl
 Every job runs once per round, rounds rotating their order; the table reports medians.
 
 Usage: pipeline_compare.py LAUNCHER BENCH_PIPELINE_STEP [ROUNDS]
-Environment: PP_SHAPE=WIDTHxROWS[xLAYERS] (512x32x8: the layers' width, a micro-batch's rows, the Linear layers),
-PP_STEPS (10) and PP_WARMUP (3) steps per job; a larger shape gives each message more computation to hide behind.
+Environment: PP_SHAPE=WIDTHxROWS[xLAYERS] (2048x256x16: the layers' width, a micro-batch's rows, the Linear layers,
+8 by default), PP_STEPS (4) and PP_WARMUP (1) steps per job; a larger shape gives each message more computation to
+hide behind (at 2048x256x16 a message of 2 MB, and 8 layers' forward and backward for each).
 """
 import os
 import statistics
@@ -28,8 +29,8 @@ from launch_job import run_job
 PROCESSES = 2
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero_bubble", 1))
 MICRO_BATCHES = (4, 8)
-STEPS, WARMUP = os.environ.get("PP_STEPS", "10"), os.environ.get("PP_WARMUP", "3")
-SHAPE = os.environ.get("PP_SHAPE", "512x32").split("x")  # width, rows[, layers]
+STEPS, WARMUP = os.environ.get("PP_STEPS", "4"), os.environ.get("PP_WARMUP", "1")
+SHAPE = os.environ.get("PP_SHAPE", "2048x256x16").split("x")  # width, rows[, layers]
 LAYERS = SHAPE[2] if len(SHAPE) > 2 else "8"
 
 
