@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pipeline benchmark: bench_pipeline_step (an MLP of 16 Linear(2048, 2048) + Tanh pairs, micro-batches of 256 rows)
 through each schedule on pp = 2 Gloo processes (one thread each, so each process has a core of this 2-core machine)
-against the same micro-batches through the whole model in one process. Two bubbles per schedule:
+against the same micro-batches through the whole model in one process. Three bubbles per schedule:
 - measured: of each step's span (the processes start its schedule together, after a barrier; it ends with the last
   process's end), the share the processes spent not computing (`accel::pipeline::last_step_timing`), averaged over
   the processes, then over the steps; the schedule's formula (accel::pipeline_bubble_formula) predicts it for stages
@@ -16,7 +16,7 @@ Every job runs once per round, rounds rotating their order; the table reports me
 
 Usage: pipeline_compare.py LAUNCHER BENCH_PIPELINE_STEP [ROUNDS]
 Environment: PP_SHAPE=WIDTHxROWS[xLAYERS] (2048x256x16: the layers' width, a micro-batch's rows, the Linear layers,
-8 by default), PP_STEPS (4) and PP_WARMUP (1) steps per job; a larger shape gives each message more computation to
+8 when left out), PP_STEPS (4) and PP_WARMUP (1) steps per job; a larger shape gives each message more computation to
 hide behind (at 2048x256x16 a message of 2 MB, and 8 layers' forward and backward for each).
 """
 import os
