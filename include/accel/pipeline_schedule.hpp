@@ -104,6 +104,13 @@ struct pipeline_simulation {
 ACCEL_DECL pipeline_simulation simulate_pipeline(const std::vector<std::vector<pipeline_action>>& actions,
                                                  pipeline_shape shape, pipeline_costs costs = {});
 
+/// The same with each process at its own costs (`costs_per_process[r]` for process r), as measured stages are: a
+/// process a few percent slower than its peers makes them wait for it every round, which at a small bubble (zero
+/// bubble's) outweighs the schedule's own. Throws std::invalid_argument unless there is one per process.
+ACCEL_DECL pipeline_simulation simulate_pipeline(const std::vector<std::vector<pipeline_action>>& actions,
+                                                 pipeline_shape shape,
+                                                 const std::vector<pipeline_costs>& costs_per_process);
+
 /// The schedule's bubble fraction in closed form, for equal stage costs (forward 1, backward_input 1,
 /// backward_weight 1); the fraction does not change when every cost is scaled alike. It is what simulate_pipeline
 /// measures at every shape (the tests check p 1..8, m 1..16, 1..4 stages per process):

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 #include <vector>
 
 namespace {
@@ -409,9 +411,8 @@ TEST_CASE("costs: compute takes its cost, a receive waits for its send", "[pp_sc
 
 TEST_CASE("at unequal costs: ZB-H1's (p - 1)(F + B - W) idle per process, the others' bubble unchanged",
           "[pp_schedule]") {
-  // What scripts/bench.sh pp compares a measured bubble with: the simulator at the job's own mean costs. ZB-H1's
-  // formula holds where a weight part costs no more than a forward or an input part (W <= F, B), as a Linear layer's
-  // does.
+  // ZB-H1's formula holds where a weight part costs no more than a forward or an input part (W <= F, B), as a Linear
+  // layer's does.
   for (const accel::pipeline_costs costs : {accel::pipeline_costs{1, 1, 0.87}, accel::pipeline_costs{1, 0.95, 0.92},
                                             accel::pipeline_costs{1, 1.3, 0.6}, accel::pipeline_costs{1.2, 1, 0.9}}) {
     for (int p = 2; p <= 8; ++p) {
@@ -433,6 +434,36 @@ TEST_CASE("at unequal costs: ZB-H1's (p - 1)(F + B - W) idle per process, the ot
       }
     }
   }
+}
+
+TEST_CASE("per-process costs: equal ones are one triple's, and the slowest process sets the pace", "[pp_schedule]") {
+  // What scripts/bench.sh pp compares a measured bubble with: each process at its own measured costs.
+  const accel::pipeline_costs fast{1, 1, 1}, slow{2, 2, 2};  // a backward: 2 and 4
+  for (int p = 2; p <= 6; ++p) {
+    for (int m = p; m <= 12; ++m) {
+      CAPTURE(p, m);
+      const pipeline_shape shape{p, m, p};
+      for (const auto schedule :
+           {pipeline_schedule::gpipe, pipeline_schedule::one_f_one_b, pipeline_schedule::zero_bubble}) {
+        const auto actions = accel::make_pipeline_schedule(schedule, shape);
+        const accel::pipeline_costs costs{1, 0.9, 0.8};
+        const auto alike = accel::simulate_pipeline(actions, shape, std::vector(static_cast<std::size_t>(p), costs));
+        CHECK(alike.makespan == accel::simulate_pipeline(actions, shape, costs).makespan);
+        CHECK(alike.bubble == accel::simulate_pipeline(actions, shape, costs).bubble);
+      }
+      // 1F1B with the last process twice as slow: the first micro-batch's forward reaches it, it then runs its m
+      // forwards and backwards without waiting, and the last gradient crosses the p - 1 others' backwards.
+      auto costs = std::vector(static_cast<std::size_t>(p), fast);
+      costs.back() = slow;
+      const auto run =
+          accel::simulate_pipeline(accel::make_pipeline_schedule(pipeline_schedule::one_f_one_b, shape), shape, costs);
+      CHECK(run.completes);
+      CHECK(run.makespan == (p - 1) * 1.0 + m * (2.0 + 4.0) + (p - 1) * 2.0);
+    }
+  }
+  CHECK_THROWS_WITH(accel::simulate_pipeline(accel::make_pipeline_schedule(pipeline_schedule::gpipe, {2, 2, 2}),
+                                             {2, 2, 2}, std::vector<accel::pipeline_costs>(3)),
+                    Catch::Contains("3 costs for 2 processes; give one pipeline_costs per process"));
 }
 
 TEST_CASE("bad shapes are refused, naming the fix", "[pp_schedule]") {

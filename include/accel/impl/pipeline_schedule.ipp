@@ -184,7 +184,7 @@ ACCEL_DECL std::vector<pipeline_action> with_communication(const std::vector<pip
 struct simulation_run {
   const action_lists& actions;
   pipeline_shape shape;
-  pipeline_costs costs;
+  const std::vector<pipeline_costs>& costs;  // per process
   std::vector<std::size_t> next = std::vector<std::size_t>(static_cast<std::size_t>(shape.processes), 0);
   std::vector<double> clock = std::vector<double>(static_cast<std::size_t>(shape.processes), 0.0);
   std::vector<int> held = std::vector<int>(static_cast<std::size_t>(shape.processes), 0);
@@ -202,6 +202,7 @@ struct simulation_run {
     return static_cast<std::size_t>(stage) * static_cast<std::size_t>(shape.micro_batches) +
            static_cast<std::size_t>(mb);
   }
+  [[nodiscard]] const pipeline_costs& costs_of(int process) const { return costs[static_cast<std::size_t>(process)]; }
   [[nodiscard]] bool remote(int process, int stage) const {
     return stage >= 0 && stage < shape.stages && shape.process_of(stage) != process;
   }
@@ -236,7 +237,7 @@ ACCEL_DECL step_result run_forward(simulation_run& run, int process, const pipel
   run.forwarded[here] = 1;
   auto& held = run.held[static_cast<std::size_t>(process)];
   run.peak[static_cast<std::size_t>(process)] = std::max(run.peak[static_cast<std::size_t>(process)], ++held);
-  compute(run, process, run.costs.forward);
+  compute(run, process, run.costs_of(process).forward);
   return step_result::ran;
 }
 
@@ -259,7 +260,8 @@ ACCEL_DECL step_result run_backward(simulation_run& run, int process, const pipe
   run.input_done[here] = 1;
   run.whole_backward[here] = whole ? 1 : 0;
   if (whole) --run.held[static_cast<std::size_t>(process)];
-  compute(run, process, whole ? run.costs.backward_input + run.costs.backward_weight : run.costs.backward_input);
+  const auto& costs = run.costs_of(process);
+  compute(run, process, whole ? costs.backward_input + costs.backward_weight : costs.backward_input);
   return step_result::ran;
 }
 
@@ -270,7 +272,7 @@ ACCEL_DECL step_result run_weight(simulation_run& run, int process, const pipeli
     return rule_broken(run, process, "a weight gradient before (or without) its backward_input");
   run.weight_done[here] = 1;
   --run.held[static_cast<std::size_t>(process)];
-  compute(run, process, run.costs.backward_weight);
+  compute(run, process, run.costs_of(process).backward_weight);
   return step_result::ran;
 }
 
@@ -430,15 +432,26 @@ std::vector<std::vector<pipeline_action>> make_pipeline_schedule(pipeline_schedu
 
 pipeline_simulation simulate_pipeline(const std::vector<std::vector<pipeline_action>>& actions, pipeline_shape shape,
                                       pipeline_costs costs) {
+  detail::pp::check_shape(shape, "accel::simulate_pipeline");
+  return simulate_pipeline(actions, shape,
+                           std::vector<pipeline_costs>(static_cast<std::size_t>(shape.processes), costs));
+}
+
+pipeline_simulation simulate_pipeline(const std::vector<std::vector<pipeline_action>>& actions, pipeline_shape shape,
+                                      const std::vector<pipeline_costs>& costs_per_process) {
   namespace pp = detail::pp;
   pp::check_shape(shape, "accel::simulate_pipeline");
+  if (costs_per_process.size() != static_cast<std::size_t>(shape.processes))
+    throw std::invalid_argument("accel::simulate_pipeline: " + std::to_string(costs_per_process.size()) +
+                                " costs for " + std::to_string(shape.processes) +
+                                " processes; give one pipeline_costs per process");
   pipeline_simulation result;
   if (actions.size() != static_cast<std::size_t>(shape.processes)) {
     result.problem =
         std::to_string(actions.size()) + " lists of actions for " + std::to_string(shape.processes) + " processes";
     return result;
   }
-  pp::simulation_run run{actions, shape, costs};
+  pp::simulation_run run{actions, shape, costs_per_process};
   if (pp::run_all(run)) {
     run.problem = pp::deadlock(run);
     if (run.problem.empty()) run.problem = pp::missing(run);
