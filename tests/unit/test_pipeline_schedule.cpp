@@ -6,15 +6,14 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <cstddef>
 #include <cmath>
+#include <cstddef>
 #include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
-#include <vector>
 #include <vector>
 
 namespace {
@@ -448,8 +447,9 @@ TEST_CASE("per-process costs: equal ones are one triple's, and the slowest proce
         const auto actions = accel::make_pipeline_schedule(schedule, shape);
         const accel::pipeline_costs costs{1, 0.9, 0.8};
         const auto alike = accel::simulate_pipeline(actions, shape, std::vector(static_cast<std::size_t>(p), costs));
-        CHECK(alike.makespan == accel::simulate_pipeline(actions, shape, costs).makespan);
-        CHECK(alike.bubble == accel::simulate_pipeline(actions, shape, costs).bubble);
+        const auto one_triple = accel::simulate_pipeline(actions, shape, costs);
+        CHECK(alike.makespan == one_triple.makespan);
+        CHECK(alike.bubble == one_triple.bubble);
       }
       // 1F1B with the last process twice as slow: the first micro-batch's forward reaches it, it then runs its m
       // forwards and backwards without waiting, and the last gradient crosses the p - 1 others' backwards.
