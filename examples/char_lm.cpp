@@ -10,6 +10,7 @@
 // Build and run: scripts/example.sh char_lm
 //   char_lm [--steps N] [--save-every K] [--out DIR] [--text FILE]
 // --text: another text to learn; its first line is skipped, as the sonnets' title line is.
+#include <accel/checkpoint.hpp>
 #include <accel/data_loader.hpp>
 #include <accel/dispatch.hpp>
 #include <accel/fp8.hpp>

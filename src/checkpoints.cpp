@@ -5,10 +5,12 @@
 #include <accel/detail/checkpoint/impl/agreement.ipp>
 #include <accel/detail/checkpoint/impl/archives.ipp>
 #include <accel/detail/checkpoint/impl/background.ipp>
+#include <accel/detail/checkpoint/impl/checkpoint_io.ipp>
 #include <accel/detail/checkpoint/impl/directory.ipp>
 #include <accel/detail/checkpoint/impl/format.ipp>
 #include <accel/detail/checkpoint/impl/manifest.ipp>
 #include <accel/detail/checkpoint/impl/numbering.ipp>
+#include <accel/detail/checkpoint/impl/optimizer_archive.ipp>
 #include <accel/detail/checkpoint/impl/python_optimizer.ipp>
 #include <accel/detail/checkpoint/impl/python_pickle.ipp>
 #include <accel/detail/checkpoint/impl/rank_local.ipp>
@@ -18,7 +20,6 @@
 #include <accel/detail/checkpoint/impl/sharded_format.ipp>
 #include <accel/detail/checkpoint/impl/slot.ipp>
 #include <accel/detail/checkpoint/impl/snapshot.ipp>
-#include <accel/detail/checkpoint/impl/training_state.ipp>
 #include <accel/detail/checkpoint/impl/transaction.ipp>
 #include <accel/detail/checkpoint/impl/writer.ipp>
 #include <accel/detail/support/impl/archive.ipp>

@@ -28,13 +28,13 @@
 #include "accumulation.hpp"
 #include "collectives.hpp"
 #include "concepts.hpp"
-#include "checkpoint.hpp"
 #include "data_loader.hpp"
 #include "fwd.hpp"
 #include "device_mesh.hpp"
 #include "detail/prepared/accelerator_access.hpp"
 #include "detail/prepared/prepare.hpp"
 #include "detail/checkpoint/schedule.hpp"
+#include "detail/checkpoint/training_state.hpp"
 #include "detail/comm/flight_recorder.hpp"
 #include "detail/config.hpp"
 #include "detail/support/deferred.hpp"
@@ -45,6 +45,7 @@
 #include "detail/tracking/deferred_trackers.hpp"
 #include "gradient_state.hpp"
 #include "memory.hpp"
+#include "model_weights.hpp"
 #include "options.hpp"
 #include "parallel.hpp"
 #include "precision.hpp"
@@ -414,6 +415,7 @@ class accelerator {
   /// every process its RNG state, fp16 loss scale and data positions (`random_states_{rank}.bin`). The save_state
   /// pre-hooks run first. A collective. With `{.safe_serialization = false}` the model files are Accelerate's
   /// `pytorch_model.bin`, `pytorch_model_1.bin`, ... (pickled dicts of tensors) instead.
+  /// Needs `#include <accel/checkpoint.hpp>`, as `save_iteration` and `load_state` do (accel.hpp includes it).
   void save_state(const std::filesystem::path& directory, save_options how = {});
 
   /// `save_state` into the project's next automatic checkpoint (`options::project`):
@@ -576,9 +578,10 @@ class accelerator {
   /// `model.safetensors`. Each process reads only the byte ranges of what it holds (under fully_sharded, its slice of
   /// each parameter), never a file whole. Every parameter and buffer must be there with its shape and dtype, and
   /// nothing else; otherwise every process throws `accel::checkpoint_error` and the model is as it was. A collective.
+  /// Needs `#include <accel/checkpoint.hpp>` (accel.hpp includes it).
   template <class Model>
   void load_model(const Model& model, const std::filesystem::path& where) {
-    detail::load_held_model(parallel_, *detail::module_pointer(unwrap_model(model)), where);
+    checkpoint_io::load_model(parallel_, *detail::module_pointer(unwrap_model(model)), where);
   }
 
   /// The model as the user built it: the handle (ModuleHolder or shared_ptr) of a prepared model; any other
@@ -601,6 +604,11 @@ class accelerator {
   }
 
   [[nodiscard]] int mesh_index(std::string_view dimension, std::string_view query) const;
+
+  using state_type = detail::training_state<Parallel, Precision, Accumulation, Parallel, detail::checkpoint_schedule>;
+  /// What reads and writes checkpoints: accel/checkpoint.hpp, which a loop that never saves need not include.
+  using checkpoint_io = detail::checkpoint_io<state_type>;
+  [[nodiscard]] checkpoint_io checkpoints() { return checkpoint_io(state_); }
 
   friend struct detail::accelerator_access;
 
@@ -654,7 +662,7 @@ class accelerator {
   bool trigger_ = false;
   detail::prepared_registry registry_;
   /// What checkpoints hold, and who holds it: the participants with state of their own are listed here, once.
-  detail::training_state<Parallel, Precision, Accumulation, Parallel, detail::checkpoint_schedule> state_;
+  state_type state_;
   detail::deferred_trackers trackers_;  // made by the first tracking call
   detail::straggler_report stragglers_;
 };
@@ -728,18 +736,18 @@ template <precision_policy Precision, parallel_policy Parallel, accumulation_pol
 void accelerator<Precision, Parallel, Accumulation>::save_state(const std::filesystem::path& directory,
                                                                 save_options how) {
   detail::collective_caller caller("save_state");
-  state_.save(directory, how);
+  checkpoints().save(directory, how);
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 std::filesystem::path accelerator<Precision, Parallel, Accumulation>::save_state(save_options how) {
   detail::collective_caller caller("save_state");
-  return state_.save_next(how);
+  return checkpoints().save_next(how);
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 std::int64_t accelerator<Precision, Parallel, Accumulation>::save_iteration() const {
-  return detail::next_checkpoint_number(state_.settings());
+  return checkpoint_io::next_number(state_.settings());
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
@@ -764,7 +772,7 @@ template <precision_policy Precision, parallel_policy Parallel, accumulation_pol
 void accelerator<Precision, Parallel, Accumulation>::load_state(std::optional<accel::map_location> where) {
   detail::collective_caller caller("load_state");
   (void)state_.finish_background_save();  // the newest checkpoint may be the one being written
-  load_state(detail::newest_checkpoint(options_.project, parallel_), where);
+  load_state(checkpoints().newest(), where);
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
@@ -777,7 +785,7 @@ template <precision_policy Precision, parallel_policy Parallel, accumulation_pol
 void accelerator<Precision, Parallel, Accumulation>::load_state(const std::filesystem::path& directory,
                                                                 const load_options& how) {
   detail::collective_caller caller("load_state");
-  state_.load(directory, how);
+  checkpoints().load(directory, how);
   resumed_from_ = directory;
 }
 
@@ -823,7 +831,7 @@ void accelerator<Precision, Parallel, Accumulation>::report_stragglers(double se
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>
 void accelerator<Precision, Parallel, Accumulation>::resume_from_newest() {
-  if (auto newest = detail::agreed_newest_checkpoint(options_.project, parallel_)) load_state(*newest);
+  if (auto newest = checkpoints().agreed_newest()) load_state(*newest);
 }
 
 template <precision_policy Precision, parallel_policy Parallel, accumulation_policy Accumulation>

@@ -1,6 +1,6 @@
 /// \file
-/// Saving and loading the training state: what `accelerator::save_state` and `load_state` do, through the
-/// accelerator's `detail::training_state` (detail/checkpoint/training_state.hpp), which reads, checks and applies a
+/// Saving and loading the training state: what `accelerator::save_state` and `load_state` do (they need this
+/// header), through `detail::checkpoint_io` (detail/checkpoint/checkpoint_io.hpp), which reads, checks and applies a
 /// checkpoint (reader.hpp) and writes one atomically (writer.hpp); the files are named once (format.hpp) and
 /// described in docs/checkpoint-format.md. Also `accel::merge_weights` (`accel merge-weights`), `map_location` and
 /// the pre-hooks' types.
@@ -14,11 +14,11 @@
 #include "detail/config.hpp"
 #include "checkpoint_error.hpp"
 #include "detail/checkpoint/archives.hpp"
+#include "detail/checkpoint/checkpoint_io.hpp"
 #include "detail/checkpoint/format.hpp"
 #include "detail/checkpoint/manifest.hpp"
 #include "detail/checkpoint/settings.hpp"
 #include "detail/checkpoint/sharded_format.hpp"
-#include "detail/checkpoint/training_state.hpp"
 #include "detail/prepared/accelerator_access.hpp"
 #include "safetensors.hpp"
 

@@ -29,6 +29,7 @@
 #include "../support/text.hpp"
 #include "format.hpp"
 #include "manifest.hpp"
+#include "optimizer_archive.hpp"
 
 namespace accel::detail {
 
@@ -42,17 +43,6 @@ ACCEL_DECL torch::serialize::InputArchive read_archive(const std::filesystem::pa
 /// is a `checkpoint_error` (LibTorch's own file writer aborts the process then).
 ACCEL_DECL written_file write_archive(torch::serialize::OutputArchive& archive, const std::filesystem::path& directory,
                                       const std::string& name);
-
-/// An optimizer's archive: LibTorch's, plus its groups' learning rates, which LibTorch's `load` does not restore
-/// (a scheduler's work).
-ACCEL_DECL void save_optimizer(torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive);
-ACCEL_DECL void load_optimizer(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive);
-
-/// Moves each state tensor of `optimizer` onto its parameter's device, where PyTorch's `load_state_dict` puts it and
-/// LibTorch's `Optimizer::load` does not: it leaves them where the archive was read to, `read_to`. The elementwise
-/// optimizers' fields move one by one; another optimizer's state (LBFGS's) is read again from its own archive onto
-/// the parameter's device, when that is not `read_to`.
-ACCEL_DECL void place_state_on_parameters(torch::optim::Optimizer& optimizer, const c10::Device& read_to);
 
 /// The full format's model files: the i-th entry of `weights` (what the save_state pre-hooks left) as
 /// `checkpoint_files::model(i, safe_serialization)`.

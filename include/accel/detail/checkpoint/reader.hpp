@@ -2,7 +2,7 @@
 /// `checkpoint_reader`: the read and check steps of a load. Everything a checkpoint holds for this process is read
 /// and checked against the program (the files against the manifest, the number of processes and of each kind of
 /// object, every weight's name, shape and dtype, every generator state) into a `checkpoint_contents`, before anything
-/// of the program changes; training_state.hpp then applies it.
+/// of the program changes; checkpoint_io.hpp then applies it.
 // IWYU pragma: private, include <accel/checkpoint.hpp>
 #pragma once
 

@@ -8,7 +8,7 @@
 /// by every process (agreement.hpp) over a process group (the policy's, or a background save's own), so that a
 /// failure anywhere fails the save everywhere and leaves the previous checkpoint as it was. What each process holds
 /// of its own (its generators, its policies' state) reaches the writer as bytes: the writer knows the files, not the
-/// participants (training_state.hpp).
+/// participants (training_state.hpp; checkpoint_io.hpp drives it).
 // IWYU pragma: private, include <accel/checkpoint.hpp>
 #pragma once
 

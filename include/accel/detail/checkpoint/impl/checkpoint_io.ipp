@@ -1,9 +1,9 @@
 /// \file
-/// What training_state.hpp declares and does not define: included by it in header-only mode, compiled once into
+/// What checkpoint_io.hpp declares and does not define: included by it in header-only mode, compiled once into
 /// accel::compiled with ACCEL_SEPARATE_COMPILATION.
 #pragma once
 
-#include "../training_state.hpp"
+#include "../checkpoint_io.hpp"
 
 namespace accel::detail {
 
