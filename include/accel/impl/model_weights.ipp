@@ -5,7 +5,7 @@
 
 #include "../model_weights.hpp"
 
-#include <torch/csrc/jit/serialization/pickle.h>
+#include "../detail/support/pickle_functions.hpp"
 
 namespace accel::detail {
 
