@@ -26,8 +26,6 @@
 #include <utility>
 #include <vector>
 
-#include <range/v3/utility/common_tuple.hpp>
-
 #include "detail/config.hpp"
 #include "detail/support/stored.hpp"
 #include "detail/support/tensor_structure.hpp"
@@ -82,43 +80,53 @@ struct collation<torch::data::Example<Data, Target>> {
                                                                                collation<Target>::collate(targets)};
   }
 };
-/// Pair-like samples (`first`, `second`) collated as a std::pair of the collated firsts and seconds, held as A and B.
-template <class A, class B, class Samples>
-auto collate_pairs(const Samples& samples) {
-  std::vector<A> first;
-  std::vector<B> second;
-  for (const auto& s : samples) {
-    first.push_back(s.first);
-    second.push_back(s.second);
-  }
-  return std::pair{collation<A>::collate(first), collation<B>::collate(second)};
-}
+/// The std::pair or std::tuple that a sample is or derives from (range-v3's zip samples, `common_pair` and
+/// `common_tuple`, derive from them): declared only, to name the element types in unevaluated contexts.
 template <class A, class B>
-struct collation<std::pair<A, B>> {
-  static auto collate(const std::vector<std::pair<A, B>>& samples) { return collate_pairs<A, B>(samples); }
-};
-
-/// range-v3's `views::zip(inputs, targets)` as a dataset: its samples are pairs (tuples) of references, collated as a
-/// std::pair (std::tuple) of the collated elements.
-template <class A, class B>
-struct collation<ranges::common_pair<A, B>> {
-  static auto collate(const std::vector<ranges::common_pair<A, B>>& samples) {
-    return collate_pairs<std::remove_cvref_t<A>, std::remove_cvref_t<B>>(samples);
-  }
-};
+std::pair<A, B> pair_base(const std::pair<A, B>&);
 template <class... Ts>
-struct collation<ranges::common_tuple<Ts...>> {
-  static auto collate(const std::vector<ranges::common_tuple<Ts...>>& samples) {
+std::tuple<Ts...> tuple_base(const std::tuple<Ts...>&);
+template <class S>
+concept pair_sample = requires(const S& s) { detail::pair_base(s); };
+template <class S>
+concept tuple_sample = requires(const S& s) { detail::tuple_base(s); };
+
+/// Pair samples collated as a std::pair of the collated firsts and seconds; references (range-v3's zip of
+/// references) collated as the values they refer to.
+template <pair_sample S>
+struct collation<S> {
+  using base = decltype(detail::pair_base(std::declval<const S&>()));
+  using first_type = std::remove_cvref_t<typename base::first_type>;
+  using second_type = std::remove_cvref_t<typename base::second_type>;
+
+  static auto collate(const std::vector<S>& samples) {
+    std::vector<first_type> first;
+    std::vector<second_type> second;
+    first.reserve(samples.size());
+    second.reserve(samples.size());
+    for (const auto& s : samples) {
+      first.push_back(s.first);
+      second.push_back(s.second);
+    }
+    return std::pair{collation<first_type>::collate(first), collation<second_type>::collate(second)};
+  }
+};
+/// Tuple samples collated as a std::tuple of the collated elements, element by element.
+template <tuple_sample S>
+struct collation<S> {
+  using base = decltype(detail::tuple_base(std::declval<const S&>()));
+
+  static auto collate(const std::vector<S>& samples) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::tuple{collate_element<I>(samples)...};
-    }(std::index_sequence_for<Ts...>{});
+    }(std::make_index_sequence<std::tuple_size_v<base>>{});
   }
   template <std::size_t I>
-  static auto collate_element(const std::vector<ranges::common_tuple<Ts...>>& samples) {
-    using element = std::remove_cvref_t<std::tuple_element_t<I, std::tuple<Ts...>>>;
+  static auto collate_element(const std::vector<S>& samples) {
+    using element = std::remove_cvref_t<std::tuple_element_t<I, base>>;
     std::vector<element> column;
     column.reserve(samples.size());
-    for (const auto& s : samples) column.push_back(std::get<I>(s));
+    for (const auto& s : samples) column.push_back(std::get<I>(static_cast<const base&>(s)));
     return collation<element>::collate(column);
   }
 };

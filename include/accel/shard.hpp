@@ -26,15 +26,13 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <ranges>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#include <range/v3/range/concepts.hpp>
-#include <range/v3/range/conversion.hpp>
 
 #include "detail/config.hpp"
 #include "detail/data/batch_channel.hpp"
@@ -143,9 +141,9 @@ struct shard_batch {
   using type = B;
 };
 template <class B>
-  requires(!shardable_batch<B> && ranges::input_range<B>)
+  requires(!shardable_batch<B> && std::ranges::input_range<B>)
 struct shard_batch<B> {
-  using type = std::vector<ranges::range_value_t<B>>;
+  using type = std::vector<std::ranges::range_value_t<B>>;
 };
 template <class B>
 using shard_batch_t = typename shard_batch<std::remove_cvref_t<B>>::type;
@@ -154,8 +152,12 @@ template <class B>
 decltype(auto) as_shard_batch(B&& batch) {
   if constexpr (std::is_same_v<shard_batch_t<B>, std::remove_cvref_t<B>>)
     return std::forward<B>(batch);
-  else
-    return ranges::to<shard_batch_t<B>>(batch);
+  else {
+    shard_batch_t<B> samples;
+    if constexpr (std::ranges::sized_range<B>) samples.reserve(std::ranges::size(batch));
+    for (auto&& sample : batch) samples.push_back(std::forward<decltype(sample)>(sample));
+    return samples;
+  }
 }
 }  // namespace detail
 

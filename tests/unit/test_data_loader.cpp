@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <mutex>
 #include <numeric>
@@ -13,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <range/v3/range/conversion.hpp>
@@ -245,7 +247,8 @@ TEST_CASE("range-v3 views feed accel::views::shard: chunk, cycle and take, as in
   CHECK(sizes == std::vector<std::size_t>{4, 4});
 }
 
-TEST_CASE("range-v3's zip is a dataset: its pairs are collated as pairs of stacked tensors", "[loader][pipeline]") {
+TEST_CASE("range-v3's zip and std::tuple samples: pairs and tuples are collated element by element",
+          "[loader][pipeline]") {
   std::vector<at::Tensor> inputs, targets;
   for (int i = 0; i < 5; ++i) {
     inputs.push_back(torch::full({3}, i));
@@ -263,6 +266,14 @@ TEST_CASE("range-v3's zip is a dataset: its pairs are collated as pairs of stack
   CHECK(torch::equal(a, torch::stack(inputs)));
   CHECK(torch::equal(b, torch::stack(targets)));
   CHECK(torch::equal(c, a));
+  // std::tuple samples, as PyTorch's default_collate takes them: each element stacked (or gathered) on its own.
+  std::vector<std::tuple<at::Tensor, at::Tensor, std::int64_t>> tuples;
+  for (int i = 0; i < 4; ++i) tuples.emplace_back(inputs[i], targets[i], i);
+  accel::data_loader by_element(tuples, {.batch_size = 4});
+  auto [x, y, index] = *by_element.begin();
+  CHECK(torch::equal(x, torch::stack({inputs[0], inputs[1], inputs[2], inputs[3]})));
+  CHECK(torch::equal(y, torch::stack({targets[0], targets[1], targets[2], targets[3]})));
+  CHECK(index == std::vector<std::int64_t>{0, 1, 2, 3});
 }
 
 TEST_CASE("a prepared range and acc.progress compose with range-v3 and std views on either side",
