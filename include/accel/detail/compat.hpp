@@ -197,11 +197,12 @@ inline bool reset_device_memory_peaks(const c10::Device& device) {
 
 /// `c10::Allocator` as this LibTorch declares it, for an allocator `Derived` whose `allocate_bytes(n) const` does the
 /// work: `allocate` is const in 1.13 and not in 2.x, which adds the pure `copy_data` (told apart by `allocate`'s own
-/// type, so no version test is needed).
+/// type, so no version test is needed). The const case takes its base from the member pointer's class, so that a
+/// compiler that checks `override` before instantiation (Clang) checks it only where this LibTorch selects the case.
 template <class Derived, class Allocate = decltype(&c10::Allocator::allocate)>
 struct allocator_interface;
-template <class Derived>
-struct allocator_interface<Derived, c10::DataPtr (c10::Allocator::*)(std::size_t) const> : c10::Allocator {
+template <class Derived, class Allocator>
+struct allocator_interface<Derived, c10::DataPtr (Allocator::*)(std::size_t) const> : Allocator {
   c10::DataPtr allocate(std::size_t bytes) const override {
     return static_cast<const Derived&>(*this).allocate_bytes(bytes);
   }
@@ -209,8 +210,7 @@ struct allocator_interface<Derived, c10::DataPtr (c10::Allocator::*)(std::size_t
 template <class Derived>
 struct allocator_interface<Derived, c10::DataPtr (c10::Allocator::*)(std::size_t)> : c10::Allocator {
   c10::DataPtr allocate(std::size_t bytes) override { return static_cast<const Derived&>(*this).allocate_bytes(bytes); }
-  // Not marked override: the LibTorch versions whose allocate is not const declare it, which is all this needs.
-  void copy_data(void* destination, const void* source, std::size_t count) const {
+  void copy_data(void* destination, const void* source, std::size_t count) const override {
     std::memcpy(destination, source, count);
   }
 };
