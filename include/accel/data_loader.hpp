@@ -91,43 +91,32 @@ concept pair_sample = requires(const S& s) { detail::pair_base(s); };
 template <class S>
 concept tuple_sample = requires(const S& s) { detail::tuple_base(s); };
 
-/// Pair samples collated as a std::pair of the collated firsts and seconds; references (range-v3's zip of
-/// references) collated as the values they refer to.
+/// Element I of every sample, seen as its std::pair or std::tuple `Base`, collated; references (range-v3's zip of
+/// references) are collated as the values they refer to.
+template <std::size_t I, class Base, class S>
+auto collate_column(const std::vector<S>& samples) {
+  using element = std::remove_cvref_t<std::tuple_element_t<I, Base>>;
+  std::vector<element> column;
+  column.reserve(samples.size());
+  for (const auto& s : samples) column.push_back(std::get<I>(static_cast<const Base&>(s)));
+  return collation<element>::collate(column);
+}
+/// Pair samples collated as a std::pair of the collated firsts and seconds.
 template <pair_sample S>
 struct collation<S> {
   using base = decltype(detail::pair_base(std::declval<const S&>()));
-  using first_type = std::remove_cvref_t<typename base::first_type>;
-  using second_type = std::remove_cvref_t<typename base::second_type>;
-
   static auto collate(const std::vector<S>& samples) {
-    std::vector<first_type> first;
-    std::vector<second_type> second;
-    first.reserve(samples.size());
-    second.reserve(samples.size());
-    for (const auto& s : samples) {
-      first.push_back(s.first);
-      second.push_back(s.second);
-    }
-    return std::pair{collation<first_type>::collate(first), collation<second_type>::collate(second)};
+    return std::pair{collate_column<0, base>(samples), collate_column<1, base>(samples)};
   }
 };
 /// Tuple samples collated as a std::tuple of the collated elements, element by element.
 template <tuple_sample S>
 struct collation<S> {
   using base = decltype(detail::tuple_base(std::declval<const S&>()));
-
   static auto collate(const std::vector<S>& samples) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::tuple{collate_element<I>(samples)...};
+      return std::tuple{collate_column<I, base>(samples)...};
     }(std::make_index_sequence<std::tuple_size_v<base>>{});
-  }
-  template <std::size_t I>
-  static auto collate_element(const std::vector<S>& samples) {
-    using element = std::remove_cvref_t<std::tuple_element_t<I, base>>;
-    std::vector<element> column;
-    column.reserve(samples.size());
-    for (const auto& s : samples) column.push_back(std::get<I>(static_cast<const base&>(s)));
-    return collation<element>::collate(column);
   }
 };
 
