@@ -3,6 +3,7 @@
 // key), and context parallelism's ring attention. (Every impl/*.ipp is compiled by exactly one of src/*.cpp;
 // lint.compiled_part checks.)
 #include <accel/detail/fp8/impl/casts.ipp>
+#include <accel/detail/fp8/impl/cuda_casts.ipp>
 #include <accel/detail/fp8/impl/conversion.ipp>
 #include <accel/detail/fp8/impl/delayed_scaling.ipp>
 #include <accel/detail/fp8/impl/float8_gather.ipp>

@@ -21,7 +21,6 @@
 #include <optional>
 
 #include "../../options.hpp"
-#include "cuda_casts.hpp"
 
 namespace accel::detail::fp8 {
 

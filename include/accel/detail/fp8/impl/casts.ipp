@@ -4,6 +4,7 @@
 #pragma once
 
 #include "../casts.hpp"
+#include "../cuda_casts.hpp"
 
 #if ACCEL_HAS_FLOAT8
 
