@@ -6,7 +6,7 @@
 //   times the two).
 // Exits 77 (skipped) without the library or the GPU, saying which.
 #include "accel_headers.hpp"
-#include <accel/detail/fp8/cuda_casts.hpp>  // the kernel's launcher, which accel.hpp does not include
+#include <accel/detail/fp8/cuda_casts.hpp>  // the kernel's launcher: compiled mode's accel.hpp has none
 #include <dlfcn.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>

@@ -3,7 +3,7 @@
 // (fp8.python_reference).
 #include "support.hpp"  // first: LibTorch defines a CHECK of its own, which Catch's must replace
 
-#include <accel/detail/fp8/cast_kernel.hpp>  // the cast kernel and its launcher, which accel.hpp does not include
+#include <accel/detail/fp8/cast_kernel.hpp>  // the cast kernel and its launcher: compiled mode's accel.hpp has neither
 #include <accel/detail/fp8/cuda_casts.hpp>
 #include <catch2/catch.hpp>
 

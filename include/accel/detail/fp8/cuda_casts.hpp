@@ -4,7 +4,7 @@
 /// LibTorch's own jiterator does), so this compiles against every LibTorch and links nothing: a CPU-only LibTorch
 /// never has a CUDA tensor to cast. Where something is missing (no NVRTC, an architecture it does not know), the
 /// casts stay ATen's, with one warning that says why. The loader is compiled once (impl/cuda_casts.ipp), and only
-/// casts.ipp includes this header: a file that includes accel parses none of it.
+/// casts.ipp includes this header: in compiled mode a file that includes accel parses none of it.
 // IWYU pragma: private, include <accel/fp8.hpp>
 #pragma once
 
